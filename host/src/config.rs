@@ -1,0 +1,211 @@
+//! Layered configuration: compiled defaults, then an optional TOML file, then
+//! `SWITCHBOARD_*` environment variables (nested keys with `__`, e.g.
+//! `SWITCHBOARD_PLUGINS__MEMORY_LIMIT_MIB`), then command-line flags. Validated once at
+//! start; errors name the setting.
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the API listens on (`SWITCHBOARD_LISTEN`).
+    pub listen: SocketAddr,
+    /// Reported by health; `production` tightens webhook rules.
+    pub environment: Environment,
+    /// Where `dev` keeps its files (`SWITCHBOARD_DATA_DIR`).
+    pub data_dir: PathBuf,
+    /// Plugin runtime and installation settings.
+    pub plugins: PluginsConfig,
+}
+
+/// Deployment environment.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Environment {
+    /// Local development.
+    Development,
+    /// Pre-production.
+    Staging,
+    /// Production.
+    Production,
+}
+
+impl Environment {
+    /// The spec's lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Environment::Development => "development",
+            Environment::Staging => "staging",
+            Environment::Production => "production",
+        }
+    }
+}
+
+/// Plugin settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Directory of third-party `*.wasm` components loaded beside the bundled ones.
+    pub dir: Option<PathBuf>,
+    /// Compiled-component cache; default `<data_dir>/plugin-cache`.
+    pub cache_dir: Option<PathBuf>,
+    /// Linear-memory limit per instance, MiB.
+    pub memory_limit_mib: u32,
+    /// Guest-time budget for verify/parse/normalize/info, milliseconds.
+    pub guest_time_ms: u64,
+    /// Guest-time budget for send (outbound HTTP time not counted), milliseconds.
+    pub send_guest_time_ms: u64,
+    /// Cap on one outbound HTTP request, milliseconds.
+    pub http_timeout_ms: u64,
+    /// Plugin instances alive at once.
+    pub max_instances: u32,
+    /// Outbound-host grants per plugin slug (`host` or `host:port`). A slug not listed
+    /// is granted exactly the hosts its `info()` declares.
+    pub grants: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            environment: Environment::Development,
+            data_dir: PathBuf::from(".switchboard"),
+            plugins: PluginsConfig {
+                dir: None,
+                cache_dir: None,
+                memory_limit_mib: 32,
+                guest_time_ms: 50,
+                send_guest_time_ms: 500,
+                http_timeout_ms: 10_000,
+                max_instances: 128,
+                grants: BTreeMap::new(),
+            },
+        }
+    }
+}
+
+/// Top-level keys; other `SWITCHBOARD_*` variables (`SWITCHBOARD_LOG`, ...) are not config.
+const TOP_LEVEL: &[&str] = &["listen", "environment", "data_dir", "plugins"];
+
+impl Config {
+    /// Defaults, then `file` (which must exist when given), then `SWITCHBOARD_*`.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            anyhow::ensure!(
+                file.exists(),
+                "config file {} does not exist",
+                file.display()
+            );
+            figment = figment.merge(Toml::file(file));
+        }
+        figment = figment.merge(Env::prefixed("SWITCHBOARD_").split("__").filter(|k| {
+            let k = k.as_str().to_ascii_lowercase();
+            let first = k.split("__").next().unwrap_or_default();
+            TOP_LEVEL.contains(&first.split('.').next().unwrap_or_default())
+        }));
+        let config: Config = figment
+            .extract()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges; the error names the setting.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let p = &self.plugins;
+        let check = |ok: bool, setting: &str, want: &str| -> anyhow::Result<()> {
+            anyhow::ensure!(
+                ok,
+                "invalid configuration: plugins.{setting} must be {want}"
+            );
+            Ok(())
+        };
+        check(
+            (1..=4096).contains(&p.memory_limit_mib),
+            "memory_limit_mib",
+            "between 1 and 4096",
+        )?;
+        check(
+            (1..=60_000).contains(&p.guest_time_ms),
+            "guest_time_ms",
+            "between 1 and 60000",
+        )?;
+        check(
+            (1..=600_000).contains(&p.send_guest_time_ms),
+            "send_guest_time_ms",
+            "between 1 and 600000",
+        )?;
+        check(
+            (1..=600_000).contains(&p.http_timeout_ms),
+            "http_timeout_ms",
+            "between 1 and 600000",
+        )?;
+        check(
+            (1..=10_000).contains(&p.max_instances),
+            "max_instances",
+            "between 1 and 10000",
+        )?;
+        for (slug, hosts) in &p.grants {
+            crate::plugins::egress::AllowList::new(hosts).map_err(|e| {
+                anyhow::anyhow!("invalid configuration: plugins.grants.{slug}: {e}")
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl PluginsConfig {
+    /// The runtime settings these translate to, with the cache under `data_dir`.
+    pub fn runtime_config_in(&self, data_dir: &Path) -> crate::plugins::RuntimeConfig {
+        crate::plugins::RuntimeConfig {
+            memory_limit_bytes: (self.memory_limit_mib as usize) << 20,
+            guest_time_budget: Duration::from_millis(self.guest_time_ms),
+            send_guest_time_budget: Duration::from_millis(self.send_guest_time_ms),
+            http_timeout: Duration::from_millis(self.http_timeout_ms),
+            max_instances: self.max_instances,
+            cache_dir: Some(
+                self.cache_dir
+                    .clone()
+                    .unwrap_or_else(|| data_dir.join("plugin-cache")),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn file_then_env_layering_and_validation() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("switchboard.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9999\"\n[plugins]\nmemory_limit_mib = 64\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SWITCHBOARD_PLUGINS__GUEST_TIME_MS", "75");
+            jail.set_env("SWITCHBOARD_WASM_TARGET_DIR", "/ignored");
+            let c = Config::load(Some(&file)).expect("loads");
+            assert_eq!(c.listen.port(), 9999);
+            assert_eq!(c.plugins.memory_limit_mib, 64);
+            assert_eq!(c.plugins.guest_time_ms, 75);
+            jail.set_env("SWITCHBOARD_PLUGINS__MEMORY_LIMIT_MIB", "0");
+            let err = Config::load(Some(&file)).unwrap_err().to_string();
+            assert!(err.contains("plugins.memory_limit_mib"), "{err}");
+            Ok(())
+        });
+        assert!(Config::load(Some(Path::new("/nonexistent.toml"))).is_err());
+    }
+}

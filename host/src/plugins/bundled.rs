@@ -1,0 +1,58 @@
+//! The five provider plugins, built for `wasm32-wasip2` by the host's build script and
+//! embedded in the binary, so running the gateway needs no separate build step.
+
+/// A plugin shipped inside the `switchboard` binary.
+#[derive(Debug, Clone, Copy)]
+pub struct BundledPlugin {
+    /// The slug the plugin reports in `info()`.
+    pub slug: &'static str,
+    /// The component bytes.
+    pub wasm: &'static [u8],
+}
+
+/// Every bundled provider plugin.
+pub const BUNDLED: &[BundledPlugin] = &[
+    BundledPlugin {
+        slug: "prova",
+        wasm: include_bytes!(concat!(
+            env!("SWITCHBOARD_WASM_DIR"),
+            "/switchboard_plugin_prova.wasm"
+        )),
+    },
+    BundledPlugin {
+        slug: "provb",
+        wasm: include_bytes!(concat!(
+            env!("SWITCHBOARD_WASM_DIR"),
+            "/switchboard_plugin_provb.wasm"
+        )),
+    },
+    BundledPlugin {
+        slug: "provc",
+        wasm: include_bytes!(concat!(
+            env!("SWITCHBOARD_WASM_DIR"),
+            "/switchboard_plugin_provc.wasm"
+        )),
+    },
+    BundledPlugin {
+        slug: "provd",
+        wasm: include_bytes!(concat!(
+            env!("SWITCHBOARD_WASM_DIR"),
+            "/switchboard_plugin_provd.wasm"
+        )),
+    },
+    BundledPlugin {
+        slug: "prove",
+        wasm: include_bytes!(concat!(
+            env!("SWITCHBOARD_WASM_DIR"),
+            "/switchboard_plugin_prove.wasm"
+        )),
+    },
+];
+
+/// The bundled plugin with `slug`, if any.
+pub fn find(slug: &str) -> Option<&'static BundledPlugin> {
+    BUNDLED.iter().find(|p| p.slug == slug)
+}
+
+/// Directory holding every component the build produced, test fixtures included.
+pub const WASM_DIR: &str = env!("SWITCHBOARD_WASM_DIR");

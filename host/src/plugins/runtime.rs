@@ -1,0 +1,847 @@
+//! The plugin runtime: one wasmtime [`Engine`] (pooling allocator, epoch interruption)
+//! and, per plugin, an [`InstancePre`](wasmtime::component::InstancePre). Every call
+//! runs in a fresh [`Store`] with its own memory limit and guest-time budget, and a
+//! WASI context that grants nothing: no files, environment, sockets, and clocks frozen
+//! at the epoch (the `now-millis` import is the only clock a plugin sees).
+
+use super::bindings::switchboard::provider::{host, types};
+use super::bindings::{Provider, ProviderPre};
+use super::egress::AllowList;
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Semaphore, SemaphorePermit};
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    UpdateDeadline,
+};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+/// How often the engine's epoch advances; the granularity of guest-time checks.
+const EPOCH_TICK: Duration = Duration::from_millis(2);
+/// Largest response body handed back to a plugin.
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
+/// Log lines kept from one call; a chatty plugin cannot flood the host's logs.
+const MAX_LOG_LINES_PER_CALL: u32 = 64;
+const MAX_LOG_LINE_BYTES: usize = 2048;
+
+/// Limits and sizes for the runtime. The defaults suit a gateway; tests shrink them.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Linear-memory limit per plugin instance.
+    pub memory_limit_bytes: usize,
+    /// Guest time allowed for `info`, `verify-signature`, `parse-receipt`,
+    /// `normalize-call-state` and `sign-webhook`.
+    pub guest_time_budget: Duration,
+    /// Guest time allowed for `send`; time spent waiting on outbound HTTP is not counted.
+    pub send_guest_time_budget: Duration,
+    /// Cap on one outbound HTTP request (a plugin may ask for less, never more).
+    pub http_timeout: Duration,
+    /// Plugin instances alive at once; further calls wait for a slot.
+    pub max_instances: u32,
+    /// Where compiled components are cached; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            memory_limit_bytes: 32 << 20,
+            guest_time_budget: Duration::from_millis(50),
+            send_guest_time_budget: Duration::from_millis(500),
+            http_timeout: Duration::from_secs(10),
+            max_instances: 128,
+            cache_dir: None,
+        }
+    }
+}
+
+/// Why a plugin call did not produce a result. The host keeps serving in every case.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginError {
+    /// The guest ran past its time budget and was interrupted.
+    #[error("plugin exceeded its guest time budget of {0:?}")]
+    Timeout(Duration),
+    /// The guest tried to grow its memory past the limit.
+    #[error("plugin exceeded its memory limit of {0} bytes")]
+    MemoryLimit(usize),
+    /// The guest trapped (panic, unreachable, stack overflow, ...).
+    #[error("plugin trapped: {0}")]
+    Trap(String),
+    /// The component is not a valid provider plugin for this host.
+    #[error("invalid plugin: {0}")]
+    Invalid(String),
+}
+
+/// Counters per loaded plugin, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct PluginStats {
+    /// Calls started (instantiating a session counts as one).
+    pub calls: AtomicU64,
+    /// Calls that trapped for any reason (including timeouts and memory).
+    pub failures: AtomicU64,
+    /// Outbound requests made.
+    pub http_requests: AtomicU64,
+    /// Outbound requests refused by the allow-list.
+    pub egress_denied: AtomicU64,
+    denied_hosts: Mutex<Vec<String>>,
+}
+
+impl PluginStats {
+    /// Hosts the plugin tried to reach and was refused (the first 32).
+    pub fn denied_hosts(&self) -> Vec<String> {
+        self.denied_hosts
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default()
+    }
+}
+
+struct Shared {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: RuntimeConfig,
+    http: reqwest::Client,
+    slots: Semaphore,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The engine, linker and limits shared by every plugin.
+#[derive(Clone)]
+pub struct PluginRuntime {
+    shared: Arc<Shared>,
+}
+
+impl PluginRuntime {
+    /// Creates the engine with a pooling allocator sized for `max_instances`, links the
+    /// host imports and a deny-everything WASI, and starts the epoch ticker.
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Self> {
+        let n = config.max_instances.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(n)
+            .total_core_instances(n * 8)
+            .total_memories(n * 2)
+            .total_tables(n * 4)
+            .total_stacks(n)
+            .max_core_instances_per_component(32)
+            .max_memories_per_component(4)
+            .max_tables_per_component(8)
+            .max_memory_size(config.memory_limit_bytes);
+        let mut wasm = wasmtime::Config::new();
+        wasm.wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&wasm).map_err(|e| anyhow::anyhow!("wasmtime engine: {e}"))?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("linking WASI: {e}"))?;
+        Provider::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| anyhow::anyhow!("linking host imports: {e}"))?;
+
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(config.http_timeout.min(Duration::from_secs(5)))
+            .build()?;
+
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        let (ticker_engine, stop) = (engine.clone(), stop_ticker.clone());
+        std::thread::Builder::new()
+            .name("plugin-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker_engine.increment_epoch();
+                }
+            })?;
+
+        Ok(Self {
+            shared: Arc::new(Shared {
+                engine,
+                linker,
+                slots: Semaphore::new(n as usize),
+                config,
+                http,
+                stop_ticker,
+            }),
+        })
+    }
+
+    /// The runtime's configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.shared.config
+    }
+
+    /// Compiles (or loads from the cache) a component, checks that it implements the
+    /// provider world with nothing but the imports the host offers, calls `info()` and
+    /// validates the answer.
+    ///
+    /// `grants` are the operator's outbound-host grants (see [`Grants`]).
+    pub async fn load(&self, wasm: &[u8], grants: Grants<'_>) -> Result<Plugin, PluginError> {
+        let digest = hex::encode(Sha256::digest(wasm));
+        let engine = self.shared.engine.clone();
+        let cache_dir = self.shared.config.cache_dir.clone();
+        let bytes = wasm.to_vec();
+        let key = digest.clone();
+        let component = tokio::task::spawn_blocking(move || {
+            super::cache::load_or_compile(&engine, &bytes, &key, cache_dir.as_deref())
+        })
+        .await
+        .map_err(|e| PluginError::Invalid(format!("compilation task failed: {e}")))?
+        .map_err(|e| PluginError::Invalid(format!("not a loadable component: {e}")))?;
+
+        let instance_pre = self
+            .shared
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| {
+                PluginError::Invalid(format!("imports something the host does not offer: {e}"))
+            })?;
+        let pre = ProviderPre::new(instance_pre).map_err(|e| {
+            PluginError::Invalid(format!("does not export the provider world: {e}"))
+        })?;
+
+        let mut plugin = Plugin {
+            inner: Arc::new(PluginInner {
+                shared: self.shared.clone(),
+                pre,
+                info: placeholder_info(),
+                digest,
+                allow: AllowList::deny_all(),
+                stats: Arc::new(PluginStats::default()),
+            }),
+        };
+        let info = plugin.call_info().await?;
+        validate_info(&info).map_err(PluginError::Invalid)?;
+        let allow = match grants.resolve(&info.slug) {
+            Some(grants) => AllowList::new(grants),
+            None => AllowList::new(&info.outbound_hosts),
+        }
+        .map_err(PluginError::Invalid)?;
+        let inner = Arc::get_mut(&mut plugin.inner).expect("plugin not shared yet");
+        inner.info = info;
+        inner.allow = allow;
+        Ok(plugin)
+    }
+}
+
+/// The outbound hosts the operator grants a plugin.
+#[derive(Debug, Clone, Copy)]
+pub enum Grants<'a> {
+    /// Exactly the hosts the plugin declares in `info().outbound-hosts`.
+    Declared,
+    /// Exactly these hosts, whatever the plugin declares.
+    Exactly(&'a [String]),
+    /// The entry for the plugin's slug if there is one, else [`Grants::Declared`].
+    BySlug(&'a std::collections::BTreeMap<String, Vec<String>>),
+}
+
+impl<'a> Grants<'a> {
+    fn resolve(self, slug: &str) -> Option<&'a [String]> {
+        match self {
+            Grants::Declared => None,
+            Grants::Exactly(hosts) => Some(hosts),
+            Grants::BySlug(map) => map.get(slug).map(Vec::as_slice),
+        }
+    }
+}
+
+/// A loaded plugin. Cheap to clone; every call gets a fresh sandboxed instance.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<PluginInner>,
+}
+
+struct PluginInner {
+    shared: Arc<Shared>,
+    pre: ProviderPre<HostState>,
+    info: types::ProviderInfo,
+    digest: String,
+    allow: AllowList,
+    stats: Arc<PluginStats>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("slug", &self.inner.info.slug)
+            .field("version", &self.inner.info.version)
+            .field("digest", &self.inner.digest)
+            .finish()
+    }
+}
+
+impl Plugin {
+    /// What the plugin said about itself when it was loaded.
+    pub fn info(&self) -> &types::ProviderInfo {
+        &self.inner.info
+    }
+
+    /// Lower-case hex SHA-256 of the component bytes.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// The hosts this plugin may reach.
+    pub fn allowed_hosts(&self) -> Vec<String> {
+        self.inner.allow.entries()
+    }
+
+    /// Counters for this plugin.
+    pub fn stats(&self) -> &PluginStats {
+        &self.inner.stats
+    }
+
+    /// Calls `info()` in a fresh instance (load-time answer: [`Plugin::info`]).
+    pub async fn call_info(&self) -> Result<types::ProviderInfo, PluginError> {
+        self.session(CallKind::Quick).await?.info().await
+    }
+
+    /// Sends one message through the provider.
+    pub async fn send(
+        &self,
+        config: &[(String, String)],
+        message: &types::Message,
+    ) -> Result<types::SendOutcome, PluginError> {
+        self.session(CallKind::Send)
+            .await?
+            .send(config, message)
+            .await
+    }
+
+    /// Verifies a webhook signature over the raw body (`now` in epoch seconds).
+    pub async fn verify_signature(
+        &self,
+        secret: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<(), types::SignatureError>, PluginError> {
+        self.session(CallKind::Quick)
+            .await?
+            .verify_signature(secret, headers, body, now)
+            .await
+    }
+
+    /// The headers the provider would send for `body` signed at `timestamp`.
+    pub async fn sign_webhook(
+        &self,
+        secret: &str,
+        body: &[u8],
+        timestamp: u64,
+    ) -> Result<Vec<(String, String)>, PluginError> {
+        self.session(CallKind::Quick)
+            .await?
+            .sign_webhook(secret, body, timestamp)
+            .await
+    }
+
+    /// Parses a verified callback into receipts.
+    pub async fn parse_receipt(
+        &self,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
+        self.session(CallKind::Quick)
+            .await?
+            .parse_receipt(headers, body)
+            .await
+    }
+
+    /// Maps a carrier call state to a delivery status.
+    pub async fn normalize_call_state(
+        &self,
+        state: &str,
+    ) -> Result<types::DeliveryStatus, PluginError> {
+        self.session(CallKind::Quick)
+            .await?
+            .normalize_call_state(state)
+            .await
+    }
+
+    /// A fresh sandboxed instance for one or more calls. Each call gets the full
+    /// budget of `kind`; after a failed call the instance is discarded.
+    pub async fn session(&self, kind: CallKind) -> Result<Session<'_>, PluginError> {
+        let shared = &self.inner.shared;
+        let budget = match kind {
+            CallKind::Quick => shared.config.guest_time_budget,
+            CallKind::Send => shared.config.send_guest_time_budget,
+        };
+        let slot = shared
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
+        let state = HostState {
+            wasi: deny_all_wasi(),
+            table: ResourceTable::new(),
+            memory_limit: shared.config.memory_limit_bytes,
+            memory_limit_hit: false,
+            budget,
+            started: Instant::now(),
+            host_time: Duration::ZERO,
+            timed_out: false,
+            log_lines: 0,
+            slug: self.inner.info.slug.clone(),
+            allow: self.inner.allow.clone(),
+            http: shared.http.clone(),
+            http_timeout: shared.config.http_timeout,
+            stats: self.inner.stats.clone(),
+        };
+        let mut store = Store::new(&shared.engine, state);
+        store.limiter(|s| s);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| {
+            let state = ctx.data_mut();
+            let guest_time = state.started.elapsed().saturating_sub(state.host_time);
+            if guest_time > state.budget {
+                state.timed_out = true;
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Continue(1))
+            }
+        });
+        let mut session = Session {
+            plugin: self,
+            store,
+            guest: None,
+            poisoned: false,
+            _slot: slot,
+        };
+        session.begin()?;
+        let instance = self.inner.pre.instantiate_async(&mut session.store).await;
+        session.guest = Some(session.end(instance)?);
+        Ok(session)
+    }
+}
+
+/// Which guest-time budget a call gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// `info`, `verify-signature`, `sign-webhook`, `parse-receipt`, `normalize-call-state`.
+    Quick,
+    /// `send`: a longer budget; time waiting on outbound HTTP is not counted.
+    Send,
+}
+
+/// One live sandboxed instance. Dropping it frees the instance and its slot.
+pub struct Session<'a> {
+    plugin: &'a Plugin,
+    store: Store<HostState>,
+    guest: Option<Provider>,
+    poisoned: bool,
+    _slot: SemaphorePermit<'a>,
+}
+
+impl Session<'_> {
+    /// Starts a call: a fresh budget, unless an earlier call failed.
+    fn begin(&mut self) -> Result<(), PluginError> {
+        if self.poisoned {
+            return Err(PluginError::Trap(
+                "instance discarded after an earlier failure".into(),
+            ));
+        }
+        self.plugin
+            .inner
+            .stats
+            .calls
+            .fetch_add(1, Ordering::Relaxed);
+        let state = self.store.data_mut();
+        state.started = Instant::now();
+        state.host_time = Duration::ZERO;
+        state.log_lines = 0;
+        Ok(())
+    }
+
+    fn guest(&self) -> &super::bindings::exports::switchboard::provider::adapter::Guest {
+        self.guest
+            .as_ref()
+            .expect("instantiated before any call")
+            .switchboard_provider_adapter()
+    }
+
+    /// Maps a wasmtime error to what happened: timeout, memory limit or trap.
+    fn end<R>(&mut self, result: wasmtime::Result<R>) -> Result<R, PluginError> {
+        let error = match result {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        self.poisoned = true;
+        self.plugin
+            .inner
+            .stats
+            .failures
+            .fetch_add(1, Ordering::Relaxed);
+        let state = self.store.data();
+        let mapped = if state.timed_out {
+            PluginError::Timeout(state.budget)
+        } else if state.memory_limit_hit {
+            PluginError::MemoryLimit(state.memory_limit)
+        } else {
+            let text = match error.downcast_ref::<wasmtime::Trap>() {
+                Some(trap) => trap.to_string(),
+                None => error.to_string(),
+            };
+            PluginError::Trap(text)
+        };
+        tracing::warn!(plugin = %self.plugin.inner.info.slug, error = %mapped, "plugin call failed");
+        Err(mapped)
+    }
+
+    /// `info()`.
+    pub async fn info(&mut self) -> Result<types::ProviderInfo, PluginError> {
+        self.begin()?;
+        let guest = self.guest().clone();
+        let result = guest.call_info(&mut self.store).await;
+        self.end(result)
+    }
+
+    /// `send(config, message)`.
+    pub async fn send(
+        &mut self,
+        config: &[(String, String)],
+        message: &types::Message,
+    ) -> Result<types::SendOutcome, PluginError> {
+        self.begin()?;
+        let guest = self.guest().clone();
+        let result = guest.call_send(&mut self.store, config, message).await;
+        self.end(result)
+    }
+
+    /// `verify-signature(secret, headers, raw-body, now)`.
+    pub async fn verify_signature(
+        &mut self,
+        secret: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<(), types::SignatureError>, PluginError> {
+        self.begin()?;
+        let guest = self.guest().clone();
+        let result = guest
+            .call_verify_signature(&mut self.store, secret, &headers.to_vec(), body, now)
+            .await;
+        self.end(result)
+    }
+
+    /// `sign-webhook(secret, raw-body, timestamp)`.
+    pub async fn sign_webhook(
+        &mut self,
+        secret: &str,
+        body: &[u8],
+        timestamp: u64,
+    ) -> Result<Vec<(String, String)>, PluginError> {
+        self.begin()?;
+        let guest = self.guest().clone();
+        let result = guest
+            .call_sign_webhook(&mut self.store, secret, body, timestamp)
+            .await;
+        self.end(result)
+    }
+
+    /// `parse-receipt(headers, raw-body)`.
+    pub async fn parse_receipt(
+        &mut self,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
+        self.begin()?;
+        let guest = self.guest().clone();
+        let result = guest
+            .call_parse_receipt(&mut self.store, &headers.to_vec(), body)
+            .await;
+        self.end(result)
+    }
+
+    /// `normalize-call-state(state)`.
+    pub async fn normalize_call_state(
+        &mut self,
+        state: &str,
+    ) -> Result<types::DeliveryStatus, PluginError> {
+        self.begin()?;
+        let guest = self.guest().clone();
+        let result = guest
+            .call_normalize_call_state(&mut self.store, state)
+            .await;
+        self.end(result)
+    }
+}
+
+fn placeholder_info() -> types::ProviderInfo {
+    types::ProviderInfo {
+        slug: "(loading)".into(),
+        display_name: String::new(),
+        version: String::new(),
+        channels: vec![],
+        config_keys: vec![],
+        outbound_hosts: vec![],
+        signature_tolerance_seconds: None,
+    }
+}
+
+/// Checks what a plugin says about itself.
+pub fn validate_info(info: &types::ProviderInfo) -> Result<(), String> {
+    let slug_ok = !info.slug.is_empty()
+        && info.slug.len() <= 32
+        && info.slug.starts_with(|c: char| c.is_ascii_lowercase())
+        && info
+            .slug
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !slug_ok {
+        return Err(format!(
+            "slug {:?} must be 1-32 characters of a-z, 0-9 and '-', starting with a letter",
+            info.slug
+        ));
+    }
+    if info.display_name.trim().is_empty() {
+        return Err("display-name is empty".into());
+    }
+    let parts: Vec<&str> = info
+        .version
+        .split(['-', '+'])
+        .next()
+        .unwrap_or("")
+        .split('.')
+        .collect();
+    if parts.len() != 3
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!(
+            "version {:?} is not a semantic version",
+            info.version
+        ));
+    }
+    if info.channels.is_empty() {
+        return Err("serves no channel".into());
+    }
+    AllowList::new(&info.outbound_hosts).map_err(|e| format!("outbound-hosts: {e}"))?;
+    Ok(())
+}
+
+fn deny_all_wasi() -> WasiCtx {
+    WasiCtxBuilder::new()
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .wall_clock(FrozenClock)
+        .monotonic_clock(FrozenClock)
+        .build()
+}
+
+/// WASI clocks that always read zero: the only real clock is the `now-millis` import.
+struct FrozenClock;
+
+impl wasmtime_wasi::HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// Per-call state of one sandboxed instance.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    memory_limit: usize,
+    memory_limit_hit: bool,
+    budget: Duration,
+    started: Instant,
+    /// Time spent in host calls that wait (outbound HTTP); not charged to the guest.
+    host_time: Duration,
+    timed_out: bool,
+    log_lines: u32,
+    slug: String,
+    allow: AllowList,
+    http: reqwest::Client,
+    http_timeout: Duration,
+    stats: Arc<PluginStats>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_limit {
+            self.memory_limit_hit = true;
+            wasmtime::bail!("memory limit of {} bytes reached", self.memory_limit);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl types::Host for HostState {}
+
+impl host::Host for HostState {
+    async fn http_request(
+        &mut self,
+        request: types::OutboundRequest,
+    ) -> Result<types::OutboundResponse, types::HttpError> {
+        let started = Instant::now();
+        let result = self.perform_http(request).await;
+        self.host_time += started.elapsed();
+        result
+    }
+
+    fn now_millis(&mut self) -> wasmtime::Result<u64> {
+        Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0))
+    }
+
+    fn log(
+        &mut self,
+        level: types::LogLevel,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES_PER_CALL {
+            return Ok(());
+        }
+        let mut line = message;
+        for (k, v) in fields {
+            line.push_str(&format!(" {k}={v}"));
+        }
+        if line.len() > MAX_LOG_LINE_BYTES {
+            let mut cut = MAX_LOG_LINE_BYTES;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+        }
+        let slug = self.slug.as_str();
+        match level {
+            types::LogLevel::Trace => tracing::trace!(target: "plugin", plugin = slug, "{line}"),
+            types::LogLevel::Debug => tracing::debug!(target: "plugin", plugin = slug, "{line}"),
+            types::LogLevel::Info => tracing::info!(target: "plugin", plugin = slug, "{line}"),
+            types::LogLevel::Warn => tracing::warn!(target: "plugin", plugin = slug, "{line}"),
+            types::LogLevel::Error => tracing::error!(target: "plugin", plugin = slug, "{line}"),
+        }
+        Ok(())
+    }
+
+    fn hmac_sha256(&mut self, key: Vec<u8>, data: Vec<u8>) -> wasmtime::Result<Vec<u8>> {
+        Ok(crate::crypto::hmac_sha256(&key, &data).to_vec())
+    }
+}
+
+impl HostState {
+    async fn perform_http(
+        &mut self,
+        request: types::OutboundRequest,
+    ) -> Result<types::OutboundResponse, types::HttpError> {
+        use types::HttpError;
+        let url = match self.allow.check(&request.url) {
+            Ok(url) => url,
+            Err(refused) => {
+                self.stats.egress_denied.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut hosts) = self.stats.denied_hosts.lock()
+                    && hosts.len() < 32
+                {
+                    hosts.push(refused.clone());
+                }
+                tracing::warn!(plugin = %self.slug, host = %refused, "outbound request denied: host not granted");
+                return Err(HttpError::Denied(refused));
+            }
+        };
+        self.stats.http_requests.fetch_add(1, Ordering::Relaxed);
+        let method = match request.method {
+            types::HttpMethod::Get => reqwest::Method::GET,
+            types::HttpMethod::Post => reqwest::Method::POST,
+            types::HttpMethod::Put => reqwest::Method::PUT,
+            types::HttpMethod::Patch => reqwest::Method::PATCH,
+            types::HttpMethod::Delete => reqwest::Method::DELETE,
+        };
+        let timeout = request
+            .timeout_ms
+            .map(|ms| Duration::from_millis(ms.into()))
+            .unwrap_or(self.http_timeout)
+            .min(self.http_timeout);
+        let mut builder = self
+            .http
+            .request(method, url)
+            .timeout(timeout)
+            .body(request.body);
+        for (name, value) in &request.headers {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| HttpError::InvalidRequest(format!("invalid header name {name:?}")))?;
+            let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                HttpError::InvalidRequest(format!("invalid value for header {name}"))
+            })?;
+            builder = builder.header(name, value);
+        }
+        let classify = |e: reqwest::Error| {
+            if e.is_timeout() {
+                HttpError::Timeout
+            } else {
+                HttpError::Transport(e.without_url().to_string())
+            }
+        };
+        let mut response = builder.send().await.map_err(classify)?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(classify)? {
+            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                return Err(HttpError::Transport(format!(
+                    "response larger than {MAX_RESPONSE_BYTES} bytes"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(types::OutboundResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+}

@@ -1,0 +1,198 @@
+//! The `switchboard` binary as a user runs it, and the API served by `run`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use switchboard::api::error::ErrorBody;
+use switchboard::api::health::HealthStatus;
+use switchboard::plugins::bundled::WASM_DIR;
+
+fn switchboard() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    cmd.env_remove("SWITCHBOARD_CONFIG")
+        .env("SWITCHBOARD_LOG", "warn");
+    cmd
+}
+
+#[test]
+fn plugin_check_passes_for_each_bundled_plugin() {
+    for slug in ["prova", "provb", "provc", "provd", "prove"] {
+        let out = switchboard()
+            .args(["plugin", "check", "--bundled", slug])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{slug}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("CONFORMS") && !stdout.contains("FAIL "),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn plugin_check_exits_1_with_a_report_for_a_broken_signature_check() {
+    let path = format!("{WASM_DIR}/switchboard_fixture_broken_signature.wasm");
+    let out = switchboard()
+        .args(["plugin", "check", &path])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL signature.tampered-body"), "{stdout}");
+    assert!(stdout.contains("DOES NOT CONFORM"), "{stdout}");
+}
+
+#[test]
+fn plugin_check_reads_a_provider_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kit.toml");
+    std::fs::write(
+        &file,
+        "[config]\naccount_sid = \"AC123\"\n[success]\nstatus = 201\nbody = '{\"sid\": \"SM42\"}'\nmessage_id = \"SM42\"\n",
+    )
+    .unwrap();
+    let out = switchboard()
+        .args(["plugin", "check", "--bundled", "provc", "--provider-config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("/Accounts/AC123/Messages.json"), "{stdout}");
+    assert!(stdout.contains("\"SM42\""), "{stdout}");
+    std::fs::write(&file, "[config]\nnot_a_table = [1]\nextra = 1\n[bogus]\n").unwrap();
+    let out = switchboard()
+        .args(["plugin", "check", "--bundled", "provc", "--provider-config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--provider-config"));
+}
+
+#[test]
+fn plugin_list_shows_the_five_bundled_plugins() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = switchboard()
+        .args(["plugin", "list"])
+        .env("SWITCHBOARD_DATA_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for (slug, channels) in [
+        ("prova", "email,push"),
+        ("provb", "email"),
+        ("provc", "sms,voice"),
+        ("provd", "sms,voice,whatsapp"),
+        ("prove", "voice"),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(slug))
+            .unwrap_or_else(|| panic!("{slug} missing:\n{stdout}"));
+        assert!(
+            line.contains(channels) && line.contains("bundled"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn invalid_configuration_is_a_one_line_error_naming_the_setting() {
+    let out = switchboard()
+        .args(["plugin", "list"])
+        .env("SWITCHBOARD_PLUGINS__MEMORY_LIMIT_MIB", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("plugins.memory_limit_mib"), "{stderr}");
+}
+
+#[test]
+fn dev_serves_health_on_the_address_it_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = switchboard()
+        .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    let url = loop {
+        let line = lines.next().expect("dev exited before listening").unwrap();
+        if let Some(url) = line.strip_prefix("listening on ") {
+            break url.to_string();
+        }
+        printed.push(line);
+    };
+    assert!(
+        printed.iter().any(|l| l.starts_with("provd")),
+        "{printed:?}"
+    );
+    let body: HealthStatus = reqwest::blocking::get(format!("{url}/v1/health"))
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(body.status, "OK");
+    assert_eq!(body.version, env!("CARGO_PKG_VERSION"));
+    assert!(
+        dir.path().join("plugin-cache").read_dir().unwrap().count() >= 5,
+        "compiled plugins cached"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+async fn serve_in_process() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = switchboard::config::Config::default();
+    config.data_dir = dir.keep();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(switchboard::run(config, listener));
+    let url = format!("http://{addr}");
+    for _ in 0..200 {
+        if reqwest::get(format!("{url}/v1/health")).await.is_ok() {
+            return url;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server did not come up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_use_the_spec_shape_for_unknown_routes_and_methods() {
+    let url = serve_in_process().await;
+    let health = reqwest::get(format!("{url}/v1/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    let body: HealthStatus = health.json().await.unwrap();
+    assert_eq!(
+        (body.service.as_str(), body.environment.as_str()),
+        ("switchboard", "development")
+    );
+
+    let missing = reqwest::get(format!("{url}/v1/nope")).await.unwrap();
+    assert_eq!(missing.status(), 404);
+    let body: ErrorBody = missing.json().await.unwrap();
+    assert_eq!((body.error.as_str(), body.status_code), ("NOT_FOUND", 404));
+
+    let wrong = reqwest::Client::new()
+        .delete(format!("{url}/v1/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 405);
+    let raw: serde_json::Value = wrong.json().await.unwrap();
+    assert_eq!(
+        raw,
+        serde_json::json!({"error": "METHOD_NOT_ALLOWED", "message": "method not allowed on this route", "status_code": 405})
+    );
+}

