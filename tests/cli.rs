@@ -153,8 +153,10 @@ fn dev_serves_health_on_the_address_it_prints() {
 
 async fn serve_in_process() -> String {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = switchboard::config::Config::default();
-    config.data_dir = dir.keep();
+    let config = switchboard::config::Config {
+        data_dir: dir.keep(),
+        ..Default::default()
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(switchboard::run(config, listener));
@@ -194,5 +196,43 @@ async fn errors_use_the_spec_shape_for_unknown_routes_and_methods() {
     assert_eq!(
         raw,
         serde_json::json!({"error": "METHOD_NOT_ALLOWED", "message": "method not allowed on this route", "status_code": 405})
+    );
+}
+
+#[test]
+fn a_plugins_directory_adds_third_party_components() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::copy(
+        format!("{WASM_DIR}/switchboard_fixture_broken_signature.wasm"),
+        plugins.join("broken.wasm"),
+    )
+    .unwrap();
+    std::fs::write(plugins.join("junk.wasm"), b"not a component").unwrap();
+    let out = switchboard()
+        .args(["plugin", "list"])
+        .env("SWITCHBOARD_DATA_DIR", dir.path())
+        .env("SWITCHBOARD_PLUGINS__DIR", &plugins)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "a bad file must not stop the gateway: {stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("broken"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("broken.wasm"), "{line}");
+    assert_eq!(
+        stdout.lines().count(),
+        1 + 6,
+        "header, five bundled, one third-party:\n{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("junk.wasm"),
+        "the rejected file is named in the log"
     );
 }

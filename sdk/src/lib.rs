@@ -248,6 +248,11 @@ impl Config {
     }
 
     /// All pairs, in the order the host passed them.
+    ///
+    /// ```
+    /// let config = switchboard_sdk::Config::from(vec![("k".to_string(), "v".to_string())]);
+    /// assert_eq!(config.pairs().len(), 1);
+    /// ```
     pub fn pairs(&self) -> &[(String, String)] {
         &self.0
     }
@@ -296,7 +301,11 @@ impl From<Vec<(String, String)>> for Headers {
 }
 
 impl DeliveryStatus {
-    /// The spec's upper-case name, e.g. `BOUNCED_HARD`.
+    /// The spec's upper-case name.
+    ///
+    /// ```
+    /// assert_eq!(switchboard_sdk::DeliveryStatus::BouncedHard.as_str(), "BOUNCED_HARD");
+    /// ```
     pub fn as_str(&self) -> &'static str {
         match self {
             DeliveryStatus::Triggered => "TRIGGERED",
@@ -315,7 +324,11 @@ impl DeliveryStatus {
 }
 
 impl Channel {
-    /// The spec's lower-case name, e.g. `whatsapp`.
+    /// The spec's lower-case name.
+    ///
+    /// ```
+    /// assert_eq!(switchboard_sdk::Channel::Whatsapp.as_str(), "whatsapp");
+    /// ```
     pub fn as_str(&self) -> &'static str {
         match self {
             Channel::Sms => "sms",
@@ -327,6 +340,12 @@ impl Channel {
     }
 
     /// Parses the spec's lower-case name.
+    ///
+    /// ```
+    /// use switchboard_sdk::Channel;
+    /// assert_eq!(Channel::parse("voice"), Some(Channel::Voice));
+    /// assert_eq!(Channel::parse("fax"), None);
+    /// ```
     pub fn parse(name: &str) -> Option<Channel> {
         Some(match name {
             "sms" => Channel::Sms,
@@ -341,6 +360,12 @@ impl Channel {
 
 impl Content {
     /// The channel this content is for.
+    ///
+    /// ```
+    /// use switchboard_sdk::{Channel, Content, SmsMessage};
+    /// let sms = Content::Sms(SmsMessage { to: "+14155550100".into(), sender: None, text: "hi".into() });
+    /// assert_eq!(sms.channel(), Channel::Sms);
+    /// ```
     pub fn channel(&self) -> Channel {
         match self {
             Content::Email(_) => Channel::Email,
@@ -354,6 +379,12 @@ impl Content {
 
 impl SendOutcome {
     /// A rejection with the given code, detail and retry hint.
+    ///
+    /// ```
+    /// use switchboard_sdk::SendOutcome;
+    /// let outcome = SendOutcome::rejected("invalid-recipient", "not E.164", false);
+    /// assert!(matches!(outcome, SendOutcome::Rejected(r) if !r.retryable));
+    /// ```
     pub fn rejected(code: &str, detail: impl Into<String>, retryable: bool) -> Self {
         SendOutcome::Rejected(Rejection {
             code: code.into(),

@@ -7,6 +7,12 @@ use crate::{Channel, DeliveryStatus, Receipt};
 use serde::Deserialize;
 
 /// The spec's generic delivery-receipt body. All fields are optional.
+///
+/// ```
+/// use switchboard_sdk::receipt::GenericWebhookPayload;
+/// let p: GenericWebhookPayload = serde_json::from_str(r#"{"message_id":"m1","status":"SENT"}"#).unwrap();
+/// assert_eq!(p.message_id.as_deref(), Some("m1"));
+/// ```
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct GenericWebhookPayload {
     /// Channel name (`sms`, `email`, …).
