@@ -24,11 +24,13 @@ const PROFILE: &str = "plugin";
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let workspace = manifest_dir.parent().unwrap().to_path_buf();
+    // migrations/ too: sqlx::migrate! embeds them, and a new file alone triggers no rebuild.
     for dir in [
         "sdk",
         "plugins",
         "wit",
         "tests/fixtures",
+        "migrations",
         "Cargo.toml",
         "Cargo.lock",
     ] {

@@ -156,7 +156,8 @@ async fn serve_in_process() -> String {
     let config = switchboard::config::Config {
         data_dir: dir.keep(),
         ..Default::default()
-    };
+    }
+    .embedded();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(switchboard::run(config, listener));
@@ -235,4 +236,164 @@ fn a_plugins_directory_adds_third_party_components() {
         String::from_utf8_lossy(&out.stderr).contains("junk.wasm"),
         "the rejected file is named in the log"
     );
+}
+
+fn start_dev(data_dir: &std::path::Path) -> (std::process::Child, String, Vec<String>) {
+    let mut child = switchboard()
+        .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(url) = line.strip_prefix("listening on ") {
+            return (child, url.to_string(), printed);
+        }
+        printed.push(line);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("dev exited before listening: {printed:?}");
+}
+
+#[test]
+fn keys_cli_works_beside_a_running_dev_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, url, printed) = start_dev(dir.path());
+    let shown: Vec<&String> = printed
+        .iter()
+        .filter(|l| l.contains("key svc_sk_"))
+        .collect();
+    assert_eq!(
+        shown.len(),
+        2,
+        "first start prints a test and a live key: {printed:?}"
+    );
+
+    let out = switchboard()
+        .args([
+            "keys",
+            "create",
+            "--dev",
+            "--workspace",
+            "acme",
+            "--mode",
+            "live",
+            "--tier",
+            "paid",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let key = stdout.trim_end().to_string();
+    assert_eq!(stdout, format!("{key}\n"), "the raw key alone on stdout");
+    assert!(key.starts_with("svc_sk_live_"));
+
+    let client = reqwest::blocking::Client::new();
+    let trigger = |key: &str| {
+        client
+            .post(format!("{url}/v1/events/trigger"))
+            .bearer_auth(key)
+            .json(&serde_json::json!({"name": "welcome", "to": {"subscriberId": "u1", "email": "u1@example.com"}}))
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(trigger(&key), 202);
+
+    let list = switchboard()
+        .args(["keys", "list", "--dev", "--workspace", "acme", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let listing = String::from_utf8(list.stdout).unwrap();
+    assert!(!listing.contains(&key), "listings never show the key");
+    let key_id = listing
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    assert!(key_id.starts_with("key_"), "{listing}");
+
+    let revoke = switchboard()
+        .args(["keys", "revoke", "--dev", &key_id, "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        trigger(&key),
+        401,
+        "revocation reaches the running gateway at once"
+    );
+    let again = switchboard()
+        .args(["keys", "revoke", "--dev", &key_id, "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(1));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let (mut child, _, printed) = start_dev(dir.path());
+    assert!(
+        !printed.iter().any(|l| l.contains("svc_sk_")),
+        "keys are shown once only"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn accepted_events_survive_a_dev_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, url, printed) = start_dev(dir.path());
+    let key = printed
+        .iter()
+        .find_map(|l| l.split_whitespace().find(|w| w.starts_with("svc_sk_test_")))
+        .unwrap()
+        .to_string();
+    let resp = reqwest::blocking::Client::new()
+        .post(format!("{url}/v1/events/trigger"))
+        .bearer_auth(&key)
+        .json(&serde_json::json!({"name": "welcome", "to": {"subscriberId": "u1", "phone": "+14155550100"}}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let event: serde_json::Value = resp.json().unwrap();
+    // kill -9: no chance to flush anything.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let queued = rt.block_on(async {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(dir.path().join("switchboard.db")),
+            )
+            .await
+            .unwrap();
+        let broker = switchboard::broker::embedded::EmbeddedBroker::open(pool, Default::default())
+            .await
+            .unwrap();
+        broker.read("NOTIFY_BULK", 0, 100).await.unwrap()
+    });
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].2, event["eventId"].as_str().unwrap());
 }

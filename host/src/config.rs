@@ -23,6 +23,80 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Plugin runtime and installation settings.
     pub plugins: PluginsConfig,
+    /// Database (`serve`; `dev` always uses SQLite in `data_dir`).
+    pub store: StoreConfig,
+    /// Broker (`serve`; `dev` always uses the embedded queue).
+    pub broker: BrokerConfig,
+    /// Rate-limit counters and idempotency keys (`serve`; `dev` keeps them in memory).
+    pub counters: CountersConfig,
+    /// Largest request body accepted, bytes (413 beyond).
+    pub max_body_bytes: usize,
+}
+
+/// Which database.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// PostgreSQL at `store.url`.
+    Postgres,
+    /// SQLite file `<data_dir>/switchboard.db`.
+    Sqlite,
+}
+
+/// Database settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Backend.
+    pub backend: StoreBackend,
+    /// PostgreSQL URL (`SWITCHBOARD_STORE__URL`).
+    pub url: String,
+    /// Pool size.
+    pub max_connections: u32,
+}
+
+/// Which broker.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerBackend {
+    /// NATS JetStream at `broker.url`.
+    Nats,
+    /// A durable queue table in the SQLite file.
+    Embedded,
+}
+
+/// Broker settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Backend.
+    pub backend: BrokerBackend,
+    /// NATS URL (`SWITCHBOARD_BROKER__URL`).
+    pub url: String,
+    /// Stream and subject names (defaults are the spec's).
+    pub streams: crate::broker::StreamNames,
+}
+
+/// Which counter store.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CountersBackend {
+    /// Redis at `counters.url`.
+    Redis,
+    /// In-process (one gateway only).
+    Memory,
+}
+
+/// Counter-store settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CountersConfig {
+    /// Backend.
+    pub backend: CountersBackend,
+    /// Redis URL (`SWITCHBOARD_COUNTERS__URL`).
+    pub url: String,
+    /// Prefix of every Redis key.
+    pub key_prefix: String,
 }
 
 /// Deployment environment.
@@ -87,12 +161,48 @@ impl Default for Config {
                 max_instances: 128,
                 grants: BTreeMap::new(),
             },
+            store: StoreConfig {
+                backend: StoreBackend::Postgres,
+                url: "postgres://postgres@127.0.0.1:5432/switchboard".into(),
+                max_connections: 16,
+            },
+            broker: BrokerConfig {
+                backend: BrokerBackend::Nats,
+                url: "nats://127.0.0.1:4222".into(),
+                streams: crate::broker::StreamNames::default(),
+            },
+            counters: CountersConfig {
+                backend: CountersBackend::Redis,
+                url: "redis://127.0.0.1:6379".into(),
+                key_prefix: "switchboard:".into(),
+            },
+            max_body_bytes: 8 << 20,
         }
     }
 }
 
+impl Config {
+    /// The embedded set `switchboard dev` runs on: SQLite, the embedded queue and
+    /// in-process counters, all under `data_dir`.
+    pub fn embedded(mut self) -> Self {
+        self.store.backend = StoreBackend::Sqlite;
+        self.broker.backend = BrokerBackend::Embedded;
+        self.counters.backend = CountersBackend::Memory;
+        self
+    }
+}
+
 /// Top-level keys; other `SWITCHBOARD_*` variables (`SWITCHBOARD_LOG`, ...) are not config.
-const TOP_LEVEL: &[&str] = &["listen", "environment", "data_dir", "plugins"];
+const TOP_LEVEL: &[&str] = &[
+    "listen",
+    "environment",
+    "data_dir",
+    "plugins",
+    "store",
+    "broker",
+    "counters",
+    "max_body_bytes",
+];
 
 impl Config {
     /// Defaults, then `file` (which must exist when given), then `SWITCHBOARD_*`.

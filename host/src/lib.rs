@@ -5,12 +5,23 @@
 //! listener, so tests can bind port 0. `main.rs` only parses the command line.
 
 pub mod api;
+pub mod auth;
+pub mod broker;
 pub mod config;
 pub mod crypto;
+pub mod idempotency;
+pub mod ids;
+pub mod ingest;
+pub mod model;
 pub mod plugins;
+pub mod ratelimit;
+pub mod routing;
+pub mod store;
 
+use config::{BrokerBackend, Config, CountersBackend, StoreBackend};
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// State shared by every request handler.
 #[derive(Clone)]
@@ -18,37 +29,178 @@ pub struct AppState {
     /// Loaded provider plugins.
     pub plugins: Arc<plugins::registry::Registry>,
     /// The validated configuration.
-    pub config: Arc<config::Config>,
+    pub config: Arc<Config>,
     /// When start-up finished.
     pub started: Instant,
+    /// Ingestion and its backends.
+    pub ingest: Arc<ingest::Ingest>,
+    /// API key resolution.
+    pub auth: Arc<auth::Authenticator>,
+    /// Set on SIGTERM: health answers 503 `DRAINING`.
+    pub draining: Arc<AtomicBool>,
 }
 
-/// Loads the plugins and serves the API on `listener` until the process is stopped.
-pub async fn run(config: config::Config, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
-    let state = build_state(config).await?;
-    serve(state, listener, std::future::pending()).await
+/// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
+pub async fn open_store(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn store::Store>, Option<sqlx::SqlitePool>)> {
+    let (store, pool): (Arc<dyn store::Store>, _) = match config.store.backend {
+        StoreBackend::Postgres => {
+            let pg =
+                store::postgres::PgStore::connect(&config.store.url, config.store.max_connections)
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("store.url ({}): {e}", redact(&config.store.url))
+                    })?;
+            (Arc::new(pg), None)
+        }
+        StoreBackend::Sqlite => {
+            std::fs::create_dir_all(&config.data_dir)
+                .map_err(|e| anyhow::anyhow!("data_dir {}: {e}", config.data_dir.display()))?;
+            let path = config.data_dir.join("switchboard.db");
+            let lite = store::sqlite::SqliteStore::open(&path)
+                .await
+                .map_err(|e| anyhow::anyhow!("sqlite database {}: {e}", path.display()))?;
+            let pool = lite.pool().clone();
+            (Arc::new(lite), Some(pool))
+        }
+    };
+    store
+        .migrate()
+        .await
+        .map_err(|e| anyhow::anyhow!("running migrations: {e}"))?;
+    Ok((store, pool))
 }
 
-/// Builds the shared state: the plugin runtime and every bundled or installed plugin.
-pub async fn build_state(config: config::Config) -> anyhow::Result<AppState> {
+/// Builds the shared state: backends, the plugin runtime and every plugin.
+pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
+    let (store, sqlite) = open_store(&config).await?;
+    let streams = config.broker.streams.clone();
+    let broker: Arc<dyn broker::Broker> = match config.broker.backend {
+        BrokerBackend::Nats => Arc::new(
+            broker::jetstream::JetStreamBroker::connect(&config.broker.url, streams.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url)))?,
+        ),
+        BrokerBackend::Embedded => {
+            let pool = match sqlite {
+                Some(pool) => pool,
+                None => {
+                    anyhow::bail!("broker.backend = \"embedded\" needs store.backend = \"sqlite\"")
+                }
+            };
+            Arc::new(
+                broker::embedded::EmbeddedBroker::open(pool, streams.clone())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("embedded queue: {e}"))?,
+            )
+        }
+    };
+    broker
+        .setup()
+        .await
+        .map_err(|e| anyhow::anyhow!("creating streams: {e}"))?;
+    let (counters, idempotency): (
+        Arc<dyn ratelimit::Counters>,
+        Arc<dyn idempotency::IdempotencyStore>,
+    ) = match config.counters.backend {
+        CountersBackend::Redis => {
+            let url = &config.counters.url;
+            let prefix = config.counters.key_prefix.clone();
+            let c = ratelimit::redis::RedisCounters::connect(url, prefix.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("counters.url ({}): {e}", redact(url)))?;
+            let i = idempotency::redis::RedisIdempotency::connect(url, prefix)
+                .await
+                .map_err(|e| anyhow::anyhow!("counters.url ({}): {e}", redact(url)))?;
+            (Arc::new(c), Arc::new(i))
+        }
+        CountersBackend::Memory => (
+            Arc::new(ratelimit::memory::MemoryCounters::new()),
+            Arc::new(idempotency::memory::MemoryIdempotency::new()),
+        ),
+    };
     let runtime = plugins::PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
     let registry = plugins::registry::Registry::load(runtime, &config.plugins).await?;
+    let auth = Arc::new(auth::Authenticator::new(store.clone()));
+    let ingest = Arc::new(ingest::Ingest {
+        store,
+        counters,
+        idempotency,
+        broker,
+        streams,
+    });
     Ok(AppState {
         plugins: Arc::new(registry),
         config: Arc::new(config),
         started: Instant::now(),
+        ingest,
+        auth,
+        draining: Arc::new(AtomicBool::new(false)),
     })
 }
 
-/// Serves the API until `shutdown` resolves.
+/// Hides the password of a `scheme://user:password@host` URL in messages.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Loads everything and serves the API on `listener` until the process is stopped.
+pub async fn run(config: Config, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    let state = build_state(config).await?;
+    serve(state, listener, std::future::pending()).await
+}
+
+/// Serves the API, with the background tasks (revocation polling, outbox draining),
+/// until `shutdown` resolves; in-flight requests finish first.
 pub async fn serve(
     state: AppState,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let watcher = tokio::spawn(state.auth.clone().watch_revocations());
+    let drainer = tokio::spawn(drain_outbox_forever(state.ingest.clone()));
     let app = api::router(state);
-    axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .await;
+    watcher.abort();
+    drainer.abort();
+    served?;
     Ok(())
+}
+
+async fn drain_outbox_forever(ingest: Arc<ingest::Ingest>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !ingest.broker.connected() {
+            continue;
+        }
+        match ingest.drain_outbox().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(published = n, "outbox drained"),
+            Err(e) => tracing::warn!(error = %e, "outbox drain failed"),
+        }
+    }
+}
+
+/// Marks the state draining (health turns 503), waits `grace` so load balancers see
+/// it, then resolves: the server stops accepting and finishes in-flight requests.
+pub async fn drain_then_stop(
+    draining: Arc<AtomicBool>,
+    signal: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) {
+    signal.await;
+    draining.store(true, Ordering::SeqCst);
+    tracing::info!(?grace, "termination signal: draining");
+    tokio::time::sleep(grace).await;
 }

@@ -4,7 +4,9 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 use switchboard::config::Config;
+use switchboard::model::{KeyMode, Tier};
 use switchboard::plugins::conformance::{self, KitOptions};
 use switchboard::plugins::{PluginRuntime, bundled};
 
@@ -26,6 +28,13 @@ struct Cli {
 enum Command {
     /// Run the gateway on the embedded defaults: nothing else to install.
     Dev(DevArgs),
+    /// Run the gateway on the production backends (PostgreSQL, NATS, Redis).
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate(Target),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// Manage provider plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -39,6 +48,61 @@ struct DevArgs {
     /// Data directory.
     #[arg(long, env = "SWITCHBOARD_DATA_DIR")]
     data_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Listen address.
+    #[arg(long, env = "SWITCHBOARD_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Seconds health reports DRAINING before the server stops accepting.
+    #[arg(long, default_value_t = 5)]
+    drain_seconds: u64,
+}
+
+/// Which database an operator command works on.
+#[derive(Args, Clone)]
+struct Target {
+    /// The database of `switchboard dev` (SQLite in the data directory) instead of
+    /// the configured production database.
+    #[arg(long, global = true)]
+    dev: bool,
+    /// Data directory (with --dev).
+    #[arg(long, global = true, env = "SWITCHBOARD_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key and print it, alone, on stdout. It is never shown again.
+    Create {
+        /// Workspace name (created if new).
+        #[arg(long)]
+        workspace: String,
+        /// `test` or `live`.
+        #[arg(long, value_parser = ["test", "live"])]
+        mode: String,
+        /// `paid` (100 requests/s) or `free` (1 request/s); sets the workspace's tier.
+        #[arg(long, value_parser = ["paid", "free"])]
+        tier: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List a workspace's keys (ids and hints, never the keys).
+    List {
+        /// Workspace name.
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Revoke a key by id; every running instance refuses it at once.
+    Revoke {
+        /// The `key_…` id from `keys list`.
+        key_id: String,
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
 #[derive(Subcommand)]
@@ -89,6 +153,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(dir) = args.data_dir {
                 config.data_dir = dir;
             }
+            let config = config.embedded();
             std::fs::create_dir_all(&config.data_dir)?;
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
@@ -96,16 +161,58 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let state = switchboard::build_state(config).await?;
             println!("switchboard {} (dev)", env!("CARGO_PKG_VERSION"));
             print_plugins(&state.plugins);
+            let store = state.ingest.store.clone();
+            if store.workspace_by_name("default").await?.is_none() {
+                let ws = store.ensure_workspace("default", Some(Tier::Paid)).await?;
+                for mode in [KeyMode::Test, KeyMode::Live] {
+                    let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
+                    store.insert_api_key(&record).await?;
+                    println!(
+                        "created workspace `default`: {} key {raw} (shown once)",
+                        mode.as_str()
+                    );
+                }
+            }
             println!("listening on http://{}", listener.local_addr()?);
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
+            let shutdown =
+                switchboard::drain_then_stop(state.draining.clone(), terminate(), Duration::ZERO);
             switchboard::serve(state, listener, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin(PluginCommand::List) => {
+        Command::Serve(args) => {
+            if let Some(listen) = args.listen {
+                config.listen = listen;
+            }
+            let listener = tokio::net::TcpListener::bind(config.listen)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {} (listen): {e}", config.listen))?;
             let state = switchboard::build_state(config).await?;
-            print_plugins(&state.plugins);
+            println!(
+                "switchboard {} listening on http://{}",
+                env!("CARGO_PKG_VERSION"),
+                listener.local_addr()?
+            );
+            let shutdown = switchboard::drain_then_stop(
+                state.draining.clone(),
+                terminate(),
+                Duration::from_secs(args.drain_seconds),
+            );
+            switchboard::serve(state, listener, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate(target) => {
+            let config = target.apply(config);
+            switchboard::open_store(&config).await?;
+            println!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Keys(command) => keys(command, config).await,
+        Command::Plugin(PluginCommand::List) => {
+            // Plugins only: listing them needs no database, broker or counters.
+            let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
+            let registry =
+                switchboard::plugins::registry::Registry::load(runtime, &config.plugins).await?;
+            print_plugins(&registry);
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::Check {
@@ -149,6 +256,94 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+impl Target {
+    fn apply(&self, mut config: Config) -> Config {
+        if let Some(dir) = &self.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if self.dev { config.embedded() } else { config }
+    }
+}
+
+async fn keys(command: KeysCommand, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        KeysCommand::Create {
+            workspace,
+            mode,
+            tier,
+            target,
+        } => {
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let tier = tier.as_deref().and_then(Tier::parse);
+            let ws = store.ensure_workspace(&workspace, tier).await?;
+            let mode = KeyMode::parse(&mode).expect("clap checked the value");
+            let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
+            store.insert_api_key(&record).await?;
+            eprintln!(
+                "created {} key {} for workspace {} ({}); it is shown once:",
+                mode.as_str(),
+                record.id,
+                ws.name,
+                ws.tier.as_str()
+            );
+            println!("{raw}");
+        }
+        KeysCommand::List { workspace, target } => {
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let ws = store
+                .workspace_by_name(&workspace)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no workspace named {workspace:?}"))?;
+            println!(
+                "{:<36} {:<5} {:<22} {:<25} revoked",
+                "id", "mode", "hint", "created"
+            );
+            for k in store.list_api_keys(&ws.id).await? {
+                let revoked = k
+                    .revoked_at
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<36} {:<5} {:<22} {:<25} {revoked}",
+                    k.id,
+                    k.mode.as_str(),
+                    k.hint,
+                    k.created_at.to_rfc3339()
+                );
+            }
+        }
+        KeysCommand::Revoke { key_id, target } => {
+            let id = switchboard::ids::ApiKeyId::parse(&key_id)
+                .map_err(|e| anyhow::anyhow!("{key_id:?}: {e}"))?;
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            if !store.revoke_api_key(&id).await? {
+                anyhow::bail!("no active key {id}");
+            }
+            println!("revoked {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGTERM or Ctrl-C.
+async fn terminate() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
 fn print_plugins(registry: &switchboard::plugins::registry::Registry) {

@@ -2,9 +2,11 @@
 
 use crate::AppState;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
 
 /// The spec's HealthStatus.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -19,7 +21,8 @@ pub struct HealthStatus {
     pub environment: String,
     /// Seconds since boot finished.
     pub uptime_seconds: i64,
-    /// Broker connectivity (no broker is wired yet: always false).
+    /// Broker connectivity; while false, accepted events wait in the outbox. The
+    /// embedded queue of `dev` is always connected.
     pub nats_connected: bool,
 }
 
@@ -28,13 +31,22 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/health", get(health))
 }
 
-async fn health(State(state): State<AppState>) -> Json<HealthStatus> {
-    Json(HealthStatus {
-        status: "OK".into(),
-        service: "switchboard".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        environment: state.config.environment.as_str().into(),
-        uptime_seconds: state.started.elapsed().as_secs() as i64,
-        nats_connected: false,
-    })
+async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthStatus>) {
+    let draining = state.draining.load(Ordering::SeqCst);
+    let status = if draining {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        Json(HealthStatus {
+            status: if draining { "DRAINING" } else { "OK" }.into(),
+            service: "switchboard".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            environment: state.config.environment.as_str().into(),
+            uptime_seconds: state.started.elapsed().as_secs() as i64,
+            nats_connected: state.ingest.broker.connected(),
+        }),
+    )
 }

@@ -1,0 +1,210 @@
+//! API keys: generation, hashing, bearer parsing and the resolved-key cache.
+//!
+//! Only the SHA-256 of a key is stored; the raw key is printed once at creation. The
+//! cache is keyed by that digest (never the key). Revocation reaches every process
+//! through the store: each process polls `revocations_since` every
+//! [`REVOCATION_POLL`] and evicts revoked digests, and a request re-checks its key
+//! right before it commits, so an in-flight request with a revoked key fails with 401.
+
+use crate::crypto::constant_time_eq;
+use crate::ids::ApiKeyId;
+use crate::model::{ApiKeyRecord, KeyMode, NewApiKey};
+use crate::store::{Store, StoreError};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a resolved key is trusted without asking the store again.
+pub const CACHE_TTL: Duration = Duration::from_secs(30);
+/// How often revocations are pulled from the store.
+pub const REVOCATION_POLL: Duration = Duration::from_millis(200);
+
+/// Prefix of live keys.
+pub const LIVE_PREFIX: &str = "svc_sk_live_";
+/// Prefix of test keys.
+pub const TEST_PREFIX: &str = "svc_sk_test_";
+
+/// A new raw key (`svc_sk_live_` or `svc_sk_test_` and 48 hex digits) and what to store.
+pub fn generate_key(workspace: &crate::ids::WorkspaceId, mode: KeyMode) -> (String, NewApiKey) {
+    let mut secret = [0u8; 24];
+    rand::rng().fill_bytes(&mut secret);
+    let prefix = match mode {
+        KeyMode::Live => LIVE_PREFIX,
+        KeyMode::Test => TEST_PREFIX,
+    };
+    let raw = format!("{prefix}{}", hex::encode(secret));
+    let record = NewApiKey {
+        id: ApiKeyId::generate(),
+        workspace: workspace.clone(),
+        mode,
+        hash: digest(&raw),
+        hint: format!("{prefix}…{}", &raw[raw.len() - 4..]),
+        created_at: chrono::Utc::now(),
+    };
+    (raw, record)
+}
+
+/// SHA-256 of a raw key.
+pub fn digest(raw: &str) -> [u8; 32] {
+    Sha256::digest(raw.as_bytes()).into()
+}
+
+/// Why a request is not authenticated. Every variant is a 401 `UNAUTHORIZED`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No `Authorization` header.
+    #[error("missing bearer token: send `Authorization: Bearer <API_KEY>`")]
+    Missing,
+    /// Not `Bearer svc_sk_(live|test)_…`.
+    #[error(
+        "malformed Authorization header: expected `Bearer svc_sk_live_…` or `Bearer svc_sk_test_…`"
+    )]
+    Malformed,
+    /// Unknown or revoked key.
+    #[error("unrecognised or revoked API key")]
+    Unrecognised,
+}
+
+/// Extracts the raw key from an `Authorization` header value.
+pub fn parse_bearer(header: Option<&str>) -> Result<&str, AuthError> {
+    let header = header.ok_or(AuthError::Missing)?;
+    let (scheme, token) = header.trim().split_once(' ').ok_or(AuthError::Malformed)?;
+    let token = token.trim();
+    let well_formed = scheme.eq_ignore_ascii_case("bearer")
+        && (token.starts_with(LIVE_PREFIX) || token.starts_with(TEST_PREFIX))
+        && token.len() <= 200
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if well_formed {
+        Ok(token)
+    } else {
+        Err(AuthError::Malformed)
+    }
+}
+
+/// Resolves bearer keys to their records, with a short-lived cache.
+pub struct Authenticator {
+    store: Arc<dyn Store>,
+    cache: Mutex<HashMap<[u8; 32], (ApiKeyRecord, Instant)>>,
+    revoked: Mutex<HashSet<[u8; 32]>>,
+    revocation_cursor: Mutex<i64>,
+}
+
+impl Authenticator {
+    /// An authenticator over `store`; call [`Authenticator::poll_revocations`] regularly.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            cache: Mutex::new(HashMap::new()),
+            revoked: Mutex::new(HashSet::new()),
+            revocation_cursor: Mutex::new(0),
+        }
+    }
+
+    /// The live record for `raw`, or why not.
+    pub async fn authenticate(
+        &self,
+        raw: &str,
+    ) -> Result<Result<ApiKeyRecord, AuthError>, StoreError> {
+        let hash = digest(raw);
+        if self.revoked.lock().unwrap().contains(&hash) {
+            return Ok(Err(AuthError::Unrecognised));
+        }
+        if let Some((record, at)) = self.cache.lock().unwrap().get(&hash)
+            && at.elapsed() < CACHE_TTL
+        {
+            return Ok(Ok(record.clone()));
+        }
+        let Some(record) = self.store.api_key_by_hash(&hash).await? else {
+            return Ok(Err(AuthError::Unrecognised));
+        };
+        if record.revoked_at.is_some() {
+            self.revoked.lock().unwrap().insert(hash);
+            return Ok(Err(AuthError::Unrecognised));
+        }
+        self.cache
+            .lock()
+            .unwrap()
+            .insert(hash, (record.clone(), Instant::now()));
+        Ok(Ok(record))
+    }
+
+    /// True if the key was revoked since it was resolved (checked before committing).
+    pub fn is_revoked(&self, raw: &str) -> bool {
+        self.revoked.lock().unwrap().contains(&digest(raw))
+    }
+
+    /// Pulls new revocations from the store and evicts them from the cache.
+    pub async fn poll_revocations(&self) -> Result<usize, StoreError> {
+        let since = *self.revocation_cursor.lock().unwrap();
+        let (hashes, cursor) = self.store.revocations_since(since).await?;
+        {
+            let mut cache = self.cache.lock().unwrap();
+            let mut revoked = self.revoked.lock().unwrap();
+            for h in &hashes {
+                cache.remove(h);
+                revoked.insert(*h);
+            }
+        }
+        *self.revocation_cursor.lock().unwrap() = cursor;
+        Ok(hashes.len())
+    }
+
+    /// Runs [`Authenticator::poll_revocations`] forever (spawn it).
+    pub async fn watch_revocations(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(REVOCATION_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.poll_revocations().await {
+                tracing::warn!(error = %e, "cannot poll key revocations");
+            }
+        }
+    }
+}
+
+/// Constant-time check that a stored hash belongs to a raw key.
+pub fn matches(raw: &str, stored: &[u8; 32]) -> bool {
+    constant_time_eq(&digest(raw), stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_have_the_spec_prefixes_and_only_the_hash_is_kept() {
+        let ws = crate::ids::WorkspaceId::generate();
+        let (raw, record) = generate_key(&ws, KeyMode::Test);
+        assert!(raw.starts_with("svc_sk_test_") && raw.len() == TEST_PREFIX.len() + 48);
+        assert!(matches(&raw, &record.hash));
+        assert!(
+            !record.hint.contains(&raw[12..40]),
+            "the hint must not reveal the key"
+        );
+        let (live, _) = generate_key(&ws, KeyMode::Live);
+        assert!(live.starts_with("svc_sk_live_"));
+        assert_ne!(raw, generate_key(&ws, KeyMode::Test).0);
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        let key = "svc_sk_live_0123456789abcdef";
+        assert_eq!(parse_bearer(Some(&format!("Bearer {key}"))), Ok(key));
+        assert_eq!(parse_bearer(Some(&format!("bearer  {key} "))), Ok(key));
+        assert_eq!(parse_bearer(None), Err(AuthError::Missing));
+        assert_eq!(parse_bearer(Some(key)), Err(AuthError::Malformed));
+        assert_eq!(parse_bearer(Some("Basic abc")), Err(AuthError::Malformed));
+        assert_eq!(
+            parse_bearer(Some("Bearer sk_live_x")),
+            Err(AuthError::Malformed)
+        );
+        assert_eq!(
+            parse_bearer(Some("Bearer svc_sk_live_a;drop")),
+            Err(AuthError::Malformed)
+        );
+    }
+}

@@ -1,0 +1,659 @@
+//! NATS JetStream publishing (async-nats).
+//!
+//! Every accepted event is published with a `Nats-Msg-Id` header set to the event id,
+//! so a retried publish inside the streams' duplicate window is stored only once.
+//! Publishes are pipelined: a batch sends messages without waiting, and awaits the
+//! acknowledgements as they come back, with a bound on how many are in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::{self, context::PublishAckFuture, stream};
+use async_nats::{ConnectOptions, HeaderMap, ServerAddr};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+use super::{Broker, BrokerError, Publish, StreamNames};
+
+/// How long one TCP/TLS/handshake attempt may take when connecting.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
+/// Upper bound on the whole start-up connect, DNS included (async-nats does not time
+/// out name resolution), so a missing NATS is reported in seconds, not hung on.
+const STARTUP_CONNECT_DEADLINE: Duration = Duration::from_secs(5);
+/// Bound on JetStream API requests (stream create/update) and on handing a publish to
+/// the client's send queue.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a publish may wait for its acknowledgement, measured from when it was sent.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Publishes awaiting an acknowledgement, across all concurrent batches of one broker.
+pub const MAX_IN_FLIGHT: usize = 512;
+/// De-duplication window of both streams: a message id seen within it is not stored again.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Publishes accepted events to NATS JetStream.
+///
+/// Cheap to share behind an `Arc`; the underlying client reconnects on its own after
+/// start-up (unlimited attempts, exponential back-off capped at a few seconds).
+pub struct JetStreamBroker {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    names: StreamNames,
+    /// Bounds publishes awaiting an ack across concurrent `publish_batch` calls.
+    in_flight: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for JetStreamBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamBroker")
+            .field("names", &self.names)
+            .field("state", &self.client.connection_state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStreamBroker {
+    /// Connects to NATS at `url` (a server URL such as `nats://127.0.0.1:4222`, or
+    /// several separated by commas).
+    ///
+    /// Fails within a few seconds, with an error naming the URL, when no server can be
+    /// reached: start-up should not hang on a missing NATS. Once connected, lost
+    /// connections are re-established automatically and indefinitely.
+    pub async fn connect(url: &str, names: StreamNames) -> Result<Self, BrokerError> {
+        let shown = redact_url(url);
+        let servers = parse_servers(url)
+            .map_err(|err| BrokerError(format!("invalid NATS URL {shown}: {err}")))?;
+
+        // Defaults kept on purpose: `retry_on_initial_connect` stays off, so the first
+        // connect fails fast instead of retrying in the background, and `max_reconnects`
+        // stays unlimited, so the client reconnects forever once it is up.
+        let options = ConnectOptions::new()
+            .name("switchboard")
+            .connection_timeout(CONNECTION_TIMEOUT);
+        let client =
+            match tokio::time::timeout(STARTUP_CONNECT_DEADLINE, options.connect(servers)).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(err)) => {
+                    return Err(BrokerError(format!(
+                        "cannot connect to NATS at {shown}: {err}"
+                    )));
+                }
+                Err(_elapsed) => {
+                    return Err(BrokerError(format!(
+                        "cannot connect to NATS at {shown}: no connection within {}s",
+                        STARTUP_CONNECT_DEADLINE.as_secs()
+                    )));
+                }
+            };
+
+        let js = jetstream::ContextBuilder::new()
+            .timeout(API_TIMEOUT)
+            // Our own semaphore enforces MAX_IN_FLIGHT; the context's limit only has to
+            // be large enough never to bind first, and waits rather than fails if it does.
+            .max_ack_inflight(MAX_IN_FLIGHT * 8)
+            .backpressure_on_inflight(true)
+            // Acks of publishes abandoned mid-batch (caller cancelled) free their slot soon.
+            .ack_timeout(ACK_TIMEOUT)
+            .build(client.clone());
+
+        Ok(Self {
+            client,
+            js,
+            names,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        })
+    }
+
+    /// The stream and subject names this broker publishes to.
+    pub fn names(&self) -> &StreamNames {
+        &self.names
+    }
+
+    /// The JetStream context, for consumers that read the streams.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// The stream configuration `setup` applies for `name` with `subjects`.
+    fn stream_config(name: &str, subjects: String) -> stream::Config {
+        stream::Config {
+            name: name.to_owned(),
+            subjects: vec![subjects],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            duplicate_window: DUPLICATE_WINDOW,
+            num_replicas: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Takes one in-flight slot. While none is free, completes this batch's own oldest
+    /// pending acks first: waiting on the semaphore while holding slots could deadlock
+    /// two concurrent batches against each other.
+    async fn acquire_slot<F>(
+        &self,
+        pending: &mut FuturesUnordered<F>,
+        results: &mut [Option<Result<(), BrokerError>>],
+    ) -> Result<OwnedSemaphorePermit, BrokerError>
+    where
+        F: std::future::Future<Output = (usize, Result<(), BrokerError>)>,
+    {
+        loop {
+            match self.in_flight.clone().try_acquire_owned() {
+                Ok(permit) => return Ok(permit),
+                Err(TryAcquireError::Closed) => {
+                    return Err(BrokerError("in-flight limiter closed".into()));
+                }
+                Err(TryAcquireError::NoPermits) => {}
+            }
+            match pending.next().await {
+                Some((index, result)) => results[index] = Some(result),
+                // Holding no slot, so waiting cannot deadlock.
+                None => {
+                    return self
+                        .in_flight
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| BrokerError("in-flight limiter closed".into()));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for JetStreamBroker {
+    async fn setup(&self) -> Result<(), BrokerError> {
+        let prefix = &self.names.subject_prefix;
+        let wanted = [
+            (&self.names.critical, format!("{prefix}.critical.>")),
+            (&self.names.bulk, format!("{prefix}.bulk.>")),
+        ];
+        for (name, subjects) in wanted {
+            self.js
+                .create_or_update_stream(Self::stream_config(name, subjects))
+                .await
+                .map_err(|err| {
+                    BrokerError(format!("cannot create or update stream {name}: {err}"))
+                })?;
+        }
+        Ok(())
+    }
+
+    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<(), BrokerError>> {
+        let mut results: Vec<Option<Result<(), BrokerError>>> = vec![None; messages.len()];
+        let mut pending = FuturesUnordered::new();
+
+        for (index, message) in messages.iter().enumerate() {
+            let permit = match self.acquire_slot(&mut pending, &mut results).await {
+                Ok(permit) => permit,
+                Err(err) => {
+                    results[index] = Some(Err(err));
+                    continue;
+                }
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, message.msg_id.as_str());
+            match self
+                .js
+                .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
+                .await
+            {
+                Ok(ack) => {
+                    let expected = self.names.stream(message.class);
+                    pending.push(await_ack(index, message, expected, ack, permit));
+                }
+                Err(err) => {
+                    results[index] = Some(Err(BrokerError(format!(
+                        "publish of {} to {} failed: {err}",
+                        message.msg_id, message.subject
+                    ))));
+                }
+            }
+        }
+        while let Some((index, result)) = pending.next().await {
+            results[index] = Some(result);
+        }
+
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| Err(BrokerError("publish result missing".into())))
+            })
+            .collect()
+    }
+
+    fn connected(&self) -> bool {
+        self.client.connection_state() == State::Connected
+    }
+}
+
+/// Waits for one acknowledgement. The deadline is fixed now, when the message has just
+/// been sent, rather than when the batch gets round to polling it.
+fn await_ack<'a>(
+    index: usize,
+    message: &'a Publish,
+    expected_stream: &'a str,
+    ack: PublishAckFuture,
+    permit: OwnedSemaphorePermit,
+) -> impl std::future::Future<Output = (usize, Result<(), BrokerError>)> + 'a {
+    let deadline = tokio::time::timeout(ACK_TIMEOUT, std::future::IntoFuture::into_future(ack));
+    async move {
+        let outcome = deadline.await;
+        drop(permit);
+        let result = match outcome {
+            Err(_elapsed) => Err(format!(
+                "no acknowledgement within {}s",
+                ACK_TIMEOUT.as_secs()
+            )),
+            Ok(Err(err)) => Err(err.to_string()),
+            // A duplicate ack means the message is already stored: that is success.
+            Ok(Ok(ack)) if ack.stream == expected_stream => Ok(()),
+            Ok(Ok(ack)) => Err(format!(
+                "acknowledged by stream {}, expected {expected_stream}",
+                ack.stream
+            )),
+        };
+        let result = result.map_err(|reason| {
+            BrokerError(format!(
+                "publish of {} to {} not acknowledged: {reason}",
+                message.msg_id, message.subject
+            ))
+        });
+        (index, result)
+    }
+}
+
+/// Parses one server URL or a comma-separated list of them.
+fn parse_servers(url: &str) -> Result<Vec<ServerAddr>, String> {
+    let servers = url
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| part.parse::<ServerAddr>().map_err(|err| err.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err("no server given".into());
+    }
+    Ok(servers)
+}
+
+/// The URL with any `user:password@` replaced, so errors and logs never show credentials.
+fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|part| {
+            let part = part.trim();
+            let host_start = part.find("://").map_or(0, |i| i + 3);
+            match part[host_start..].rfind('@') {
+                Some(at) => format!(
+                    "{}***@{}",
+                    &part[..host_start],
+                    &part[host_start + at + 1..]
+                ),
+                None => part.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    //! These run against the real NATS server with JetStream at 127.0.0.1:4222. A missing
+    //! server fails them loudly; each test uses its own streams and deletes them.
+
+    use std::panic::AssertUnwindSafe;
+    use std::time::Instant;
+
+    use bytes::Bytes;
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::broker::StreamClass;
+
+    const NATS_URL: &str = "nats://127.0.0.1:4222";
+
+    fn unique_names() -> StreamNames {
+        let hex = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        StreamNames {
+            critical: format!("T{}_NOTIFY_CRITICAL", hex.to_uppercase()),
+            bulk: format!("T{}_NOTIFY_BULK", hex.to_uppercase()),
+            subject_prefix: format!("t{hex}.notify"),
+        }
+    }
+
+    fn message(
+        names: &StreamNames,
+        class: StreamClass,
+        channel: &str,
+        msg_id: &str,
+        payload: &str,
+    ) -> Publish {
+        Publish {
+            class,
+            subject: names.subject(class, channel),
+            msg_id: msg_id.to_owned(),
+            payload: Bytes::from(payload.to_owned()),
+        }
+    }
+
+    /// Connects with fresh stream names, runs `body`, then deletes the streams even if
+    /// `body` panicked, and re-raises the panic.
+    async fn isolated<F, Fut>(body: F)
+    where
+        F: FnOnce(JetStreamBroker) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let names = unique_names();
+        let broker = JetStreamBroker::connect(NATS_URL, names.clone())
+            .await
+            .unwrap_or_else(|err| {
+                panic!("a NATS server with JetStream must run at {NATS_URL}: {err}")
+            });
+        let js = broker.js.clone();
+        let outcome = AssertUnwindSafe(body(broker)).catch_unwind().await;
+        for stream in [&names.critical, &names.bulk] {
+            match js.delete_stream(stream).await {
+                Ok(_) => {}
+                // Tests that never ran setup have nothing to delete.
+                Err(err)
+                    if matches!(&err.kind(), jetstream::context::DeleteStreamErrorKind::JetStream(e)
+                        if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) => {}
+                Err(err) => eprintln!("cleanup: deleting stream {stream}: {err}"),
+            }
+        }
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    async fn message_count(js: &jetstream::Context, stream: &str) -> u64 {
+        let stream = js.get_stream(stream).await.expect("stream exists");
+        stream.get_info().await.expect("stream info").state.messages
+    }
+
+    fn assert_all_ok(results: &[Result<(), BrokerError>]) {
+        for (index, result) in results.iter().enumerate() {
+            assert!(result.is_ok(), "message {index}: {result:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn connected_after_connect_and_setup_twice_is_fine() {
+        isolated(|broker| async move {
+            assert!(broker.connected());
+            broker.setup().await.expect("first setup");
+            broker.setup().await.expect("second setup");
+
+            let names = broker.names().clone();
+            for (stream, class) in [(&names.critical, "critical"), (&names.bulk, "bulk")] {
+                let info = broker
+                    .js
+                    .get_stream(stream)
+                    .await
+                    .expect("stream exists")
+                    .get_info()
+                    .await
+                    .expect("info");
+                assert_eq!(
+                    info.config.subjects,
+                    vec![format!("{}.{class}.>", names.subject_prefix)]
+                );
+                assert_eq!(info.config.storage, stream::StorageType::File);
+                assert_eq!(info.config.duplicate_window, DUPLICATE_WINDOW);
+            }
+            assert!(broker.connected());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn messages_land_in_their_class_stream_with_msg_id_header() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let batch = vec![
+                message(
+                    &names,
+                    StreamClass::Critical,
+                    "sms",
+                    "evt-c1",
+                    "critical one",
+                ),
+                message(&names, StreamClass::Bulk, "email", "evt-b1", "bulk one"),
+                message(
+                    &names,
+                    StreamClass::Critical,
+                    "push",
+                    "evt-c2",
+                    "critical two",
+                ),
+                message(&names, StreamClass::Bulk, "email", "evt-b2", "bulk two"),
+                message(&names, StreamClass::Bulk, "sms", "evt-b3", "bulk three"),
+            ];
+            let results = broker.publish_batch(&batch).await;
+            assert_eq!(results.len(), batch.len());
+            assert_all_ok(&results);
+
+            assert_eq!(message_count(&broker.js, &names.critical).await, 2);
+            assert_eq!(message_count(&broker.js, &names.bulk).await, 3);
+
+            // Acks are awaited concurrently, but a single batch is sent in order.
+            let critical = broker
+                .js
+                .get_stream(&names.critical)
+                .await
+                .expect("critical stream");
+            let first = critical
+                .get_raw_message(1)
+                .await
+                .expect("first critical message");
+            assert_eq!(
+                first.subject.as_str(),
+                format!("{}.critical.sms", names.subject_prefix)
+            );
+            assert_eq!(first.payload, Bytes::from_static(b"critical one"));
+            let msg_id = first
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .expect("Nats-Msg-Id header");
+            assert_eq!(msg_id.as_str(), "evt-c1");
+
+            let bulk = broker
+                .js
+                .get_stream(&names.bulk)
+                .await
+                .expect("bulk stream");
+            let third = bulk.get_raw_message(3).await.expect("third bulk message");
+            assert_eq!(
+                third.subject.as_str(),
+                format!("{}.bulk.sms", names.subject_prefix)
+            );
+            assert_eq!(third.payload, Bytes::from_static(b"bulk three"));
+            let msg_id = third
+                .headers
+                .get("Nats-Msg-Id")
+                .expect("Nats-Msg-Id header");
+            assert_eq!(msg_id.as_str(), "evt-b3");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn duplicate_msg_id_is_stored_once_and_ok() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let first = message(&names, StreamClass::Critical, "sms", "evt-dup", "original");
+            let again = message(&names, StreamClass::Critical, "sms", "evt-dup", "retry");
+
+            let results = broker.publish_batch(&[first.clone(), again.clone()]).await;
+            assert_all_ok(&results);
+            // A later batch (a client retry) is de-duplicated too.
+            let results = broker.publish_batch(&[again]).await;
+            assert_all_ok(&results);
+
+            assert_eq!(message_count(&broker.js, &names.critical).await, 1);
+            let stored = broker
+                .js
+                .get_stream(&names.critical)
+                .await
+                .expect("stream")
+                .get_raw_message(1)
+                .await
+                .expect("message");
+            assert_eq!(stored.payload, Bytes::from_static(b"original"));
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn five_thousand_messages_are_all_acknowledged() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let payload = "x".repeat(256);
+            let batch: Vec<Publish> = (0..5_000)
+                .map(|i| {
+                    let class = if i % 5 == 0 {
+                        StreamClass::Critical
+                    } else {
+                        StreamClass::Bulk
+                    };
+                    message(&names, class, "email", &format!("evt-{i:05}"), &payload)
+                })
+                .collect();
+
+            let started = Instant::now();
+            let results = broker.publish_batch(&batch).await;
+            let elapsed = started.elapsed();
+            println!("published and acknowledged 5000 messages in {elapsed:?}");
+
+            assert_eq!(results.len(), 5_000);
+            assert_all_ok(&results);
+            assert_eq!(message_count(&broker.js, &names.critical).await, 1_000);
+            assert_eq!(message_count(&broker.js, &names.bulk).await, 4_000);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_batches_beyond_the_in_flight_bound_complete() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let batches: Vec<Vec<Publish>> = (0..4)
+                .map(|b| {
+                    (0..MAX_IN_FLIGHT + 100)
+                        .map(|i| {
+                            message(
+                                &names,
+                                StreamClass::Bulk,
+                                "sms",
+                                &format!("evt-{b}-{i}"),
+                                "p",
+                            )
+                        })
+                        .collect()
+                })
+                .collect();
+            let all = tokio::time::timeout(
+                Duration::from_secs(60),
+                futures::future::join_all(batches.iter().map(|batch| broker.publish_batch(batch))),
+            )
+            .await
+            .expect("concurrent batches must not deadlock");
+            for results in &all {
+                assert_all_ok(results);
+            }
+            assert_eq!(
+                message_count(&broker.js, &names.bulk).await,
+                4 * (MAX_IN_FLIGHT as u64 + 100)
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn unacknowledged_messages_fail_in_place() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let no_stream = Publish {
+                class: StreamClass::Bulk,
+                subject: format!("{}.elsewhere.sms", names.subject_prefix),
+                msg_id: "evt-lost".into(),
+                payload: Bytes::from_static(b"nobody stores this"),
+            };
+            // Class says critical, subject routes to bulk: stored, but not where expected.
+            let wrong_stream = Publish {
+                class: StreamClass::Critical,
+                subject: names.subject(StreamClass::Bulk, "sms"),
+                msg_id: "evt-misrouted".into(),
+                payload: Bytes::from_static(b"misrouted"),
+            };
+            let batch = vec![
+                message(&names, StreamClass::Critical, "sms", "evt-1", "one"),
+                no_stream,
+                message(&names, StreamClass::Bulk, "sms", "evt-2", "two"),
+                wrong_stream,
+            ];
+            let results = broker.publish_batch(&batch).await;
+            assert_eq!(results.len(), 4);
+            assert!(results[0].is_ok(), "{:?}", results[0]);
+            let err = results[1].as_ref().expect_err("no stream for the subject");
+            assert!(err.to_string().contains("evt-lost"), "{err}");
+            assert!(results[2].is_ok(), "{:?}", results[2]);
+            let err = results[3]
+                .as_ref()
+                .expect_err("acknowledged by the wrong stream");
+            assert!(err.to_string().contains(&names.bulk), "{err}");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn publishing_before_setup_is_not_ok() {
+        isolated(|broker| async move {
+            let names = broker.names().clone();
+            let results = broker
+                .publish_batch(&[message(&names, StreamClass::Critical, "sms", "evt-x", "x")])
+                .await;
+            assert!(results[0].is_err(), "{:?}", results[0]);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn connect_to_unreachable_server_fails_fast_naming_the_url() {
+        let started = Instant::now();
+        let err = JetStreamBroker::connect("nats://127.0.0.1:1", unique_names())
+            .await
+            .expect_err("nothing listens on port 1");
+        let elapsed = started.elapsed();
+        println!("unreachable NATS reported in {elapsed:?}: {err}");
+        assert!(elapsed < Duration::from_secs(6), "took {elapsed:?}");
+        assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    }
+
+    #[test]
+    fn credentials_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("nats://user:secret@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(
+            redact_url("host:4222, nats://tok@other"),
+            "host:4222,nats://***@other"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:1"), "nats://127.0.0.1:1");
+        assert!(parse_servers(" , ").is_err());
+        assert_eq!(
+            parse_servers("nats://a:1,nats://b:2")
+                .expect("two servers")
+                .len(),
+            2
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! In-process [`super::IdempotencyStore`] for `switchboard dev`.
+//!
+//! The same semantics as [`super::redis::RedisIdempotency`]: a mutex around a
+//! map, entries carrying their own expiry, expired entries swept periodically.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
+
+/// Claims between two sweeps of expired entries: amortises the O(n) sweep.
+const SWEEP_EVERY: u32 = 256;
+
+#[derive(Debug)]
+enum State {
+    Pending,
+    Done(Vec<u8>),
+}
+
+#[derive(Debug)]
+struct Entry {
+    state: State,
+    expires: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Keyed by (workspace, key): a tuple, so no separator can make two collide.
+    entries: HashMap<(String, String), Entry>,
+    claims_since_sweep: u32,
+}
+
+impl Inner {
+    fn sweep(&mut self, now: Instant) {
+        self.entries.retain(|_, entry| entry.expires > now);
+        self.claims_since_sweep = 0;
+    }
+
+    /// The entry under a key if it has not expired.
+    fn live(&self, workspace: &str, key: &str, now: Instant) -> Option<&Entry> {
+        // The tuple key needs owned strings to look up; dev traffic is light.
+        self.entries
+            .get(&(workspace.to_owned(), key.to_owned()))
+            .filter(|e| e.expires > now)
+    }
+}
+
+/// Idempotency keys in process memory.
+#[derive(Debug)]
+pub struct MemoryIdempotency {
+    inner: Mutex<Inner>,
+    /// [`PENDING_TIMEOUT`], shortened by tests.
+    pending_timeout: Duration,
+}
+
+impl Default for MemoryIdempotency {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            pending_timeout: PENDING_TIMEOUT,
+        }
+    }
+}
+
+impl MemoryIdempotency {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The map lock. Every update is a single map operation, so a poisoned lock
+    /// still guards a consistent map and is used as is.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for MemoryIdempotency {
+    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.claims_since_sweep += 1;
+        if inner.claims_since_sweep >= SWEEP_EVERY {
+            inner.sweep(now);
+        }
+        match inner.live(workspace, key, now).map(|e| &e.state) {
+            Some(State::Pending) => Ok(Claim::Pending),
+            Some(State::Done(response)) => Ok(Claim::Replay(response.clone())),
+            None => {
+                let entry = Entry {
+                    state: State::Pending,
+                    expires: now + self.pending_timeout,
+                };
+                inner
+                    .entries
+                    .insert((workspace.to_owned(), key.to_owned()), entry);
+                Ok(Claim::Fresh)
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        workspace: &str,
+        key: &str,
+        response: &[u8],
+    ) -> Result<(), IdempotencyError> {
+        let entry = Entry {
+            state: State::Done(response.to_vec()),
+            expires: Instant::now() + RETENTION,
+        };
+        self.lock()
+            .entries
+            .insert((workspace.to_owned(), key.to_owned()), entry);
+        Ok(())
+    }
+
+    async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
+        let mut inner = self.lock();
+        let id = (workspace.to_owned(), key.to_owned());
+        // Only a pending claim is dropped; a completed response stays replayable.
+        if matches!(
+            inner.entries.get(&id),
+            Some(Entry {
+                state: State::Pending,
+                ..
+            })
+        ) {
+            inner.entries.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Sweeps expired entries, then counts: O(keys).
+    async fn tracked(&self) -> Result<u64, IdempotencyError> {
+        let mut inner = self.lock();
+        inner.sweep(Instant::now());
+        Ok(inner.entries.len() as u64)
+    }
+}
+
+/// Behaviour tests shared by every [`IdempotencyStore`] implementation. Each
+/// expects a store with no keys yet.
+#[cfg(test)]
+pub(crate) mod behaviour {
+    use super::super::{Claim, IdempotencyStore};
+    use std::time::Duration;
+
+    /// Fresh, then Pending while in flight, then Replay of the identical bytes.
+    pub(crate) async fn fresh_then_pending_then_replay(s: &dyn IdempotencyStore) {
+        assert_eq!(
+            s.claim("ws_a", "order-1").await.expect("claim"),
+            Claim::Fresh
+        );
+        assert_eq!(
+            s.claim("ws_a", "order-1").await.expect("claim"),
+            Claim::Pending
+        );
+        // Keys are scoped per workspace.
+        assert_eq!(
+            s.claim("ws_b", "order-1").await.expect("claim"),
+            Claim::Fresh
+        );
+        let body = br#"{"id":"evt_0123abcd","status":"accepted"}"#;
+        s.complete("ws_a", "order-1", body).await.expect("complete");
+        for _ in 0..2 {
+            assert_eq!(
+                s.claim("ws_a", "order-1").await.expect("claim"),
+                Claim::Replay(body.to_vec())
+            );
+        }
+        // Releasing a completed key keeps its response.
+        s.release("ws_a", "order-1").await.expect("release");
+        assert_eq!(
+            s.claim("ws_a", "order-1").await.expect("claim"),
+            Claim::Replay(body.to_vec())
+        );
+        // Empty and non-UTF-8 responses round-trip too.
+        assert_eq!(s.claim("ws_a", "empty").await.expect("claim"), Claim::Fresh);
+        s.complete("ws_a", "empty", b"").await.expect("complete");
+        assert_eq!(
+            s.claim("ws_a", "empty").await.expect("claim"),
+            Claim::Replay(Vec::new())
+        );
+        let binary = vec![b'P', 0, 255, b'D'];
+        assert_eq!(
+            s.claim("ws_a", "binary").await.expect("claim"),
+            Claim::Fresh
+        );
+        s.complete("ws_a", "binary", &binary)
+            .await
+            .expect("complete");
+        assert_eq!(
+            s.claim("ws_a", "binary").await.expect("claim"),
+            Claim::Replay(binary)
+        );
+    }
+
+    /// A released claim may be taken again.
+    pub(crate) async fn release_makes_the_key_fresh(s: &dyn IdempotencyStore) {
+        assert_eq!(
+            s.claim("ws_a", "retry-me").await.expect("claim"),
+            Claim::Fresh
+        );
+        s.release("ws_a", "retry-me").await.expect("release");
+        assert_eq!(
+            s.claim("ws_a", "retry-me").await.expect("claim"),
+            Claim::Fresh
+        );
+        assert_eq!(
+            s.claim("ws_a", "retry-me").await.expect("claim"),
+            Claim::Pending
+        );
+        // Releasing an unknown key is harmless.
+        s.release("ws_a", "never-claimed").await.expect("release");
+    }
+
+    /// 50 concurrent claims of one new key: exactly one is Fresh.
+    pub(crate) async fn concurrent_claims_have_one_winner(s: &dyn IdempotencyStore) {
+        let claims = futures::future::join_all((0..50).map(|_| s.claim("ws_a", "burst"))).await;
+        let mut fresh = 0;
+        for claim in claims {
+            match claim.expect("claim") {
+                Claim::Fresh => fresh += 1,
+                Claim::Pending => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(fresh, 1);
+    }
+
+    /// Pending and completed keys count; released ones do not.
+    pub(crate) async fn tracked_counts_pending_and_completed(s: &dyn IdempotencyStore) {
+        assert_eq!(s.tracked().await.expect("tracked"), 0);
+        s.claim("ws_a", "one").await.expect("claim");
+        s.claim("ws_a", "two").await.expect("claim");
+        s.claim("ws_b", "one").await.expect("claim");
+        s.complete("ws_a", "one", b"{}").await.expect("complete");
+        assert_eq!(s.tracked().await.expect("tracked"), 3);
+        s.release("ws_a", "two").await.expect("release");
+        assert_eq!(s.tracked().await.expect("tracked"), 2);
+    }
+
+    /// Long keys (hashed by Redis) and odd characters stay distinct and work.
+    pub(crate) async fn long_and_unusual_keys(s: &dyn IdempotencyStore) {
+        let long_x = format!("{}x", "a".repeat(300));
+        let long_y = format!("{}y", "a".repeat(300));
+        let keys = [
+            long_x.as_str(),
+            long_y.as_str(),
+            "with space",
+            "glob*?[x]",
+            "ünïcödé",
+            "a:b",
+            "#",
+        ];
+        for key in keys {
+            assert_eq!(
+                s.claim("ws_a", key).await.expect("claim"),
+                Claim::Fresh,
+                "{key}"
+            );
+        }
+        for key in keys {
+            s.complete("ws_a", key, key.as_bytes())
+                .await
+                .expect("complete");
+        }
+        for key in keys {
+            assert_eq!(
+                s.claim("ws_a", key).await.expect("claim"),
+                Claim::Replay(key.as_bytes().to_vec())
+            );
+        }
+        assert_eq!(s.tracked().await.expect("tracked"), keys.len() as u64);
+    }
+
+    /// For a store whose pending timeout was shortened to 200 ms: a crashed
+    /// claimant's key becomes Fresh again.
+    pub(crate) async fn pending_claim_expires(s: &dyn IdempotencyStore) {
+        assert_eq!(
+            s.claim("ws_a", "crashed").await.expect("claim"),
+            Claim::Fresh
+        );
+        assert_eq!(
+            s.claim("ws_a", "crashed").await.expect("claim"),
+            Claim::Pending
+        );
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_eq!(
+            s.claim("ws_a", "crashed").await.expect("claim"),
+            Claim::Fresh
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fresh_then_pending_then_replay() {
+        behaviour::fresh_then_pending_then_replay(&MemoryIdempotency::new()).await;
+    }
+
+    #[tokio::test]
+    async fn release_makes_the_key_fresh() {
+        behaviour::release_makes_the_key_fresh(&MemoryIdempotency::new()).await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_claims_have_one_winner() {
+        behaviour::concurrent_claims_have_one_winner(&MemoryIdempotency::new()).await;
+    }
+
+    #[tokio::test]
+    async fn tracked_counts_pending_and_completed() {
+        behaviour::tracked_counts_pending_and_completed(&MemoryIdempotency::new()).await;
+    }
+
+    #[tokio::test]
+    async fn long_and_unusual_keys() {
+        behaviour::long_and_unusual_keys(&MemoryIdempotency::new()).await;
+    }
+
+    #[tokio::test]
+    async fn pending_claim_expires() {
+        let store = MemoryIdempotency {
+            pending_timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        behaviour::pending_claim_expires(&store).await;
+    }
+
+    /// Real threads racing on one key: one winner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn threads_have_one_winner() {
+        let store = std::sync::Arc::new(MemoryIdempotency::new());
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { store.claim("ws_a", "race").await.expect("claim") })
+            })
+            .collect();
+        let mut fresh = 0;
+        for task in tasks {
+            if task.await.expect("task") == Claim::Fresh {
+                fresh += 1;
+            }
+        }
+        assert_eq!(fresh, 1);
+    }
+
+    /// Expired entries are swept and no longer tracked.
+    #[tokio::test]
+    async fn expired_entries_are_swept() {
+        let store = MemoryIdempotency {
+            pending_timeout: Duration::from_millis(50),
+            ..Default::default()
+        };
+        store.claim("ws_a", "gone").await.expect("claim");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(store.tracked().await.expect("tracked"), 0);
+        assert!(store.lock().entries.is_empty());
+    }
+}

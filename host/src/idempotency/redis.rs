@@ -1,0 +1,403 @@
+//! [`super::IdempotencyStore`] on Redis.
+//!
+//! One string key per idempotency key, `{prefix}idem:{workspace}:{key}`, holding
+//! either the pending marker `P` (expires after [`PENDING_TIMEOUT`]) or `D`
+//! followed by the stored response (expires after [`RETENTION`]). The one-byte
+//! tag keeps any response bytes, even empty ones, distinct from the marker.
+//!
+//! Keys longer than [`MAX_RAW_KEY_LEN`] bytes or with characters outside
+//! `[A-Za-z0-9._:-]` are stored as `#` and their SHA-256 in hex: `#` never
+//! appears in a stored raw key, so a hashed key cannot collide with one.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+use sha2::{Digest, Sha256};
+
+use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
+use crate::ratelimit::redis::connect_manager;
+
+/// Upper bound on one round trip: an unreachable Redis fails the request fast.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Longest user key stored as is; longer keys are hashed.
+pub const MAX_RAW_KEY_LEN: usize = 200;
+
+/// Value of a claimed key whose request has not completed.
+const PENDING: &[u8] = b"P";
+/// Tag before a completed response.
+const DONE: u8 = b'D';
+
+/// Returns the current value, or sets the pending marker (`ARGV[1]`, for
+/// `ARGV[2]` ms) and returns nil when there is none: claim and check in one step.
+const CLAIM_LUA: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+";
+
+/// Deletes the key only while it still holds the pending marker, so releasing
+/// never drops a completed response.
+const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Idempotency keys in Redis, shared by every gateway process.
+#[derive(Debug, Clone)]
+pub struct RedisIdempotency {
+    conn: ConnectionManager,
+    prefix: String,
+    claim: Script,
+    release: Script,
+    /// [`PENDING_TIMEOUT`], shortened by tests.
+    pending_timeout: Duration,
+}
+
+impl RedisIdempotency {
+    /// A store on an existing connection; every key starts with `key_prefix`
+    /// (e.g. `switchboard:`).
+    pub fn new(conn: ConnectionManager, key_prefix: impl Into<String>) -> Self {
+        Self {
+            conn,
+            prefix: key_prefix.into(),
+            claim: Script::new(CLAIM_LUA),
+            release: Script::new(RELEASE_LUA),
+            pending_timeout: PENDING_TIMEOUT,
+        }
+    }
+
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379`), failing within about
+    /// two seconds when Redis is unreachable.
+    pub async fn connect(
+        url: &str,
+        key_prefix: impl Into<String>,
+    ) -> Result<Self, IdempotencyError> {
+        let conn = connect_manager(url).await.map_err(IdempotencyError)?;
+        Ok(Self::new(conn, key_prefix))
+    }
+
+    fn redis_key(&self, workspace: &str, key: &str) -> String {
+        format!("{}idem:{workspace}:{}", self.prefix, storage_key(key))
+    }
+}
+
+/// The key as stored: itself when short and plain, else `#` + SHA-256 hex.
+fn storage_key(key: &str) -> Cow<'_, str> {
+    let plain = key.len() <= MAX_RAW_KEY_LEN
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if plain {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(format!("#{}", hex::encode(Sha256::digest(key))))
+    }
+}
+
+/// Escapes glob metacharacters so a prefix matches only itself in `SCAN MATCH`.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// Runs one Redis round trip under [`OP_TIMEOUT`], mapping both failures.
+async fn bounded<T>(
+    fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, IdempotencyError> {
+    tokio::time::timeout(OP_TIMEOUT, fut)
+        .await
+        .map_err(|_| IdempotencyError(format!("redis did not answer within {OP_TIMEOUT:?}")))?
+        .map_err(|e| IdempotencyError(format!("redis: {e}")))
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for RedisIdempotency {
+    /// If this call times out after Redis set the marker, the key stays pending
+    /// until [`PENDING_TIMEOUT`]: a retry sees `Pending`, never a double publish.
+    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.claim.key(self.redis_key(workspace, key));
+        let pending_ms = u64::try_from(self.pending_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        invocation.arg(PENDING).arg(pending_ms);
+        let current: Option<Vec<u8>> = bounded(invocation.invoke_async(&mut conn)).await?;
+        match current {
+            None => Ok(Claim::Fresh),
+            Some(value) if value == PENDING => Ok(Claim::Pending),
+            Some(mut value) if value.first() == Some(&DONE) => {
+                value.remove(0);
+                Ok(Claim::Replay(value))
+            }
+            Some(_) => Err(IdempotencyError(
+                "unrecognised value under an idempotency key".into(),
+            )),
+        }
+    }
+
+    /// Overwrites whatever the key holds: only the claimant completes, and if its
+    /// claim timed out meanwhile the later response wins.
+    async fn complete(
+        &self,
+        workspace: &str,
+        key: &str,
+        response: &[u8],
+    ) -> Result<(), IdempotencyError> {
+        let mut conn = self.conn.clone();
+        let mut value = Vec::with_capacity(response.len() + 1);
+        value.push(DONE);
+        value.extend_from_slice(response);
+        let retention_ms = u64::try_from(RETENTION.as_millis()).unwrap_or(u64::MAX);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.redis_key(workspace, key))
+            .arg(value)
+            .arg("PX")
+            .arg(retention_ms);
+        bounded(cmd.query_async::<()>(&mut conn)).await
+    }
+
+    async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.release.key(self.redis_key(workspace, key));
+        invocation.arg(PENDING);
+        bounded(invocation.invoke_async::<i64>(&mut conn))
+            .await
+            .map(drop)
+    }
+
+    /// Walks `{prefix}idem:*` with `SCAN`: O(keys) time and memory (SCAN may
+    /// return a key twice, so keys are deduplicated). Meant for inspection, not
+    /// the request path. Each round trip is bounded, the walk as a whole is not.
+    async fn tracked(&self) -> Result<u64, IdempotencyError> {
+        let mut conn = self.conn.clone();
+        let pattern = format!("{}idem:*", glob_escape(&self.prefix));
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, keys): (u64, Vec<Vec<u8>>) = bounded(cmd.query_async(&mut conn)).await?;
+            seen.extend(keys);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(seen.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::memory::behaviour;
+    use redis::aio::ConnectionManagerConfig;
+    use std::time::Instant;
+
+    const REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+    /// Deletes a test's keys when the test ends, pass or fail (completed keys
+    /// would otherwise stay for 24 h). Uses a blocking connection: `Drop` is sync.
+    struct Cleanup(String);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let Ok(client) = redis::Client::open(REDIS_URL) else {
+                return;
+            };
+            let Ok(mut conn) = client.get_connection() else {
+                return;
+            };
+            let keys: Vec<String> = match redis::cmd("KEYS")
+                .arg(format!("{}*", self.0))
+                .query(&mut conn)
+            {
+                Ok(keys) => keys,
+                Err(_) => return,
+            };
+            if !keys.is_empty() {
+                let _ = redis::cmd("DEL").arg(keys).query::<i64>(&mut conn);
+            }
+        }
+    }
+
+    /// A store on the real Redis under a fresh prefix. Panics (fails the test)
+    /// when Redis is not running: these tests must never silently skip.
+    async fn store() -> (RedisIdempotency, Cleanup) {
+        let prefix = format!("sbtest:{}:", uuid::Uuid::new_v4().simple());
+        let store = RedisIdempotency::connect(REDIS_URL, prefix.clone())
+            .await
+            .unwrap_or_else(|e| panic!("these tests need Redis at {REDIS_URL}: {e}"));
+        (store, Cleanup(prefix))
+    }
+
+    #[tokio::test]
+    async fn fresh_then_pending_then_replay() {
+        let (store, _cleanup) = store().await;
+        behaviour::fresh_then_pending_then_replay(&store).await;
+    }
+
+    #[tokio::test]
+    async fn release_makes_the_key_fresh() {
+        let (store, _cleanup) = store().await;
+        behaviour::release_makes_the_key_fresh(&store).await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_claims_have_one_winner() {
+        let (store, _cleanup) = store().await;
+        behaviour::concurrent_claims_have_one_winner(&store).await;
+    }
+
+    #[tokio::test]
+    async fn tracked_counts_pending_and_completed() {
+        let (store, _cleanup) = store().await;
+        behaviour::tracked_counts_pending_and_completed(&store).await;
+    }
+
+    #[tokio::test]
+    async fn long_and_unusual_keys() {
+        let (store, _cleanup) = store().await;
+        behaviour::long_and_unusual_keys(&store).await;
+    }
+
+    #[tokio::test]
+    async fn pending_claim_expires() {
+        let (mut store, _cleanup) = store().await;
+        store.pending_timeout = Duration::from_millis(200);
+        behaviour::pending_claim_expires(&store).await;
+    }
+
+    /// Several gateway processes (separate connections) racing on one key: one wins.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn separate_connections_have_one_winner() {
+        let (first, cleanup) = store().await;
+        let mut stores = vec![first];
+        for _ in 0..3 {
+            stores.push(
+                RedisIdempotency::connect(REDIS_URL, cleanup.0.clone())
+                    .await
+                    .expect("redis"),
+            );
+        }
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let store = stores[i % stores.len()].clone();
+                tokio::spawn(async move { store.claim("ws_a", "race").await.expect("claim") })
+            })
+            .collect();
+        let mut fresh = 0;
+        for task in tasks {
+            match task.await.expect("task") {
+                Claim::Fresh => fresh += 1,
+                Claim::Pending => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(fresh, 1);
+    }
+
+    /// The documented key layout, the hashing of long keys and both expiries.
+    #[tokio::test]
+    async fn keys_follow_the_layout_and_expire() {
+        let (store, cleanup) = store().await;
+        let prefix = &cleanup.0;
+        let mut conn = store.conn.clone();
+        store.claim("ws_a", "order-1").await.expect("claim");
+        let key = format!("{prefix}idem:ws_a:order-1");
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        assert!(pttl > 0 && pttl <= 30_000, "pending pttl {pttl}");
+        store
+            .complete("ws_a", "order-1", b"{}")
+            .await
+            .expect("complete");
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("ttl");
+        assert!(ttl > 86_000 && ttl <= 86_400, "completed ttl {ttl}");
+
+        let long = "k".repeat(MAX_RAW_KEY_LEN + 1);
+        store.claim("ws_a", &long).await.expect("claim");
+        let hashed = format!("{prefix}idem:ws_a:#{}", hex::encode(Sha256::digest(&long)));
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&hashed)
+            .query_async(&mut conn)
+            .await
+            .expect("exists");
+        assert_eq!(exists, 1);
+    }
+
+    #[test]
+    fn storage_keys() {
+        assert_eq!(storage_key("order-1_a.b:c"), "order-1_a.b:c");
+        assert_eq!(
+            storage_key(&"a".repeat(MAX_RAW_KEY_LEN)).len(),
+            MAX_RAW_KEY_LEN
+        );
+        for odd in ["a b", "a*", "é", "x{y}", "#abc", ""] {
+            let stored = storage_key(odd);
+            if odd.is_empty() {
+                assert_eq!(stored, "");
+            } else {
+                assert!(
+                    stored.starts_with('#') && stored.len() == 65,
+                    "{odd:?} -> {stored}"
+                );
+            }
+        }
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_fails_connect_fast() {
+        let started = Instant::now();
+        let result = RedisIdempotency::connect("redis://127.0.0.1:1", "sbtest:").await;
+        assert!(result.is_err());
+        assert!(
+            started.elapsed() < Duration::from_millis(2500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_fails_each_call_fast() {
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("url");
+        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
+            .expect("lazy manager");
+        let store = RedisIdempotency::new(conn, "sbtest:");
+        let started = Instant::now();
+        assert!(store.claim("ws_a", "k").await.is_err());
+        assert!(store.complete("ws_a", "k", b"{}").await.is_err());
+        assert!(store.release("ws_a", "k").await.is_err());
+        assert!(store.tracked().await.is_err());
+        assert!(
+            started.elapsed() < Duration::from_millis(4500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}

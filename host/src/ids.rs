@@ -1,0 +1,108 @@
+//! Typed, prefixed identifiers. Nothing stringly-typed crosses a module boundary.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+
+/// Why a string is not an id of the expected kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected an id of the form {prefix}<hex>")]
+pub struct InvalidId {
+    /// The prefix that was expected.
+    pub prefix: &'static str,
+}
+
+macro_rules! prefixed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The prefix, e.g. `evt_`.
+            pub const PREFIX: &'static str = $prefix;
+
+            /// A new random id: the prefix and 32 lower-case hex digits (128 bits).
+            pub fn generate() -> Self {
+                Self(format!("{}{}", $prefix, uuid::Uuid::new_v4().simple()))
+            }
+
+            /// Parses `prefix` followed by 1-64 hex digits (lower-case accepted only).
+            pub fn parse(s: &str) -> Result<Self, InvalidId> {
+                let hex = s.strip_prefix($prefix).ok_or(InvalidId { prefix: $prefix })?;
+                let ok = (1..=64).contains(&hex.len())
+                    && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                if ok { Ok(Self(s.to_string())) } else { Err(InvalidId { prefix: $prefix }) }
+            }
+
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = InvalidId;
+            fn from_str(s: &str) -> Result<Self, InvalidId> {
+                Self::parse(s)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::parse(&s).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+prefixed_id!(
+    /// A notification event, `evt_<hex>`.
+    EventId, "evt_"
+);
+prefixed_id!(
+    /// A workspace, `ws_<hex>`.
+    WorkspaceId, "ws_"
+);
+prefixed_id!(
+    /// An API key's public id, `key_<hex>` (never the secret itself).
+    ApiKeyId, "key_"
+);
+prefixed_id!(
+    /// A bulk batch, `job_<hex>`.
+    JobId, "job_"
+);
+prefixed_id!(
+    /// A delivery receipt, `dlr_<hex>`.
+    ReceiptId, "dlr_"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generate_parse_roundtrip() {
+        let id = EventId::generate();
+        assert!(id.as_str().starts_with("evt_") && id.as_str().len() == 36);
+        assert_eq!(EventId::parse(id.as_str()).unwrap(), id);
+        assert!(EventId::parse("evt_XYZ").is_err());
+        assert!(EventId::parse("ws_abc").is_err());
+        assert!(EventId::parse("evt_").is_err());
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(serde_json::from_str::<EventId>(&json).unwrap(), id);
+        assert!(serde_json::from_str::<WorkspaceId>("\"evt_00\"").is_err());
+    }
+}

@@ -1,0 +1,687 @@
+//! Accepting events: validation, routing, rate limits, idempotency, durable hand-off.
+//!
+//! The order is the spec's: authenticate (by the caller), rate-limit (both tiers in one
+//! atomic step, before anything is recorded), idempotency, routing, then the durable
+//! write: publish to the broker and wait for its acknowledgement, then record the
+//! message (`QUEUED`). When the broker does not acknowledge, the message record and an
+//! outbox item are written in one transaction instead, and the outbox drains in order
+//! once the broker is back. Either way the event is durable before the 202.
+
+use crate::broker::{Broker, Publish, StreamClass, StreamNames};
+use crate::idempotency::{Claim, IdempotencyStore};
+use crate::ids::{EventId, JobId, WorkspaceId};
+use crate::model::{ApiKeyRecord, KeyMode, NewMessage, OutboxItem};
+use crate::ratelimit::{Counters, Quota};
+use crate::routing::{self, Channel, Priority, Reach};
+use crate::store::Store;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest workflow `name` accepted.
+pub const MAX_NAME_LEN: usize = 200;
+/// Longest `to.subscriberId` accepted.
+pub const MAX_SUBSCRIBER_LEN: usize = 256;
+/// Events in one bulk request.
+pub const MAX_BULK: usize = 5_000;
+
+/// The spec's TriggerRequest.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerRequest {
+    /// Workflow name.
+    pub name: String,
+    /// Recipient.
+    pub to: Recipient,
+    /// Preference category (defaults to `name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// Template variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Per-event overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<ProviderOverrides>,
+}
+
+/// The spec's RecipientDto.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Recipient {
+    /// The caller's stable id for the person; the rate-limit bucket.
+    pub subscriber_id: String,
+    /// Email address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    /// E.164 phone number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phone: Option<String>,
+    /// Push device tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_tokens: Option<Vec<String>>,
+}
+
+/// The spec's ProviderOverrides.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderOverrides {
+    /// Email overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<EmailOverride>,
+    /// SMS overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sms: Option<SmsOverride>,
+    /// Voice overrides; present (even empty) opts the event into voice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voice: Option<VoiceOverride>,
+    /// WhatsApp overrides; present opts the event into WhatsApp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatsapp: Option<WhatsAppOverride>,
+    /// Free-form provider parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_params: Option<BTreeMap<String, String>>,
+}
+
+/// Email overrides.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EmailOverride {
+    /// Extra SMTP headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_headers: Option<BTreeMap<String, String>>,
+    /// Preferred provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// From address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
+}
+
+/// SMS overrides.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SmsOverride {
+    /// Sender ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
+}
+
+/// Voice overrides (snake_case on the wire; `voiceId` accepted).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct VoiceOverride {
+    /// Spoken script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// TTS voice profile.
+    #[serde(default, alias = "voiceId", skip_serializing_if = "Option::is_none")]
+    pub voice_id: Option<String>,
+    /// BCP-47 tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+}
+
+/// WhatsApp overrides.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WhatsAppOverride {
+    /// Template language.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// Pre-approved template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_name: Option<String>,
+}
+
+/// The spec's TriggerResponse.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerResponse {
+    /// `evt_<hex>`.
+    pub event_id: EventId,
+    /// Always `QUEUED`.
+    pub status: String,
+    /// Resolved priority.
+    pub priority: Priority,
+    /// First channel chosen.
+    pub channel: Channel,
+    /// Acceptance time, RFC 3339.
+    pub timestamp: String,
+    /// Echo of `Idempotency-Key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+/// One item of a BulkTriggerResponse.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BulkEventResult {
+    /// Position in the submitted array.
+    pub index: usize,
+    /// `QUEUED` or `FAILED`.
+    pub status: String,
+    /// Present when queued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<EventId>,
+    /// Present when queued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<Channel>,
+    /// Reason, when failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The spec's BulkTriggerResponse.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BulkTriggerResponse {
+    /// Batch id, for logs.
+    pub job_id: JobId,
+    /// `QUEUED` if every event was accepted, else `PARTIAL`.
+    pub status: String,
+    /// Events queued.
+    pub count: usize,
+    /// Events refused.
+    pub failed_count: usize,
+    /// Per-event outcomes, in submitted order.
+    pub events: Vec<BulkEventResult>,
+}
+
+/// What the workers receive: everything needed to deliver, and nothing stored
+/// elsewhere (raw payload values live only here).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Envelope {
+    /// Format version.
+    pub v: u32,
+    /// The event.
+    pub event_id: EventId,
+    /// Tenant (carried here, never in the subject).
+    pub workspace_id: WorkspaceId,
+    /// Live or test.
+    pub key_mode: KeyMode,
+    /// Resolved priority.
+    pub priority: Priority,
+    /// Channels in the order to attempt.
+    pub channels: Vec<Channel>,
+    /// Acceptance time.
+    pub accepted_at: DateTime<Utc>,
+    /// The request as received.
+    pub request: TriggerRequest,
+}
+
+/// Why an event was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// 400: the request itself is wrong.
+    #[error("{0}")]
+    Invalid(String),
+    /// 429: a quota is exhausted; nothing was recorded.
+    #[error("{0}")]
+    RateLimited(&'static str),
+    /// 401: the key was revoked while the request was in flight.
+    #[error("API key revoked")]
+    Revoked,
+    /// 500: counters, store or broker failed; the cause is logged.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The backends ingestion runs on.
+pub struct Ingest {
+    /// Database.
+    pub store: Arc<dyn Store>,
+    /// Rate-limit counters.
+    pub counters: Arc<dyn Counters>,
+    /// Idempotency keys.
+    pub idempotency: Arc<dyn IdempotencyStore>,
+    /// Broker.
+    pub broker: Arc<dyn Broker>,
+    /// Stream and subject names.
+    pub streams: StreamNames,
+}
+
+/// Checks the fields the spec leaves to us. Limits: `name` 1-200 characters of
+/// letters, digits and `._:-/`; `subscriberId` 1-256 characters, no control characters.
+pub fn validate(request: &TriggerRequest) -> Result<(), String> {
+    let name = request.name.as_str();
+    if name.is_empty() || name.chars().count() > MAX_NAME_LEN {
+        return Err(format!("name must be 1 to {MAX_NAME_LEN} characters"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._:-/".contains(c))
+    {
+        return Err("name may contain only letters, digits and . _ : - /".into());
+    }
+    let sub = request.to.subscriber_id.as_str();
+    if sub.trim().is_empty() || sub.chars().count() > MAX_SUBSCRIBER_LEN {
+        return Err(format!(
+            "to.subscriberId must be 1 to {MAX_SUBSCRIBER_LEN} characters"
+        ));
+    }
+    if sub.chars().any(char::is_control) {
+        return Err("to.subscriberId must not contain control characters".into());
+    }
+    Ok(())
+}
+
+/// The channel order for a request, or the 400 message.
+pub fn route(request: &TriggerRequest, priority: Priority) -> Result<Vec<Channel>, String> {
+    validate(request)?;
+    let overrides = request.overrides.as_ref();
+    let reach = Reach {
+        email: request.to.email.as_deref(),
+        phone: request.to.phone.as_deref(),
+        device_tokens: request
+            .to
+            .device_tokens
+            .as_ref()
+            .map_or(0, |t| t.iter().filter(|t| !t.trim().is_empty()).count()),
+        voice_override: overrides.is_some_and(|o| o.voice.is_some()),
+        whatsapp_override: overrides.is_some_and(|o| o.whatsapp.is_some()),
+        extra_params: overrides.and_then(|o| o.extra_params.as_ref()),
+    };
+    routing::channel_order(priority, &reach).map_err(|e| e.to_string())
+}
+
+/// How long a request waits for a concurrent request holding the same idempotency key.
+const PENDING_WAIT: Duration = Duration::from_secs(10);
+
+impl Ingest {
+    /// Rate limit for one event: Ok, 429, or the counter store's failure handled by
+    /// key mode (live fails open, test fails closed).
+    async fn admit(
+        &self,
+        key: &ApiKeyRecord,
+        subscribers: &[&str],
+        all_or_nothing: bool,
+    ) -> Result<Vec<bool>, IngestError> {
+        let quota = Quota::for_tier(key.tier);
+        match self
+            .counters
+            .admit(key.workspace.as_str(), quota, subscribers, all_or_nothing)
+            .await
+        {
+            Ok(a) if !a.workspace => Err(IngestError::RateLimited(
+                "workspace quota exceeded: retry with backoff",
+            )),
+            Ok(a) => Ok(a.events),
+            Err(e) if key.mode == KeyMode::Live => {
+                tracing::warn!(error = %e, "counter store unreachable: live key fails open");
+                Ok(vec![true; subscribers.len()])
+            }
+            Err(e) => Err(IngestError::Internal(format!(
+                "counter store unreachable (test keys fail closed): {e}"
+            ))),
+        }
+    }
+
+    /// `POST /v1/events/trigger`. Returns the response and whether it is a replay (200).
+    pub async fn trigger(
+        &self,
+        key: &ApiKeyRecord,
+        request: TriggerRequest,
+        priority: Priority,
+        idempotency_key: Option<String>,
+        revoked: impl Fn() -> bool,
+    ) -> Result<(TriggerResponse, bool), IngestError> {
+        let channels = route(&request, priority).map_err(IngestError::Invalid)?;
+        let admitted = self
+            .admit(key, &[request.to.subscriber_id.as_str()], true)
+            .await?;
+        if admitted.first() != Some(&true) {
+            return Err(IngestError::RateLimited(
+                "per-subscriber cap exceeded: retry with backoff",
+            ));
+        }
+        let ws = key.workspace.as_str();
+        if let Some(idem) = &idempotency_key
+            && let Some(body) = self.claim(ws, idem).await?
+        {
+            let response = serde_json::from_slice(&body).map_err(|e| {
+                IngestError::Internal(format!("stored idempotent response unreadable: {e}"))
+            })?;
+            return Ok((response, true));
+        }
+        let result = self
+            .accept_one(
+                key,
+                request,
+                priority,
+                channels,
+                idempotency_key.clone(),
+                &revoked,
+            )
+            .await;
+        if let Some(idem) = &idempotency_key {
+            match &result {
+                Ok(response) => {
+                    let body = serde_json::to_vec(response)
+                        .map_err(|e| IngestError::Internal(e.to_string()))?;
+                    if let Err(e) = self.idempotency.complete(ws, idem, &body).await {
+                        tracing::error!(error = %e, "could not record idempotent response");
+                    }
+                }
+                Err(_) => {
+                    if let Err(e) = self.idempotency.release(ws, idem).await {
+                        tracing::error!(error = %e, "could not release idempotency key");
+                    }
+                }
+            }
+        }
+        result.map(|r| (r, false))
+    }
+
+    /// Claims an idempotency key: `Some(body)` to replay, `None` to proceed.
+    async fn claim(&self, workspace: &str, key: &str) -> Result<Option<Vec<u8>>, IngestError> {
+        let deadline = tokio::time::Instant::now() + PENDING_WAIT;
+        loop {
+            match self.idempotency.claim(workspace, key).await {
+                Ok(Claim::Fresh) => return Ok(None),
+                Ok(Claim::Replay(body)) => return Ok(Some(body)),
+                Ok(Claim::Pending) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(Claim::Pending) => {
+                    return Err(IngestError::Internal(
+                        "a request with this idempotency key is still in progress".into(),
+                    ));
+                }
+                Err(e) => return Err(IngestError::Internal(e.to_string())),
+            }
+        }
+    }
+
+    async fn accept_one(
+        &self,
+        key: &ApiKeyRecord,
+        request: TriggerRequest,
+        priority: Priority,
+        channels: Vec<Channel>,
+        idempotency_key: Option<String>,
+        revoked: &impl Fn() -> bool,
+    ) -> Result<TriggerResponse, IngestError> {
+        let class = if priority.is_urgent() {
+            StreamClass::Critical
+        } else {
+            StreamClass::Bulk
+        };
+        let now = Utc::now();
+        let (message, publish) =
+            self.prepare(key, request, priority, channels.clone(), class, now)?;
+        if revoked() {
+            return Err(IngestError::Revoked);
+        }
+        self.commit(vec![message.clone()], vec![publish])
+            .await
+            .into_iter()
+            .next()
+            .unwrap_or(Err(IngestError::Internal("nothing committed".into())))?;
+        Ok(TriggerResponse {
+            event_id: message.event_id,
+            status: "QUEUED".into(),
+            priority,
+            channel: channels[0],
+            timestamp: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+            idempotency_key,
+        })
+    }
+
+    fn prepare(
+        &self,
+        key: &ApiKeyRecord,
+        request: TriggerRequest,
+        priority: Priority,
+        channels: Vec<Channel>,
+        class: StreamClass,
+        now: DateTime<Utc>,
+    ) -> Result<(NewMessage, Publish), IngestError> {
+        let event_id = EventId::generate();
+        let message = NewMessage {
+            event_id: event_id.clone(),
+            workspace: key.workspace.clone(),
+            event_name: request.name.clone(),
+            subscriber_id: request.to.subscriber_id.clone(),
+            category: Some(
+                request
+                    .category
+                    .clone()
+                    .unwrap_or_else(|| request.name.clone()),
+            ),
+            priority: priority.as_i32(),
+            channel: channels[0].as_str().to_string(),
+            status: "QUEUED".into(),
+            test_mode: key.mode == KeyMode::Test,
+            variables_keys: request
+                .payload
+                .as_ref()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default(),
+            created_at: now,
+        };
+        let subject = self.streams.subject(class, channels[0].as_str());
+        let envelope = Envelope {
+            v: 1,
+            event_id: event_id.clone(),
+            workspace_id: key.workspace.clone(),
+            key_mode: key.mode,
+            priority,
+            channels,
+            accepted_at: now,
+            request,
+        };
+        let payload = serde_json::to_vec(&envelope)
+            .map_err(|e| IngestError::Internal(format!("encoding: {e}")))?;
+        Ok((
+            message,
+            Publish {
+                class,
+                subject,
+                msg_id: event_id.to_string(),
+                payload: payload.into(),
+            },
+        ))
+    }
+
+    /// Publishes, then records; what the broker did not acknowledge goes to the outbox
+    /// in the same transaction as its message record.
+    async fn commit(
+        &self,
+        messages: Vec<NewMessage>,
+        publishes: Vec<Publish>,
+    ) -> Vec<Result<(), IngestError>> {
+        // While the broker is known to be away, go straight to the outbox instead of
+        // waiting out an acknowledgement timeout on every request.
+        let acks = if self.broker.connected() {
+            self.broker.publish_batch(&publishes).await
+        } else {
+            publishes
+                .iter()
+                .map(|_| Err(crate::broker::BrokerError("broker disconnected".into())))
+                .collect()
+        };
+        let outbox: Vec<OutboxItem> = publishes
+            .iter()
+            .zip(&acks)
+            .filter(|(_, ack)| ack.is_err())
+            .map(|(p, _)| OutboxItem {
+                stream: self.streams.stream(p.class).to_string(),
+                subject: p.subject.clone(),
+                msg_id: p.msg_id.clone(),
+                payload: p.payload.to_vec(),
+            })
+            .collect();
+        if !outbox.is_empty() {
+            tracing::warn!(
+                count = outbox.len(),
+                "broker did not acknowledge: holding events in the outbox"
+            );
+        }
+        match self.store.insert_messages(&messages, &outbox).await {
+            Ok(()) => messages.iter().map(|_| Ok(())).collect(),
+            Err(e) => {
+                let reason = format!("could not record the events: {e}");
+                messages
+                    .iter()
+                    .map(|_| Err(IngestError::Internal(reason.clone())))
+                    .collect()
+            }
+        }
+    }
+
+    /// `POST /v1/events/bulk`: each event validated, rate-limited (per subscriber) and
+    /// published as a NORMAL-class event on the bulk stream; failures are per item.
+    pub async fn bulk(
+        &self,
+        key: &ApiKeyRecord,
+        events: Vec<serde_json::Value>,
+        revoked: impl Fn() -> bool,
+    ) -> Result<BulkTriggerResponse, IngestError> {
+        if events.is_empty() || events.len() > MAX_BULK {
+            return Err(IngestError::Invalid(format!(
+                "events must hold 1 to {MAX_BULK} entries, got {}",
+                events.len()
+            )));
+        }
+        let mut results: Vec<Option<BulkEventResult>> = vec![None; events.len()];
+        let mut routed = Vec::new();
+        for (index, raw) in events.into_iter().enumerate() {
+            let parsed: Result<TriggerRequest, String> =
+                serde_json::from_value(raw).map_err(|e| format!("invalid event: {e}"));
+            match parsed.and_then(|r| route(&r, Priority::Normal).map(|c| (r, c))) {
+                Ok((request, channels)) => routed.push((index, request, channels)),
+                Err(error) => results[index] = Some(failed(index, error)),
+            }
+        }
+        let subscribers: Vec<&str> = routed
+            .iter()
+            .map(|(_, r, _)| r.to.subscriber_id.as_str())
+            .collect();
+        let admitted = if subscribers.is_empty() {
+            Vec::new()
+        } else {
+            self.admit(key, &subscribers, false).await?
+        };
+        if revoked() {
+            return Err(IngestError::Revoked);
+        }
+        let now = Utc::now();
+        let mut messages = Vec::new();
+        let mut publishes = Vec::new();
+        let mut accepted = Vec::new();
+        for ((index, request, channels), ok) in routed
+            .into_iter()
+            .zip(admitted.into_iter().chain(std::iter::repeat(false)))
+        {
+            if !ok {
+                results[index] = Some(failed(index, "per-subscriber cap exceeded".into()));
+                continue;
+            }
+            let channel = channels[0];
+            match self.prepare(
+                key,
+                request,
+                Priority::Normal,
+                channels,
+                StreamClass::Bulk,
+                now,
+            ) {
+                Ok((message, publish)) => {
+                    accepted.push((index, message.event_id.clone(), channel));
+                    messages.push(message);
+                    publishes.push(publish);
+                }
+                Err(e) => results[index] = Some(failed(index, e.to_string())),
+            }
+        }
+        let committed = if messages.is_empty() {
+            Vec::new()
+        } else {
+            self.commit(messages, publishes).await
+        };
+        for ((index, event_id, channel), outcome) in accepted.into_iter().zip(committed) {
+            results[index] = Some(match outcome {
+                Ok(()) => BulkEventResult {
+                    index,
+                    status: "QUEUED".into(),
+                    event_id: Some(event_id),
+                    channel: Some(channel),
+                    error: None,
+                },
+                Err(e) => failed(index, e.to_string()),
+            });
+        }
+        let events: Vec<BulkEventResult> = results
+            .into_iter()
+            .map(|r| r.expect("every index has an outcome"))
+            .collect();
+        let count = events.iter().filter(|e| e.status == "QUEUED").count();
+        let failed_count = events.len() - count;
+        Ok(BulkTriggerResponse {
+            job_id: JobId::generate(),
+            status: if failed_count == 0 {
+                "QUEUED".into()
+            } else {
+                "PARTIAL".into()
+            },
+            count,
+            failed_count,
+            events,
+        })
+    }
+
+    /// Publishes held outbox items in order; returns how many were drained.
+    pub async fn drain_outbox(&self) -> Result<usize, IngestError> {
+        let mut drained = 0;
+        loop {
+            let batch = self
+                .store
+                .outbox_peek(256)
+                .await
+                .map_err(|e| IngestError::Internal(e.to_string()))?;
+            if batch.is_empty() {
+                return Ok(drained);
+            }
+            let publishes: Vec<Publish> = batch
+                .iter()
+                .map(|(_, item)| Publish {
+                    class: if item.stream == self.streams.critical {
+                        StreamClass::Critical
+                    } else {
+                        StreamClass::Bulk
+                    },
+                    subject: item.subject.clone(),
+                    msg_id: item.msg_id.clone(),
+                    payload: item.payload.clone().into(),
+                })
+                .collect();
+            let acks = self.broker.publish_batch(&publishes).await;
+            // Only the acknowledged prefix is removed, so order is kept across retries.
+            let done: Vec<i64> = batch
+                .iter()
+                .zip(&acks)
+                .take_while(|(_, a)| a.is_ok())
+                .map(|((seq, _), _)| *seq)
+                .collect();
+            if !done.is_empty() {
+                self.store
+                    .outbox_delete(&done)
+                    .await
+                    .map_err(|e| IngestError::Internal(e.to_string()))?;
+                drained += done.len();
+            }
+            if done.len() < batch.len() {
+                return Ok(drained);
+            }
+        }
+    }
+}
+
+fn failed(index: usize, error: String) -> BulkEventResult {
+    BulkEventResult {
+        index,
+        status: "FAILED".into(),
+        event_id: None,
+        channel: None,
+        error: Some(error),
+    }
+}

@@ -1,0 +1,1034 @@
+//! The ingestion API over HTTP, on both backend sets: the embedded one (SQLite, the
+//! embedded queue, in-process counters) and the production one (the machine's real
+//! PostgreSQL, NATS JetStream and Redis, isolated by a fresh database, stream names
+//! and key prefix per test).
+
+use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use switchboard::AppState;
+use switchboard::broker::StreamNames;
+use switchboard::config::Config;
+use switchboard::model::{KeyMode, Tier};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Backends {
+    Embedded,
+    Production,
+}
+
+struct Gateway {
+    url: String,
+    state: AppState,
+    config: Config,
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+/// Stored message as the published envelope shows it: (stream, subject, msg id, envelope).
+type Published = Vec<(String, String, String, Value)>;
+
+impl Gateway {
+    async fn start(backends: Backends) -> Self {
+        Self::start_with(backends, |_| {}).await
+    }
+
+    /// Starts with a config adjusted by `adjust` (after the isolation settings).
+    async fn start_with(backends: Backends, adjust: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        match backends {
+            Backends::Embedded => config = config.embedded(),
+            Backends::Production => {
+                let db = format!("sb_api_{id}");
+                create_database(&db).await;
+                config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+                config.store.max_connections = 8;
+                config.broker.streams = StreamNames {
+                    critical: format!("T{id}_NOTIFY_CRITICAL"),
+                    bulk: format!("T{id}_NOTIFY_BULK"),
+                    subject_prefix: format!("t{id}.notify"),
+                };
+                config.counters.key_prefix = format!("sbtest:{id}:");
+            }
+        }
+        adjust(&mut config);
+        let state = switchboard::build_state(config.clone())
+            .await
+            .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(switchboard::serve(
+            state.clone(),
+            listener,
+            std::future::pending(),
+        ));
+        Self {
+            url,
+            state,
+            config,
+            _dir: dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn key(&self, workspace: &str, tier: Tier, mode: KeyMode) -> String {
+        let store = &self.state.ingest.store;
+        let ws = store.ensure_workspace(workspace, Some(tier)).await.unwrap();
+        let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
+        store.insert_api_key(&record).await.unwrap();
+        raw
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        key: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(key)
+            .json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Everything published to both streams.
+    async fn published(&self) -> Published {
+        let names = &self.config.broker.streams;
+        let mut out = Vec::new();
+        match self.config.broker.backend {
+            switchboard::config::BrokerBackend::Embedded => {
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .connect_with(
+                        sqlx::sqlite::SqliteConnectOptions::new()
+                            .filename(self.config.data_dir.join("switchboard.db")),
+                    )
+                    .await
+                    .unwrap();
+                let broker =
+                    switchboard::broker::embedded::EmbeddedBroker::open(pool, names.clone())
+                        .await
+                        .unwrap();
+                for stream in [&names.critical, &names.bulk] {
+                    for (_, subject, msg_id, payload) in
+                        broker.read(stream, 0, 100_000).await.unwrap()
+                    {
+                        out.push((
+                            stream.clone(),
+                            subject,
+                            msg_id,
+                            serde_json::from_slice(&payload).unwrap(),
+                        ));
+                    }
+                }
+            }
+            switchboard::config::BrokerBackend::Nats => {
+                let client = async_nats::connect(&self.config.broker.url).await.unwrap();
+                let js = async_nats::jetstream::new(client);
+                for stream in [&names.critical, &names.bulk] {
+                    let mut s = js.get_stream(stream).await.unwrap();
+                    let last = s.info().await.unwrap().state.last_sequence;
+                    for seq in 1..=last {
+                        if let Ok(m) = s.get_raw_message(seq).await {
+                            let id = m
+                                .headers
+                                .get("Nats-Msg-Id")
+                                .map(|v| v.to_string())
+                                .unwrap_or_default();
+                            out.push((
+                                stream.clone(),
+                                m.subject.to_string(),
+                                id,
+                                serde_json::from_slice(&m.payload).unwrap(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn cleanup(self) {
+        if self.config.broker.backend == switchboard::config::BrokerBackend::Nats {
+            let js = async_nats::jetstream::new(
+                async_nats::connect(&self.config.broker.url).await.unwrap(),
+            );
+            let _ = js.delete_stream(&self.config.broker.streams.critical).await;
+            let _ = js.delete_stream(&self.config.broker.streams.bulk).await;
+        }
+    }
+}
+
+/// Creates a fresh PostgreSQL database for one test.
+async fn create_database(name: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres")
+        .await
+        .expect("PostgreSQL must be running on 127.0.0.1:5432");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+fn trigger_body(subscriber: &str) -> Value {
+    json!({"name": "order-shipped", "to": {"subscriberId": subscriber, "email": "ada@example.com"}, "payload": {"order": "A-1", "eta": "tomorrow"}})
+}
+
+fn voice_body(subscriber: &str) -> Value {
+    json!({"name": "otp", "to": {"subscriberId": subscriber, "phone": "+14155550100"}, "payload": {"code": "48291"}, "overrides": {"voice": {"voiceId": "alloy"}}})
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Embedded).await } )*
+        }
+        mod production {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Production).await } )*
+        }
+    };
+}
+
+both!(
+    trigger_is_accepted_published_and_recorded,
+    authentication_errors_use_the_spec_shape,
+    bad_requests_are_400_413_415,
+    priority_decides_stream_subject_and_channel,
+    idempotency_replays_and_concurrent_keys_publish_once,
+    rate_limits_per_workspace_and_subscriber,
+    bulk_accepts_items_individually,
+    revoked_keys_fail_at_once,
+    health_reports_draining,
+    mcp_lists_and_calls_tools,
+);
+
+async fn trigger_is_accepted_published_and_recorded(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let (status, body) = gw
+        .post("/v1/events/trigger", &key, &trigger_body("sub-1"), &[])
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "QUEUED");
+    assert_eq!(body["priority"], "NORMAL");
+    assert_eq!(body["channel"], "email");
+    assert!(body["eventId"].as_str().unwrap().starts_with("evt_"));
+    assert!(chrono::DateTime::parse_from_rfc3339(body["timestamp"].as_str().unwrap()).is_ok());
+    assert!(body.get("idempotencyKey").is_none());
+    let published = gw.published().await;
+    assert_eq!(published.len(), 1);
+    let (stream, subject, msg_id, envelope) = &published[0];
+    assert_eq!(stream, &gw.config.broker.streams.bulk);
+    assert_eq!(
+        subject,
+        &format!("{}.bulk.email", gw.config.broker.streams.subject_prefix)
+    );
+    assert_eq!(msg_id, body["eventId"].as_str().unwrap());
+    assert_eq!(
+        envelope["workspace_id"].as_str().unwrap().get(..3),
+        Some("ws_")
+    );
+    assert_eq!(envelope["key_mode"], "live");
+    assert_eq!(
+        envelope["request"]["payload"]["order"], "A-1",
+        "raw values travel only in the broker message"
+    );
+    assert_eq!(gw.state.ingest.store.outbox_depth().await.unwrap(), 0);
+    gw.cleanup().await;
+}
+
+async fn authentication_errors_use_the_spec_shape(b: Backends) {
+    let gw = Gateway::start(b).await;
+    for auth in [
+        None,
+        Some("Basic Zm9vOmJhcg=="),
+        Some("Bearer svc_sk_live_doesnotexist000000"),
+        Some("Bearer sk_live_wrongprefix"),
+    ] {
+        let mut req = gw
+            .http
+            .post(format!("{}/v1/events/trigger", gw.url))
+            .json(&trigger_body("s"));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{auth:?}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "UNAUTHORIZED");
+        assert_eq!(body["status_code"], 401);
+        assert_eq!(
+            body.as_object().unwrap().len(),
+            3,
+            "exactly error, message, status_code: {body}"
+        );
+    }
+    gw.cleanup().await;
+}
+
+async fn bad_requests_are_400_413_415(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let (s, body) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &json!({"name": "x", "to": {"subscriberId": "s"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (s, body["error"].as_str()),
+        (400, Some("BAD_REQUEST")),
+        "no contact details: {body}"
+    );
+    assert!(body["message"].as_str().unwrap().contains("contact"));
+    let (s, body) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &json!({"to": {"subscriberId": "s", "email": "a@b.c"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(s, 400);
+    assert!(body["message"].as_str().unwrap().contains("name"), "{body}");
+    let resp = gw
+        .http
+        .post(format!("{}/v1/events/trigger", gw.url))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let resp = gw
+        .http
+        .post(format!("{}/v1/events/trigger", gw.url))
+        .bearer_auth(&key)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["error"],
+        "UNSUPPORTED_MEDIA_TYPE"
+    );
+    let huge = json!({"name": "x", "to": {"subscriberId": "s", "email": "a@b.c"}, "payload": {"blob": "x".repeat(9 << 20)}});
+    let resp = gw
+        .http
+        .post(format!("{}/v1/events/trigger", gw.url))
+        .bearer_auth(&key)
+        .json(&huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["error"],
+        "PAYLOAD_TOO_LARGE"
+    );
+    assert!(
+        gw.published().await.is_empty(),
+        "nothing rejected is published"
+    );
+    gw.cleanup().await;
+}
+
+async fn priority_decides_stream_subject_and_channel(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let (s, critical) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &voice_body("sub-v"),
+            &[("X-Priority-Override", "CRITICAL")],
+        )
+        .await;
+    assert_eq!(
+        (
+            s,
+            critical["channel"].as_str(),
+            critical["priority"].as_str()
+        ),
+        (202, Some("voice"), Some("CRITICAL"))
+    );
+    let (_, normal) = gw
+        .post("/v1/events/trigger", &key, &voice_body("sub-w"), &[])
+        .await;
+    assert_eq!(
+        normal["channel"], "sms",
+        "voice supplied but NORMAL takes the cost order"
+    );
+    let (_, garbage) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &voice_body("sub-x"),
+            &[("X-Priority-Override", "SOON!!")],
+        )
+        .await;
+    assert_eq!(garbage["priority"], "NORMAL");
+    let mut primary = voice_body("sub-y");
+    primary["overrides"]["extraParams"] = json!({"voice_primary": "true"});
+    let (_, primary) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &primary,
+            &[("X-Priority-Override", "LOW")],
+        )
+        .await;
+    assert_eq!(
+        (primary["channel"].as_str(), primary["priority"].as_str()),
+        (Some("voice"), Some("LOW"))
+    );
+    let published = gw.published().await;
+    let names = &gw.config.broker.streams;
+    let find = |id: &Value| {
+        published
+            .iter()
+            .find(|p| p.2 == id.as_str().unwrap())
+            .unwrap()
+            .clone()
+    };
+    let c = find(&critical["eventId"]);
+    assert_eq!(
+        (c.0.as_str(), c.1),
+        (
+            names.critical.as_str(),
+            format!("{}.critical.voice", names.subject_prefix)
+        )
+    );
+    assert_eq!(c.3["channels"], json!(["voice", "sms"]));
+    let n = find(&normal["eventId"]);
+    assert_eq!(
+        (n.0.as_str(), n.1),
+        (
+            names.bulk.as_str(),
+            format!("{}.bulk.sms", names.subject_prefix)
+        )
+    );
+    assert_eq!(n.3["channels"], json!(["sms", "voice"]));
+    assert_eq!(
+        find(&primary["eventId"]).1,
+        format!("{}.bulk.voice", names.subject_prefix)
+    );
+    gw.cleanup().await;
+}
+
+async fn idempotency_replays_and_concurrent_keys_publish_once(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let (s1, first) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &trigger_body("sub-i"),
+            &[("Idempotency-Key", "order-1")],
+        )
+        .await;
+    assert_eq!(s1, 202);
+    assert_eq!(first["idempotencyKey"], "order-1");
+    let (s2, replay) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &trigger_body("someone-else"),
+            &[("Idempotency-Key", "order-1")],
+        )
+        .await;
+    assert_eq!(s2, 200, "replay answers 200");
+    assert_eq!(replay, first, "the original body, payload not compared");
+    // Another workspace may use the same key.
+    let other = gw.key("globex", Tier::Paid, KeyMode::Live).await;
+    assert_eq!(
+        gw.post(
+            "/v1/events/trigger",
+            &other,
+            &trigger_body("sub-i"),
+            &[("Idempotency-Key", "order-1")]
+        )
+        .await
+        .0,
+        202
+    );
+
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let (http, url, key) = (gw.http.clone(), gw.url.clone(), key.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(format!("{url}/v1/events/trigger"))
+                    .bearer_auth(key)
+                    .header("Idempotency-Key", "burst")
+                    .json(&trigger_body(&format!("sub-b{i}")))
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status().as_u16(), r.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let mut ids = std::collections::HashSet::new();
+    let mut accepted = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert!(status == 202 || status == 200, "{status} {body}");
+        accepted += usize::from(status == 202);
+        ids.insert(body["eventId"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        (accepted, ids.len()),
+        (1, 1),
+        "50 parallel requests with one key make one event"
+    );
+    assert_eq!(gw.published().await.len(), 3);
+    gw.cleanup().await;
+}
+
+async fn rate_limits_per_workspace_and_subscriber(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let free = gw.key("tiny", Tier::Free, KeyMode::Live).await;
+    // Start at the top of a second so the 1/s window cannot roll mid-test.
+    let now = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(
+        1000 - u64::from(now.timestamp_subsec_millis()) + 20,
+    ))
+    .await;
+    assert_eq!(
+        gw.post("/v1/events/trigger", &free, &trigger_body("a"), &[])
+            .await
+            .0,
+        202
+    );
+    let (s, body) = gw
+        .post(
+            "/v1/events/trigger",
+            &free,
+            &trigger_body("b"),
+            &[("Idempotency-Key", "after-429")],
+        )
+        .await;
+    assert_eq!(
+        (s, body["error"].as_str(), body["status_code"].as_i64()),
+        (429, Some("RATE_LIMIT_EXCEEDED"), Some(429))
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (s, _) = gw
+        .post(
+            "/v1/events/trigger",
+            &free,
+            &trigger_body("b"),
+            &[("Idempotency-Key", "after-429")],
+        )
+        .await;
+    assert_eq!(s, 202, "a 429 consumes no idempotency key");
+
+    // Per-subscriber cap on a paid workspace: 20 per second, 200 concurrent requests.
+    let paid = gw.key("big", Tier::Paid, KeyMode::Live).await;
+    let now = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(
+        1000 - u64::from(now.timestamp_subsec_millis()) + 20,
+    ))
+    .await;
+    let window = std::time::Instant::now();
+    let tasks: Vec<_> = (0..60)
+        .map(|_| {
+            let (http, url, key) = (gw.http.clone(), gw.url.clone(), paid.clone());
+            tokio::spawn(async move {
+                http.post(format!("{url}/v1/events/trigger"))
+                    .bearer_auth(key)
+                    .json(&trigger_body("hot"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.unwrap() == 202);
+    }
+    // All in one window: exactly the cap. Spilling into a second window allows one more cap.
+    if window.elapsed() < Duration::from_millis(900) {
+        assert_eq!(ok, 20, "exactly the per-subscriber cap is admitted");
+    } else {
+        assert!(
+            (20..=40).contains(&ok),
+            "never over-admit: {ok} admitted across two windows"
+        );
+    }
+    gw.cleanup().await;
+}
+
+async fn bulk_accepts_items_individually(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let mut events: Vec<Value> = (0..25).map(|_| trigger_body("same-sub")).collect();
+    events.push(json!({"name": "x", "to": {"subscriberId": "nobody"}}));
+    events.push(json!({"nonsense": true}));
+    events.push(voice_body("caller"));
+    let (s, body) = gw
+        .post(
+            "/v1/events/bulk",
+            &key,
+            &json!({"events": events}),
+            &[("X-Priority-Override", "CRITICAL")],
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["status"], "PARTIAL");
+    assert_eq!(body["count"], 21);
+    assert_eq!(body["failedCount"], 7);
+    let items = body["events"].as_array().unwrap();
+    assert_eq!(items.len(), 28);
+    for (i, item) in items.iter().enumerate() {
+        assert_eq!(item["index"], i);
+    }
+    assert_eq!(items[19]["status"], "QUEUED");
+    assert_eq!(
+        items[20]["status"], "FAILED",
+        "the 21st event of one subscriber exceeds the cap of 20"
+    );
+    assert!(items[25]["error"].as_str().unwrap().contains("contact"));
+    assert!(
+        items[26]["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid event")
+    );
+    assert_eq!(items[27]["channel"], "sms", "bulk is NORMAL: cost order");
+    assert!(body["jobId"].as_str().unwrap().starts_with("job_"));
+    let published = gw.published().await;
+    assert_eq!(published.len(), 21);
+    assert!(
+        published
+            .iter()
+            .all(|p| p.0 == gw.config.broker.streams.bulk),
+        "bulk always goes to the bulk stream"
+    );
+
+    let (s, body) = gw
+        .post("/v1/events/bulk", &key, &json!({"events": []}), &[])
+        .await;
+    assert_eq!((s, body["error"].as_str()), (400, Some("BAD_REQUEST")));
+    let many: Vec<Value> = (0..5001).map(|i| trigger_body(&format!("s{i}"))).collect();
+    assert_eq!(
+        gw.post("/v1/events/bulk", &key, &json!({"events": many}), &[])
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        gw.published().await.len(),
+        21,
+        "a refused batch publishes nothing"
+    );
+    gw.cleanup().await;
+}
+
+async fn revoked_keys_fail_at_once(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    assert_eq!(
+        gw.post("/v1/events/trigger", &key, &trigger_body("s"), &[])
+            .await
+            .0,
+        202
+    );
+    let store = &gw.state.ingest.store;
+    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
+    let id = store.list_api_keys(&ws.id).await.unwrap()[0].id.clone();
+    assert!(store.revoke_api_key(&id).await.unwrap());
+    tokio::time::sleep(switchboard::auth::REVOCATION_POLL * 3).await;
+    let (s, body) = gw
+        .post("/v1/events/trigger", &key, &trigger_body("s"), &[])
+        .await;
+    assert_eq!((s, body["error"].as_str()), (401, Some("UNAUTHORIZED")));
+    gw.cleanup().await;
+}
+
+async fn health_reports_draining(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let resp = gw
+        .http
+        .get(format!("{}/v1/health", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "OK");
+    assert_eq!(body["nats_connected"], true);
+    gw.state.draining.store(true, Ordering::SeqCst);
+    let resp = gw
+        .http
+        .get(format!("{}/v1/health", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.json::<Value>().await.unwrap()["status"], "DRAINING");
+    gw.cleanup().await;
+}
+
+async fn mcp_lists_and_calls_tools(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let (s, list) = gw
+        .post(
+            "/v1/mcp",
+            &key,
+            &json!({"method": "tools/list", "id": 7}),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (s, list["jsonrpc"].as_str(), list["id"].as_u64()),
+        (200, Some("2.0"), Some(7))
+    );
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["gateway_status", "idempotency_inspect"]);
+    gw.post(
+        "/v1/events/trigger",
+        &key,
+        &trigger_body("s"),
+        &[("Idempotency-Key", "k1")],
+    )
+    .await;
+    let (_, status) = gw
+        .post(
+            "/v1/mcp",
+            &key,
+            &json!({"method": "tools/call", "params": {"name": "gateway_status"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        status["result"]["structuredContent"]["nats_connected"],
+        true
+    );
+    assert!(status["id"].as_u64().is_some());
+    let (_, idem) = gw
+        .post(
+            "/v1/mcp",
+            &key,
+            &json!({"method": "tools/call", "params": {"name": "idempotency_inspect"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(idem["result"]["structuredContent"]["tracked_keys"], 1);
+    let (_, unknown_tool) = gw
+        .post(
+            "/v1/mcp",
+            &key,
+            &json!({"method": "tools/call", "params": {"name": "rm_rf"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(unknown_tool["result"]["isError"], true);
+    let (s, unknown) = gw
+        .post("/v1/mcp", &key, &json!({"method": "resources/list"}), &[])
+        .await;
+    assert_eq!(
+        (s, unknown["result"]["error"]["code"].as_i64()),
+        (200, Some(-32601))
+    );
+    let resp = gw
+        .http
+        .post(format!("{}/v1/mcp", gw.url))
+        .json(&json!({"method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    gw.cleanup().await;
+}
+
+/// A private server process on a free port, killed on drop.
+struct Private {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Private {
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    async fn nats(port: u16, store_dir: &std::path::Path) -> Self {
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store_dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server must be installed");
+        Self::wait(child, port).await
+    }
+
+    async fn redis(port: u16) -> Self {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        Self::wait(child, port).await
+    }
+
+    async fn wait(child: std::process::Child, port: u16) -> Self {
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Self { child, port };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("private server on port {port} did not start");
+    }
+
+    /// Stops the server with SIGTERM, as an orderly outage would (SIGKILL could lose
+    /// acknowledged messages still in NATS' own write buffer: not ours to test).
+    fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_nats_outage_holds_events_in_the_outbox_and_loses_none() {
+    let nats_dir = tempfile::tempdir().unwrap();
+    let port = Private::free_port();
+    let nats = Private::nats(port, nats_dir.path()).await;
+    let gw = Gateway::start_with(Backends::Production, |c| {
+        c.broker.url = format!("nats://127.0.0.1:{port}")
+    })
+    .await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (s, b) = gw
+            .post(
+                "/v1/events/trigger",
+                &key,
+                &trigger_body(&format!("before{i}")),
+                &[],
+            )
+            .await;
+        assert_eq!(s, 202);
+        ids.push(b["eventId"].as_str().unwrap().to_string());
+    }
+    nats.stop();
+    let mut connected = true;
+    for _ in 0..100 {
+        let health: Value = gw
+            .http
+            .get(format!("{}/v1/health", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        connected = health["nats_connected"].as_bool().unwrap();
+        if !connected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!connected, "health reports the broker away");
+    for i in 0..10 {
+        let (s, b) = gw
+            .post(
+                "/v1/events/trigger",
+                &key,
+                &trigger_body(&format!("during{i}")),
+                &[],
+            )
+            .await;
+        assert_eq!(s, 202, "accepted while NATS is away: {b}");
+        ids.push(b["eventId"].as_str().unwrap().to_string());
+    }
+    let (s, bulk) = gw
+        .post(
+            "/v1/events/bulk",
+            &key,
+            &json!({"events": [trigger_body("bulk-a"), trigger_body("bulk-b")]}),
+            &[],
+        )
+        .await;
+    assert_eq!((s, bulk["count"].as_u64()), (200, Some(2)));
+    for e in bulk["events"].as_array().unwrap() {
+        ids.push(e["eventId"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        gw.state.ingest.store.outbox_depth().await.unwrap(),
+        12,
+        "held durably in the outbox"
+    );
+
+    let _nats = Private::nats(port, nats_dir.path()).await;
+    let mut depth = u64::MAX;
+    for _ in 0..200 {
+        depth = gw.state.ingest.store.outbox_depth().await.unwrap();
+        if depth == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(depth, 0, "the outbox drains when NATS returns");
+    let published: std::collections::HashSet<String> =
+        gw.published().await.into_iter().map(|p| p.2).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert!(published.contains(id), "event {i} ({id}) lost");
+    }
+    assert_eq!(published.len(), ids.len());
+    // The outage events came out in the order they were accepted.
+    let order: Vec<String> = gw.published().await.into_iter().map(|p| p.2).collect();
+    let positions: Vec<usize> = ids[5..15]
+        .iter()
+        .map(|id| order.iter().position(|p| p == id).unwrap())
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_redis_outage_fails_open_for_live_keys_and_closed_for_test_keys() {
+    let redis = Private::redis(Private::free_port()).await;
+    let redis_url = format!("redis://127.0.0.1:{}", redis.port);
+    let gw = Gateway::start_with(Backends::Production, |c| c.counters.url = redis_url).await;
+    let live = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let test = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    assert_eq!(
+        gw.post("/v1/events/trigger", &live, &trigger_body("a"), &[])
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        gw.post("/v1/events/trigger", &test, &trigger_body("a"), &[])
+            .await
+            .0,
+        202
+    );
+    redis.stop();
+    let started = std::time::Instant::now();
+    let (s, body) = gw
+        .post("/v1/events/trigger", &live, &trigger_body("b"), &[])
+        .await;
+    assert_eq!(s, 202, "live keys fail open: {body}");
+    let (s, body) = gw
+        .post("/v1/events/trigger", &test, &trigger_body("b"), &[])
+        .await;
+    assert_eq!(
+        (s, body["error"].as_str()),
+        (500, Some("INTERNAL_SERVER_ERROR")),
+        "test keys fail closed"
+    );
+    assert!(
+        !body["message"].as_str().unwrap().contains("redis://"),
+        "internals are not leaked: {body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "an unreachable counter store fails fast"
+    );
+    gw.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_backend_at_start_names_the_setting() {
+    for (setting, mutate) in [
+        (
+            "store.url",
+            Box::new(|c: &mut Config| {
+                c.store.url = "postgres://postgres:hunter2@127.0.0.1:1/x".into()
+            }) as Box<dyn Fn(&mut Config)>,
+        ),
+        (
+            "broker.url",
+            Box::new(|c: &mut Config| c.broker.url = "nats://127.0.0.1:1".into()),
+        ),
+        (
+            "counters.url",
+            Box::new(|c: &mut Config| c.counters.url = "redis://127.0.0.1:1".into()),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        let db = format!(
+            "sb_api_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        create_database(&db).await;
+        config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+        mutate(&mut config);
+        let started = std::time::Instant::now();
+        let err = match switchboard::build_state(config).await {
+            Ok(_) => panic!("{setting}: started against an unreachable backend"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err.contains(setting), "{setting}: {err}");
+        assert!(!err.contains("hunter2"), "passwords are redacted: {err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{setting} took {:?}",
+            started.elapsed()
+        );
+    }
+}
