@@ -215,6 +215,7 @@ both!(
     revoked_keys_fail_at_once,
     health_reports_draining,
     mcp_lists_and_calls_tools,
+    metrics_count_requests_decisions_and_publishes,
 );
 
 async fn trigger_is_accepted_published_and_recorded(b: Backends) {
@@ -918,6 +919,21 @@ async fn production_nats_outage_holds_events_in_the_outbox_and_loses_none() {
         12,
         "held durably in the outbox"
     );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let metrics = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("switchboard_outbox_depth 12"), "{metrics}");
+    assert!(
+        metrics.contains(r#"switchboard_publishes_total{outcome="outboxed"} 12"#),
+        "{metrics}"
+    );
 
     let _nats = Private::nats(port, nats_dir.path()).await;
     let mut depth = u64::MAX;
@@ -1031,4 +1047,84 @@ async fn an_unreachable_backend_at_start_names_the_setting() {
             started.elapsed()
         );
     }
+}
+
+async fn metrics_count_requests_decisions_and_publishes(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    assert_eq!(
+        gw.post("/v1/events/trigger", &key, &trigger_body("m"), &[])
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        gw.post(
+            "/v1/events/trigger",
+            &key,
+            &json!({"name": "x", "to": {"subscriberId": "m"}}),
+            &[]
+        )
+        .await
+        .0,
+        400
+    );
+    gw.http
+        .get(format!("{}/v1/nope/evt_123", gw.url))
+        .send()
+        .await
+        .unwrap();
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"switchboard_http_requests_total{route="/v1/events/trigger",method="POST",status="202"} 1"#,
+        r#"switchboard_http_requests_total{route="/v1/events/trigger",method="POST",status="400"} 1"#,
+        r#"switchboard_http_requests_total{route="(unmatched)",method="GET",status="404"} 1"#,
+        r#"switchboard_ratelimit_decisions_total{outcome="allowed"} 1"#,
+        r#"switchboard_publishes_total{outcome="acked"} 1"#,
+        "switchboard_outbox_depth 0",
+        r#"switchboard_http_request_duration_seconds_count{route="/v1/events/trigger"} 2"#,
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+    gw.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_have_their_own_listen_address() {
+    let port = Private::free_port();
+    let gw = Gateway::start_with(Backends::Embedded, |c| {
+        c.metrics_listen = Some(format!("127.0.0.1:{port}").parse().unwrap())
+    })
+    .await;
+    assert_eq!(
+        gw.http
+            .get(format!("{}/metrics", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let mut text = String::new();
+    for _ in 0..50 {
+        if let Ok(r) = gw
+            .http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+        {
+            text = r.text().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(text.contains("switchboard_outbox_depth"), "{text}");
 }

@@ -397,3 +397,28 @@ fn accepted_events_survive_a_dev_restart() {
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].2, event["eventId"].as_str().unwrap());
 }
+
+#[test]
+fn the_committed_openapi_document_matches_the_code() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    let generated = switchboard::api::openapi::document();
+    if std::env::var_os("SWITCHBOARD_UPDATE_OPENAPI").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/openapi.json is stale: run `SWITCHBOARD_UPDATE_OPENAPI=1 cargo test -p switchboard --test cli openapi` and commit it"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&generated).unwrap();
+    assert_eq!(doc["openapi"].as_str().map(|v| &v[..3]), Some("3.1"));
+    for path in [
+        "/v1/events/trigger",
+        "/v1/events/bulk",
+        "/v1/health",
+        "/v1/mcp",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} missing");
+    }
+    assert!(doc["components"]["schemas"]["TriggerRequest"].is_object());
+}

@@ -31,6 +31,8 @@ pub struct Config {
     pub counters: CountersConfig,
     /// Largest request body accepted, bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Serve `/metrics` on this address instead of the API's (`SWITCHBOARD_METRICS_LISTEN`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Which database.
@@ -177,6 +179,7 @@ impl Default for Config {
                 key_prefix: "switchboard:".into(),
             },
             max_body_bytes: 8 << 20,
+            metrics_listen: None,
         }
     }
 }
@@ -202,6 +205,7 @@ const TOP_LEVEL: &[&str] = &[
     "broker",
     "counters",
     "max_body_bytes",
+    "metrics_listen",
 ];
 
 impl Config {

@@ -28,7 +28,7 @@ pub const MAX_SUBSCRIBER_LEN: usize = 256;
 pub const MAX_BULK: usize = 5_000;
 
 /// The spec's TriggerRequest.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TriggerRequest {
     /// Workflow name.
@@ -40,6 +40,7 @@ pub struct TriggerRequest {
     pub category: Option<String>,
     /// Template variables.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub payload: Option<serde_json::Map<String, serde_json::Value>>,
     /// Per-event overrides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,7 +48,7 @@ pub struct TriggerRequest {
 }
 
 /// The spec's RecipientDto.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Recipient {
     /// The caller's stable id for the person; the rate-limit bucket.
@@ -64,7 +65,7 @@ pub struct Recipient {
 }
 
 /// The spec's ProviderOverrides.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderOverrides {
     /// Email overrides.
@@ -85,7 +86,7 @@ pub struct ProviderOverrides {
 }
 
 /// Email overrides.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EmailOverride {
     /// Extra SMTP headers.
@@ -100,7 +101,7 @@ pub struct EmailOverride {
 }
 
 /// SMS overrides.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SmsOverride {
     /// Sender ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,7 +109,7 @@ pub struct SmsOverride {
 }
 
 /// Voice overrides (snake_case on the wire; `voiceId` accepted).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct VoiceOverride {
     /// Spoken script.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,7 +123,7 @@ pub struct VoiceOverride {
 }
 
 /// WhatsApp overrides.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct WhatsAppOverride {
     /// Template language.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,10 +134,11 @@ pub struct WhatsAppOverride {
 }
 
 /// The spec's TriggerResponse.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TriggerResponse {
     /// `evt_<hex>`.
+    #[schema(value_type = String, example = "evt_5b1f0c2a9d8e4f3a8c7b6a5d4e3f2a1b")]
     pub event_id: EventId,
     /// Always `QUEUED`.
     pub status: String,
@@ -152,7 +154,7 @@ pub struct TriggerResponse {
 }
 
 /// One item of a BulkTriggerResponse.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BulkEventResult {
     /// Position in the submitted array.
@@ -161,6 +163,7 @@ pub struct BulkEventResult {
     pub status: String,
     /// Present when queued.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub event_id: Option<EventId>,
     /// Present when queued.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -171,10 +174,11 @@ pub struct BulkEventResult {
 }
 
 /// The spec's BulkTriggerResponse.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BulkTriggerResponse {
     /// Batch id, for logs.
+    #[schema(value_type = String, example = "job_0c2a9d8e4f3a8c7b6a5d4e3f2a1b5b1f")]
     pub job_id: JobId,
     /// `QUEUED` if every event was accepted, else `PARTIAL`.
     pub status: String,
@@ -237,6 +241,8 @@ pub struct Ingest {
     pub broker: Arc<dyn Broker>,
     /// Stream and subject names.
     pub streams: StreamNames,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Checks the fields the spec leaves to us. Limits: `name` 1-200 characters of
@@ -296,22 +302,38 @@ impl Ingest {
         all_or_nothing: bool,
     ) -> Result<Vec<bool>, IngestError> {
         let quota = Quota::for_tier(key.tier);
+        let count =
+            |outcome, n| crate::metrics::Metrics::count(&self.metrics.ratelimit, outcome, n);
         match self
             .counters
             .admit(key.workspace.as_str(), quota, subscribers, all_or_nothing)
             .await
         {
-            Ok(a) if !a.workspace => Err(IngestError::RateLimited(
-                "workspace quota exceeded: retry with backoff",
-            )),
-            Ok(a) => Ok(a.events),
+            Ok(a) if !a.workspace => {
+                count("workspace_exceeded", 1);
+                Err(IngestError::RateLimited(
+                    "workspace quota exceeded: retry with backoff",
+                ))
+            }
+            Ok(a) => {
+                let refused = a.events.iter().filter(|ok| !**ok).count() as u64;
+                count("allowed", a.events.len() as u64 - refused);
+                if refused > 0 {
+                    count("subscriber_exceeded", refused);
+                }
+                Ok(a.events)
+            }
             Err(e) if key.mode == KeyMode::Live => {
+                count("fail_open", 1);
                 tracing::warn!(error = %e, "counter store unreachable: live key fails open");
                 Ok(vec![true; subscribers.len()])
             }
-            Err(e) => Err(IngestError::Internal(format!(
-                "counter store unreachable (test keys fail closed): {e}"
-            ))),
+            Err(e) => {
+                count("fail_closed", 1);
+                Err(IngestError::Internal(format!(
+                    "counter store unreachable (test keys fail closed): {e}"
+                )))
+            }
         }
     }
 
@@ -510,7 +532,14 @@ impl Ingest {
                 payload: p.payload.to_vec(),
             })
             .collect();
+        let acked = (publishes.len() - outbox.len()) as u64;
+        crate::metrics::Metrics::count(&self.metrics.publishes, "acked", acked);
         if !outbox.is_empty() {
+            crate::metrics::Metrics::count(
+                &self.metrics.publishes,
+                "outboxed",
+                outbox.len() as u64,
+            );
             tracing::warn!(
                 count = outbox.len(),
                 "broker did not acknowledge: holding events in the outbox"

@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod idempotency;
 pub mod ids;
 pub mod ingest;
+pub mod metrics;
 pub mod model;
 pub mod plugins;
 pub mod ratelimit;
@@ -129,6 +130,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         idempotency,
         broker,
         streams,
+        metrics: Arc::new(metrics::Metrics::default()),
     });
     Ok(AppState {
         plugins: Arc::new(registry),
@@ -166,12 +168,27 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let watcher = tokio::spawn(state.auth.clone().watch_revocations());
     let drainer = tokio::spawn(drain_outbox_forever(state.ingest.clone()));
+    let metrics_server = match state.config.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (metrics_listen): {e}"))?;
+            let app = api::metrics_router(state.clone());
+            Some(tokio::spawn(
+                async move { axum::serve(listener, app).await },
+            ))
+        }
+        None => None,
+    };
     let app = api::router(state);
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
     watcher.abort();
     drainer.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     served?;
     Ok(())
 }
@@ -181,6 +198,12 @@ async fn drain_outbox_forever(ingest: Arc<ingest::Ingest>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if let Ok(depth) = ingest.store.outbox_depth().await {
+            ingest
+                .metrics
+                .outbox_depth
+                .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        }
         if !ingest.broker.connected() {
             continue;
         }

@@ -35,7 +35,7 @@ pub enum ApiError {
 }
 
 /// The spec's ErrorResponse.
-#[derive(Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// Stable machine code.
     pub error: String,

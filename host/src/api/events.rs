@@ -1,6 +1,7 @@
 //! `POST /v1/events/trigger` and `POST /v1/events/bulk`.
 
 use super::ApiError;
+use super::error::ErrorBody;
 use super::extract::{Caller, Json};
 use crate::AppState;
 use crate::ingest::{BulkTriggerResponse, TriggerRequest, TriggerResponse};
@@ -18,7 +19,24 @@ pub fn router() -> Router<AppState> {
         .route("/v1/events/bulk", post(bulk))
 }
 
-async fn trigger(
+/// Triggers one notification.
+#[utoipa::path(post, path = "/v1/events/trigger", tag = "events", request_body = TriggerRequest,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays within 24 h return the original response with 200"),
+        ("X-Priority-Override" = Option<String>, Header, description = "CRITICAL, HIGH, NORMAL or LOW; anything else is NORMAL"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 202, description = "Accepted and durable", body = TriggerResponse),
+        (status = 200, description = "Idempotent replay", body = TriggerResponse),
+        (status = 400, description = "Invalid request or no contact details", body = ErrorBody),
+        (status = 401, description = "Missing, malformed or unrecognised key", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 429, description = "Workspace quota or subscriber cap exceeded", body = ErrorBody),
+        (status = 500, description = "Counter store, database or encoding failure", body = ErrorBody),
+    ))]
+pub async fn trigger(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
@@ -57,13 +75,30 @@ async fn trigger(
     Ok((status, axum::Json(response)))
 }
 
-/// Items are parsed one by one, so one bad event fails alone.
+/// The bulk body as parsed: items stay raw so one bad event fails alone.
 #[derive(Deserialize)]
-struct BulkBody {
+pub struct BulkBody {
     events: Vec<serde_json::Value>,
 }
 
-async fn bulk(
+/// The spec's BulkTriggerRequest (documentation shape of [`BulkBody`]).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct BulkTriggerRequest {
+    /// 1 to 5,000 events.
+    events: Vec<TriggerRequest>,
+}
+
+/// Triggers up to 5,000 notifications; each succeeds or fails on its own.
+#[utoipa::path(post, path = "/v1/events/bulk", tag = "events", request_body = BulkTriggerRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Per-event outcomes, even if all failed", body = BulkTriggerResponse),
+        (status = 400, description = "Empty or over 5,000 events", body = ErrorBody),
+        (status = 401, description = "Missing, malformed or unrecognised key", body = ErrorBody),
+        (status = 429, description = "Workspace quota exceeded", body = ErrorBody),
+    ))]
+pub async fn bulk(
     State(state): State<AppState>,
     caller: Caller,
     Json(body): Json<BulkBody>,

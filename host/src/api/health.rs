@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 
 /// The spec's HealthStatus.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct HealthStatus {
     /// `OK` or `DRAINING`.
     pub status: String,
@@ -31,7 +31,13 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/health", get(health))
 }
 
-async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthStatus>) {
+/// Liveness and drain state; no authentication.
+#[utoipa::path(get, path = "/v1/health", tag = "health",
+    responses(
+        (status = 200, description = "Accepting work", body = HealthStatus),
+        (status = 503, description = "Draining after a termination signal", body = HealthStatus),
+    ))]
+pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthStatus>) {
     let draining = state.draining.load(Ordering::SeqCst);
     let status = if draining {
         StatusCode::SERVICE_UNAVAILABLE

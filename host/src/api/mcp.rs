@@ -24,24 +24,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The spec's McpRequest.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct McpRequest {
     /// `tools/list` or `tools/call`.
     pub method: String,
     /// Method parameters.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub params: Option<Value>,
-    /// Optional correlation id to echo.
+    /// Optional correlation id to echo (a non-negative integer).
     #[serde(default)]
+    #[schema(value_type = Option<u64>)]
     pub id: Option<Value>,
 }
 
 /// The spec's McpResponse.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct McpResponse {
     /// Always `2.0`.
     pub jsonrpc: String,
     /// Method result.
+    #[schema(value_type = Object)]
     pub result: Value,
     /// Correlation id.
     pub id: u64,
@@ -52,7 +55,14 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/mcp", post(mcp))
 }
 
-async fn mcp(
+/// Operator tools for AI agents (see the module docs for each tool).
+#[utoipa::path(post, path = "/v1/mcp", tag = "mcp", request_body = McpRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Result, or an error object inside `result`", body = McpResponse),
+        (status = 401, description = "Missing or unrecognised key", body = crate::api::error::ErrorBody),
+    ))]
+pub async fn mcp(
     State(state): State<AppState>,
     _caller: Caller,
     Json(request): Json<McpRequest>,

@@ -1,0 +1,59 @@
+//! `GET /v1/openapi.json`: the OpenAPI 3.1 document, generated from the code.
+//! A committed copy lives in `docs/openapi.json`; a test fails when they drift
+//! (`SWITCHBOARD_UPDATE_OPENAPI=1 cargo test -p switchboard --test cli openapi` rewrites it).
+
+use crate::AppState;
+use axum::routing::get;
+use axum::{Json, Router};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+
+/// The document.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Switchboard", description = "Notification gateway with sandboxed provider plugins"),
+    paths(super::events::trigger, super::events::bulk, super::health::health, super::mcp::mcp),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "events", description = "Triggering notifications"),
+        (name = "health", description = "Liveness"),
+        (name = "mcp", description = "Operator tools for AI agents"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("svc_sk_live_… or svc_sk_test_…"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document as pretty JSON, as committed.
+pub fn document() -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    doc.to_pretty_json()
+        .expect("the OpenAPI document serialises")
+        + "\n"
+}
+
+/// Routes of this resource.
+pub fn router() -> Router<AppState> {
+    Router::new().route(
+        "/v1/openapi.json",
+        get(|| async {
+            Json(serde_json::from_str::<serde_json::Value>(&document()).unwrap_or_default())
+        }),
+    )
+}

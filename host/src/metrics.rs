@@ -1,0 +1,112 @@
+//! Prometheus metrics, one registry per gateway (no global recorder, so tests can run
+//! several gateways in one process). Served at `GET /metrics`, or on
+//! `metrics_listen` when that is set.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A request's route and outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Route pattern, e.g. `/v1/events/trigger` (never the raw path: ids would explode cardinality).
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// HTTP status code.
+    pub status: u16,
+}
+
+/// A route, for latencies.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// Route pattern.
+    pub route: String,
+}
+
+/// One labelled outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// What happened.
+    pub outcome: &'static str,
+}
+
+/// The gateway's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// `switchboard_http_requests_total{route,method,status}`.
+    pub requests: Family<RequestLabels, Counter>,
+    /// `switchboard_http_request_duration_seconds{route}`.
+    pub latency: Family<RouteLabels, Histogram>,
+    /// `switchboard_ratelimit_decisions_total{outcome}`: allowed, workspace_exceeded,
+    /// subscriber_exceeded, fail_open, fail_closed.
+    pub ratelimit: Family<OutcomeLabels, Counter>,
+    /// `switchboard_publishes_total{outcome}`: acked, outboxed.
+    pub publishes: Family<OutcomeLabels, Counter>,
+    /// `switchboard_outbox_depth`.
+    pub outbox_depth: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("switchboard");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        let ratelimit = Family::<OutcomeLabels, Counter>::default();
+        let publishes = Family::<OutcomeLabels, Counter>::default();
+        let outbox_depth = Gauge::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route, method and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency by route",
+            latency.clone(),
+        );
+        registry.register(
+            "ratelimit_decisions",
+            "Rate-limit decisions by outcome",
+            ratelimit.clone(),
+        );
+        registry.register(
+            "publishes",
+            "Events handed to the broker, acknowledged or held in the outbox",
+            publishes.clone(),
+        );
+        registry.register(
+            "outbox_depth",
+            "Events waiting in the outbox for the broker",
+            outbox_depth.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            ratelimit,
+            publishes,
+            outbox_depth,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one outcome.
+    pub fn count(family: &Family<OutcomeLabels, Counter>, outcome: &'static str, n: u64) {
+        family.get_or_create(&OutcomeLabels { outcome }).inc_by(n);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
