@@ -422,3 +422,249 @@ fn the_committed_openapi_document_matches_the_code() {
     }
     assert!(doc["components"]["schemas"]["TriggerRequest"].is_object());
 }
+
+/// `switchboard serve` on the real services, isolated by database, streams and prefix.
+struct Serve {
+    env: Vec<(String, String)>,
+    streams: (String, String),
+    db: String,
+}
+
+impl Serve {
+    fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let db = format!("sb_cli_{id}");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            use sqlx::Connection;
+            let mut conn =
+                sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres")
+                    .await
+                    .expect("PostgreSQL must be running on 127.0.0.1:5432");
+            sqlx::query(&format!("CREATE DATABASE {db}"))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        });
+        let streams = (
+            format!("C{id}_NOTIFY_CRITICAL"),
+            format!("C{id}_NOTIFY_BULK"),
+        );
+        let data = std::env::temp_dir().join(format!("sb-cli-{id}"));
+        let env = vec![
+            (
+                "SWITCHBOARD_STORE__URL".into(),
+                format!("postgres://postgres@127.0.0.1:5432/{db}"),
+            ),
+            (
+                "SWITCHBOARD_BROKER__STREAMS__CRITICAL".into(),
+                streams.0.clone(),
+            ),
+            (
+                "SWITCHBOARD_BROKER__STREAMS__BULK".into(),
+                streams.1.clone(),
+            ),
+            (
+                "SWITCHBOARD_BROKER__STREAMS__SUBJECT_PREFIX".into(),
+                format!("c{id}.notify"),
+            ),
+            (
+                "SWITCHBOARD_COUNTERS__KEY_PREFIX".into(),
+                format!("sbcli:{id}:"),
+            ),
+            ("SWITCHBOARD_DATA_DIR".into(), data.display().to_string()),
+            (
+                "SWITCHBOARD_PLUGINS__CACHE_DIR".into(),
+                std::env::temp_dir()
+                    .join("switchboard-test-plugin-cache")
+                    .display()
+                    .to_string(),
+            ),
+        ];
+        Self { env, streams, db }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = switchboard();
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        cmd
+    }
+
+    fn key(&self, workspace: &str) -> String {
+        let out = self
+            .command()
+            .args(["keys", "create", "--workspace", workspace, "--mode", "live"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    fn start(&self, drain_seconds: u32) -> (std::process::Child, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = self
+            .command()
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--drain-seconds",
+                &drain_seconds.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if reqwest::blocking::get(format!("{url}/v1/health")).is_ok() {
+                return (child, url);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("serve did not come up");
+    }
+
+    /// Event ids in both streams and in the outbox.
+    fn durable_ids(&self) -> std::collections::HashSet<String> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut ids = std::collections::HashSet::new();
+            let js = async_nats::jetstream::new(
+                async_nats::connect("nats://127.0.0.1:4222").await.unwrap(),
+            );
+            for stream in [&self.streams.0, &self.streams.1] {
+                let mut s = js.get_stream(stream).await.unwrap();
+                let last = s.info().await.unwrap().state.last_sequence;
+                for seq in 1..=last {
+                    if let Ok(m) = s.get_raw_message(seq).await
+                        && let Some(id) = m.headers.get("Nats-Msg-Id")
+                    {
+                        ids.insert(id.to_string());
+                    }
+                }
+            }
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&format!(
+                "postgres://postgres@127.0.0.1:5432/{}",
+                self.db
+            ))
+            .await
+            .unwrap();
+            let rows: Vec<(String,)> = sqlx::query_as("SELECT msg_id FROM outbox")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+            ids.extend(rows.into_iter().map(|(id,)| id));
+            ids
+        })
+    }
+
+    fn cleanup(&self) {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let js = async_nats::jetstream::new(
+                async_nats::connect("nats://127.0.0.1:4222").await.unwrap(),
+            );
+            let _ = js.delete_stream(&self.streams.0).await;
+            let _ = js.delete_stream(&self.streams.1).await;
+        });
+    }
+}
+
+#[test]
+fn kill_9_under_load_loses_no_accepted_event() {
+    let serve = Serve::new();
+    let keys: Vec<String> = (0..4).map(|i| serve.key(&format!("ws{i}"))).collect();
+    let (mut child, url) = serve.start(0);
+    let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (url, key, accepted, stop) = (url.clone(), keys[w % keys.len()].clone(), accepted.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 5_000 {
+                    i += 1;
+                    let body = serde_json::json!({"name": "load", "to": {"subscriberId": format!("w{w}-s{i}"), "email": "x@example.com"}});
+                    let Ok(resp) = client.post(format!("{url}/v1/events/trigger")).bearer_auth(&key).json(&body).send() else { break };
+                    if resp.status() == 202
+                        && let Ok(v) = resp.json::<serde_json::Value>()
+                    {
+                        accepted.lock().unwrap().push(v["eventId"].as_str().unwrap().to_string());
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap(); // SIGKILL, mid-load
+    child.wait().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let accepted = accepted.lock().unwrap().clone();
+    assert!(
+        accepted.len() > 20,
+        "the load ran: {} accepted",
+        accepted.len()
+    );
+    let durable = serve.durable_ids();
+    let lost: Vec<&String> = accepted
+        .iter()
+        .filter(|id| !durable.contains(*id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} accepted events lost: {:?}",
+        lost.len(),
+        accepted.len(),
+        &lost[..lost.len().min(5)]
+    );
+    serve.cleanup();
+}
+
+#[test]
+fn sigterm_drains_then_exits() {
+    let serve = Serve::new();
+    let (mut child, url) = serve.start(2);
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let resp = reqwest::blocking::get(format!("{url}/v1/health")).unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(
+        resp.json::<serde_json::Value>().unwrap()["status"],
+        "DRAINING"
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "serve did not exit after draining"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    serve.cleanup();
+}

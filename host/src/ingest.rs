@@ -243,7 +243,22 @@ pub struct Ingest {
     pub streams: StreamNames,
     /// Counters for `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Single triggers wait here to be committed together.
+    group: tokio::sync::mpsc::Sender<GroupJob>,
 }
+
+/// One trigger waiting for the group commit.
+struct GroupJob {
+    message: NewMessage,
+    publish: Publish,
+    done: tokio::sync::oneshot::Sender<Result<(), IngestError>>,
+}
+
+/// Most triggers committed in one database transaction and one publish batch.
+const MAX_GROUP: usize = 512;
+/// Committers running at once: while one waits on the broker and the database, the
+/// next group forms and commits.
+const COMMITTERS: usize = 4;
 
 /// Checks the fields the spec leaves to us. Limits: `name` 1-200 characters of
 /// letters, digits and `._:-/`; `subscriberId` 1-256 characters, no control characters.
@@ -287,6 +302,66 @@ pub fn route(request: &TriggerRequest, priority: Priority) -> Result<Vec<Channel
         extra_params: overrides.and_then(|o| o.extra_params.as_ref()),
     };
     routing::channel_order(priority, &reach).map_err(|e| e.to_string())
+}
+
+impl Ingest {
+    /// Ingestion over these backends, with its group committers running. Concurrent
+    /// triggers are published in one pipelined batch and recorded in one transaction:
+    /// a committer takes whatever is waiting (no timer: a lone request goes at once).
+    pub fn new(
+        store: Arc<dyn Store>,
+        counters: Arc<dyn Counters>,
+        idempotency: Arc<dyn IdempotencyStore>,
+        broker: Arc<dyn Broker>,
+        streams: StreamNames,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Arc<Self> {
+        let (group, jobs) = tokio::sync::mpsc::channel(MAX_GROUP * COMMITTERS);
+        let ingest = Arc::new(Self {
+            store,
+            counters,
+            idempotency,
+            broker,
+            streams,
+            metrics,
+            group,
+        });
+        let jobs = Arc::new(tokio::sync::Mutex::new(jobs));
+        for _ in 0..COMMITTERS {
+            tokio::spawn(group_commit(Arc::downgrade(&ingest), jobs.clone()));
+        }
+        ingest
+    }
+}
+
+/// Commits groups of waiting triggers until the [`Ingest`] is dropped.
+async fn group_commit(
+    ingest: std::sync::Weak<Ingest>,
+    jobs: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<GroupJob>>>,
+) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    loop {
+        // Only one committer collects at a time; it releases the queue before committing.
+        let received = jobs.lock().await.recv_many(&mut group, MAX_GROUP).await;
+        if received == 0 {
+            return;
+        }
+        let Some(ingest) = ingest.upgrade() else {
+            return;
+        };
+        let (mut messages, mut publishes, mut waiters) = (Vec::new(), Vec::new(), Vec::new());
+        for job in group.drain(..) {
+            messages.push(job.message);
+            publishes.push(job.publish);
+            waiters.push(job.done);
+        }
+        for (waiter, result) in waiters
+            .into_iter()
+            .zip(ingest.commit(messages, publishes).await)
+        {
+            let _ = waiter.send(result);
+        }
+    }
 }
 
 /// How long a request waits for a concurrent request holding the same idempotency key.
@@ -433,11 +508,19 @@ impl Ingest {
         if revoked() {
             return Err(IngestError::Revoked);
         }
-        self.commit(vec![message.clone()], vec![publish])
+        let (done, committed) = tokio::sync::oneshot::channel();
+        let job = GroupJob {
+            message: message.clone(),
+            publish,
+            done,
+        };
+        self.group
+            .send(job)
             .await
-            .into_iter()
-            .next()
-            .unwrap_or(Err(IngestError::Internal("nothing committed".into())))?;
+            .map_err(|_| IngestError::Internal("group commit stopped".into()))?;
+        committed
+            .await
+            .map_err(|_| IngestError::Internal("group commit dropped the event".into()))??;
         Ok(TriggerResponse {
             event_id: message.event_id,
             status: "QUEUED".into(),

@@ -124,14 +124,14 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let runtime = plugins::PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
     let registry = plugins::registry::Registry::load(runtime, &config.plugins).await?;
     let auth = Arc::new(auth::Authenticator::new(store.clone()));
-    let ingest = Arc::new(ingest::Ingest {
+    let ingest = ingest::Ingest::new(
         store,
         counters,
         idempotency,
         broker,
         streams,
-        metrics: Arc::new(metrics::Metrics::default()),
-    });
+        Arc::new(metrics::Metrics::default()),
+    );
     Ok(AppState {
         plugins: Arc::new(registry),
         config: Arc::new(config),
