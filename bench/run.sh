@@ -6,8 +6,8 @@
 # Settings (environment variables, defaults in brackets):
 #   DURATION [10]        measured seconds per load run
 #   WARMUP [3]           warm-up seconds before each measured window
-#   CONCURRENCY [64]     requests in flight (closed loop)
-#   KEYS [100]           API keys, each in its own paid workspace (100 req/s each)
+#   CONCURRENCY [128]    requests in flight (closed loop)
+#   KEYS [300]           API keys, each in its own paid workspace (100 req/s each)
 #   SUBSCRIBERS [200000] subscriber ids cycled over (20 events/s cap each)
 #   BULK [5000]          events per bulk request
 #   BULK_REPEAT [5]      bulk requests sent
@@ -24,8 +24,8 @@ cd "$ROOT"
 
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-3}
-CONCURRENCY=${CONCURRENCY:-64}
-KEYS=${KEYS:-100}
+CONCURRENCY=${CONCURRENCY:-128}
+KEYS=${KEYS:-300}
 SUBSCRIBERS=${SUBSCRIBERS:-200000}
 BULK=${BULK:-5000}
 BULK_REPEAT=${BULK_REPEAT:-5}
@@ -72,6 +72,7 @@ BASELINE="$ROOT/target/release/baseline"
 
 GATEWAY_PID=""
 BASELINE_PID=""
+CHILD_PID=""
 SAMPLER_PID=""
 DB_CREATED=""
 GATEWAY_STARTED=""
@@ -97,6 +98,7 @@ cleanup() {
     local rc=$?
     set +e
     trap - EXIT INT TERM
+    stop_pid "$CHILD_PID"
     stop_pid "$SAMPLER_PID"
     stop_pid "$BASELINE_PID"
     stop_pid "$GATEWAY_PID"
@@ -120,6 +122,23 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
+
+# run_child SECONDS OUTFILE CMD...: CMD under `timeout`, stdout to OUTFILE (- for
+# stderr). Run in the
+# background and waited for, so a signal to this script is handled at once.
+run_child() {
+    local seconds=$1 out=$2 rc=0
+    shift 2
+    if [[ $out == - ]]; then
+        timeout "$seconds" "$@" >&2 &
+    else
+        timeout "$seconds" "$@" >"$out" &
+    fi
+    CHILD_PID=$!
+    wait "$CHILD_PID" || rc=$?
+    CHILD_PID=""
+    return "$rc"
+}
 
 # A port nothing listens on (checked by a refused connection).
 free_port() {
@@ -145,6 +164,10 @@ wait_for() {
     return 1
 }
 
+# CPU time (user + system) of PID in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+TICKS=$(getconf CLK_TCK 2>/dev/null || echo 100)
+
 rss_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
 
 # Highest VmRSS seen, written to FILE, every 0.2 s while PID lives (at most 10 min).
@@ -164,7 +187,7 @@ sample_rss() {
 # ---------------------------------------------------------------- build
 if [[ $SKIP_BUILD != 1 ]]; then
     log "building release binaries (may wait for other builds' cargo lock; bounded by ${BUILD_TIMEOUT}s)"
-    timeout "$BUILD_TIMEOUT" cargo build --release -p switchboard -p switchboard-bench >&2 ||
+    run_child "$BUILD_TIMEOUT" - cargo build --release -p switchboard -p switchboard-bench ||
         die "release build failed or timed out"
 fi
 for b in "$SB" "$LOADGEN" "$BASELINE"; do
@@ -225,7 +248,9 @@ GW_CMD=("${LG[@]}" --url "http://127.0.0.1:$GW_PORT" --path /v1/events/trigger
 log "load on the gateway: ${GW_CMD[*]#$ROOT/}"
 sample_rss "$GATEWAY_PID" "$WORK/rss_load_max" &
 SAMPLER_PID=$!
-timeout "$LOAD_TIMEOUT" "${GW_CMD[@]}" >"$OUT/gateway.json" || die "loadgen against the gateway failed"
+CPU_BEFORE=$(cpu_ticks "$GATEWAY_PID")
+run_child "$LOAD_TIMEOUT" "$OUT/gateway.json" "${GW_CMD[@]}" || die "loadgen against the gateway failed"
+CPU_AFTER=$(cpu_ticks "$GATEWAY_PID")
 stop_pid "$SAMPLER_PID"
 SAMPLER_PID=""
 RSS_LOAD_MAX=$(cat "$WORK/rss_load_max" 2>/dev/null || echo 0)
@@ -237,7 +262,7 @@ BULK_CMD=("$LOADGEN" --url "http://127.0.0.1:$GW_PORT" --keys-file "$WORK/keys.t
 log "bulk on the gateway: ${BULK_CMD[*]#$ROOT/}"
 sample_rss "$GATEWAY_PID" "$WORK/rss_bulk_max" &
 SAMPLER_PID=$!
-timeout $((BULK_REPEAT * 130 + 10)) "${BULK_CMD[@]}" >"$OUT/bulk.json" || die "bulk loadgen failed"
+run_child $((BULK_REPEAT * 130 + 10)) "$OUT/bulk.json" "${BULK_CMD[@]}" || die "bulk loadgen failed"
 stop_pid "$SAMPLER_PID"
 SAMPLER_PID=""
 RSS_BULK_MAX=$(cat "$WORK/rss_bulk_max" 2>/dev/null || echo 0)
@@ -251,12 +276,15 @@ DB_OUTBOX=$(timeout 30 psql "$PG_URL_BASE/$DB" -tA -c "SELECT count(*) FROM outb
 log "stopping the gateway"
 stop_pid "$GATEWAY_PID"
 GATEWAY_PID=""
-timeout 30 "$LOADGEN" --cleanup --nats-url "$NATS_URL" --stream "$STREAM_CRITICAL" \
-    --stream "$STREAM_BULK" >"$OUT/cleanup.json" 2>"$WORK/cleanup.err" ||
-    log "stream cleanup failed: $(cat "$WORK/cleanup.err")"
-GATEWAY_STARTED=""
+if timeout 30 "$LOADGEN" --cleanup --nats-url "$NATS_URL" --stream "$STREAM_CRITICAL" \
+    --stream "$STREAM_BULK" >"$OUT/cleanup.json" 2>"$WORK/cleanup.err" &&
+    [[ $(jq '.deleted | length' "$OUT/cleanup.json") == 2 ]]; then
+    GATEWAY_STARTED="" # streams gone: nothing left for the trap to delete
+else
+    log "stream cleanup failed (the exit trap retries): $(cat "$WORK/cleanup.err" "$OUT/cleanup.json" 2>/dev/null)"
+fi
 STREAM_MESSAGES=$(jq '[.messages[]?] | add // 0' "$OUT/cleanup.json" 2>/dev/null || echo "?")
-GW_LOG_LINES=$(grep -c . "$WORK/gateway.log" || true)
+GW_LOG_LINES=$(grep -v 'listening on' "$WORK/gateway.log" | grep -c . || true)
 GW_LOG_ERRORS=$(grep -cE 'ERROR|panicked' "$WORK/gateway.log" || true)
 GW_LOG_WARNS=$(grep -c 'WARN' "$WORK/gateway.log" || true)
 
@@ -270,7 +298,9 @@ wait_for "$WORK/baseline.log" "listening on" "$BASELINE_PID" 30 ||
 BASE_CMD=("${LG[@]}" --url "http://127.0.0.1:$BASE_PORT" --path /v1/events/trigger
     --keys-file "$WORK/keys.txt" --label baseline)
 log "load on the baseline: ${BASE_CMD[*]#$ROOT/}"
-timeout "$LOAD_TIMEOUT" "${BASE_CMD[@]}" >"$OUT/baseline.json" || die "loadgen against the baseline failed"
+BASE_CPU_BEFORE=$(cpu_ticks "$BASELINE_PID")
+run_child "$LOAD_TIMEOUT" "$OUT/baseline.json" "${BASE_CMD[@]}" || die "loadgen against the baseline failed"
+BASE_CPU_AFTER=$(cpu_ticks "$BASELINE_PID")
 BASE_HWM=$(rss_kb "$BASELINE_PID" VmHWM)
 stop_pid "$BASELINE_PID"
 BASELINE_PID=""
@@ -284,6 +314,17 @@ BASE_TPS=$(b .throughput_ok_per_s)
 RATIO=$(awk -v a="$GW_TPS" -v b="$BASE_TPS" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "n/a" }')
 BULK_MEDIAN=$(jq -r '.median_ms // "n/a"' "$OUT/bulk.json")
 BULK_RUNS=$(jq -r '[.runs[] | if .http_status then "\(.latency_ms) ms (HTTP \(.http_status), \(.queued // "?") queued, \(.failed // "?") failed)" else "\(.error) after \(.latency_ms) ms" end] | join("; ")' "$OUT/bulk.json")
+# Server CPU over the whole load run (warm-up included), per request answered in it.
+cpu_line() { # ticks_before ticks_after report
+    local answered
+    answered=$(jq '.requests + .warmup.requests + .answered_after_window' "$3")
+    awk -v t=$(($2 - $1)) -v hz="$TICKS" -v n="$answered" -v secs=$((WARMUP + DURATION)) 'BEGIN {
+        c = t / hz
+        printf "%.1f CPU-s over ~%d s (%.2f cores), %.0f µs CPU per request", c, secs, c / secs, (n > 0 ? c * 1e6 / n : 0)
+    }'
+}
+GW_CPU=$(cpu_line "$CPU_BEFORE" "$CPU_AFTER" "$OUT/gateway.json")
+BASE_CPU=$(cpu_line "$BASE_CPU_BEFORE" "$BASE_CPU_AFTER" "$OUT/baseline.json")
 CPU_MODEL=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 
 row() { # label file
@@ -308,6 +349,7 @@ $(row "bare axum baseline" "$OUT/baseline.json")
 
 - Gateway / baseline throughput: **$RATIO**
 - Gateway status counts: $(g '.status | to_entries | map("\(.key): \(.value)") | join(", ")'); warm-up: $(g '.warmup.status | to_entries | map("\(.key): \(.value)") | join(", ")')
+- Server process CPU during the load (PostgreSQL, NATS, Redis and the load generator not included): gateway $GW_CPU; baseline $BASE_CPU
 - Non-2xx samples from the gateway: $(g 'if (.non_2xx_samples | length) == 0 then "none" else (.non_2xx_samples | map("\(.status) \(.body)") | join(" / ")) end')
 
 ## POST /v1/events/bulk ($BULK events, one key, distinct subscribers)
@@ -331,7 +373,7 @@ $(row "bare axum baseline" "$OUT/baseline.json")
 
 - Rows in \`messages\`: $DB_MESSAGES (every 2xx trigger, warm-up and post-window answers included, plus queued bulk events); rows left in \`outbox\`: $DB_OUTBOX
 - Messages in the run's two JetStream streams before deletion: $STREAM_MESSAGES
-- Gateway log (SWITCHBOARD_LOG=warn): $GW_LOG_LINES lines, $GW_LOG_WARNS WARN, $GW_LOG_ERRORS ERROR/panic
+- Gateway log (SWITCHBOARD_LOG=warn), start-up banner excluded: $GW_LOG_LINES lines, $GW_LOG_WARNS WARN, $GW_LOG_ERRORS ERROR/panic
 
 Raw reports: bench/out/gateway.json, bench/out/baseline.json, bench/out/bulk.json, bench/out/cleanup.json, bench/out/gateway.log (not committed).
 

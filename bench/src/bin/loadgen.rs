@@ -87,8 +87,17 @@ const MAX_REPEAT: usize = 100;
 /// Kept when non-2xx answers come back, to show what the server said.
 const MAX_SAMPLES: usize = 5;
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadgen: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Some(t) = args.threads {
@@ -116,7 +125,11 @@ fn loopback_host(url: &reqwest::Url) -> bool {
     match url.host() {
         Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
         Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        // Hosts of non-special schemes (nats://) stay opaque text: parse them here.
+        Some(url::Host::Domain(d)) => {
+            d.eq_ignore_ascii_case("localhost")
+                || d.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
         None => false,
     }
 }
@@ -200,11 +213,16 @@ struct Tally {
     late: u64,
 }
 
+/// Microseconds from 1 µs to one hour, 3 significant digits (larger values clamp).
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
 impl Tally {
     fn new() -> Self {
         Self {
-            ok_latency: Histogram::new(3).expect("3 significant figures is valid"),
-            all_latency: Histogram::new(3).expect("3 significant figures is valid"),
+            ok_latency: latency_histogram(),
+            all_latency: latency_histogram(),
             status: BTreeMap::new(),
             warmup_status: BTreeMap::new(),
             samples: Vec::new(),
@@ -215,10 +233,10 @@ impl Tally {
     fn merge(&mut self, other: Tally) {
         self.ok_latency
             .add(&other.ok_latency)
-            .expect("auto-resizing histograms merge");
+            .expect("histograms of equal bounds merge");
         self.all_latency
             .add(&other.all_latency)
-            .expect("auto-resizing histograms merge");
+            .expect("histograms of equal bounds merge");
         for (k, v) in other.status {
             *self.status.entry(k).or_default() += v;
         }
