@@ -154,15 +154,9 @@ pub struct Reach<'a> {
 )]
 pub struct NoContact;
 
-/// E.164 as the spec's voice rule 1 states it: `+`, country code, digits only.
-pub fn is_e164(number: &str) -> bool {
-    let Some(digits) = number.strip_prefix('+') else {
-        return false;
-    };
-    (7..=15).contains(&digits.len())
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && !digits.starts_with('0')
-}
+/// E.164 as the spec's voice rule 1 states it: `+`, country code, digits only. The same
+/// check the plugins use, from the SDK.
+pub use switchboard_sdk::validate::is_e164;
 
 /// Channels the contact details make eligible.
 ///
