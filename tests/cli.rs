@@ -372,6 +372,7 @@ fn accepted_events_survive_a_dev_restart() {
     let resp = reqwest::blocking::Client::new()
         .post(format!("{url}/v1/events/trigger"))
         .bearer_auth(&key)
+        .header("Idempotency-Key", "restart-1")
         .json(&serde_json::json!({"name": "welcome", "to": {"subscriberId": "u1", "phone": "+14155550100"}}))
         .send()
         .unwrap();
@@ -396,6 +397,20 @@ fn accepted_events_survive_a_dev_restart() {
     });
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].2, event["eventId"].as_str().unwrap());
+    // The idempotency key survives the restart too: a replay answers 200, same event.
+    let (mut child, url, _) = start_dev(dir.path());
+    let replay = reqwest::blocking::Client::new()
+        .post(format!("{url}/v1/events/trigger"))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "restart-1")
+        .json(&serde_json::json!({"name": "welcome", "to": {"subscriberId": "u1", "phone": "+14155550100"}}))
+        .send()
+        .unwrap();
+    assert_eq!(replay.status(), 200);
+    let replayed: serde_json::Value = replay.json().unwrap();
+    assert_eq!(replayed["eventId"], event["eventId"]);
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]

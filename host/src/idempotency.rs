@@ -3,6 +3,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod sqlite;
 
 use std::time::Duration;
 

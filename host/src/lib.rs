@@ -84,7 +84,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                 .map_err(|e| anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url)))?,
         ),
         BrokerBackend::Embedded => {
-            let pool = match sqlite {
+            let pool = match sqlite.clone() {
                 Some(pool) => pool,
                 None => {
                     anyhow::bail!("broker.backend = \"embedded\" needs store.backend = \"sqlite\"")
@@ -116,10 +116,21 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                 .map_err(|e| anyhow::anyhow!("counters.url ({}): {e}", redact(url)))?;
             (Arc::new(c), Arc::new(i))
         }
-        CountersBackend::Memory => (
-            Arc::new(ratelimit::memory::MemoryCounters::new()),
-            Arc::new(idempotency::memory::MemoryIdempotency::new()),
-        ),
+        // With the dev database at hand, idempotency keys live in it and survive restarts.
+        CountersBackend::Memory => {
+            let idempotency: Arc<dyn idempotency::IdempotencyStore> = match &sqlite {
+                Some(pool) => Arc::new(
+                    idempotency::sqlite::SqliteIdempotency::open(pool.clone())
+                        .await
+                        .map_err(|e| anyhow::anyhow!("idempotency table: {e}"))?,
+                ),
+                None => Arc::new(idempotency::memory::MemoryIdempotency::new()),
+            };
+            (
+                Arc::new(ratelimit::memory::MemoryCounters::new()),
+                idempotency,
+            )
+        }
     };
     let runtime = plugins::PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
     let registry = plugins::registry::Registry::load(runtime, &config.plugins).await?;

@@ -1,0 +1,213 @@
+//! [`super::IdempotencyStore`] in the SQLite file of `switchboard dev`, so a replay
+//! after a restart still returns the original response.
+
+use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
+use sqlx::{Row, SqlitePool};
+use std::time::Duration;
+
+/// Idempotency keys in a table of the dev database.
+#[derive(Debug, Clone)]
+pub struct SqliteIdempotency {
+    pool: SqlitePool,
+    pending_timeout: Duration,
+}
+
+fn err(e: sqlx::Error) -> IdempotencyError {
+    IdempotencyError(e.to_string())
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl SqliteIdempotency {
+    /// Creates the table if missing.
+    pub async fn open(pool: SqlitePool) -> Result<Self, IdempotencyError> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS idempotency_keys (
+                workspace TEXT NOT NULL,
+                key TEXT NOT NULL,
+                completed INTEGER NOT NULL,
+                response BLOB,
+                expires_at_ms INTEGER NOT NULL,
+                PRIMARY KEY (workspace, key)
+            )",
+        )
+        .execute(&pool)
+        .await
+        .map_err(err)?;
+        Ok(Self {
+            pool,
+            pending_timeout: PENDING_TIMEOUT,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for SqliteIdempotency {
+    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
+        let now = now_ms();
+        // Each statement is atomic; two racing claimers cannot both insert.
+        sqlx::query(
+            "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND expires_at_ms <= ?",
+        )
+        .bind(workspace)
+        .bind(key)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(err)?;
+        let inserted = sqlx::query(
+            "INSERT OR IGNORE INTO idempotency_keys (workspace, key, completed, response, expires_at_ms)
+             VALUES (?, ?, 0, NULL, ?)",
+        )
+        .bind(workspace)
+        .bind(key)
+        .bind(now + ms(self.pending_timeout))
+        .execute(&self.pool)
+        .await
+        .map_err(err)?;
+        if inserted.rows_affected() == 1 {
+            return Ok(Claim::Fresh);
+        }
+        let row = sqlx::query(
+            "SELECT completed, response FROM idempotency_keys WHERE workspace = ? AND key = ?",
+        )
+        .bind(workspace)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(err)?;
+        Ok(match row {
+            Some(row) if row.get::<i64, _>("completed") == 1 => Claim::Replay(
+                row.get::<Option<Vec<u8>>, _>("response")
+                    .unwrap_or_default(),
+            ),
+            Some(_) => Claim::Pending,
+            // Released between our insert attempt and the read: the caller retries.
+            None => Claim::Pending,
+        })
+    }
+
+    async fn complete(
+        &self,
+        workspace: &str,
+        key: &str,
+        response: &[u8],
+    ) -> Result<(), IdempotencyError> {
+        sqlx::query(
+            "INSERT INTO idempotency_keys (workspace, key, completed, response, expires_at_ms) VALUES (?, ?, 1, ?, ?)
+             ON CONFLICT (workspace, key) DO UPDATE SET completed = 1, response = excluded.response,
+             expires_at_ms = excluded.expires_at_ms",
+        )
+        .bind(workspace)
+        .bind(key)
+        .bind(response)
+        .bind(now_ms() + ms(RETENTION))
+        .execute(&self.pool)
+        .await
+        .map_err(err)?;
+        Ok(())
+    }
+
+    async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
+        sqlx::query(
+            "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND completed = 0",
+        )
+        .bind(workspace)
+        .bind(key)
+        .execute(&self.pool)
+        .await
+        .map_err(err)?;
+        Ok(())
+    }
+
+    async fn tracked(&self) -> Result<u64, IdempotencyError> {
+        let now = now_ms();
+        sqlx::query("DELETE FROM idempotency_keys WHERE expires_at_ms <= ?")
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map_err(err)?;
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::memory::behaviour;
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+    async fn pool(dir: &std::path::Path) -> SqlitePool {
+        SqlitePoolOptions::new()
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(dir.join("dev.db"))
+                    .create_if_missing(true)
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .busy_timeout(Duration::from_secs(5)),
+            )
+            .await
+            .expect("sqlite pool")
+    }
+
+    async fn store() -> (SqliteIdempotency, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        (
+            SqliteIdempotency::open(pool(dir.path()).await)
+                .await
+                .unwrap(),
+            dir,
+        )
+    }
+
+    #[tokio::test]
+    async fn behaves_like_the_other_stores() {
+        let (s, _d) = store().await;
+        behaviour::fresh_then_pending_then_replay(&s).await;
+        let (s, _d) = store().await;
+        behaviour::release_makes_the_key_fresh(&s).await;
+        let (s, _d) = store().await;
+        behaviour::tracked_counts_pending_and_completed(&s).await;
+        let (s, _d) = store().await;
+        behaviour::long_and_unusual_keys(&s).await;
+        let (mut s, _d) = store().await;
+        s.pending_timeout = Duration::from_millis(200);
+        behaviour::pending_claim_expires(&s).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_claims_have_one_winner() {
+        let (s, _d) = store().await;
+        behaviour::concurrent_claims_have_one_winner(&s).await;
+    }
+
+    #[tokio::test]
+    async fn a_completed_key_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteIdempotency::open(pool(dir.path()).await)
+            .await
+            .unwrap();
+        assert_eq!(s.claim("ws_a", "k").await.unwrap(), Claim::Fresh);
+        s.complete("ws_a", "k", b"{\"eventId\":\"evt_1\"}")
+            .await
+            .unwrap();
+        drop(s);
+        let again = SqliteIdempotency::open(pool(dir.path()).await)
+            .await
+            .unwrap();
+        assert_eq!(
+            again.claim("ws_a", "k").await.unwrap(),
+            Claim::Replay(b"{\"eventId\":\"evt_1\"}".to_vec())
+        );
+    }
+}
