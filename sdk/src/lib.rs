@@ -139,11 +139,15 @@ pub trait Provider {
 /// # use switchboard_sdk::prelude::*;
 /// # struct MyProvider;
 /// # impl Provider for MyProvider {
-/// #   fn info() -> ProviderInfo { unimplemented!() }
-/// #   fn send(_: &Config, _: &Message) -> SendOutcome { unimplemented!() }
-/// #   fn verify_signature(_: &str, _: &Headers, _: &[u8], _: u64) -> Result<(), SignatureError> { unimplemented!() }
-/// #   fn sign_webhook(_: &str, _: &[u8], _: u64) -> Vec<(String, String)> { unimplemented!() }
-/// #   fn parse_receipt(_: &Headers, _: &[u8]) -> Result<Vec<Receipt>, String> { unimplemented!() }
+/// #   fn info() -> ProviderInfo {
+/// #       ProviderInfo { slug: "my".into(), display_name: "My".into(), version: "0.1.0".into(),
+/// #           channels: vec![Channel::Sms], config_keys: vec![], outbound_hosts: vec![],
+/// #           signature_tolerance_seconds: None }
+/// #   }
+/// #   fn send(_: &Config, _: &Message) -> SendOutcome { SendOutcome::rejected("example", "", false) }
+/// #   fn verify_signature(_: &str, _: &Headers, _: &[u8], _: u64) -> Result<(), SignatureError> { Err(SignatureError::Missing) }
+/// #   fn sign_webhook(_: &str, _: &[u8], _: u64) -> Vec<(String, String)> { vec![] }
+/// #   fn parse_receipt(_: &Headers, _: &[u8]) -> Result<Vec<Receipt>, String> { Ok(vec![]) }
 /// # }
 /// switchboard_sdk::export_provider!(MyProvider);
 /// ```
