@@ -18,6 +18,8 @@ pub mod plugins;
 pub mod ratelimit;
 pub mod routing;
 pub mod store;
+pub mod template;
+pub mod voice;
 
 use config::{BrokerBackend, Config, CountersBackend, StoreBackend};
 use std::sync::Arc;
