@@ -10,11 +10,8 @@ pub fn hmac_sha256(key: &[u8], data: &[u8]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
-/// Constant-time equality for secrets and tags.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    use subtle::ConstantTimeEq;
-    a.len() == b.len() && bool::from(a.ct_eq(b))
-}
+/// Constant-time equality for secrets and tags: the SDK's, shared with the plugins.
+pub use switchboard_sdk::signature::constant_time_eq;
 
 #[cfg(test)]
 mod tests {
