@@ -82,3 +82,61 @@ pub trait Broker: Send + Sync + 'static {
     /// Whether the broker is reachable right now (health's `nats_connected`).
     fn connected(&self) -> bool;
 }
+
+/// Settles one delivery with the broker.
+#[async_trait::async_trait]
+pub trait Settle: Send + Sync + 'static {
+    /// Done: the broker never delivers it again.
+    async fn ack(&self) -> Result<(), BrokerError>;
+    /// Not done: deliver it again after `delay` (to this or another worker).
+    async fn nak(&self, delay: std::time::Duration) -> Result<(), BrokerError>;
+    /// Still working on it: restart the redelivery timer.
+    async fn in_progress(&self) -> Result<(), BrokerError>;
+}
+
+/// One message handed to a worker. Unsettled deliveries are redelivered after the
+/// consumer's ack wait (at-least-once).
+pub struct Delivery {
+    /// Subject it was published on.
+    pub subject: String,
+    /// Encoded [`crate::ingest::Envelope`].
+    pub payload: bytes::Bytes,
+    /// Times the broker has delivered it, this one included (1 = first delivery).
+    pub delivered: u64,
+    /// How to settle it.
+    pub settle: Box<dyn Settle>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("subject", &self.subject)
+            .field("delivered", &self.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Consumer settings shared by every worker process.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConsumerSettings {
+    /// Durable consumer name; every worker with the same name shares the work.
+    pub durable_name: String,
+    /// Unacknowledged deliveries come back after this long.
+    pub ack_wait: std::time::Duration,
+}
+
+/// Where workers read accepted events from: durable, shared, at-least-once.
+#[async_trait::async_trait]
+pub trait WorkQueue: Send + Sync + 'static {
+    /// Deliveries of `class`, as they arrive, for the durable consumer of
+    /// `settings.durable_name` (created if missing; several subscribers, in one process
+    /// or many, share it and each delivery goes to one of them). This subscriber
+    /// holds at most about `prefetch` deliveries it has not yet yielded, and yields
+    /// each as soon as the broker has it (no polling delay for critical work).
+    async fn subscribe(
+        &self,
+        class: StreamClass,
+        settings: &ConsumerSettings,
+        prefetch: usize,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Delivery, BrokerError>>, BrokerError>;
+}

@@ -2,8 +2,15 @@
 //! pass the same tests. Migrations live in `migrations/{postgres,sqlite}/` at the top
 //! of the repository and run at start-up.
 
-use crate::ids::{ApiKeyId, WorkspaceId};
-use crate::model::{ApiKeyRecord, NewApiKey, NewMessage, OutboxItem, Tier, Workspace};
+use crate::ids::{ApiKeyId, EventId, WorkspaceId};
+use crate::model::{
+    ApiKeyRecord, Claim, DndEntry, ErasureReport, MessageCursor, MessageFilter, MessageRecord,
+    NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
+    ProviderRoute, Step, SubscriberContacts, Tier, Workspace,
+};
+use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 pub mod postgres;
 pub mod sqlite;
@@ -68,4 +75,155 @@ pub trait Store: Send + Sync + 'static {
     async fn outbox_delete(&self, seqs: &[i64]) -> Result<(), StoreError>;
     /// Number of items waiting in the outbox.
     async fn outbox_depth(&self) -> Result<u64, StoreError>;
+
+    // ---- delivery (workers) ----
+
+    /// Takes `message`'s dispatch lease for `owner` until now + `lease`, first inserting
+    /// the message row if ingestion has not written it yet (the broker publish comes
+    /// before the row; the row is never overwritten), and, when the message has no
+    /// timeline yet, the `queued` entry at its `created_at`. Also upserts the subscriber
+    /// row with `contacts` unless the subscriber is erased. An unexpired lease held by
+    /// another owner gives [`Claim::Busy`]; an expired one is taken over.
+    async fn claim_message(
+        &self,
+        message: &NewMessage,
+        contacts: &SubscriberContacts,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Claim, StoreError>;
+
+    /// Writes one step atomically, only while `owner` holds the lease on `event`
+    /// (otherwise [`StoreError::Conflict`] and nothing is written). The lease is
+    /// extended by `lease` unless the step releases it.
+    async fn record_step(
+        &self,
+        event: &EventId,
+        owner: &str,
+        lease: Duration,
+        step: &Step,
+    ) -> Result<(), StoreError>;
+
+    // ---- queries ----
+
+    /// One message of `workspace` with its timeline (oldest entry first).
+    async fn get_message(
+        &self,
+        workspace: &WorkspaceId,
+        event: &EventId,
+    ) -> Result<Option<MessageRecord>, StoreError>;
+
+    /// Up to `limit` messages of `workspace` matching `filter`, newest first
+    /// (`created_at` DESC, then `event_id` DESC), strictly after `after`. No timelines.
+    async fn list_messages(
+        &self,
+        workspace: &WorkspaceId,
+        filter: &MessageFilter,
+        after: Option<&MessageCursor>,
+        limit: u32,
+    ) -> Result<Vec<MessageRecord>, StoreError>;
+
+    /// Appends timeline entries to a message without a lease (receipts); false when
+    /// the message does not exist.
+    async fn append_timeline(
+        &self,
+        event: &EventId,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError>;
+
+    // ---- preferences and erasure ----
+
+    /// Applies a one-level merge in one transaction and returns its time. Each channel
+    /// and each category is its own row, so concurrent updates of different channels
+    /// or categories never overwrite each other.
+    async fn update_preferences(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+        update: &PreferenceUpdate,
+    ) -> Result<DateTime<Utc>, StoreError>;
+
+    /// A subscriber's preferences (empty when none are stored).
+    async fn preferences(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+    ) -> Result<Preferences, StoreError>;
+
+    /// Erases a subscriber in one transaction: anonymises (or creates, for an unknown
+    /// subscriber) the tombstone row, clears its contacts, sets `deleted_at`, deletes
+    /// its preferences, scrubs `subscriber_id` and `provider_message_id` of its messages
+    /// created before now - `audit_window`, and writes an `erasure_audit` row.
+    async fn erase_subscriber(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+        audit_window: Duration,
+    ) -> Result<ErasureReport, StoreError>;
+
+    // ---- workspace configuration ----
+
+    /// Creates or replaces a workflow definition (a JSON document).
+    async fn put_workflow(
+        &self,
+        workspace: &WorkspaceId,
+        name: &str,
+        definition: &serde_json::Value,
+    ) -> Result<(), StoreError>;
+    /// One workflow's definition.
+    async fn workflow(
+        &self,
+        workspace: &WorkspaceId,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError>;
+    /// Every workflow of a workspace, by name: (name, definition, updated_at).
+    async fn list_workflows(
+        &self,
+        workspace: &WorkspaceId,
+    ) -> Result<Vec<(String, serde_json::Value, DateTime<Utc>)>, StoreError>;
+
+    /// Replaces the provider route of one channel (`sms`, ...).
+    async fn put_provider_route(
+        &self,
+        workspace: &WorkspaceId,
+        channel: &str,
+        providers: &[ProviderRoute],
+    ) -> Result<(), StoreError>;
+    /// Every configured channel route of a workspace.
+    async fn provider_routes(
+        &self,
+        workspace: &WorkspaceId,
+    ) -> Result<BTreeMap<String, Vec<ProviderRoute>>, StoreError>;
+
+    /// Adds a number (by digest, with its masked form) to the voice DND list; false if
+    /// it was already there.
+    async fn dnd_add(
+        &self,
+        workspace: &WorkspaceId,
+        phone_hash: &str,
+        phone_masked: &str,
+    ) -> Result<bool, StoreError>;
+    /// Removes a number; false if it was not listed.
+    async fn dnd_remove(&self, workspace: &WorkspaceId, phone_hash: &str)
+    -> Result<bool, StoreError>;
+    /// The list, oldest first.
+    async fn dnd_list(&self, workspace: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError>;
+    /// Whether a number (by digest) is listed.
+    async fn dnd_contains(
+        &self,
+        workspace: &WorkspaceId,
+        phone_hash: &str,
+    ) -> Result<bool, StoreError>;
+}
+
+/// Hex SHA-256 of `{workspace}:{subscriber}`: how erasure tombstones and subscriber
+/// rows are keyed, so an erased row need not keep the id.
+pub fn subscriber_key(workspace: &WorkspaceId, subscriber: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(format!("{workspace}:{subscriber}")))
+}
+
+/// Hex SHA-256 of an E.164 number: the DND list's key.
+pub fn phone_hash(phone: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(phone.as_bytes()))
 }
