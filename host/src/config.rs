@@ -33,6 +33,51 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Serve `/metrics` on this address instead of the API's (`SWITCHBOARD_METRICS_LISTEN`).
     pub metrics_listen: Option<SocketAddr>,
+    /// Delivery workers.
+    pub worker: WorkerConfig,
+    /// Subscriber erasure.
+    pub erasure: ErasureConfig,
+}
+
+/// Delivery worker settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Run workers inside `serve` and `dev` (`switchboard worker` always runs them).
+    pub enabled: bool,
+    /// Durable consumer name shared by every worker process.
+    pub consumer: String,
+    /// Bulk (`NOTIFY_BULK`) deliveries dispatched at once per process.
+    pub bulk_concurrency: usize,
+    /// Critical (`NOTIFY_CRITICAL`) deliveries dispatched at once per process; these
+    /// slots are never used by bulk work.
+    pub critical_concurrency: usize,
+    /// Unacknowledged deliveries are redelivered after this long; also the length of
+    /// a worker's lease on a message it is dispatching.
+    pub ack_wait_ms: u64,
+}
+
+impl WorkerConfig {
+    /// `ack_wait_ms` as a duration.
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_millis(self.ack_wait_ms)
+    }
+}
+
+/// Subscriber erasure settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ErasureConfig {
+    /// Messages newer than this keep their identifiers for audit; older ones are
+    /// scrubbed when the subscriber is erased.
+    pub audit_window_days: u32,
+}
+
+impl ErasureConfig {
+    /// `audit_window_days` as a duration.
+    pub fn audit_window(&self) -> Duration {
+        Duration::from_secs(u64::from(self.audit_window_days) * 86_400)
+    }
 }
 
 /// Which database.
@@ -180,6 +225,16 @@ impl Default for Config {
             },
             max_body_bytes: 8 << 20,
             metrics_listen: None,
+            worker: WorkerConfig {
+                enabled: true,
+                consumer: "switchboard-workers".into(),
+                bulk_concurrency: 32,
+                critical_concurrency: 16,
+                ack_wait_ms: 30_000,
+            },
+            erasure: ErasureConfig {
+                audit_window_days: 30,
+            },
         }
     }
 }
@@ -206,6 +261,8 @@ const TOP_LEVEL: &[&str] = &[
     "counters",
     "max_body_bytes",
     "metrics_listen",
+    "worker",
+    "erasure",
 ];
 
 impl Config {
@@ -272,6 +329,39 @@ impl Config {
                 anyhow::anyhow!("invalid configuration: plugins.grants.{slug}: {e}")
             })?;
         }
+        let w = &self.worker;
+        let ensure = |ok: bool, setting: &str, want: &str| -> anyhow::Result<()> {
+            anyhow::ensure!(ok, "invalid configuration: {setting} must be {want}");
+            Ok(())
+        };
+        ensure(
+            (1..=4096).contains(&w.bulk_concurrency),
+            "worker.bulk_concurrency",
+            "between 1 and 4096",
+        )?;
+        ensure(
+            (1..=4096).contains(&w.critical_concurrency),
+            "worker.critical_concurrency",
+            "between 1 and 4096",
+        )?;
+        ensure(
+            (100..=3_600_000).contains(&w.ack_wait_ms),
+            "worker.ack_wait_ms",
+            "between 100 and 3600000",
+        )?;
+        ensure(
+            !w.consumer.is_empty()
+                && w.consumer
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "worker.consumer",
+            "a non-empty name of letters, digits, - and _",
+        )?;
+        ensure(
+            (1..=3650).contains(&self.erasure.audit_window_days),
+            "erasure.audit_window_days",
+            "between 1 and 3650",
+        )?;
         Ok(())
     }
 }
