@@ -4,12 +4,13 @@
 //! and key prefix per test).
 
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use switchboard::AppState;
 use switchboard::broker::StreamNames;
 use switchboard::config::Config;
-use switchboard::model::{KeyMode, Tier};
+use switchboard::model::{KeyMode, Preferences, Tier};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Backends {
@@ -103,6 +104,52 @@ impl Gateway {
         let resp = req.send().await.unwrap();
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A request with the bearer key (if any) and an optional JSON body: (status, body).
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str, key: &str) -> (u16, Value) {
+        self.send(reqwest::Method::GET, path, Some(key), None).await
+    }
+
+    async fn put(&self, path: &str, key: &str, body: &Value) -> (u16, Value) {
+        self.send(reqwest::Method::PUT, path, Some(key), Some(body))
+            .await
+    }
+
+    async fn delete(&self, path: &str, key: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path, Some(key), None)
+            .await
+    }
+
+    /// Triggers one event and returns its id.
+    async fn trigger(&self, key: &str, body: &Value, headers: &[(&str, &str)]) -> String {
+        let (s, b) = self.post("/v1/events/trigger", key, body, headers).await;
+        assert_eq!(s, 202, "{b}");
+        b["eventId"].as_str().unwrap().to_string()
+    }
+
+    async fn workspace_id(&self, name: &str) -> switchboard::ids::WorkspaceId {
+        let store = &self.state.ingest.store;
+        store.workspace_by_name(name).await.unwrap().unwrap().id
     }
 
     /// Everything published to both streams.
@@ -216,6 +263,15 @@ both!(
     health_reports_draining,
     mcp_lists_and_calls_tools,
     metrics_count_requests_decisions_and_publishes,
+    get_event_returns_the_message_and_its_timeline,
+    get_event_rejects_bad_ids_and_hides_other_workspaces,
+    list_is_newest_first_and_filters,
+    list_limit_bounds,
+    list_pages_through_concurrent_inserts_without_duplicates,
+    list_refuses_tampered_and_foreign_cursors,
+    preferences_validate_and_merge,
+    concurrent_preference_updates_all_survive,
+    erasure_is_accepted_for_known_and_unknown_subscribers,
 );
 
 async fn trigger_is_accepted_published_and_recorded(b: Backends) {
@@ -1127,4 +1183,778 @@ async fn metrics_can_have_their_own_listen_address() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(text.contains("switchboard_outbox_depth"), "{text}");
+}
+
+// ---- messages, preferences and erasure ----
+//
+// Delivery workers may run inside the gateway and move statuses on (and append timeline
+// entries) while these tests look: assertions hold whether or not a worker got there.
+
+const STATUSES: [&str; 11] = [
+    "TRIGGERED",
+    "QUEUED",
+    "SENT",
+    "DELIVERED",
+    "SEEN",
+    "CLICKED",
+    "BOUNCED_HARD",
+    "BOUNCED_SOFT",
+    "COMPLAINED",
+    "FAILED",
+    "SUPPRESSED",
+];
+
+const MESSAGE_FIELDS: [&str; 18] = [
+    "event_id",
+    "event_name",
+    "subscriber_id",
+    "priority",
+    "status",
+    "attempts",
+    "cost_micro_usd",
+    "test_mode",
+    "variables_keys",
+    "created_at",
+    "updated_at",
+    "category",
+    "channel",
+    "provider",
+    "provider_message_id",
+    "error_code",
+    "error_detail",
+    "events",
+];
+
+fn sms_body(subscriber: &str) -> Value {
+    json!({"name": "otp", "to": {"subscriberId": subscriber, "phone": "+14155550100"}, "payload": {"code": "1234"}})
+}
+
+fn time(v: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    let s = v.as_str().unwrap_or_else(|| panic!("not a string: {v}"));
+    assert!(s.ends_with('Z'), "UTC: {s}");
+    chrono::DateTime::parse_from_rfc3339(s).unwrap()
+}
+
+/// The spec's ErrorResponse, exactly.
+fn assert_error(status: u16, body: &Value, expected_status: u16, code: &str) {
+    assert_eq!(status, expected_status, "{body}");
+    assert_eq!(body["error"], code, "{body}");
+    assert_eq!(body["status_code"], expected_status, "{body}");
+    assert!(body["message"].is_string(), "{body}");
+    assert_eq!(body.as_object().unwrap().len(), 3, "{body}");
+}
+
+/// A MessageDto: only spec fields, no nulls (absent values are omitted), valid types.
+fn assert_message_shape(m: &Value) {
+    let object = m.as_object().unwrap();
+    for (k, v) in object {
+        assert!(MESSAGE_FIELDS.contains(&k.as_str()), "unexpected field {k}");
+        assert!(!v.is_null(), "{k} is null: absent values are omitted");
+    }
+    assert!(m["event_id"].as_str().unwrap().starts_with("evt_"));
+    assert!(m["event_name"].is_string());
+    assert!(m["subscriber_id"].is_string());
+    assert!((0..=3).contains(&m["priority"].as_i64().unwrap()));
+    assert!(STATUSES.contains(&m["status"].as_str().unwrap()), "{m}");
+    assert!(m["attempts"].as_i64().unwrap() >= 0);
+    assert!(m["cost_micro_usd"].as_i64().unwrap() >= 0);
+    assert!(m["test_mode"].is_boolean());
+    assert!(m["variables_keys"].is_array());
+    assert!(time(&m["updated_at"]) >= time(&m["created_at"]));
+}
+
+fn ids(page: &Value) -> Vec<String> {
+    page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["event_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `evt_<32 hex>` as a hyphenated UUID.
+fn as_uuid(id: &str) -> String {
+    uuid::Uuid::parse_str(id.strip_prefix("evt_").unwrap())
+        .unwrap()
+        .hyphenated()
+        .to_string()
+}
+
+async fn get_event_returns_the_message_and_its_timeline(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let id = gw.trigger(&key, &trigger_body("sub-1"), &[]).await;
+    let (s, m) = gw.get(&format!("/v1/events/{id}"), &key).await;
+    assert_eq!(s, 200, "{m}");
+    assert_message_shape(&m);
+    assert_eq!(m["event_id"], id.as_str());
+    assert_eq!(m["event_name"], "order-shipped");
+    assert_eq!(m["subscriber_id"], "sub-1");
+    assert_eq!(m["priority"], 2, "NORMAL is the integer 2");
+    assert_eq!(m["test_mode"], true);
+    assert_eq!(m["category"], "order-shipped", "defaults to the name");
+    assert_eq!(m["channel"], "email", "the only eligible channel");
+    let mut keys: Vec<&str> = m["variables_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["eta", "order"], "keys only, never values");
+    assert!(
+        !m.to_string().contains("A-1"),
+        "raw payload values are not stored"
+    );
+    let timeline = m["events"]
+        .as_array()
+        .expect("the timeline is always present");
+    if let Some(first) = timeline.first() {
+        assert_eq!(first["status"], "queued", "{m}");
+    }
+    let mut last_seq = i64::MIN;
+    for step in timeline {
+        let seq = step["seq"].as_i64().unwrap();
+        assert!(seq > last_seq, "seq increases: {m}");
+        last_seq = seq;
+        assert!(
+            ["queued", "sent", "delivered", "failed"].contains(&step["status"].as_str().unwrap())
+        );
+        time(&step["occurred_at"]);
+        for (k, v) in step.as_object().unwrap() {
+            assert!(
+                ["seq", "status", "occurred_at", "provider", "detail"].contains(&k.as_str()),
+                "{k}"
+            );
+            assert!(!v.is_null(), "{k} is null");
+        }
+    }
+
+    // The UUID form names the same event, in either case.
+    let uuid = as_uuid(&id);
+    for form in [uuid.clone(), uuid.to_uppercase(), id[4..].to_string()] {
+        let (s, same) = gw.get(&format!("/v1/events/{form}"), &key).await;
+        assert_eq!((s, &same["event_id"]), (200, &m["event_id"]), "{form}");
+    }
+
+    // Priority is the integer: CRITICAL is 0.
+    let critical = gw
+        .trigger(
+            &key,
+            &trigger_body("sub-2"),
+            &[("X-Priority-Override", "CRITICAL")],
+        )
+        .await;
+    let (s, m) = gw.get(&format!("/v1/events/{critical}"), &key).await;
+    assert_eq!((s, m["priority"].as_i64()), (200, Some(0)));
+
+    // A live key's message is not in test mode.
+    let live = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let id = gw.trigger(&live, &trigger_body("sub-3"), &[]).await;
+    let (s, m) = gw.get(&format!("/v1/events/{id}"), &live).await;
+    assert_eq!((s, m["test_mode"].as_bool()), (200, Some(false)));
+    gw.cleanup().await;
+}
+
+async fn get_event_rejects_bad_ids_and_hides_other_workspaces(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let other = gw.key("globex", Tier::Paid, KeyMode::Test).await;
+    let id = gw.trigger(&key, &trigger_body("sub-1"), &[]).await;
+    for bad in [
+        "evt_XYZ",
+        "evt_",
+        "not-an-id",
+        "12345",
+        "ws_0123456789abcdef",
+        "evt_0123%20",
+    ] {
+        let (s, body) = gw.get(&format!("/v1/events/{bad}"), &key).await;
+        assert_error(s, &body, 400, "BAD_REQUEST");
+    }
+    let unknown = switchboard::ids::EventId::generate();
+    for path in [
+        format!("/v1/events/{unknown}"),
+        format!("/v1/events/{}", as_uuid(unknown.as_str())),
+    ] {
+        let (s, body) = gw.get(&path, &key).await;
+        assert_error(s, &body, 404, "NOT_FOUND");
+    }
+    // Another workspace's event is not found either (not 403: existence is not revealed).
+    let (s, body) = gw.get(&format!("/v1/events/{id}"), &other).await;
+    assert_error(s, &body, 404, "NOT_FOUND");
+    for key in [None, Some("svc_sk_live_doesnotexist000000")] {
+        let (s, body) = gw
+            .send(reqwest::Method::GET, &format!("/v1/events/{id}"), key, None)
+            .await;
+        assert_error(s, &body, 401, "UNAUTHORIZED");
+    }
+    gw.cleanup().await;
+}
+
+async fn list_is_newest_first_and_filters(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let other = gw.key("globex", Tier::Paid, KeyMode::Test).await;
+    // ada gets three emails, bob two SMS (a phone alone makes only SMS eligible).
+    let mut created = Vec::new();
+    for body in [
+        trigger_body("ada"),
+        sms_body("bob"),
+        trigger_body("ada"),
+        sms_body("bob"),
+        trigger_body("ada"),
+    ] {
+        created.push(gw.trigger(&key, &body, &[]).await);
+    }
+    gw.trigger(&other, &trigger_body("ada"), &[]).await;
+    let newest_first: Vec<String> = created.iter().rev().cloned().collect();
+
+    let (s, page) = gw.get("/v1/messages", &key).await;
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(
+        ids(&page),
+        newest_first,
+        "newest first, this workspace only"
+    );
+    assert!(
+        page.get("next_cursor").is_none(),
+        "omitted at the end: {page}"
+    );
+    for m in page["messages"].as_array().unwrap() {
+        assert_message_shape(m);
+        assert!(m.get("events").is_none(), "list items carry no timeline");
+    }
+    let messages = page["messages"].as_array().unwrap().clone();
+
+    let expect = |want: Vec<usize>| -> Vec<String> {
+        newest_first
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| want.contains(i))
+            .map(|(_, id)| id.clone())
+            .collect()
+    };
+    // Positions in newest-first order: 0 ada, 1 bob, 2 ada, 3 bob, 4 ada.
+    for (query, want) in [
+        ("channel=sms", vec![1, 3]),
+        ("channel=SMS", vec![1, 3]),
+        ("channel=email", vec![0, 2, 4]),
+        ("channel=push", vec![]),
+        ("subscriber_id=ada", vec![0, 2, 4]),
+        ("subscriber=bob", vec![1, 3]),
+        ("subscriber_id=bob&subscriber=bob", vec![1, 3]),
+        ("subscriber_id=nobody", vec![]),
+        ("channel=email&subscriber_id=bob", vec![]),
+        ("status=COMPLAINED", vec![]),
+        ("unknown_param=1&channel=sms", vec![1, 3]),
+    ] {
+        let (s, page) = gw.get(&format!("/v1/messages?{query}"), &key).await;
+        assert_eq!(s, 200, "{query}: {page}");
+        assert_eq!(ids(&page), expect(want), "{query}");
+    }
+    // Statuses move on under workers: every listed message has the status asked for.
+    for status in ["QUEUED", "queued", "DELIVERED", "failed"] {
+        let (s, page) = gw.get(&format!("/v1/messages?status={status}"), &key).await;
+        assert_eq!(s, 200, "{page}");
+        for m in page["messages"].as_array().unwrap() {
+            assert_eq!(m["status"], status.to_uppercase());
+        }
+    }
+    // from/to are inclusive bounds on created_at (which has the stored precision).
+    let from = messages[3]["created_at"].as_str().unwrap();
+    let to = messages[1]["created_at"].as_str().unwrap();
+    let (s, page) = gw
+        .get(&format!("/v1/messages?from={from}&to={to}"), &key)
+        .await;
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(ids(&page), expect(vec![1, 2, 3]));
+    let offset = time(&messages[0]["created_at"])
+        .with_timezone(&chrono::FixedOffset::east_opt(2 * 3600).unwrap())
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, false)
+        .replace('+', "%2B");
+    let (s, page) = gw.get(&format!("/v1/messages?from={offset}"), &key).await;
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(ids(&page), expect(vec![0]), "offsets are honoured");
+    let (s, page) = gw.get("/v1/messages?to=2000-01-01T00:00:00Z", &key).await;
+    assert_eq!((s, ids(&page).len()), (200, 0));
+
+    for bad in [
+        "status=sending",
+        "status=Queued",
+        "channel=fax",
+        "subscriber_id=ada&subscriber=bob",
+        "from=yesterday",
+        "to=2025-13-01T00:00:00Z",
+        "from=2025-01-02T00:00:00Z&to=2025-01-01T00:00:00Z",
+        "channel=sms&channel=email",
+    ] {
+        let (s, body) = gw.get(&format!("/v1/messages?{bad}"), &key).await;
+        assert_error(s, &body, 400, "BAD_REQUEST");
+    }
+    let (s, body) = gw
+        .send(reqwest::Method::GET, "/v1/messages", None, None)
+        .await;
+    assert_error(s, &body, 401, "UNAUTHORIZED");
+    gw.cleanup().await;
+}
+
+async fn list_limit_bounds(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    for i in 0..3 {
+        gw.trigger(&key, &trigger_body(&format!("s{i}")), &[]).await;
+    }
+    let (s, page) = gw.get("/v1/messages?limit=0", &key).await;
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(page, json!({"messages": []}), "empty page, no cursor");
+    let (s, page) = gw.get("/v1/messages?limit=2", &key).await;
+    assert_eq!((s, ids(&page).len()), (200, 2));
+    assert!(page["next_cursor"].is_string(), "{page}");
+    let (s, page) = gw.get("/v1/messages?limit=3", &key).await;
+    assert_eq!((s, ids(&page).len()), (200, 3));
+    assert!(
+        page.get("next_cursor").is_none(),
+        "exactly exhausted: {page}"
+    );
+    let (s, page) = gw.get("/v1/messages?limit=100", &key).await;
+    assert_eq!((s, ids(&page).len()), (200, 3));
+    for bad in ["101", "-1", "abc", "1.5", "1e2", "18446744073709551616"] {
+        let (s, body) = gw.get(&format!("/v1/messages?limit={bad}"), &key).await;
+        assert_error(s, &body, 400, "BAD_REQUEST");
+    }
+    gw.cleanup().await;
+}
+
+async fn list_pages_through_concurrent_inserts_without_duplicates(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    // 24 in one bulk request (one shared created_at: ties broken by event_id) and 6 singles.
+    let bulk: Vec<Value> = (0..24).map(|i| trigger_body(&format!("bulk{i}"))).collect();
+    let (s, body) = gw
+        .post("/v1/events/bulk", &key, &json!({ "events": bulk }), &[])
+        .await;
+    assert_eq!((s, body["count"].as_u64()), (200, Some(24)), "{body}");
+    let mut existing: std::collections::HashSet<String> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["eventId"].as_str().unwrap().to_string())
+        .collect();
+    for i in 0..6 {
+        existing.insert(
+            gw.trigger(&key, &trigger_body(&format!("one{i}")), &[])
+                .await,
+        );
+    }
+    assert_eq!(existing.len(), 30);
+
+    // Keep inserting while paging.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let inserter = {
+        let (http, url, key, stop) = (gw.http.clone(), gw.url.clone(), key.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) && n < 60 {
+                let r = http
+                    .post(format!("{url}/v1/events/trigger"))
+                    .bearer_auth(&key)
+                    .json(&trigger_body(&format!("late{n}")))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 202);
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+            n
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let mut seen = Vec::new();
+    let mut last: Option<(chrono::DateTime<chrono::FixedOffset>, String)> = None;
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/messages?limit=7&cursor={c}"),
+            None => "/v1/messages?limit=7".to_string(),
+        };
+        let (s, page) = gw.get(&path, &key).await;
+        assert_eq!(s, 200, "{page}");
+        pages += 1;
+        let messages = page["messages"].as_array().unwrap();
+        assert!(messages.len() <= 7);
+        for m in messages {
+            let position = (
+                time(&m["created_at"]),
+                m["event_id"].as_str().unwrap().to_string(),
+            );
+            if let Some(previous) = &last {
+                assert!(&position < previous, "strictly newest first across pages");
+            }
+            last = Some(position);
+            seen.push(m["event_id"].as_str().unwrap().to_string());
+        }
+        match page.get("next_cursor") {
+            Some(c) => cursor = Some(c.as_str().unwrap().to_string()),
+            None => break,
+        }
+        assert!(pages < 50, "paging terminates");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let inserted = inserter.await.unwrap();
+    assert!(inserted > 0, "inserts ran while paging");
+    let unique: std::collections::HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no message twice");
+    for id in &existing {
+        assert_eq!(
+            seen.iter().filter(|s| *s == id).count(),
+            1,
+            "{id} seen exactly once"
+        );
+    }
+    assert!(pages >= 5, "30 messages at 7 a page: {pages} pages");
+    gw.cleanup().await;
+}
+
+async fn list_refuses_tampered_and_foreign_cursors(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let other = gw.key("globex", Tier::Paid, KeyMode::Test).await;
+    for i in 0..3 {
+        gw.trigger(&key, &trigger_body(&format!("s{i}")), &[]).await;
+    }
+    let (_, page) = gw.get("/v1/messages?limit=1&channel=email", &key).await;
+    let cursor = page["next_cursor"].as_str().unwrap().to_string();
+    let (s, next) = gw
+        .get(
+            &format!("/v1/messages?limit=1&channel=email&cursor={cursor}"),
+            &key,
+        )
+        .await;
+    assert_eq!((s, ids(&next).len()), (200, 1), "{next}");
+    assert_ne!(ids(&next), ids(&page));
+    // The page size may change between pages; the filters may not.
+    let (s, _) = gw
+        .get(
+            &format!("/v1/messages?limit=5&channel=email&cursor={cursor}"),
+            &key,
+        )
+        .await;
+    assert_eq!(s, 200);
+    let mut flipped = cursor.clone().into_bytes();
+    let middle = flipped.len() / 2;
+    flipped[middle] = if flipped[middle] == b'A' { b'B' } else { b'A' };
+    let flipped = String::from_utf8(flipped).unwrap();
+    for bad in [
+        format!("/v1/messages?limit=1&channel=email&cursor={flipped}"),
+        format!("/v1/messages?limit=1&channel=email&cursor={}", &cursor[1..]),
+        "/v1/messages?cursor=not-a-cursor".to_string(),
+        "/v1/messages?cursor=%F0%9F%92%A9".to_string(),
+        format!("/v1/messages?limit=1&cursor={cursor}"),
+        format!("/v1/messages?limit=1&channel=sms&cursor={cursor}"),
+    ] {
+        let (s, body) = gw.get(&bad, &key).await;
+        assert_error(s, &body, 400, "BAD_REQUEST");
+    }
+    // Another workspace cannot use it either.
+    let (s, body) = gw
+        .get(
+            &format!("/v1/messages?limit=1&channel=email&cursor={cursor}"),
+            &other,
+        )
+        .await;
+    assert_error(s, &body, 400, "BAD_REQUEST");
+    gw.cleanup().await;
+}
+
+async fn preferences_validate_and_merge(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let other = gw.key("globex", Tier::Paid, KeyMode::Live).await;
+    let ws = gw.workspace_id("acme").await;
+    let store = gw.state.ingest.store.clone();
+    let path = "/v1/users/ada/preferences";
+    for bad in [
+        json!({}),
+        json!({"channels": null, "categories": null}),
+        json!({"channels": {}}),
+        json!({"channels": {"fax": false}}),
+        json!({"channels": {"sms": "off"}}),
+        json!({"categories": {"promo": {"fax": false}}}),
+        json!({"categories": {"promo": null}}),
+        json!([]),
+    ] {
+        let (s, body) = gw.put(path, &key, &bad).await;
+        assert_error(s, &body, 400, "BAD_REQUEST");
+    }
+    let long = format!("/v1/users/{}/preferences", "a".repeat(257));
+    let (s, body) = gw
+        .put(&long, &key, &json!({"channels": {"sms": false}}))
+        .await;
+    assert_error(s, &body, 400, "BAD_REQUEST");
+    assert_eq!(
+        store.preferences(&ws, "ada").await.unwrap(),
+        Preferences::default(),
+        "nothing written by refused requests"
+    );
+    let resp = gw
+        .http
+        .put(format!("{}{path}", gw.url))
+        .bearer_auth(&key)
+        .header("content-type", "text/plain")
+        .body(r#"{"channels": {"sms": false}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
+    let (s, body) = gw
+        .send(
+            reqwest::Method::PUT,
+            path,
+            None,
+            Some(&json!({"channels": {"sms": false}})),
+        )
+        .await;
+    assert_error(s, &body, 401, "UNAUTHORIZED");
+
+    let (s, body) = gw
+        .put(path, &key, &json!({"channels": {"sms": false}}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["status"], "UPDATED");
+    assert_eq!(body["subscriberId"], "ada");
+    time(&body["updated_at"]);
+    assert_eq!(body.as_object().unwrap().len(), 3, "{body}");
+    // An omitted channel keeps its value; a category replaces its flags wholesale.
+    for update in [
+        json!({"channels": {"email": false, "push": null}}),
+        json!({"categories": {"promo": {"sms": true, "email": true}}}),
+        json!({"categories": {"promo": {"email": false}, "news": {"voice": false}}}),
+        json!({"channels": {"email": true}}),
+    ] {
+        let (s, body) = gw.put(path, &key, &update).await;
+        assert_eq!(s, 200, "{update}: {body}");
+    }
+    let prefs = store.preferences(&ws, "ada").await.unwrap();
+    assert_eq!(
+        prefs.channels,
+        BTreeMap::from([("email".to_string(), true), ("sms".to_string(), false)])
+    );
+    assert_eq!(
+        prefs.categories,
+        BTreeMap::from([
+            (
+                "news".to_string(),
+                BTreeMap::from([("voice".to_string(), false)])
+            ),
+            (
+                "promo".to_string(),
+                BTreeMap::from([("email".to_string(), false)])
+            ),
+        ])
+    );
+    // Another workspace's subscriber of the same id is separate.
+    let (s, _) = gw
+        .put(path, &other, &json!({"channels": {"voice": false}}))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(store.preferences(&ws, "ada").await.unwrap(), prefs);
+    gw.cleanup().await;
+}
+
+async fn concurrent_preference_updates_all_survive(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let ws = gw.workspace_id("acme").await;
+    let channels = ["email", "push", "sms", "voice", "whatsapp"];
+    for round in 0..3 {
+        let subscriber = format!("sub-{round}");
+        let bodies: Vec<Value> = channels
+            .iter()
+            .map(|c| json!({ "channels": { *c: false } }))
+            .chain((0..5).map(|i| json!({"categories": {format!("cat{i}"): {"sms": i % 2 == 0}}})))
+            .collect();
+        let tasks: Vec<_> = bodies
+            .into_iter()
+            .map(|body| {
+                let (http, url, key) = (gw.http.clone(), gw.url.clone(), key.clone());
+                let path = format!("{url}/v1/users/{subscriber}/preferences");
+                tokio::spawn(async move {
+                    let r = http
+                        .put(path)
+                        .bearer_auth(key)
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    (r.status().as_u16(), r.text().await.unwrap())
+                })
+            })
+            .collect();
+        for t in tasks {
+            let (s, body) = t.await.unwrap();
+            assert_eq!(s, 200, "{body}");
+        }
+        let prefs = gw
+            .state
+            .ingest
+            .store
+            .preferences(&ws, &subscriber)
+            .await
+            .unwrap();
+        let want_channels: BTreeMap<String, bool> =
+            channels.iter().map(|c| (c.to_string(), false)).collect();
+        assert_eq!(
+            prefs.channels, want_channels,
+            "every concurrent channel update survived"
+        );
+        let want_categories: BTreeMap<String, BTreeMap<String, bool>> = (0..5)
+            .map(|i| {
+                (
+                    format!("cat{i}"),
+                    BTreeMap::from([("sms".to_string(), i % 2 == 0)]),
+                )
+            })
+            .collect();
+        assert_eq!(
+            prefs.categories, want_categories,
+            "every concurrent category update survived"
+        );
+    }
+    gw.cleanup().await;
+}
+
+async fn erasure_is_accepted_for_known_and_unknown_subscribers(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let ws = gw.workspace_id("acme").await;
+    let store = gw.state.ingest.store.clone();
+    let id = gw.trigger(&key, &trigger_body("ada"), &[]).await;
+    let (s, _) = gw
+        .put(
+            "/v1/users/ada/preferences",
+            &key,
+            &json!({"channels": {"sms": false}, "categories": {"promo": {"email": false}}}),
+        )
+        .await;
+    assert_eq!(s, 200);
+
+    let (s, known) = gw.delete("/v1/subscribers/ada", &key).await;
+    assert_eq!(s, 202, "{known}");
+    assert_eq!(known["status"], "accepted");
+    assert_eq!(known["subscriberId"], "ada");
+    assert!(!known["message"].as_str().unwrap().is_empty());
+    assert_eq!(known.as_object().unwrap().len(), 3, "{known}");
+    assert_eq!(
+        store.preferences(&ws, "ada").await.unwrap(),
+        Preferences::default(),
+        "stored preferences are deleted"
+    );
+    // Inside the audit window the message keeps its identifiers.
+    let (s, m) = gw.get(&format!("/v1/events/{id}"), &key).await;
+    assert_eq!((s, m["subscriber_id"].as_str()), (200, Some("ada")));
+
+    // An unknown subscriber gets the same answer: existence is not revealed.
+    let (s, unknown) = gw.delete("/v1/subscribers/never-seen", &key).await;
+    assert_eq!(s, 202, "{unknown}");
+    assert_eq!(unknown["subscriberId"], "never-seen");
+    assert_eq!(
+        (&unknown["status"], &unknown["message"]),
+        (&known["status"], &known["message"])
+    );
+    // Erasing twice is fine.
+    assert_eq!(gw.delete("/v1/subscribers/ada", &key).await.0, 202);
+
+    let (s, body) = gw.delete("/v1/subscribers/bad%01id", &key).await;
+    assert_error(s, &body, 400, "BAD_REQUEST");
+    let (s, body) = gw
+        .send(reqwest::Method::DELETE, "/v1/subscribers/ada", None, None)
+        .await;
+    assert_error(s, &body, 401, "UNAUTHORIZED");
+    gw.cleanup().await;
+}
+
+/// Renames the test's database away (after closing every session on it) so the
+/// gateway's next connection finds no database; returns the name to restore.
+async fn take_database_away(db: &str) -> String {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres")
+        .await
+        .unwrap();
+    let away = format!("{db}_away");
+    for _ in 0..100 {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(db)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        if sqlx::query(&format!("ALTER DATABASE {db} RENAME TO {away}"))
+            .execute(&mut conn)
+            .await
+            .is_ok()
+        {
+            return away;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("could not take {db} away");
+}
+
+async fn bring_database_back(away: &str, db: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres")
+        .await
+        .unwrap();
+    sqlx::query(&format!("ALTER DATABASE {away} RENAME TO {db}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_database_outage_is_503_on_reads_and_500_on_writes() {
+    let gw = Gateway::start(Backends::Production).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let id = gw.trigger(&key, &trigger_body("ada"), &[]).await;
+    // Resolve the key once so it is cached: the outage hits the endpoints, not auth.
+    assert_eq!(gw.get(&format!("/v1/events/{id}"), &key).await.0, 200);
+    let db = gw.config.store.url.rsplit('/').next().unwrap().to_string();
+    let away = take_database_away(&db).await;
+    let outcome = async {
+        let (s, body) = gw.get(&format!("/v1/events/{id}"), &key).await;
+        assert_error(s, &body, 503, "SERVICE_UNAVAILABLE");
+        assert!(!body["message"].as_str().unwrap().contains(&db), "{body}");
+        let (s, body) = gw.get("/v1/messages", &key).await;
+        assert_error(s, &body, 503, "SERVICE_UNAVAILABLE");
+        let (s, body) = gw
+            .put(
+                "/v1/users/ada/preferences",
+                &key,
+                &json!({"channels": {"sms": false}}),
+            )
+            .await;
+        assert_error(s, &body, 500, "INTERNAL_SERVER_ERROR");
+        let (s, body) = gw.delete("/v1/subscribers/ada", &key).await;
+        assert_error(s, &body, 500, "INTERNAL_SERVER_ERROR");
+    };
+    // Restore the database even when an assertion fails.
+    let result = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(outcome)).await;
+    bring_database_back(&away, &db).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    let mut status = 0;
+    for _ in 0..50 {
+        status = gw.get(&format!("/v1/events/{id}"), &key).await.0;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200, "reads recover with the database");
+    gw.cleanup().await;
 }

@@ -683,3 +683,357 @@ fn sigterm_drains_then_exits() {
     assert!(status.success(), "{status:?}");
     serve.cleanup();
 }
+
+/// Runs an operator command on the dev database in `dir`; (exit code, stdout, stderr).
+fn on_dev(dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = switchboard()
+        .args(args)
+        .arg("--dev")
+        .arg("--data-dir")
+        .arg(dir)
+        .env(
+            "SWITCHBOARD_PLUGINS__CACHE_DIR",
+            std::env::temp_dir().join("switchboard-test-plugin-cache"),
+        )
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn dev_workspace(dir: &std::path::Path, name: &str) {
+    let (code, _, stderr) = on_dev(
+        dir,
+        &["keys", "create", "--workspace", name, "--mode", "test"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn workflows_apply_and_list_round_trip_and_an_invalid_file_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let file = dir.path().join("flows.yaml");
+    std::fs::write(
+        &file,
+        "workflows:\n  - name: otp\n    sms: {text: 'Code {{code}}'}\n    voice: {script: 'Code {{code}}'}\n  - name: sale\n    promotional: true\n    email: {subject: Sale, text: 'All {{pct}} off'}\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let (code, _, stderr) = on_dev(&data, &["workflows", "apply", path, "--workspace", "acme"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("no workspace named \"acme\"") && stderr.contains("keys create"),
+        "{stderr}"
+    );
+
+    dev_workspace(&data, "acme");
+    let (code, stdout, stderr) =
+        on_dev(&data, &["workflows", "apply", path, "--workspace", "acme"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "applied 2 workflows to workspace acme\n");
+    let (code, listing, _) = on_dev(&data, &["workflows", "list", "--workspace", "acme"]);
+    assert_eq!(code, 0);
+    let line = |name: &str| {
+        listing
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing:\n{listing}"))
+            .to_string()
+    };
+    assert!(line("otp").contains("sms,voice") && !line("otp").contains("promotional"));
+    assert!(line("sale").contains("email") && line("sale").contains("promotional"));
+    assert_eq!(
+        listing.lines().count(),
+        3,
+        "header and two workflows:\n{listing}"
+    );
+
+    // One invalid workflow: exit 1 naming the file and the problem; nothing written.
+    let json = dir.path().join("bad.json");
+    std::fs::write(
+        &json,
+        r#"{"workflows": [{"name": "fresh", "sms": {"text": "hi"}}, {"name": "broken", "sms": {"text": " "}}]}"#,
+    )
+    .unwrap();
+    let (code, _, stderr) = on_dev(
+        &data,
+        &[
+            "workflows",
+            "apply",
+            json.to_str().unwrap(),
+            "--workspace",
+            "acme",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("bad.json")
+            && stderr.contains("\"broken\"")
+            && stderr.contains("sms.text is empty"),
+        "{stderr}"
+    );
+    let (_, after, _) = on_dev(&data, &["workflows", "list", "--workspace", "acme"]);
+    assert!(!after.contains("fresh"), "nothing written:\n{after}");
+}
+
+#[test]
+fn providers_apply_validates_and_list_never_shows_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    dev_workspace(&data, "acme");
+    let file = dir.path().join("providers.yaml");
+    let path = file.to_str().unwrap();
+    let secret = "tok-do-not-print-7f3a";
+    let apply = |yaml: &str| {
+        std::fs::write(&file, yaml.replace("SECRET", secret)).unwrap();
+        let out = on_dev(&data, &["providers", "apply", path, "--workspace", "acme"]);
+        assert!(
+            !out.1.contains(secret) && !out.2.contains(secret),
+            "a config value was printed: {out:?}"
+        );
+        out
+    };
+    for (yaml, expected) in [
+        (
+            "providers:\n  sms:\n    - {provider: provz, config: {api_token: SECRET}}\n",
+            "unknown provider \"provz\"",
+        ),
+        (
+            "providers:\n  email:\n    - {provider: provc, config: {base_url: u, account_sid: AC1, auth_token: SECRET}}\n",
+            "provider \"provc\" does not serve email",
+        ),
+        (
+            "providers:\n  sms:\n    - {provider: provc, config: {base_url: u, auth_token: SECRET}}\n",
+            "missing required config key \"account_sid\"",
+        ),
+        (
+            "providers:\n  sms:\n    - {provider: provd, config: {base_url: u, api_token: SECRET, token: SECRET}}\n",
+            "unknown config key \"token\"",
+        ),
+        (
+            "providers:\n  fax:\n    - {provider: provd, config: {base_url: u, api_token: SECRET}}\n",
+            "unknown channel \"fax\"",
+        ),
+    ] {
+        let (code, _, stderr) = apply(yaml);
+        assert_eq!(code, 1, "{yaml}");
+        assert!(
+            stderr.contains("providers.yaml") && stderr.contains(expected),
+            "{expected:?} not in {stderr}"
+        );
+    }
+    let (_, listing, _) = on_dev(&data, &["providers", "list", "--workspace", "acme"]);
+    assert!(
+        listing.contains("sms (default):\n  1. provc\n  2. provd\n"),
+        "nothing written by the invalid files:\n{listing}"
+    );
+
+    let (code, stdout, stderr) = apply(
+        "providers:\n  sms:\n    - provider: provd\n      config: {base_url: 'https://api.provd.example', api_token: SECRET}\n    - provider: provc\n      config: {base_url: 'https://api.provc.example', account_sid: AC77, auth_token: SECRET}\n",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("sms (provd, provc)"), "{stdout}");
+    let (code, listing, stderr) = on_dev(&data, &["providers", "list", "--workspace", "acme"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        !listing.contains(secret) && !stderr.contains(secret),
+        "{listing}"
+    );
+    assert!(
+        listing.contains(
+            "sms:\n  1. provd base_url=https://api.provd.example api_token=***\n  2. provc base_url=https://api.provc.example account_sid=AC77 auth_token=***\n"
+        ),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("email (default):\n  1. prova\n  2. provb\n"),
+        "{listing}"
+    );
+}
+
+#[test]
+fn dnd_add_list_remove_never_print_the_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    dev_workspace(data, "acme");
+    let number = "+14155550199";
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--workspace", "acme"]);
+        let out = on_dev(data, &all);
+        assert!(
+            !out.1.contains(number) && !out.2.contains(number),
+            "the number was printed: {out:?}"
+        );
+        out
+    };
+    let (code, stdout, stderr) = run(&["dnd", "add", number]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("added +141******99"), "{stdout}");
+    let (code, stdout, _) = run(&["dnd", "add", number]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("already on"), "{stdout}");
+    let (_, listing, _) = run(&["dnd", "list"]);
+    assert!(listing.contains("+141******99"), "{listing}");
+    let (code, stdout, _) = run(&["dnd", "remove", number]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("removed +141******99"), "{stdout}");
+    let (code, stdout, _) = run(&["dnd", "remove", number]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("is not on"), "{stdout}");
+    let (_, listing, _) = run(&["dnd", "list"]);
+    assert!(listing.contains("is empty"), "{listing}");
+    let (code, _, stderr) = run(&["dnd", "add", "4155550199"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("not E.164"), "{stderr}");
+    // The database holds no plaintext either.
+    let db = std::fs::read(data.join("switchboard.db")).unwrap();
+    assert!(!db.windows(number.len()).any(|w| w == number.as_bytes()));
+}
+
+#[test]
+fn dev_seeds_the_example_workflows_into_an_empty_default_workspace() {
+    // First start: the workspace, its keys and the examples.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _, printed) = start_dev(dir.path());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        printed.iter().any(|l| l == "seeded 4 example workflows"),
+        "{printed:?}"
+    );
+    let (code, listing, _) = on_dev(dir.path(), &["workflows", "list", "--workspace", "default"]);
+    assert_eq!(code, 0);
+    for name in ["welcome", "otp", "order-shipped", "spring-sale"] {
+        assert!(
+            listing.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "{name}:\n{listing}"
+        );
+    }
+    let (_, _, printed) = {
+        let (mut child, url, printed) = start_dev(dir.path());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        (child, url, printed)
+    };
+    assert!(
+        !printed.iter().any(|l| l.starts_with("seeded")),
+        "seeded once only: {printed:?}"
+    );
+
+    // An existing `default` workspace without workflows is seeded too; no new keys.
+    let dir = tempfile::tempdir().unwrap();
+    dev_workspace(dir.path(), "default");
+    let (mut child, _, printed) = start_dev(dir.path());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        printed.iter().any(|l| l == "seeded 4 example workflows"),
+        "{printed:?}"
+    );
+    assert!(
+        !printed.iter().any(|l| l.contains("svc_sk_")),
+        "{printed:?}"
+    );
+}
+
+#[test]
+fn admin_commands_and_the_worker_run_on_the_production_backends() {
+    let serve = Serve::new();
+    serve.key("acme");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = serve.command().args(args).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let flows = dir.path().join("flows.json");
+    std::fs::write(
+        &flows,
+        r#"{"workflows": [{"name": "otp", "sms": {"text": "Code {{code}}"}}]}"#,
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&[
+        "workflows",
+        "apply",
+        flows.to_str().unwrap(),
+        "--workspace",
+        "acme",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "applied 1 workflows to workspace acme\n");
+    let (_, listing, _) = run(&["workflows", "list", "--workspace", "acme"]);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with("otp ") && l.contains("sms")),
+        "{listing}"
+    );
+
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        "providers:\n  voice:\n    - provider: prove\n      config: {base_url: 'https://api.prove.example', api_key: pg-secret-91}\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = run(&[
+        "providers",
+        "apply",
+        providers.to_str().unwrap(),
+        "--workspace",
+        "acme",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let (_, listing, _) = run(&["providers", "list", "--workspace", "acme"]);
+    assert!(
+        listing.contains("voice:\n  1. prove base_url=https://api.prove.example api_key=***\n")
+            && !listing.contains("pg-secret-91"),
+        "{listing}"
+    );
+
+    let (code, stdout, _) = run(&["dnd", "add", "+442071838750", "--workspace", "acme"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("+442*******50"), "{stdout}");
+    let (_, listing, _) = run(&["dnd", "list", "--workspace", "acme"]);
+    assert!(listing.contains("+442*******50") && !listing.contains("+442071838750"));
+
+    let mut worker = serve
+        .command()
+        .arg("worker")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first = BufReader::new(worker.stdout.take().unwrap())
+        .lines()
+        .next()
+        .expect("worker exited before starting")
+        .unwrap();
+    assert!(first.contains("worker started"), "{first}");
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &worker.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = worker.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "worker did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    serve.cleanup();
+}

@@ -212,6 +212,39 @@ pub struct Envelope {
     pub request: TriggerRequest,
 }
 
+impl Envelope {
+    /// The message record for this event, as ingestion writes it (`QUEUED`). Workers
+    /// write the same record when they get the event before ingestion has.
+    pub fn message(&self) -> NewMessage {
+        let request = &self.request;
+        NewMessage {
+            event_id: self.event_id.clone(),
+            workspace: self.workspace_id.clone(),
+            event_name: request.name.clone(),
+            subscriber_id: request.to.subscriber_id.clone(),
+            category: Some(self.category().to_string()),
+            priority: self.priority.as_i32(),
+            channel: self.channels.first().map_or("", |c| c.as_str()).to_string(),
+            status: "QUEUED".into(),
+            test_mode: self.key_mode == KeyMode::Test,
+            variables_keys: request
+                .payload
+                .as_ref()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default(),
+            created_at: self.accepted_at,
+        }
+    }
+
+    /// The preference category: `category`, or the workflow name when omitted.
+    pub fn category(&self) -> &str {
+        self.request
+            .category
+            .as_deref()
+            .unwrap_or(&self.request.name)
+    }
+}
+
 /// Why an event was not accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -541,28 +574,6 @@ impl Ingest {
         now: DateTime<Utc>,
     ) -> Result<(NewMessage, Publish), IngestError> {
         let event_id = EventId::generate();
-        let message = NewMessage {
-            event_id: event_id.clone(),
-            workspace: key.workspace.clone(),
-            event_name: request.name.clone(),
-            subscriber_id: request.to.subscriber_id.clone(),
-            category: Some(
-                request
-                    .category
-                    .clone()
-                    .unwrap_or_else(|| request.name.clone()),
-            ),
-            priority: priority.as_i32(),
-            channel: channels[0].as_str().to_string(),
-            status: "QUEUED".into(),
-            test_mode: key.mode == KeyMode::Test,
-            variables_keys: request
-                .payload
-                .as_ref()
-                .map(|p| p.keys().cloned().collect())
-                .unwrap_or_default(),
-            created_at: now,
-        };
         let subject = self.streams.subject(class, channels[0].as_str());
         let envelope = Envelope {
             v: 1,
@@ -574,6 +585,7 @@ impl Ingest {
             accepted_at: now,
             request,
         };
+        let message = envelope.message();
         let payload = serde_json::to_vec(&envelope)
             .map_err(|e| IngestError::Internal(format!("encoding: {e}")))?;
         Ok((

@@ -4,6 +4,7 @@
 //! The entry point is [`run`]: it takes a validated [`config::Config`] and a bound
 //! listener, so tests can bind port 0. `main.rs` only parses the command line.
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod broker;
@@ -20,6 +21,8 @@ pub mod routing;
 pub mod store;
 pub mod template;
 pub mod voice;
+pub mod worker;
+pub mod workflow;
 
 use config::{BrokerBackend, Config, CountersBackend, StoreBackend};
 use std::sync::Arc;
@@ -41,6 +44,8 @@ pub struct AppState {
     pub auth: Arc<auth::Authenticator>,
     /// Set on SIGTERM: health answers 503 `DRAINING`.
     pub draining: Arc<AtomicBool>,
+    /// Where workers read accepted events from.
+    pub queue: Arc<dyn broker::WorkQueue>,
 }
 
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
@@ -79,12 +84,20 @@ pub async fn open_store(
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let (store, sqlite) = open_store(&config).await?;
     let streams = config.broker.streams.clone();
-    let broker: Arc<dyn broker::Broker> = match config.broker.backend {
-        BrokerBackend::Nats => Arc::new(
-            broker::jetstream::JetStreamBroker::connect(&config.broker.url, streams.clone())
-                .await
-                .map_err(|e| anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url)))?,
-        ),
+    let (broker, queue): (Arc<dyn broker::Broker>, Arc<dyn broker::WorkQueue>) = match config
+        .broker
+        .backend
+    {
+        BrokerBackend::Nats => {
+            let b = Arc::new(
+                broker::jetstream::JetStreamBroker::connect(&config.broker.url, streams.clone())
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url))
+                    })?,
+            );
+            (b.clone(), b)
+        }
         BrokerBackend::Embedded => {
             let pool = match sqlite.clone() {
                 Some(pool) => pool,
@@ -92,11 +105,12 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                     anyhow::bail!("broker.backend = \"embedded\" needs store.backend = \"sqlite\"")
                 }
             };
-            Arc::new(
+            let b = Arc::new(
                 broker::embedded::EmbeddedBroker::open(pool, streams.clone())
                     .await
                     .map_err(|e| anyhow::anyhow!("embedded queue: {e}"))?,
-            )
+            );
+            (b.clone(), b)
         }
     };
     broker
@@ -152,7 +166,49 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         ingest,
         auth,
         draining: Arc::new(AtomicBool::new(false)),
+        queue,
     })
+}
+
+/// A delivery worker over the state's backends and plugins.
+pub fn worker(state: &AppState) -> Arc<worker::Worker> {
+    let config = &state.config;
+    let lease = config.worker.ack_wait();
+    // One provider call must end well inside the lease, or a redelivery could take the
+    // message over while the call is still running.
+    let send_timeout = (config
+        .plugins
+        .runtime_config_in(&config.data_dir)
+        .http_timeout
+        + Duration::from_secs(2))
+    .min(lease / 2);
+    let dispatcher = worker::dispatch::Dispatcher {
+        store: state.ingest.store.clone(),
+        plugins: state.plugins.clone(),
+        owner: format!("wkr_{}", uuid::Uuid::new_v4().simple()),
+        lease,
+        send_timeout,
+    };
+    worker::Worker::new(
+        dispatcher,
+        state.queue.clone(),
+        config.worker.clone(),
+        state.ingest.metrics.clone(),
+    )
+}
+
+/// Runs only the delivery workers (`switchboard worker`) until `shutdown` resolves,
+/// then lets dispatches in flight finish (bounded by the ack wait).
+pub async fn run_worker(
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(worker(&state).run(stopped));
+    shutdown.await;
+    let _ = stop.send(true);
+    running.await?;
+    Ok(())
 }
 
 /// Hides the password of a `scheme://user:password@host` URL in messages.
@@ -181,6 +237,12 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let watcher = tokio::spawn(state.auth.clone().watch_revocations());
     let drainer = tokio::spawn(drain_outbox_forever(state.ingest.clone()));
+    let (stop_workers, workers_stopped) = tokio::sync::watch::channel(false);
+    let workers = state
+        .config
+        .worker
+        .enabled
+        .then(|| tokio::spawn(worker(&state).run(workers_stopped)));
     let metrics_server = match state.config.metrics_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -197,6 +259,10 @@ pub async fn serve(
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
+    let _ = stop_workers.send(true);
+    if let Some(w) = workers {
+        let _ = w.await;
+    }
     watcher.abort();
     drainer.abort();
     if let Some(m) = metrics_server {

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use switchboard::admin;
 use switchboard::config::Config;
 use switchboard::model::{KeyMode, Tier};
 use switchboard::plugins::conformance::{self, KitOptions};
@@ -38,6 +39,17 @@ enum Command {
     /// Manage provider plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Run only the delivery workers (no API) until SIGTERM or Ctrl-C.
+    Worker(Target),
+    /// Manage a workspace's workflows (what each channel says for an event name).
+    #[command(subcommand)]
+    Workflows(WorkflowsCommand),
+    /// Manage a workspace's provider routes (which providers serve each channel).
+    #[command(subcommand)]
+    Providers(ProvidersCommand),
+    /// Manage a workspace's voice do-not-disturb list.
+    #[command(subcommand)]
+    Dnd(DndCommand),
 }
 
 #[derive(Args)]
@@ -106,6 +118,84 @@ enum KeysCommand {
 }
 
 #[derive(Subcommand)]
+enum WorkflowsCommand {
+    /// Create or replace the workflows of a file (YAML or JSON, `workflows: [...]`).
+    /// Nothing is written if any of them is invalid.
+    Apply {
+        /// The workflows file.
+        file: PathBuf,
+        /// Workspace name (must exist).
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List a workspace's workflows.
+    List {
+        /// Workspace name.
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProvidersCommand {
+    /// Replace the route of each channel in a file (YAML or JSON, `providers: {sms: [...]}`);
+    /// channels not in the file keep theirs. Nothing is written if the file is invalid.
+    Apply {
+        /// The providers file.
+        file: PathBuf,
+        /// Workspace name (must exist).
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List each channel's providers, in order; secret config values are shown as `***`.
+    List {
+        /// Workspace name.
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+enum DndCommand {
+    /// Add an E.164 number; voice calls for promotional messages to it are withheld.
+    Add {
+        /// The number, e.g. +14155550123 (stored only as a digest and a masked form).
+        number: String,
+        /// Workspace name (must exist).
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Remove an E.164 number.
+    Remove {
+        /// The number.
+        number: String,
+        /// Workspace name (must exist).
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List the numbers, masked.
+    List {
+        /// Workspace name.
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
 enum PluginCommand {
     /// List the loaded plugins.
     List,
@@ -162,16 +252,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("switchboard {} (dev)", env!("CARGO_PKG_VERSION"));
             print_plugins(&state.plugins);
             let store = state.ingest.store.clone();
-            if store.workspace_by_name("default").await?.is_none() {
-                let ws = store.ensure_workspace("default", Some(Tier::Paid)).await?;
-                for mode in [KeyMode::Test, KeyMode::Live] {
-                    let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
-                    store.insert_api_key(&record).await?;
-                    println!(
-                        "created workspace `default`: {} key {raw} (shown once)",
-                        mode.as_str()
-                    );
+            let ws = match store.workspace_by_name("default").await? {
+                Some(ws) => ws,
+                None => {
+                    let ws = store.ensure_workspace("default", Some(Tier::Paid)).await?;
+                    for mode in [KeyMode::Test, KeyMode::Live] {
+                        let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
+                        store.insert_api_key(&record).await?;
+                        println!(
+                            "created workspace `default`: {} key {raw} (shown once)",
+                            mode.as_str()
+                        );
+                    }
+                    ws
                 }
+            };
+            let seeded = admin::seed_dev_examples(&*store, &ws).await?;
+            if seeded > 0 {
+                println!("seeded {seeded} example workflows");
             }
             println!("listening on http://{}", listener.local_addr()?);
             let shutdown =
@@ -207,6 +305,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Keys(command) => keys(command, config).await,
+        Command::Worker(target) => {
+            let config = target.apply(config);
+            let state = switchboard::build_state(config).await?;
+            println!(
+                "switchboard {} worker started{}; stop with SIGTERM or Ctrl-C",
+                env!("CARGO_PKG_VERSION"),
+                if target.dev { " (dev)" } else { "" }
+            );
+            switchboard::run_worker(state, terminate()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Workflows(command) => workflows(command, config).await,
+        Command::Providers(command) => providers(command, config).await,
+        Command::Dnd(command) => dnd(command, config).await,
         Command::Plugin(PluginCommand::List) => {
             // Plugins only: listing them needs no database, broker or counters.
             let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
@@ -324,6 +436,79 @@ async fn keys(command: KeysCommand, config: Config) -> anyhow::Result<ExitCode> 
             println!("revoked {id}");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        WorkflowsCommand::Apply {
+            file,
+            workspace,
+            target,
+        } => {
+            // The whole file is validated before anything is opened or written.
+            let flows = admin::load_workflows(&file)?;
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let ws = admin::workspace(&*store, &workspace).await?;
+            let n = admin::apply_workflows(&*store, &ws, &flows).await?;
+            println!("applied {n} workflows to workspace {}", ws.name);
+        }
+        WorkflowsCommand::List { workspace, target } => {
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let ws = admin::workspace(&*store, &workspace).await?;
+            print!("{}", admin::workflow_listing(&*store, &ws).await?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        ProvidersCommand::Apply {
+            file,
+            workspace,
+            target,
+        } => {
+            let config = target.apply(config);
+            let plugins = admin::plugin_infos(&config).await?;
+            let routes = admin::load_providers(&file, &plugins)?;
+            let (store, _) = switchboard::open_store(&config).await?;
+            let ws = admin::workspace(&*store, &workspace).await?;
+            print!("{}", admin::apply_routes(&*store, &ws, &routes).await?);
+        }
+        ProvidersCommand::List { workspace, target } => {
+            let config = target.apply(config);
+            let (store, _) = switchboard::open_store(&config).await?;
+            let ws = admin::workspace(&*store, &workspace).await?;
+            let plugins = admin::plugin_infos(&config).await?;
+            print!("{}", admin::route_listing(&*store, &ws, &plugins).await?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn dnd(command: DndCommand, config: Config) -> anyhow::Result<ExitCode> {
+    let (workspace, target) = match &command {
+        DndCommand::Add {
+            workspace, target, ..
+        }
+        | DndCommand::Remove {
+            workspace, target, ..
+        }
+        | DndCommand::List { workspace, target } => (workspace, target),
+    };
+    // Checked before the database is opened; the error does not repeat the number.
+    if let DndCommand::Add { number, .. } | DndCommand::Remove { number, .. } = &command {
+        admin::dnd_number(number)?;
+    }
+    let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+    let ws = admin::workspace(&*store, workspace).await?;
+    let out = match &command {
+        DndCommand::Add { number, .. } => admin::dnd_add(&*store, &ws, number).await?,
+        DndCommand::Remove { number, .. } => admin::dnd_remove(&*store, &ws, number).await?,
+        DndCommand::List { .. } => admin::dnd_listing(&*store, &ws).await?,
+    };
+    print!("{out}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -48,6 +48,9 @@ pub struct Metrics {
     pub publishes: Family<OutcomeLabels, Counter>,
     /// `switchboard_outbox_depth`.
     pub outbox_depth: Gauge,
+    /// `switchboard_deliveries_total{outcome}`: the final status (SENT, DELIVERED,
+    /// FAILED, SUPPRESSED), redelivered_done, busy, retry, undecodable.
+    pub deliveries: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -60,6 +63,12 @@ impl Default for Metrics {
         let ratelimit = Family::<OutcomeLabels, Counter>::default();
         let publishes = Family::<OutcomeLabels, Counter>::default();
         let outbox_depth = Gauge::default();
+        let deliveries = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "deliveries",
+            "Broker deliveries handled by workers, by outcome",
+            deliveries.clone(),
+        );
         registry.register(
             "http_requests",
             "HTTP requests by route, method and status",
@@ -92,6 +101,7 @@ impl Default for Metrics {
             ratelimit,
             publishes,
             outbox_depth,
+            deliveries,
         }
     }
 }

@@ -25,6 +25,29 @@ pub fn render(
     payload: Option<&Map<String, Value>>,
     escape: Escape,
 ) -> Result<String, MissingKeys> {
+    let (out, missing) = render_inner(template, payload, escape);
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        Err(MissingKeys(missing))
+    }
+}
+
+/// Like [`render`], but a missing key renders as nothing: the spec makes undefined
+/// variables a failure only on the voice path.
+pub fn render_lenient(
+    template: &str,
+    payload: Option<&Map<String, Value>>,
+    escape: Escape,
+) -> String {
+    render_inner(template, payload, escape).0
+}
+
+fn render_inner(
+    template: &str,
+    payload: Option<&Map<String, Value>>,
+    escape: Escape,
+) -> (String, BTreeSet<String>) {
     let mut out = String::with_capacity(template.len());
     let mut missing = BTreeSet::new();
     let mut rest = template;
@@ -56,11 +79,7 @@ pub fn render(
         rest = &after[end + 2..];
     }
     out.push_str(rest);
-    if missing.is_empty() {
-        Ok(out)
-    } else {
-        Err(MissingKeys(missing))
-    }
+    (out, missing)
 }
 
 fn html_escape(s: &str) -> String {
@@ -81,6 +100,14 @@ fn html_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lenient_rendering_drops_missing_keys() {
+        let payload = serde_json::json!({"a": "x"});
+        let p = payload.as_object();
+        assert_eq!(render_lenient("{{a}}-{{b}}!", p, Escape::None), "x-!");
+        assert!(render("{{a}}-{{b}}!", p, Escape::None).is_err());
+    }
     use serde_json::json;
 
     fn payload(v: Value) -> Map<String, Value> {

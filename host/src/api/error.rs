@@ -23,15 +23,22 @@ pub enum ApiError {
     /// 429 `RATE_LIMIT_EXCEEDED`.
     #[error("{0}")]
     RateLimited(String),
-    /// 404 `NOT_FOUND`.
+    /// 404 `NOT_FOUND`: no such route.
     #[error("no such route")]
     NotFound,
+    /// 404 `NOT_FOUND`: the route exists, the resource does not (or belongs to another
+    /// workspace: the answer does not tell which).
+    #[error("{0}")]
+    ResourceNotFound(String),
     /// 405 `METHOD_NOT_ALLOWED`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
     /// 500 `INTERNAL_SERVER_ERROR`; the cause is logged only.
     #[error("internal server error")]
     Internal(#[source] anyhow::Error),
+    /// 503 `SERVICE_UNAVAILABLE`: the database is unreachable; the cause is logged only.
+    #[error("database unavailable: retry with backoff")]
+    Unavailable(#[source] anyhow::Error),
 }
 
 /// The spec's ErrorResponse.
@@ -55,9 +62,12 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UNSUPPORTED_MEDIA_TYPE")
             }
             ApiError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "RATE_LIMIT_EXCEEDED"),
-            ApiError::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            ApiError::NotFound | ApiError::ResourceNotFound(_) => {
+                (StatusCode::NOT_FOUND, "NOT_FOUND")
+            }
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_SERVER_ERROR"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
         }
     }
 }
@@ -65,8 +75,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.parts();
-        if let ApiError::Internal(cause) = &self {
-            tracing::error!(error = ?cause, "internal error");
+        match &self {
+            ApiError::Internal(cause) => tracing::error!(error = ?cause, "internal error"),
+            ApiError::Unavailable(cause) => tracing::error!(error = ?cause, "database unavailable"),
+            _ => {}
         }
         let body = ErrorBody {
             error: code.into(),
@@ -74,6 +86,23 @@ impl IntoResponse for ApiError {
             status_code: status.as_u16(),
         };
         (status, Json(body)).into_response()
+    }
+}
+
+impl ApiError {
+    /// A store failure on a read endpoint (`GET /v1/events/{eventId}`,
+    /// `GET /v1/messages`): the database being unreachable is 503, anything else 500.
+    pub fn from_store_read(e: crate::store::StoreError) -> Self {
+        match e {
+            crate::store::StoreError::Unavailable(_) => ApiError::Unavailable(e.into()),
+            other => ApiError::Internal(other.into()),
+        }
+    }
+
+    /// A store failure on a write endpoint (preferences, erasure): always 500, as the
+    /// spec lists no 503 there.
+    pub fn from_store_write(e: crate::store::StoreError) -> Self {
+        ApiError::Internal(e.into())
     }
 }
 
@@ -86,5 +115,46 @@ impl From<crate::ingest::IngestError> for ApiError {
             IngestError::Revoked => ApiError::Unauthorized("API key revoked".into()),
             IngestError::Internal(m) => ApiError::Internal(anyhow::anyhow!(m)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    async fn body(e: ApiError) -> (u16, ErrorBody) {
+        let response = e.into_response();
+        let status = response.status().as_u16();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn store_errors_map_to_503_or_500_without_leaking_the_cause() {
+        let (s, b) = body(ApiError::from_store_read(StoreError::Unavailable(
+            "postgres://secret@db".into(),
+        )))
+        .await;
+        assert_eq!(
+            (s, b.error.as_str(), b.status_code),
+            (503, "SERVICE_UNAVAILABLE", 503)
+        );
+        assert!(!b.message.contains("secret"));
+        let (s, b) = body(ApiError::from_store_read(StoreError::Other("boom".into()))).await;
+        assert_eq!((s, b.error.as_str()), (500, "INTERNAL_SERVER_ERROR"));
+        assert!(!b.message.contains("boom"));
+        let (s, _) = body(ApiError::from_store_write(StoreError::Unavailable(
+            "x".into(),
+        )))
+        .await;
+        assert_eq!(s, 500, "writes report an unavailable store as 500");
+        let (s, b) = body(ApiError::ResourceNotFound("no such event".into())).await;
+        assert_eq!(
+            (s, b.error.as_str(), b.message.as_str()),
+            (404, "NOT_FOUND", "no such event")
+        );
     }
 }

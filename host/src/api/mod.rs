@@ -5,7 +5,9 @@ pub mod events;
 pub mod extract;
 pub mod health;
 pub mod mcp;
+pub mod messages;
 pub mod openapi;
+pub mod subscribers;
 
 use crate::AppState;
 use crate::metrics::{RequestLabels, RouteLabels};
@@ -27,6 +29,8 @@ pub fn router(state: AppState) -> Router {
     router
         .merge(health::router())
         .merge(events::router())
+        .merge(messages::router())
+        .merge(subscribers::router())
         .merge(mcp::router())
         .merge(openapi::router())
         .fallback(|| async { ApiError::NotFound })

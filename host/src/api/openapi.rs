@@ -12,10 +12,21 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Switchboard", description = "Notification gateway with sandboxed provider plugins"),
-    paths(super::events::trigger, super::events::bulk, super::health::health, super::mcp::mcp),
+    paths(
+        super::events::trigger,
+        super::events::bulk,
+        super::messages::get_event,
+        super::messages::list_messages,
+        super::subscribers::update_preferences,
+        super::subscribers::erase_subscriber,
+        super::health::health,
+        super::mcp::mcp,
+    ),
     modifiers(&BearerAuth),
     tags(
         (name = "events", description = "Triggering notifications"),
+        (name = "messages", description = "Recorded messages and their timelines"),
+        (name = "subscribers", description = "Preferences and erasure"),
         (name = "health", description = "Liveness"),
         (name = "mcp", description = "Operator tools for AI agents"),
     )

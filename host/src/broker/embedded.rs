@@ -4,13 +4,44 @@
 //! SQLite file as the rest of dev's data, so they survive a restart. A unique message id
 //! plays the part of JetStream's `Nats-Msg-Id` de-duplication (without a time window:
 //! an id is stored at most once, ever).
+//!
+//! Workers read it through [`WorkQueue`]. Rows are never deleted: acknowledging a
+//! message records it in `broker_acks` for that durable consumer. Everything else about
+//! a consumer lives in memory, shared by the clones of one [`EmbeddedBroker`]:
+//!
+//! - which messages are held by a subscriber (and until when: after `ack_wait` they are
+//!   delivered again), which wait out a nak delay, and how often each was delivered;
+//! - how far the table has been read, so acknowledged rows are not read again.
+//!
+//! So after a restart every unacknowledged row is delivered again at once, with
+//! `delivered` starting over at 1 and nak delays forgotten. The queue is meant to be
+//! consumed by one process: handles opened separately (or other processes) do not
+//! coordinate their deliveries, though rows they publish are picked up by polling.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::{BoxStream, StreamExt};
 use sqlx::{Row, SqlitePool};
+use tokio::sync::{Mutex, watch};
+use tokio::time::Instant;
 
-use super::{Broker, BrokerError, Publish, StreamNames};
+use super::{
+    Broker, BrokerError, ConsumerSettings, Delivery, Publish, Settle, StreamClass, StreamNames,
+    WorkQueue,
+};
 
-/// Idempotent schema: the queue table and the index workers read it by.
-const SCHEMA: [&str; 2] = [
+/// How often an idle subscriber looks for rows published through another handle or
+/// process; publishes through this broker wake subscribers at once.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// Rows read from the table at a time when a consumer has nothing due.
+const SCAN_PAGE: i64 = 256;
+
+/// Idempotent schema: the queue table, the index workers read it by, and each durable
+/// consumer's acknowledgements.
+const SCHEMA: [&str; 3] = [
     "CREATE TABLE IF NOT EXISTS broker_queue (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         stream TEXT NOT NULL,
@@ -20,23 +51,58 @@ const SCHEMA: [&str; 2] = [
         created_at TEXT NOT NULL
     )",
     "CREATE INDEX IF NOT EXISTS broker_queue_stream_seq ON broker_queue (stream, seq)",
+    // Keyed by consumer too: like JetStream, each durable consumer sees every message.
+    "CREATE TABLE IF NOT EXISTS broker_acks (
+        consumer TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        acked_at TEXT NOT NULL,
+        PRIMARY KEY (consumer, seq)
+    ) WITHOUT ROWID",
 ];
 
 /// One stored message as [`EmbeddedBroker::read`] returns it: `(seq, subject, msg_id, payload)`.
 pub type QueuedMessage = (i64, String, String, Vec<u8>);
 
 /// A durable queue in SQLite standing in for JetStream in `switchboard dev`.
-#[derive(Debug, Clone)]
+///
+/// Clones share the consumers' delivery state; open the queue once per process and
+/// clone the handle.
+#[derive(Clone)]
 pub struct EmbeddedBroker {
     pool: SqlitePool,
     names: StreamNames,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EmbeddedBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedBroker")
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// State shared by the clones of one broker.
+struct Shared {
+    /// Bumped after every committed publish, to wake idle subscribers.
+    published: watch::Sender<u64>,
+    /// Durable consumers by `(stream, durable name)`.
+    consumers: std::sync::Mutex<HashMap<(String, String), Arc<Consumer>>>,
 }
 
 impl EmbeddedBroker {
     /// Opens the queue in `pool`'s database, creating its table if missing (so `len` and
     /// `read` work even before [`Broker::setup`]).
     pub async fn open(pool: SqlitePool, names: StreamNames) -> Result<Self, BrokerError> {
-        let broker = Self { pool, names };
+        let shared = Arc::new(Shared {
+            published: watch::Sender::new(0),
+            consumers: std::sync::Mutex::new(HashMap::new()),
+        });
+        let broker = Self {
+            pool,
+            names,
+            shared,
+        };
         broker.create_schema().await?;
         Ok(broker)
     }
@@ -133,7 +199,12 @@ impl Broker for EmbeddedBroker {
             return Vec::new();
         }
         match self.insert_batch(messages).await {
-            Ok(()) => messages.iter().map(|_| Ok(())).collect(),
+            Ok(()) => {
+                self.shared
+                    .published
+                    .send_modify(|version| *version = version.wrapping_add(1));
+                messages.iter().map(|_| Ok(())).collect()
+            }
             // The transaction rolled back: nothing of the batch is stored.
             Err(err) => {
                 let err = BrokerError(format!("embedded queue insert failed: {err}"));
@@ -147,9 +218,316 @@ impl Broker for EmbeddedBroker {
     }
 }
 
+#[async_trait::async_trait]
+impl WorkQueue for EmbeddedBroker {
+    /// Subscribes to the durable consumer `settings.durable_name` of the class's stream.
+    /// A delivery is taken from the queue only when the stream is polled, so this
+    /// subscriber holds nothing it has not yielded (`prefetch` is not needed).
+    async fn subscribe(
+        &self,
+        class: StreamClass,
+        settings: &ConsumerSettings,
+        _prefetch: usize,
+    ) -> Result<BoxStream<'static, Result<Delivery, BrokerError>>, BrokerError> {
+        if settings.durable_name.is_empty() {
+            return Err(BrokerError("durable consumer name is empty".into()));
+        }
+        let stream = self.names.stream(class).to_owned();
+        let consumer = {
+            let mut consumers = self
+                .shared
+                .consumers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            consumers
+                .entry((stream.clone(), settings.durable_name.clone()))
+                .or_insert_with(|| {
+                    Arc::new(Consumer {
+                        name: settings.durable_name.clone(),
+                        stream,
+                        queue: Mutex::new(Queue::default()),
+                        changed: watch::Sender::new(0),
+                    })
+                })
+                .clone()
+        };
+        let subscription = Subscription {
+            pool: self.pool.clone(),
+            ack_wait: settings.ack_wait,
+            published: self.shared.published.subscribe(),
+            changed: consumer.changed.subscribe(),
+            consumer,
+            failed: false,
+        };
+        Ok(
+            futures::stream::unfold(subscription, |mut subscription| async move {
+                let item = subscription.next().await;
+                Some((item, subscription))
+            })
+            .boxed(),
+        )
+    }
+}
+
+/// One durable consumer of one stream, shared by its subscribers in this process.
+struct Consumer {
+    /// The durable name acknowledgements are recorded under.
+    name: String,
+    stream: String,
+    /// A tokio mutex: held across the table scan, so two subscribers never load (and
+    /// then both deliver) the same rows.
+    queue: Mutex<Queue>,
+    /// Bumped when a nak makes a message due sooner than idle subscribers expect.
+    changed: watch::Sender<u64>,
+}
+
+/// A consumer's view of its stream.
+#[derive(Default)]
+struct Queue {
+    /// Low-water mark: every row of the stream up to this `seq` is either in `pending`
+    /// or acknowledged, so scans start after it.
+    scanned_to: i64,
+    /// Unacknowledged messages read from the table, by `seq`.
+    pending: BTreeMap<i64, Pending>,
+    /// Last lease handed out; a settle with an older lease than its message's is stale.
+    last_lease: u64,
+}
+
+/// One unacknowledged message.
+struct Pending {
+    subject: String,
+    payload: Bytes,
+    /// Deliveries so far (since this process started).
+    delivered: u64,
+    /// When it may be delivered (again): now for new rows, after the nak delay, or at
+    /// the end of the ack wait while a subscriber holds it.
+    due: Instant,
+    /// The lease of the delivery holding it, if any (none after a nak).
+    lease: Option<u64>,
+}
+
+/// What [`Consumer::claim`] found.
+enum Claim {
+    Delivery(Delivery),
+    /// Nothing due; the earliest time something will be, if anything is pending.
+    Idle(Option<Instant>),
+}
+
+impl Queue {
+    /// The oldest message due at `now`.
+    fn first_due(&self, now: Instant) -> Option<i64> {
+        self.pending
+            .iter()
+            .find(|(_, pending)| pending.due <= now)
+            .map(|(seq, _)| *seq)
+    }
+
+    /// Reads the next page of unacknowledged rows after the low-water mark.
+    async fn scan(
+        &mut self,
+        pool: &SqlitePool,
+        stream: &str,
+        consumer: &str,
+    ) -> Result<(), BrokerError> {
+        let failed = |err: sqlx::Error| {
+            BrokerError(format!("cannot read the embedded queue {stream}: {err}"))
+        };
+        // Rows get increasing seqs from one writer at a time, so every row up to this
+        // maximum is already committed: the mark may move up to it without missing any.
+        let newest: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(seq) FROM broker_queue WHERE stream = ?")
+                .bind(stream)
+                .fetch_one(pool)
+                .await
+                .map_err(failed)?;
+        let Some(newest) = newest.filter(|newest| *newest > self.scanned_to) else {
+            return Ok(());
+        };
+        let rows = sqlx::query(
+            "SELECT seq, subject, payload FROM broker_queue q
+             WHERE stream = ? AND seq > ? AND seq <= ?
+               AND NOT EXISTS (SELECT 1 FROM broker_acks a WHERE a.consumer = ? AND a.seq = q.seq)
+             ORDER BY seq LIMIT ?",
+        )
+        .bind(stream)
+        .bind(self.scanned_to)
+        .bind(newest)
+        .bind(consumer)
+        .bind(SCAN_PAGE)
+        .fetch_all(pool)
+        .await
+        .map_err(failed)?;
+
+        let now = Instant::now();
+        let mut last = newest;
+        let full_page = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= SCAN_PAGE;
+        for row in &rows {
+            let seq: i64 = row.try_get("seq").map_err(failed)?;
+            let subject: String = row.try_get("subject").map_err(failed)?;
+            let payload: Vec<u8> = row.try_get("payload").map_err(failed)?;
+            self.pending.insert(
+                seq,
+                Pending {
+                    subject,
+                    payload: Bytes::from(payload),
+                    delivered: 0,
+                    due: now,
+                    lease: None,
+                },
+            );
+            last = seq;
+        }
+        // A full page may have stopped short of `newest`; resume after its last row.
+        self.scanned_to = if full_page { last } else { newest };
+        Ok(())
+    }
+}
+
+impl Consumer {
+    /// Hands out the oldest due message under a new lease, reading the table for new
+    /// rows first when nothing is due.
+    async fn claim(
+        self: &Arc<Self>,
+        pool: &SqlitePool,
+        ack_wait: Duration,
+    ) -> Result<Claim, BrokerError> {
+        let mut queue = self.queue.lock().await;
+        if queue.first_due(Instant::now()).is_none() {
+            queue.scan(pool, &self.stream, &self.name).await?;
+        }
+        let now = Instant::now();
+        let Some(seq) = queue.first_due(now) else {
+            return Ok(Claim::Idle(
+                queue.pending.values().map(|pending| pending.due).min(),
+            ));
+        };
+        queue.last_lease += 1;
+        let lease = queue.last_lease;
+        let Some(pending) = queue.pending.get_mut(&seq) else {
+            return Ok(Claim::Idle(None));
+        };
+        pending.delivered += 1;
+        pending.due = now + ack_wait;
+        pending.lease = Some(lease);
+        Ok(Claim::Delivery(Delivery {
+            subject: pending.subject.clone(),
+            payload: pending.payload.clone(),
+            delivered: pending.delivered,
+            settle: Box::new(EmbeddedSettle {
+                pool: pool.clone(),
+                consumer: Arc::clone(self),
+                seq,
+                lease,
+                ack_wait,
+            }),
+        }))
+    }
+}
+
+/// One subscriber: claims a delivery each time it is polled, waiting while none is due.
+struct Subscription {
+    pool: SqlitePool,
+    consumer: Arc<Consumer>,
+    ack_wait: Duration,
+    published: watch::Receiver<u64>,
+    changed: watch::Receiver<u64>,
+    /// The last attempt failed: pause before the next, not to spin on a broken database.
+    failed: bool,
+}
+
+impl Subscription {
+    async fn next(&mut self) -> Result<Delivery, BrokerError> {
+        if std::mem::take(&mut self.failed) {
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        loop {
+            // Marked seen before looking, so a publish committed during the look still
+            // wakes the wait below.
+            self.published.borrow_and_update();
+            self.changed.borrow_and_update();
+            let next_due = match self.consumer.claim(&self.pool, self.ack_wait).await {
+                Ok(Claim::Delivery(delivery)) => return Ok(delivery),
+                Ok(Claim::Idle(next_due)) => next_due,
+                Err(err) => {
+                    self.failed = true;
+                    return Err(err);
+                }
+            };
+            let poll = Instant::now() + POLL_INTERVAL;
+            let wake = next_due.map_or(poll, |due| due.min(poll));
+            // The senders live in `consumer` and the broker's shared state, both kept
+            // alive by this subscription, so `changed` cannot fail.
+            tokio::select! {
+                _ = self.published.changed() => {}
+                _ = self.changed.changed() => {}
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+/// Settles one embedded delivery.
+struct EmbeddedSettle {
+    pool: SqlitePool,
+    consumer: Arc<Consumer>,
+    seq: i64,
+    /// Naks and progress from a delivery whose message was since handed out again are
+    /// ignored, as the newer holder owns it now.
+    lease: u64,
+    ack_wait: Duration,
+}
+
+#[async_trait::async_trait]
+impl Settle for EmbeddedSettle {
+    /// Recorded in the table first, so the message stays acknowledged across restarts.
+    /// Also honoured from a delivery whose ack wait ran out: the work is done.
+    async fn ack(&self) -> Result<(), BrokerError> {
+        sqlx::query(
+            "INSERT OR IGNORE INTO broker_acks (consumer, seq, acked_at)
+             VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+        )
+        .bind(&self.consumer.name)
+        .bind(self.seq)
+        .execute(&self.pool)
+        .await
+        .map_err(|err| BrokerError(format!("cannot record the ack of {}: {err}", self.seq)))?;
+        self.consumer.queue.lock().await.pending.remove(&self.seq);
+        Ok(())
+    }
+
+    async fn nak(&self, delay: Duration) -> Result<(), BrokerError> {
+        {
+            let mut queue = self.consumer.queue.lock().await;
+            match queue.pending.get_mut(&self.seq) {
+                Some(pending) if pending.lease == Some(self.lease) => {
+                    pending.lease = None;
+                    pending.due = Instant::now() + delay;
+                }
+                _ => return Ok(()),
+            }
+        }
+        // Idle subscribers may be sleeping past the new due time.
+        self.consumer
+            .changed
+            .send_modify(|version| *version = version.wrapping_add(1));
+        Ok(())
+    }
+
+    async fn in_progress(&self) -> Result<(), BrokerError> {
+        let mut queue = self.consumer.queue.lock().await;
+        if let Some(pending) = queue.pending.get_mut(&self.seq)
+            && pending.lease == Some(self.lease)
+        {
+            pending.due = Instant::now() + self.ack_wait;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::time::Instant;
 
     use bytes::Bytes;
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -344,5 +722,479 @@ mod tests {
         assert_eq!(critical.len(), 2);
         assert_eq!(critical[1].2, "evt-c");
         assert!(critical[1].0 > critical[0].0);
+    }
+
+    fn settings(durable_name: &str, ack_wait: Duration) -> ConsumerSettings {
+        ConsumerSettings {
+            durable_name: durable_name.to_owned(),
+            ack_wait,
+        }
+    }
+
+    type Deliveries = BoxStream<'static, Result<Delivery, BrokerError>>;
+
+    /// A broker on a fresh temporary SQLite file (kept alive by the returned dir).
+    async fn open_temp() -> (tempfile::TempDir, EmbeddedBroker) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = EmbeddedBroker::open(
+            pool(&dir.path().join("dev.db")).await,
+            StreamNames::default(),
+        )
+        .await
+        .expect("open");
+        broker.setup().await.expect("setup");
+        (dir, broker)
+    }
+
+    /// The next delivery, or `None` if none comes within `within`.
+    async fn next_within(deliveries: &mut Deliveries, within: Duration) -> Option<Delivery> {
+        match tokio::time::timeout(within, deliveries.next()).await {
+            Err(_elapsed) => None,
+            Ok(Some(Ok(delivery))) => Some(delivery),
+            Ok(Some(Err(err))) => panic!("delivery failed: {err}"),
+            Ok(None) => panic!("the subscription ended"),
+        }
+    }
+
+    async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
+        next_within(deliveries, Duration::from_secs(5))
+            .await
+            .expect("a delivery within 5s")
+    }
+
+    /// Publishes one critical message per payload, ids `evt-{payload}`.
+    async fn publish_critical(broker: &EmbeddedBroker, payloads: &[&str]) {
+        let names = broker.names().clone();
+        let batch: Vec<Publish> = payloads
+            .iter()
+            .map(|p| message(&names, StreamClass::Critical, "sms", &format!("evt-{p}"), p))
+            .collect();
+        let results = broker.publish_batch(&batch).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+
+    #[tokio::test]
+    async fn published_message_is_delivered_at_once() {
+        let (_dir, broker) = open_temp().await;
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                16,
+            )
+            .await
+            .expect("subscribe");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            while let Some(item) = deliveries.next().await {
+                if tx.send((Instant::now(), item)).is_err() {
+                    break;
+                }
+            }
+        });
+        // Idle first: the subscriber is waiting, not between polls.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        let mut latencies = Vec::new();
+        for i in 0..5 {
+            let payload = format!("urgent {i}");
+            let started = Instant::now();
+            publish_critical(&broker, &[payload.as_str()]).await;
+            let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("delivered within 5s")
+                .expect("reader alive");
+            let delivery = item.expect("a delivery");
+            latencies.push(arrived - started);
+            assert_eq!(
+                delivery.subject,
+                names.subject(StreamClass::Critical, "sms")
+            );
+            assert_eq!(delivery.payload, Bytes::from(payload));
+            assert_eq!(delivery.delivered, 1);
+            delivery.settle.ack().await.expect("ack");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        reader.abort();
+        println!("embedded publish-to-delivery latencies: {latencies:?}");
+        // Well under the fallback poll: the publish itself woke the subscriber.
+        let worst = latencies.iter().max().copied().unwrap_or_default();
+        assert!(worst < Duration::from_millis(100), "{latencies:?}");
+    }
+
+    #[tokio::test]
+    async fn ack_prevents_redelivery_and_keeps_the_row() {
+        let (_dir, broker) = open_temp().await;
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(1)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["once"]).await;
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(delivery.payload, Bytes::from_static(b"once"));
+        delivery.settle.ack().await.expect("ack");
+        // Acking twice is harmless.
+        delivery.settle.ack().await.expect("second ack");
+
+        assert!(
+            next_within(&mut deliveries, Duration::from_secs(2))
+                .await
+                .is_none(),
+            "an acked message came back"
+        );
+        assert_eq!(broker.len(&names.critical).await.expect("len"), 1);
+        let acks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM broker_acks")
+            .fetch_one(&broker.pool)
+            .await
+            .expect("count acks");
+        assert_eq!(acks, 1);
+    }
+
+    #[tokio::test]
+    async fn nak_redelivers_after_the_delay() {
+        let (_dir, broker) = open_temp().await;
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["retry me", "next"]).await;
+        let first = next_delivery(&mut deliveries).await;
+        assert_eq!(first.payload, Bytes::from_static(b"retry me"));
+        assert_eq!(first.delivered, 1);
+        let nacked = Instant::now();
+        first
+            .settle
+            .nak(Duration::from_millis(500))
+            .await
+            .expect("nak");
+
+        // The delay does not hold up other messages.
+        let other = next_delivery(&mut deliveries).await;
+        assert_eq!(other.payload, Bytes::from_static(b"next"));
+        other.settle.ack().await.expect("ack");
+
+        let again = next_delivery(&mut deliveries).await;
+        let waited = nacked.elapsed();
+        println!("nak(500ms) redelivered after {waited:?}");
+        assert!(waited >= Duration::from_millis(500), "{waited:?}");
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        assert_eq!(again.delivered, 2);
+        assert_eq!(again.payload, Bytes::from_static(b"retry me"));
+        again.settle.ack().await.expect("ack");
+        // A settle from the superseded delivery changes nothing.
+        first.settle.nak(Duration::ZERO).await.expect("stale nak");
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(300))
+                .await
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn unsettled_delivery_is_redelivered_after_ack_wait() {
+        let (_dir, broker) = open_temp().await;
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Bulk,
+                &settings("workers", Duration::from_secs(1)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        let batch = [message(
+            &names,
+            StreamClass::Bulk,
+            "email",
+            "evt-lost",
+            "forgotten",
+        )];
+        assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+        // Held and never settled, like a worker that died mid-dispatch.
+        let first = next_delivery(&mut deliveries).await;
+        let received = Instant::now();
+        assert_eq!(first.delivered, 1);
+
+        let again = next_delivery(&mut deliveries).await;
+        let waited = received.elapsed();
+        println!("unsettled delivery came back after {waited:?} (ack wait 1s)");
+        assert!(waited >= Duration::from_millis(990), "{waited:?}");
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        assert_eq!(again.delivered, 2);
+        assert_eq!(again.subject, names.subject(StreamClass::Bulk, "email"));
+        again.settle.ack().await.expect("ack");
+        // The late holder's ack is honoured too (the work was done).
+        first.settle.ack().await.expect("late ack");
+    }
+
+    #[tokio::test]
+    async fn in_progress_postpones_redelivery() {
+        let (_dir, broker) = open_temp().await;
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(1)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["slow"]).await;
+        let first = next_delivery(&mut deliveries).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let extended = Instant::now();
+        first.settle.in_progress().await.expect("in progress");
+
+        // Past the original deadline (1s after delivery), not yet the extended one.
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(700))
+                .await
+                .is_none(),
+            "redelivered despite in_progress"
+        );
+        let again = next_delivery(&mut deliveries).await;
+        let waited = extended.elapsed();
+        assert!(waited >= Duration::from_millis(990), "{waited:?}");
+        assert_eq!(again.delivered, 2);
+        again.settle.ack().await.expect("ack");
+    }
+
+    #[tokio::test]
+    async fn subscribers_on_one_durable_share_the_messages() {
+        let (_dir, broker) = open_temp().await;
+        let shared = settings("workers", Duration::from_secs(30));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut readers = Vec::new();
+        for index in 0..2 {
+            // A clone of the handle shares the consumer state, like workers do.
+            let mut deliveries = broker
+                .clone()
+                .subscribe(StreamClass::Critical, &shared, 1)
+                .await
+                .expect("subscribe");
+            let tx = tx.clone();
+            readers.push(tokio::spawn(async move {
+                while let Some(item) = deliveries.next().await {
+                    let delivery = item.expect("delivery");
+                    // A little work, so both subscribers get a share.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    delivery.settle.ack().await.expect("ack");
+                    let payload = String::from_utf8(delivery.payload.to_vec()).expect("utf8");
+                    if tx.send((index, payload, delivery.delivered)).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        let payloads: Vec<String> = (0..300).map(|i| format!("m{i:03}")).collect();
+        let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
+        publish_critical(&broker, &refs).await;
+
+        let mut seen = std::collections::BTreeMap::new();
+        let mut per_subscriber = [0usize; 2];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen.len() < payloads.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (index, payload, delivered) = tokio::time::timeout(left, rx.recv())
+                .await
+                .expect("all messages within 20s")
+                .expect("readers alive");
+            assert_eq!(delivered, 1, "{payload} was redelivered");
+            assert!(
+                seen.insert(payload.clone(), index).is_none(),
+                "{payload} twice"
+            );
+            per_subscriber[index] += 1;
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), rx.recv())
+                .await
+                .is_err(),
+            "a message was delivered twice"
+        );
+        for reader in readers {
+            reader.abort();
+        }
+        println!("split between the two subscribers: {per_subscriber:?}");
+        assert!(per_subscriber.iter().all(|n| *n > 0), "{per_subscriber:?}");
+        let delivered: Vec<String> = seen.keys().cloned().collect();
+        assert_eq!(delivered, payloads);
+    }
+
+    #[tokio::test]
+    async fn each_durable_consumer_sees_every_message_of_its_stream() {
+        let (_dir, broker) = open_temp().await;
+        let names = broker.names().clone();
+        let batch = [
+            message(&names, StreamClass::Critical, "sms", "evt-c", "critical"),
+            message(&names, StreamClass::Bulk, "email", "evt-b", "bulk"),
+        ];
+        assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+        for name in ["workers", "auditors"] {
+            let mut critical = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings(name, Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            let delivery = next_delivery(&mut critical).await;
+            assert_eq!(delivery.payload, Bytes::from_static(b"critical"));
+            delivery.settle.ack().await.expect("ack");
+            assert!(
+                next_within(&mut critical, Duration::from_millis(300))
+                    .await
+                    .is_none()
+            );
+        }
+        let mut bulk = broker
+            .subscribe(
+                StreamClass::Bulk,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        assert_eq!(
+            next_delivery(&mut bulk).await.payload,
+            Bytes::from_static(b"bulk")
+        );
+    }
+
+    #[tokio::test]
+    async fn unacked_messages_are_delivered_again_after_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("dev.db");
+        let names = StreamNames::default();
+        let shared = settings("workers", Duration::from_secs(30));
+
+        let first_pool = pool(&path).await;
+        let broker = EmbeddedBroker::open(first_pool.clone(), names.clone())
+            .await
+            .expect("open");
+        publish_critical(&broker, &["a", "b", "c"]).await;
+        let mut deliveries = broker
+            .subscribe(StreamClass::Critical, &shared, 4)
+            .await
+            .expect("subscribe");
+        let a = next_delivery(&mut deliveries).await;
+        a.settle.ack().await.expect("ack a");
+        // b is held and c naked for a long while when the process stops.
+        let b = next_delivery(&mut deliveries).await;
+        let c = next_delivery(&mut deliveries).await;
+        c.settle.nak(Duration::from_secs(60)).await.expect("nak c");
+        drop((deliveries, b, c, broker));
+        first_pool.close().await;
+
+        let broker = EmbeddedBroker::open(pool(&path).await, names.clone())
+            .await
+            .expect("reopen");
+        let mut deliveries = broker
+            .subscribe(StreamClass::Critical, &shared, 4)
+            .await
+            .expect("subscribe again");
+        let mut again = Vec::new();
+        for _ in 0..2 {
+            let delivery = next_delivery(&mut deliveries).await;
+            assert_eq!(
+                delivery.delivered, 1,
+                "the count starts over after a restart"
+            );
+            again.push(delivery.payload.clone());
+            delivery.settle.ack().await.expect("ack");
+        }
+        assert_eq!(again, [Bytes::from_static(b"b"), Bytes::from_static(b"c")]);
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(300))
+                .await
+                .is_none()
+        );
+        assert_eq!(broker.len(&names.critical).await.expect("len"), 3);
+    }
+
+    #[tokio::test]
+    async fn rows_published_through_another_handle_are_picked_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared_pool = pool(&dir.path().join("dev.db")).await;
+        let names = StreamNames::default();
+        let consumer_side = EmbeddedBroker::open(shared_pool.clone(), names.clone())
+            .await
+            .expect("open");
+        // Separately opened: its publishes do not wake the other handle's subscribers.
+        let producer_side = EmbeddedBroker::open(shared_pool, names.clone())
+            .await
+            .expect("open again");
+        let mut deliveries = consumer_side
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        let probe = tokio::spawn(async move {
+            let delivery = next_delivery(&mut deliveries).await;
+            (Instant::now(), delivery)
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        publish_critical(&producer_side, &["elsewhere"]).await;
+        let (arrived, delivery) = probe.await.expect("probe");
+        let waited = arrived - started;
+        println!("row from another handle delivered after {waited:?}");
+        assert!(
+            waited <= POLL_INTERVAL + Duration::from_millis(100),
+            "{waited:?}"
+        );
+        assert_eq!(delivery.payload, Bytes::from_static(b"elsewhere"));
+    }
+
+    #[tokio::test]
+    async fn scanning_skips_acked_rows_and_pages_through_a_backlog() {
+        let (_dir, broker) = open_temp().await;
+        let count = usize::try_from(SCAN_PAGE).expect("page") * 2 + 10;
+        let payloads: Vec<String> = (0..count).map(|i| format!("b{i:04}")).collect();
+        let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
+        publish_critical(&broker, &refs).await;
+        let shared = settings("workers", Duration::from_secs(30));
+        let mut deliveries = broker
+            .subscribe(StreamClass::Critical, &shared, 4)
+            .await
+            .expect("subscribe");
+        // Ack the first half, in order, then stop.
+        for expected in &payloads[..count / 2] {
+            let delivery = next_delivery(&mut deliveries).await;
+            assert_eq!(delivery.payload, Bytes::from(expected.clone()));
+            delivery.settle.ack().await.expect("ack");
+        }
+        drop(deliveries);
+        // A fresh broker (a restart) delivers exactly the unacked second half, in order.
+        let restarted = EmbeddedBroker::open(broker.pool.clone(), broker.names().clone())
+            .await
+            .expect("reopen");
+        let mut deliveries = restarted
+            .subscribe(StreamClass::Critical, &shared, 4)
+            .await
+            .expect("subscribe");
+        for expected in &payloads[count / 2..] {
+            let delivery = next_delivery(&mut deliveries).await;
+            assert_eq!(delivery.payload, Bytes::from(expected.clone()));
+            delivery.settle.ack().await.expect("ack");
+        }
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(300))
+                .await
+                .is_none()
+        );
     }
 }

@@ -4,17 +4,25 @@
 //! so a retried publish inside the streams' duplicate window is stored only once.
 //! Publishes are pipelined: a batch sends messages without waiting, and awaits the
 //! acknowledgements as they come back, with a bound on how many are in flight.
+//!
+//! Workers read the streams through one durable pull consumer per stream (see
+//! [`WorkQueue`]), with explicit acks and unlimited redeliveries.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::connection::State;
-use async_nats::jetstream::{self, context::PublishAckFuture, stream};
-use async_nats::{ConnectOptions, HeaderMap, ServerAddr};
-use futures::stream::{FuturesUnordered, StreamExt};
+use async_nats::jetstream::consumer::{self, PullConsumer, pull};
+use async_nats::jetstream::stream::ConsumerErrorKind;
+use async_nats::jetstream::{self, AckKind, context::PublishAckFuture, stream};
+use async_nats::{ConnectOptions, HeaderMap, ServerAddr, Subject};
+use futures::stream::{BoxStream, FuturesUnordered, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use super::{Broker, BrokerError, Publish, StreamNames};
+use super::{
+    Broker, BrokerError, ConsumerSettings, Delivery, Publish, Settle, StreamClass, StreamNames,
+    WorkQueue,
+};
 
 /// How long one TCP/TLS/handshake attempt may take when connecting.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
@@ -30,6 +38,20 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_IN_FLIGHT: usize = 512;
 /// De-duplication window of both streams: a message id seen within it is not stored again.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// Deliveries a consumer may have outstanding (delivered, not yet acked) across all its
+/// subscribers. Messages nak'd with a delay count until redelivered, so this sits far
+/// above any fleet's dispatch concurrency: a burst of retries must not stall new work.
+pub const MAX_ACK_PENDING: i64 = 20_000;
+/// How long one pull request stays open on the server before the client renews it.
+const PULL_EXPIRES: Duration = Duration::from_secs(30);
+/// Idle heartbeat asked of the server while a pull request waits, so a lost request
+/// (server restart, dropped interest) is noticed and reported.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(10);
+/// First wait before reopening a consumer's message stream that ended; doubles up to
+/// [`REOPEN_MAX_DELAY`] while reopening keeps failing.
+const REOPEN_MIN_DELAY: Duration = Duration::from_millis(250);
+/// Longest wait between attempts to reopen a message stream.
+const REOPEN_MAX_DELAY: Duration = Duration::from_secs(10);
 
 /// Publishes accepted events to NATS JetStream.
 ///
@@ -226,6 +248,250 @@ impl Broker for JetStreamBroker {
 
     fn connected(&self) -> bool {
         self.client.connection_state() == State::Connected
+    }
+}
+
+#[async_trait::async_trait]
+impl WorkQueue for JetStreamBroker {
+    /// Creates (or reuses) the durable pull consumer `settings.durable_name` on the
+    /// class's stream and pulls from it continuously, `prefetch` messages per pull
+    /// request. The server pushes each message into the open request as soon as it is
+    /// stored, so an idle subscriber sees new work within a round trip.
+    async fn subscribe(
+        &self,
+        class: StreamClass,
+        settings: &ConsumerSettings,
+        prefetch: usize,
+    ) -> Result<BoxStream<'static, Result<Delivery, BrokerError>>, BrokerError> {
+        validate_consumer_name(&settings.durable_name)?;
+        let mut subscription = Subscription {
+            js: self.js.clone(),
+            client: self.client.clone(),
+            stream: self.names.stream(class).to_owned(),
+            config: consumer_config(settings),
+            prefetch: prefetch.max(1),
+            messages: None,
+            reopen_delay: REOPEN_MIN_DELAY,
+        };
+        // Open now so a missing stream or a refused consumer fails the call itself.
+        subscription.messages = Some(subscription.open().await?);
+        Ok(
+            futures::stream::unfold(subscription, |mut subscription| async move {
+                let item = subscription.next().await;
+                Some((item, subscription))
+            })
+            .boxed(),
+        )
+    }
+}
+
+/// The durable pull consumer every worker process creates identically.
+fn consumer_config(settings: &ConsumerSettings) -> pull::Config {
+    pull::Config {
+        durable_name: Some(settings.durable_name.clone()),
+        description: Some("Switchboard delivery workers".to_owned()),
+        deliver_policy: consumer::DeliverPolicy::All,
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: settings.ack_wait,
+        // Unlimited: workers decide when a message is finished (ack), never the broker.
+        max_deliver: -1,
+        max_ack_pending: MAX_ACK_PENDING,
+        ..Default::default()
+    }
+}
+
+/// Consumer names end up in subjects: no dots, wildcards, separators or whitespace.
+fn validate_consumer_name(name: &str) -> Result<(), BrokerError> {
+    let invalid = |c: char| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\');
+    if name.is_empty() || name.contains(invalid) {
+        return Err(BrokerError(format!(
+            "invalid durable consumer name {name:?}: it must be non-empty, without \
+             whitespace, '.', '*', '>', '/' or '\\'"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates the consumer, or updates it to `config`; both are no-ops when it already
+/// exists with that configuration, so concurrent start-ups agree on one consumer.
+async fn ensure_consumer(
+    js: &jetstream::Context,
+    stream: &str,
+    config: pull::Config,
+) -> Result<PullConsumer, BrokerError> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let err = match js.create_consumer_on_stream(config, stream).await {
+        Ok(consumer) => return Ok(consumer),
+        Err(err) => err,
+    };
+    if let ConsumerErrorKind::JetStream(js_err) = &err.kind()
+        && js_err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    {
+        return Err(BrokerError(format!(
+            "cannot create consumer {name}: stream {stream} does not exist (run setup first)"
+        )));
+    }
+    // An existing consumer whose settings cannot change in place (another version of
+    // the workers created it) still serves: use it as it is rather than not at all.
+    match js
+        .get_consumer_from_stream::<pull::Config, _, _>(&name, stream)
+        .await
+    {
+        Ok(existing) => {
+            tracing::warn!(
+                consumer = %name,
+                stream,
+                error = %err,
+                "cannot apply the consumer settings; using the existing consumer as it is"
+            );
+            Ok(existing)
+        }
+        Err(_) => Err(BrokerError(format!(
+            "cannot create consumer {name} on stream {stream}: {err}"
+        ))),
+    }
+}
+
+/// One subscriber's continuous pull, reopened when the library gives up on it.
+struct Subscription {
+    js: jetstream::Context,
+    client: async_nats::Client,
+    stream: String,
+    config: pull::Config,
+    prefetch: usize,
+    /// `None` after the library ended the stream (consumer deleted and the like).
+    messages: Option<pull::Stream>,
+    /// Wait before the next reopen attempt.
+    reopen_delay: Duration,
+}
+
+impl Subscription {
+    async fn open(&self) -> Result<pull::Stream, BrokerError> {
+        let consumer = ensure_consumer(&self.js, &self.stream, self.config.clone()).await?;
+        consumer
+            .stream()
+            .max_messages_per_batch(self.prefetch)
+            .expires(PULL_EXPIRES)
+            .heartbeat(PULL_HEARTBEAT)
+            .messages()
+            .await
+            .map_err(|err| {
+                BrokerError(format!(
+                    "cannot pull from consumer {} on stream {}: {err}",
+                    consumer.cached_info().name,
+                    self.stream
+                ))
+            })
+    }
+
+    /// The next delivery, or an error to report; never ends the subscription.
+    async fn next(&mut self) -> Result<Delivery, BrokerError> {
+        let messages = match &mut self.messages {
+            Some(messages) => messages,
+            None => {
+                tokio::time::sleep(self.reopen_delay).await;
+                self.reopen_delay = (self.reopen_delay * 2).min(REOPEN_MAX_DELAY);
+                self.messages.insert(self.open().await?)
+            }
+        };
+        match messages.next().await {
+            Some(Ok(message)) => {
+                self.reopen_delay = REOPEN_MIN_DELAY;
+                delivery(&self.client, message)
+            }
+            Some(Err(err)) => {
+                // The first three end the library's stream. After the last two its pull
+                // request is probably gone and would only be renewed when it expires, so
+                // a fresh pull (nothing is buffered then) restores delivery sooner. Other
+                // errors the library recovers from itself (it re-pulls on reconnect).
+                if matches!(
+                    err.kind(),
+                    pull::MessagesErrorKind::ConsumerDeleted
+                        | pull::MessagesErrorKind::PushBasedConsumer
+                        | pull::MessagesErrorKind::RequestLimitExceeded
+                        | pull::MessagesErrorKind::MissingHeartbeat
+                        | pull::MessagesErrorKind::NoResponders
+                ) {
+                    self.messages = None;
+                }
+                Err(BrokerError(format!(
+                    "pulling from stream {}: {err}",
+                    self.stream
+                )))
+            }
+            None => {
+                self.messages = None;
+                Err(BrokerError(format!(
+                    "message stream of {} ended; reopening",
+                    self.stream
+                )))
+            }
+        }
+    }
+}
+
+/// Wraps a pulled message; its reply subject is the handle for settling it.
+fn delivery(
+    client: &async_nats::Client,
+    message: jetstream::Message,
+) -> Result<Delivery, BrokerError> {
+    let delivered = message
+        .info()
+        .map_err(|err| BrokerError(format!("pulled message without delivery info: {err}")))?
+        .delivered;
+    let jetstream::Message { message, .. } = message;
+    let reply = message
+        .reply
+        .ok_or_else(|| BrokerError("pulled message without a reply subject".into()))?;
+    Ok(Delivery {
+        subject: message.subject.to_string(),
+        payload: message.payload,
+        delivered: u64::try_from(delivered).unwrap_or(0).max(1),
+        settle: Box::new(JetStreamSettle {
+            client: client.clone(),
+            reply,
+        }),
+    })
+}
+
+/// Settles one JetStream delivery through its ack subject.
+struct JetStreamSettle {
+    client: async_nats::Client,
+    reply: Subject,
+}
+
+impl JetStreamSettle {
+    /// Fire-and-forget: a lost nak or progress only means the ack wait runs its course.
+    async fn send(&self, kind: AckKind) -> Result<(), BrokerError> {
+        self.client
+            .publish(self.reply.clone(), kind.into())
+            .await
+            .map_err(|err| BrokerError(format!("cannot settle delivery: {err}")))
+    }
+}
+
+#[async_trait::async_trait]
+impl Settle for JetStreamSettle {
+    /// Waits for the server to confirm the ack, so `Ok` means it will not come back.
+    async fn ack(&self) -> Result<(), BrokerError> {
+        let request = self.client.request(self.reply.clone(), AckKind::Ack.into());
+        match tokio::time::timeout(ACK_TIMEOUT, request).await {
+            Ok(Ok(_confirmation)) => Ok(()),
+            Ok(Err(err)) => Err(BrokerError(format!("ack not confirmed: {err}"))),
+            Err(_elapsed) => Err(BrokerError(format!(
+                "ack not confirmed within {}s",
+                ACK_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    async fn nak(&self, delay: Duration) -> Result<(), BrokerError> {
+        let delay = (!delay.is_zero()).then_some(delay);
+        self.send(AckKind::Nak(delay)).await
+    }
+
+    async fn in_progress(&self) -> Result<(), BrokerError> {
+        self.send(AckKind::Progress).await
     }
 }
 
@@ -635,6 +901,407 @@ mod tests {
         println!("unreachable NATS reported in {elapsed:?}: {err}");
         assert!(elapsed < Duration::from_secs(6), "took {elapsed:?}");
         assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    }
+
+    fn settings(durable_name: &str, ack_wait: Duration) -> ConsumerSettings {
+        ConsumerSettings {
+            durable_name: durable_name.to_owned(),
+            ack_wait,
+        }
+    }
+
+    type Deliveries = BoxStream<'static, Result<Delivery, BrokerError>>;
+
+    /// The next delivery, or `None` if none comes within `within`.
+    async fn next_within(deliveries: &mut Deliveries, within: Duration) -> Option<Delivery> {
+        match tokio::time::timeout(within, deliveries.next()).await {
+            Err(_elapsed) => None,
+            Ok(Some(Ok(delivery))) => Some(delivery),
+            Ok(Some(Err(err))) => panic!("delivery failed: {err}"),
+            Ok(None) => panic!("the subscription ended"),
+        }
+    }
+
+    async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
+        next_within(deliveries, Duration::from_secs(5))
+            .await
+            .expect("a delivery within 5s")
+    }
+
+    /// Publishes one critical message per payload, ids `evt-{payload}`.
+    async fn publish_critical(broker: &JetStreamBroker, payloads: &[&str]) {
+        let names = broker.names().clone();
+        let batch: Vec<Publish> = payloads
+            .iter()
+            .map(|p| message(&names, StreamClass::Critical, "sms", &format!("evt-{p}"), p))
+            .collect();
+        assert_all_ok(&broker.publish_batch(&batch).await);
+    }
+
+    #[tokio::test]
+    async fn published_critical_message_is_delivered_within_milliseconds() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(30)),
+                    16,
+                )
+                .await
+                .expect("subscribe");
+            // A reader that timestamps each delivery the moment it is yielded.
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let reader = tokio::spawn(async move {
+                while let Some(item) = deliveries.next().await {
+                    if tx.send((Instant::now(), item)).is_err() {
+                        break;
+                    }
+                }
+            });
+            // Let the first pull request reach the server: the stream is idle from here.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+
+            let mut latencies = Vec::new();
+            for i in 0..5 {
+                let payload = format!("urgent {i}");
+                let started = Instant::now();
+                publish_critical(&broker, &[payload.as_str()]).await;
+                let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                    .await
+                    .expect("delivered within 5s")
+                    .expect("reader alive");
+                let delivery = item.expect("a delivery");
+                latencies.push(arrived - started);
+                assert_eq!(
+                    delivery.subject,
+                    names.subject(StreamClass::Critical, "sms")
+                );
+                assert_eq!(delivery.payload, Bytes::from(payload));
+                assert_eq!(delivery.delivered, 1);
+                delivery.settle.ack().await.expect("ack");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            reader.abort();
+            println!("publish-to-delivery latencies on an idle critical stream: {latencies:?}");
+            let worst = latencies.iter().max().copied().unwrap_or_default();
+            assert!(worst < Duration::from_millis(100), "{latencies:?}");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn acked_delivery_is_not_redelivered() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(1)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            publish_critical(&broker, &["once"]).await;
+            let delivery = next_delivery(&mut deliveries).await;
+            assert_eq!(delivery.payload, Bytes::from_static(b"once"));
+            delivery.settle.ack().await.expect("ack");
+
+            assert!(
+                next_within(&mut deliveries, Duration::from_secs(2))
+                    .await
+                    .is_none(),
+                "an acked message came back"
+            );
+            let info = broker
+                .js
+                .get_stream(&names.critical)
+                .await
+                .expect("stream")
+                .consumer_info("workers")
+                .await
+                .expect("consumer info");
+            assert_eq!(info.num_ack_pending, 0);
+            assert_eq!(info.num_pending, 0);
+            assert_eq!(info.ack_floor.stream_sequence, 1);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn nak_redelivers_after_the_delay() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            publish_critical(&broker, &["retry me"]).await;
+            let first = next_delivery(&mut deliveries).await;
+            assert_eq!(first.delivered, 1);
+            let nacked = Instant::now();
+            first
+                .settle
+                .nak(Duration::from_millis(500))
+                .await
+                .expect("nak");
+
+            let again = next_delivery(&mut deliveries).await;
+            let waited = nacked.elapsed();
+            println!("nak(500ms) redelivered after {waited:?}");
+            assert!(waited >= Duration::from_millis(450), "{waited:?}");
+            assert_eq!(again.delivered, 2);
+            assert_eq!(again.payload, Bytes::from_static(b"retry me"));
+            again.settle.ack().await.expect("ack");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn unsettled_delivery_is_redelivered_after_ack_wait() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Bulk,
+                    &settings("workers", Duration::from_secs(1)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            let names = broker.names().clone();
+            let batch = [message(
+                &names,
+                StreamClass::Bulk,
+                "email",
+                "evt-lost",
+                "forgotten",
+            )];
+            assert_all_ok(&broker.publish_batch(&batch).await);
+            // Held and never settled, like a worker that died mid-dispatch.
+            let first = next_delivery(&mut deliveries).await;
+            let received = Instant::now();
+            assert_eq!(first.delivered, 1);
+
+            let again = next_delivery(&mut deliveries).await;
+            let waited = received.elapsed();
+            println!("unsettled delivery came back after {waited:?} (ack wait 1s)");
+            assert!(waited >= Duration::from_millis(900), "{waited:?}");
+            assert_eq!(again.delivered, 2);
+            assert_eq!(again.subject, names.subject(StreamClass::Bulk, "email"));
+            again.settle.ack().await.expect("ack");
+            drop(first);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn in_progress_postpones_redelivery() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(1)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            publish_critical(&broker, &["slow"]).await;
+            let first = next_delivery(&mut deliveries).await;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let extended = Instant::now();
+            first.settle.in_progress().await.expect("in progress");
+
+            // Past the original deadline (1s after delivery), not yet the extended one.
+            assert!(
+                next_within(&mut deliveries, Duration::from_millis(700))
+                    .await
+                    .is_none(),
+                "redelivered despite in_progress"
+            );
+            let again = next_delivery(&mut deliveries).await;
+            let waited = extended.elapsed();
+            assert!(waited >= Duration::from_millis(900), "{waited:?}");
+            assert_eq!(again.delivered, 2);
+            again.settle.ack().await.expect("ack");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn subscribers_on_one_durable_share_the_messages() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let shared = settings("workers", Duration::from_secs(30));
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut readers = Vec::new();
+            for index in 0..2 {
+                let mut deliveries = broker
+                    .subscribe(StreamClass::Critical, &shared, 1)
+                    .await
+                    .expect("subscribe");
+                let tx = tx.clone();
+                readers.push(tokio::spawn(async move {
+                    while let Some(item) = deliveries.next().await {
+                        let delivery = item.expect("delivery");
+                        // A little work, so both subscribers get a share.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        delivery.settle.ack().await.expect("ack");
+                        let payload = String::from_utf8(delivery.payload.to_vec()).expect("utf8");
+                        if tx.send((index, payload, delivery.delivered)).is_err() {
+                            break;
+                        }
+                    }
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let payloads: Vec<String> = (0..40).map(|i| format!("m{i:02}")).collect();
+            let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
+            publish_critical(&broker, &refs).await;
+
+            let mut seen = std::collections::BTreeMap::new();
+            let mut per_subscriber = [0usize; 2];
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while seen.len() < payloads.len() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let (index, payload, delivered) = tokio::time::timeout(left, rx.recv())
+                    .await
+                    .expect("all messages within 10s")
+                    .expect("readers alive");
+                assert_eq!(delivered, 1, "{payload} was redelivered");
+                assert!(
+                    seen.insert(payload.clone(), index).is_none(),
+                    "{payload} twice"
+                );
+                per_subscriber[index] += 1;
+            }
+            // Nothing more: every message went to exactly one subscriber.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(500), rx.recv())
+                    .await
+                    .is_err()
+            );
+            for reader in readers {
+                reader.abort();
+            }
+            println!("split between the two subscribers: {per_subscriber:?}");
+            assert!(per_subscriber.iter().all(|n| *n > 0), "{per_subscriber:?}");
+            let expected: Vec<String> = seen.keys().cloned().collect();
+            assert_eq!(expected, payloads);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_deleted_consumer_is_recreated_and_the_subscription_goes_on() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            publish_critical(&broker, &["before"]).await;
+            next_delivery(&mut deliveries)
+                .await
+                .settle
+                .ack()
+                .await
+                .expect("ack");
+
+            broker
+                .js
+                .delete_consumer_from_stream("workers", &names.critical)
+                .await
+                .expect("delete consumer");
+            let item = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+                .await
+                .expect("the deletion is reported")
+                .expect("the subscription goes on");
+            let err = item.err().expect("an error item");
+            println!("reported: {err}");
+
+            publish_critical(&broker, &["after"]).await;
+            let delivery = loop {
+                match tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+                    .await
+                    .expect("delivery after the consumer is recreated")
+                    .expect("the subscription goes on")
+                {
+                    Ok(delivery) => break delivery,
+                    Err(err) => println!("reported: {err}"),
+                }
+            };
+            // The recreated consumer starts from the beginning of the stream.
+            assert_eq!(delivery.payload, Bytes::from_static(b"before"));
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_subscribes_create_one_consumer_per_stream_with_the_settings() {
+        isolated(|broker| async move {
+            let shared = settings("workers", Duration::from_millis(2_500));
+            // Before setup the streams are missing: the subscribe itself fails.
+            let err = broker
+                .subscribe(StreamClass::Critical, &shared, 8)
+                .await
+                .err()
+                .expect("no stream yet");
+            assert!(err.to_string().contains(&broker.names().critical), "{err}");
+            let err = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("bad.name", Duration::from_secs(1)),
+                    8,
+                )
+                .await
+                .err()
+                .expect("invalid name");
+            assert!(err.to_string().contains("bad.name"), "{err}");
+
+            broker.setup().await.expect("setup");
+            let attempts = (0..8).map(|i| {
+                let class = if i % 2 == 0 {
+                    StreamClass::Critical
+                } else {
+                    StreamClass::Bulk
+                };
+                broker.subscribe(class, &shared, 8)
+            });
+            for result in futures::future::join_all(attempts).await {
+                drop(result.expect("concurrent subscribe"));
+            }
+
+            let names = broker.names().clone();
+            for stream_name in [&names.critical, &names.bulk] {
+                let stream = broker.js.get_stream(stream_name).await.expect("stream");
+                let consumers: Vec<String> = stream
+                    .consumer_names()
+                    .map(|name| name.expect("consumer name"))
+                    .collect()
+                    .await;
+                assert_eq!(consumers, ["workers"], "{stream_name}");
+                let info = stream.consumer_info("workers").await.expect("info");
+                assert_eq!(info.config.durable_name.as_deref(), Some("workers"));
+                assert_eq!(info.config.ack_policy, consumer::AckPolicy::Explicit);
+                assert_eq!(info.config.ack_wait, Duration::from_millis(2_500));
+                assert_eq!(info.config.max_deliver, -1);
+                assert_eq!(info.config.max_ack_pending, MAX_ACK_PENDING);
+            }
+        })
+        .await;
     }
 
     #[test]

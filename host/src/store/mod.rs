@@ -63,7 +63,9 @@ pub trait Store: Send + Sync + 'static {
     async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError>;
 
     /// Writes message records and, in the same transaction, outbox items (events whose
-    /// broker publish failed). Either everything is written or nothing.
+    /// broker publish failed). Either everything is written or nothing. A message whose
+    /// event id is already stored is skipped: a worker that got the event from the
+    /// broker first has written it (see `claim_message`), perhaps moved it on already.
     async fn insert_messages(
         &self,
         messages: &[NewMessage],
@@ -203,8 +205,11 @@ pub trait Store: Send + Sync + 'static {
         phone_masked: &str,
     ) -> Result<bool, StoreError>;
     /// Removes a number; false if it was not listed.
-    async fn dnd_remove(&self, workspace: &WorkspaceId, phone_hash: &str)
-    -> Result<bool, StoreError>;
+    async fn dnd_remove(
+        &self,
+        workspace: &WorkspaceId,
+        phone_hash: &str,
+    ) -> Result<bool, StoreError>;
     /// The list, oldest first.
     async fn dnd_list(&self, workspace: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError>;
     /// Whether a number (by digest) is listed.

@@ -5,11 +5,18 @@
 //! statement per chunk whatever the batch size, well clear of the 65,535-bind limit.
 
 use super::{Store, StoreError};
-use crate::ids::{ApiKeyId, WorkspaceId};
-use crate::model::{ApiKeyRecord, KeyMode, NewApiKey, NewMessage, OutboxItem, Tier, Workspace};
+use crate::ids::{ApiKeyId, EventId, WorkspaceId};
+use crate::model::{
+    ApiKeyRecord, AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport,
+    KeyMode, MessageCursor, MessageFilter, MessageRecord, MessageSnapshot, MessageStatus,
+    NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
+    ProviderRoute, Step, StepStatus, SubscriberContacts, Tier, TimelineEntry, Workspace,
+};
 use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, QueryBuilder, Row};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// How long to wait for a pooled connection (or a new one) before reporting the
@@ -25,6 +32,15 @@ const INSERT_CHUNK: usize = 5_000;
 const REVOCATION_LOCK: i64 = 0x5357_4252_4556_4b31;
 
 const WORKSPACE_COLUMNS: &str = "id, name, tier, created_at";
+
+/// Columns of a [`MessageRecord`] (without its timeline), in `messages`.
+const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, status, attempts, \
+     cost_micro_usd, test_mode, variables_keys::text AS variables_keys, created_at, updated_at, \
+     category, channel, provider, provider_message_id, error_code, error_detail";
+
+/// Longest interval bound in SQL (1,000 years): a larger lease or audit window would
+/// push `now() ± interval` out of PostgreSQL's timestamp range.
+const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
 
 const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at \
      FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id";
@@ -238,7 +254,8 @@ impl Store for PgStore {
                  SELECT e, w, n, s, c, p, ch, st, t, v::jsonb, ca, ca \
                  FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], \
                  $7::text[], $8::text[], $9::bool[], $10::text[], $11::timestamptz[]) \
-                 AS u(e, w, n, s, c, p, ch, st, t, v, ca)",
+                 AS u(e, w, n, s, c, p, ch, st, t, v, ca) \
+                 ON CONFLICT (event_id) DO NOTHING",
             )
             .bind(chunk.iter().map(|m| m.event_id.as_str()).collect::<Vec<_>>())
             .bind(chunk.iter().map(|m| m.workspace.as_str()).collect::<Vec<_>>())
@@ -322,23 +339,833 @@ impl Store for PgStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    async fn claim_message(&self, _m: &NewMessage, _c: &SubscriberContacts, _o: &str, _l: Duration) -> Result<Claim, StoreError> { Err(todo_store()) }
-    async fn record_step(&self, _e: &EventId, _o: &str, _l: Duration, _s: &Step) -> Result<(), StoreError> { Err(todo_store()) }
-    async fn get_message(&self, _w: &WorkspaceId, _e: &EventId) -> Result<Option<MessageRecord>, StoreError> { Err(todo_store()) }
-    async fn list_messages(&self, _w: &WorkspaceId, _f: &MessageFilter, _a: Option<&MessageCursor>, _l: u32) -> Result<Vec<MessageRecord>, StoreError> { Err(todo_store()) }
-    async fn append_timeline(&self, _e: &EventId, _t: &[NewTimelineEntry]) -> Result<bool, StoreError> { Err(todo_store()) }
-    async fn update_preferences(&self, _w: &WorkspaceId, _s: &str, _u: &PreferenceUpdate) -> Result<DateTime<Utc>, StoreError> { Err(todo_store()) }
-    async fn preferences(&self, _w: &WorkspaceId, _s: &str) -> Result<Preferences, StoreError> { Err(todo_store()) }
-    async fn erase_subscriber(&self, _w: &WorkspaceId, _s: &str, _a: Duration) -> Result<ErasureReport, StoreError> { Err(todo_store()) }
-    async fn put_workflow(&self, _w: &WorkspaceId, _n: &str, _d: &serde_json::Value) -> Result<(), StoreError> { Err(todo_store()) }
-    async fn workflow(&self, _w: &WorkspaceId, _n: &str) -> Result<Option<serde_json::Value>, StoreError> { Err(todo_store()) }
-    async fn list_workflows(&self, _w: &WorkspaceId) -> Result<Vec<(String, serde_json::Value, DateTime<Utc>)>, StoreError> { Err(todo_store()) }
-    async fn put_provider_route(&self, _w: &WorkspaceId, _c: &str, _p: &[ProviderRoute]) -> Result<(), StoreError> { Err(todo_store()) }
-    async fn provider_routes(&self, _w: &WorkspaceId) -> Result<BTreeMap<String, Vec<ProviderRoute>>, StoreError> { Err(todo_store()) }
-    async fn dnd_add(&self, _w: &WorkspaceId, _h: &str, _m: &str) -> Result<bool, StoreError> { Err(todo_store()) }
-    async fn dnd_remove(&self, _w: &WorkspaceId, _h: &str) -> Result<bool, StoreError> { Err(todo_store()) }
-    async fn dnd_list(&self, _w: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError> { Err(todo_store()) }
-    async fn dnd_contains(&self, _w: &WorkspaceId, _h: &str) -> Result<bool, StoreError> { Err(todo_store()) }
+    async fn claim_message(
+        &self,
+        message: &NewMessage,
+        contacts: &SubscriberContacts,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let keys = encode_json(&message.variables_keys)?;
+        let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // Ingestion may not have written the row yet; an existing row is never changed.
+        sqlx::query(
+            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
+             priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $11) \
+             ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(message.event_id.as_str())
+        .bind(message.workspace.as_str())
+        .bind(&message.event_name)
+        .bind(&message.subscriber_id)
+        .bind(message.category.as_deref())
+        .bind(message.priority)
+        .bind(&message.channel)
+        .bind(&message.status)
+        .bind(message.test_mode)
+        .bind(keys)
+        .bind(message.created_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Subscriber row before message row: the order erase_subscriber locks them in,
+        // so the two cannot deadlock.
+        sqlx::query(
+            "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
+        )
+        .bind(message.workspace.as_str())
+        .bind(&key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let row = sqlx::query(
+            "SELECT status, lease_owner, lease_until > now() AS leased FROM messages \
+             WHERE event_id = $1 FOR UPDATE",
+        )
+        .bind(message.event_id.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let holder: Option<String> = row.try_get("lease_owner").map_err(map_err)?;
+        let leased: Option<bool> = row.try_get("leased").map_err(map_err)?;
+        if holder.is_some_and(|h| h != owner) && leased == Some(true) {
+            // Keeps the row insert (if any): it is the message as ingested.
+            tx.commit().await.map_err(map_err)?;
+            return Ok(Claim::Busy);
+        }
+        let status =
+            decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
+
+        sqlx::query(
+            "UPDATE messages SET lease_owner = $2, lease_until = now() + $3 WHERE event_id = $1",
+        )
+        .bind(message.event_id.as_str())
+        .bind(owner)
+        .bind(interval(lease))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Under the row lock: every timeline writer locks the message row first.
+        sqlx::query(
+            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+             SELECT event_id, 'queued', created_at, NULL, jsonb_build_object('channel', channel) \
+             FROM messages m WHERE event_id = $1 \
+             AND NOT EXISTS (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id)",
+        )
+        .bind(message.event_id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+
+        let tokens = if contacts.device_tokens.is_empty() {
+            None
+        } else {
+            Some(encode_json(&contacts.device_tokens)?)
+        };
+        // No row comes back when the conflicting row is a tombstone.
+        let upserted = sqlx::query(
+            "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
+             phone_masked, device_tokens, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), now()) \
+             ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
+             subscriber_id = EXCLUDED.subscriber_id, email = EXCLUDED.email, \
+             phone_masked = EXCLUDED.phone_masked, device_tokens = EXCLUDED.device_tokens, \
+             updated_at = EXCLUDED.updated_at \
+             WHERE subscribers.deleted_at IS NULL \
+             RETURNING 1",
+        )
+        .bind(message.workspace.as_str())
+        .bind(&key)
+        .bind(&message.subscriber_id)
+        .bind(contacts.email.as_deref())
+        .bind(contacts.phone_masked.as_deref())
+        .bind(tokens)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+
+        let attempts = sqlx::query(
+            "SELECT attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, \
+             detail FROM delivery_attempts WHERE event_id = $1 ORDER BY attempt_no",
+        )
+        .bind(message.event_id.as_str())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(decode_attempt)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Claim::Claimed(MessageSnapshot {
+            status,
+            attempts,
+            erased: upserted.is_none(),
+        }))
+    }
+
+    async fn record_step(
+        &self,
+        event: &EventId,
+        owner: &str,
+        lease: Duration,
+        step: &Step,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let holder: Option<Option<String>> =
+            sqlx::query_scalar("SELECT lease_owner FROM messages WHERE event_id = $1 FOR UPDATE")
+                .bind(event.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        match holder {
+            Some(Some(holder)) if holder == owner => {}
+            Some(_) => {
+                return Err(StoreError::Conflict(format!(
+                    "{event} is not leased by {owner}"
+                )));
+            }
+            None => return Err(StoreError::Conflict(format!("{event} does not exist"))),
+        }
+
+        match &step.attempt {
+            None => {}
+            Some(AttemptWrite::Start {
+                attempt_no,
+                channel,
+                provider,
+            }) => {
+                sqlx::query(
+                    "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
+                     started_at) VALUES ($1, $2, $3, $4, $5, now())",
+                )
+                .bind(event.as_str())
+                .bind(attempt_no)
+                .bind(channel)
+                .bind(provider)
+                .bind(AttemptState::Started.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+            Some(AttemptWrite::Finish {
+                attempt_no,
+                state,
+                provider_message_id,
+                cost_micro_usd,
+                detail,
+            }) => {
+                sqlx::query(
+                    "UPDATE delivery_attempts SET state = $3, provider_message_id = $4, \
+                     cost_micro_usd = $5, detail = $6, finished_at = now() \
+                     WHERE event_id = $1 AND attempt_no = $2",
+                )
+                .bind(event.as_str())
+                .bind(attempt_no)
+                .bind(state.as_str())
+                .bind(provider_message_id.as_deref())
+                .bind(cost_micro_usd)
+                .bind(detail.as_deref())
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+        }
+
+        let update = &step.message;
+        sqlx::query(
+            "UPDATE messages SET status = COALESCE($2, status), attempts = COALESCE($3, attempts), \
+             channel = COALESCE($4, channel), provider = COALESCE($5, provider), \
+             provider_message_id = COALESCE($6, provider_message_id), \
+             cost_micro_usd = cost_micro_usd + $7, error_code = COALESCE($8, error_code), \
+             error_detail = COALESCE($9, error_detail), updated_at = now(), \
+             lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
+             lease_until = CASE WHEN $10 THEN NULL ELSE now() + $11 END \
+             WHERE event_id = $1",
+        )
+        .bind(event.as_str())
+        .bind(update.status.map(MessageStatus::as_str))
+        .bind(update.attempts)
+        .bind(update.channel.as_deref())
+        .bind(update.provider.as_deref())
+        .bind(update.provider_message_id.as_deref())
+        .bind(update.cost_add_micro_usd)
+        .bind(update.error_code.as_deref())
+        .bind(update.error_detail.as_deref())
+        .bind(update.release_lease)
+        .bind(interval(lease))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+
+        insert_timeline(&mut tx, event, &step.timeline).await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn get_message(
+        &self,
+        workspace: &WorkspaceId,
+        event: &EventId,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        let Some(row) = sqlx::query(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE event_id = $1 AND workspace_id = $2"
+        ))
+        .bind(event.as_str())
+        .bind(workspace.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?
+        else {
+            return Ok(None);
+        };
+        let mut record = decode_message(&row).map_err(map_err)?;
+        let timeline = sqlx::query(
+            "SELECT seq, status, occurred_at, provider, detail::text AS detail \
+             FROM message_events WHERE event_id = $1 ORDER BY seq",
+        )
+        .bind(event.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(decode_timeline_entry)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(map_err)?;
+        record.timeline = Some(timeline);
+        Ok(Some(record))
+    }
+
+    async fn list_messages(
+        &self,
+        workspace: &WorkspaceId,
+        filter: &MessageFilter,
+        after: Option<&MessageCursor>,
+        limit: u32,
+    ) -> Result<Vec<MessageRecord>, StoreError> {
+        // Only the filters given go into the SQL, so that the planner can pick the
+        // matching (workspace, filter, created_at, event_id) index.
+        let mut query: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = "
+        ));
+        query.push_bind(workspace.as_str());
+        if let Some(status) = filter.status {
+            query.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(channel) = &filter.channel {
+            query.push(" AND channel = ").push_bind(channel.as_str());
+        }
+        if let Some(subscriber) = &filter.subscriber_id {
+            query
+                .push(" AND subscriber_id = ")
+                .push_bind(subscriber.as_str());
+        }
+        if let Some(from) = filter.from {
+            query.push(" AND created_at >= ").push_bind(from);
+        }
+        if let Some(to) = filter.to {
+            query.push(" AND created_at <= ").push_bind(to);
+        }
+        if let Some(cursor) = after {
+            query
+                .push(" AND (created_at, event_id) < (")
+                .push_bind(cursor.created_at)
+                .push(", ")
+                .push_bind(cursor.event_id.as_str())
+                .push(")");
+        }
+        query
+            .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
+            .push_bind(i64::from(limit));
+        query
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?
+            .iter()
+            .map(decode_message)
+            .collect::<Result<_, _>>()
+            .map_err(map_err)
+    }
+
+    async fn append_timeline(
+        &self,
+        event: &EventId,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // Updating first also takes the row lock, as every other timeline writer does.
+        let found = sqlx::query("UPDATE messages SET updated_at = now() WHERE event_id = $1")
+            .bind(event.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected()
+            == 1;
+        if !found {
+            return Ok(false);
+        }
+        insert_timeline(&mut tx, event, entries).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
+    async fn update_preferences(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+        update: &PreferenceUpdate,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        let flags = update
+            .categories
+            .values()
+            .map(encode_json)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // The database's clock, as for every other time this store writes.
+        let at: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Rows are written in key order (the maps are sorted), so concurrent updates
+        // lock shared rows in the same order and cannot deadlock.
+        if !update.channels.is_empty() {
+            sqlx::query(
+                "INSERT INTO preference_channels (workspace_id, subscriber_id, channel, enabled, \
+                 updated_at) SELECT $1, $2, c, e, $5 FROM UNNEST($3::text[], $4::bool[]) AS u(c, e) \
+                 ON CONFLICT (workspace_id, subscriber_id, channel) DO UPDATE SET \
+                 enabled = EXCLUDED.enabled, updated_at = EXCLUDED.updated_at",
+            )
+            .bind(workspace.as_str())
+            .bind(subscriber)
+            .bind(update.channels.keys().map(String::as_str).collect::<Vec<_>>())
+            .bind(update.channels.values().copied().collect::<Vec<_>>())
+            .bind(at)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        if !update.categories.is_empty() {
+            sqlx::query(
+                "INSERT INTO preference_categories (workspace_id, subscriber_id, category, flags, \
+                 updated_at) SELECT $1, $2, c, f::jsonb, $5 FROM UNNEST($3::text[], $4::text[]) \
+                 AS u(c, f) ON CONFLICT (workspace_id, subscriber_id, category) DO UPDATE SET \
+                 flags = EXCLUDED.flags, updated_at = EXCLUDED.updated_at",
+            )
+            .bind(workspace.as_str())
+            .bind(subscriber)
+            .bind(
+                update
+                    .categories
+                    .keys()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(flags)
+            .bind(at)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(at)
+    }
+
+    async fn preferences(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+    ) -> Result<Preferences, StoreError> {
+        let channels = sqlx::query(
+            "SELECT channel, enabled FROM preference_channels \
+             WHERE workspace_id = $1 AND subscriber_id = $2",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|row| Ok((row.try_get("channel")?, row.try_get("enabled")?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(map_err)?;
+        let categories = sqlx::query(
+            "SELECT category, flags::text AS flags FROM preference_categories \
+             WHERE workspace_id = $1 AND subscriber_id = $2",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|row| Ok((row.try_get("category")?, decode_json(row, "flags")?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(map_err)?;
+        Ok(Preferences {
+            channels,
+            categories,
+        })
+    }
+
+    async fn erase_subscriber(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+        audit_window: Duration,
+    ) -> Result<ErasureReport, StoreError> {
+        let key = super::subscriber_key(workspace, subscriber);
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let known = sqlx::query(
+            "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
+        )
+        .bind(workspace.as_str())
+        .bind(&key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .is_some();
+        sqlx::query(
+            "INSERT INTO subscribers (workspace_id, subscriber_key, created_at, updated_at, \
+             deleted_at) VALUES ($1, $2, now(), now(), now()) \
+             ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET subscriber_id = NULL, \
+             email = NULL, phone_masked = NULL, device_tokens = NULL, updated_at = now(), \
+             deleted_at = now()",
+        )
+        .bind(workspace.as_str())
+        .bind(&key)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+
+        let mut preferences_deleted = 0;
+        for (table, column) in [
+            ("preference_channels", "channel"),
+            ("preference_categories", "category"),
+        ] {
+            // Locked in key order first, the order update_preferences writes them in:
+            // a bare DELETE could take them in another order and deadlock with it.
+            sqlx::query(&format!(
+                "SELECT 1 FROM {table} WHERE workspace_id = $1 AND subscriber_id = $2 \
+                 ORDER BY {column} FOR UPDATE"
+            ))
+            .bind(workspace.as_str())
+            .bind(subscriber)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            preferences_deleted += sqlx::query(&format!(
+                "DELETE FROM {table} WHERE workspace_id = $1 AND subscriber_id = $2"
+            ))
+            .bind(workspace.as_str())
+            .bind(subscriber)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        }
+
+        let messages_scrubbed = sqlx::query(
+            "UPDATE messages SET subscriber_id = $3, provider_message_id = NULL \
+             WHERE workspace_id = $1 AND subscriber_id = $2 AND created_at < now() - $4",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .bind(format!("erased:{}", &key[..16]))
+        .bind(interval(audit_window))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+
+        sqlx::query(
+            "INSERT INTO erasure_audit (workspace_id, subscriber_key, known_subscriber, \
+             messages_scrubbed, preferences_deleted, requested_at) \
+             VALUES ($1, $2, $3, $4, $5, now())",
+        )
+        .bind(workspace.as_str())
+        .bind(&key)
+        .bind(known)
+        .bind(i64::try_from(messages_scrubbed).unwrap_or(i64::MAX))
+        .bind(i64::try_from(preferences_deleted).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(ErasureReport {
+            known,
+            messages_scrubbed,
+            preferences_deleted,
+        })
+    }
+
+    async fn put_workflow(
+        &self,
+        workspace: &WorkspaceId,
+        name: &str,
+        definition: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO workflows (workspace_id, name, definition, updated_at) \
+             VALUES ($1, $2, $3::jsonb, now()) ON CONFLICT (workspace_id, name) DO UPDATE SET \
+             definition = EXCLUDED.definition, updated_at = EXCLUDED.updated_at",
+        )
+        .bind(workspace.as_str())
+        .bind(name)
+        .bind(encode_json(definition)?)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn workflow(
+        &self,
+        workspace: &WorkspaceId,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let row = sqlx::query(
+            "SELECT definition::text AS definition FROM workflows \
+             WHERE workspace_id = $1 AND name = $2",
+        )
+        .bind(workspace.as_str())
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.map(|row| decode_json(&row, "definition"))
+            .transpose()
+            .map_err(map_err)
+    }
+
+    async fn list_workflows(
+        &self,
+        workspace: &WorkspaceId,
+    ) -> Result<Vec<(String, serde_json::Value, DateTime<Utc>)>, StoreError> {
+        // Byte order, as SQLite sorts, whatever the database's collation.
+        sqlx::query(
+            "SELECT name, definition::text AS definition, updated_at FROM workflows \
+             WHERE workspace_id = $1 ORDER BY name COLLATE \"C\"",
+        )
+        .bind(workspace.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|row| {
+            Ok((
+                row.try_get("name")?,
+                decode_json(row, "definition")?,
+                row.try_get("updated_at")?,
+            ))
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(map_err)
+    }
+
+    async fn put_provider_route(
+        &self,
+        workspace: &WorkspaceId,
+        channel: &str,
+        providers: &[ProviderRoute],
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO provider_routes (workspace_id, channel, providers, updated_at) \
+             VALUES ($1, $2, $3::jsonb, now()) ON CONFLICT (workspace_id, channel) DO UPDATE SET \
+             providers = EXCLUDED.providers, updated_at = EXCLUDED.updated_at",
+        )
+        .bind(workspace.as_str())
+        .bind(channel)
+        .bind(encode_json(&providers)?)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn provider_routes(
+        &self,
+        workspace: &WorkspaceId,
+    ) -> Result<BTreeMap<String, Vec<ProviderRoute>>, StoreError> {
+        sqlx::query(
+            "SELECT channel, providers::text AS providers FROM provider_routes \
+             WHERE workspace_id = $1",
+        )
+        .bind(workspace.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|row| Ok((row.try_get("channel")?, decode_json(row, "providers")?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(map_err)
+    }
+
+    async fn dnd_add(
+        &self,
+        workspace: &WorkspaceId,
+        phone_hash: &str,
+        phone_masked: &str,
+    ) -> Result<bool, StoreError> {
+        let added = sqlx::query(
+            "INSERT INTO dnd_numbers (workspace_id, phone_hash, phone_masked, created_at) \
+             VALUES ($1, $2, $3, now()) ON CONFLICT (workspace_id, phone_hash) DO NOTHING",
+        )
+        .bind(workspace.as_str())
+        .bind(phone_hash)
+        .bind(phone_masked)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(added == 1)
+    }
+
+    async fn dnd_remove(
+        &self,
+        workspace: &WorkspaceId,
+        phone_hash: &str,
+    ) -> Result<bool, StoreError> {
+        let removed =
+            sqlx::query("DELETE FROM dnd_numbers WHERE workspace_id = $1 AND phone_hash = $2")
+                .bind(workspace.as_str())
+                .bind(phone_hash)
+                .execute(&self.pool)
+                .await
+                .map_err(map_err)?
+                .rows_affected();
+        Ok(removed == 1)
+    }
+
+    async fn dnd_list(&self, workspace: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError> {
+        sqlx::query(
+            "SELECT phone_masked, created_at FROM dnd_numbers WHERE workspace_id = $1 \
+             ORDER BY created_at, phone_hash",
+        )
+        .bind(workspace.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|row| {
+            Ok(DndEntry {
+                phone_masked: row.try_get("phone_masked")?,
+                created_at: row.try_get("created_at")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(map_err)
+    }
+
+    async fn dnd_contains(
+        &self,
+        workspace: &WorkspaceId,
+        phone_hash: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM dnd_numbers WHERE workspace_id = $1 AND phone_hash = $2)",
+        )
+        .bind(workspace.as_str())
+        .bind(phone_hash)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+}
+
+/// `entries` appended to `event`'s timeline, in order (`seq` follows the slice).
+async fn insert_timeline(
+    conn: &mut PgConnection,
+    event: &EventId,
+    entries: &[NewTimelineEntry],
+) -> Result<(), StoreError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let details = entries
+        .iter()
+        .map(|e| e.detail.as_ref().map(encode_json).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    sqlx::query(
+        "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+         SELECT $1, s, o, p, d::jsonb \
+         FROM UNNEST($2::text[], $3::timestamptz[], $4::text[], $5::text[]) \
+         WITH ORDINALITY AS u(s, o, p, d, ord) ORDER BY ord",
+    )
+    .bind(event.as_str())
+    .bind(
+        entries
+            .iter()
+            .map(|e| e.status.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(entries.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
+    .bind(
+        entries
+            .iter()
+            .map(|e| e.provider.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(details)
+    .execute(conn)
+    .await
+    .map_err(map_err)?;
+    Ok(())
+}
+
+/// A duration as an SQL interval, exact to the microsecond and capped at
+/// [`MAX_INTERVAL_MICROS`].
+fn interval(d: Duration) -> PgInterval {
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: i64::try_from(d.as_micros())
+            .unwrap_or(i64::MAX)
+            .min(MAX_INTERVAL_MICROS),
+    }
+}
+
+/// JSON text for a `::jsonb` bind (sqlx's `json` feature is not enabled).
+fn encode_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Other(format!("encoding JSON: {e}")))
+}
+
+/// A JSONB column selected as `column::text`.
+fn decode_json<T: serde::de::DeserializeOwned>(
+    row: &PgRow,
+    column: &str,
+) -> Result<T, sqlx::Error> {
+    let text: &str = row.try_get(column)?;
+    serde_json::from_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+/// A nullable JSONB column selected as `column::text`.
+fn decode_optional_json<T: serde::de::DeserializeOwned>(
+    row: &PgRow,
+    column: &str,
+) -> Result<Option<T>, sqlx::Error> {
+    let text: Option<&str> = row.try_get(column)?;
+    text.map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+fn decode_message(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
+    Ok(MessageRecord {
+        event_id: EventId::parse(row.try_get("event_id")?)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        event_name: row.try_get("event_name")?,
+        subscriber_id: row.try_get("subscriber_id")?,
+        priority: row.try_get("priority")?,
+        status: decode_message_status(row.try_get("status")?)?,
+        attempts: row.try_get("attempts")?,
+        cost_micro_usd: row.try_get("cost_micro_usd")?,
+        test_mode: row.try_get("test_mode")?,
+        variables_keys: decode_json(row, "variables_keys")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        category: row.try_get("category")?,
+        channel: row.try_get("channel")?,
+        provider: row.try_get("provider")?,
+        provider_message_id: row.try_get("provider_message_id")?,
+        error_code: row.try_get("error_code")?,
+        error_detail: row.try_get("error_detail")?,
+        timeline: None,
+    })
+}
+
+fn decode_timeline_entry(row: &PgRow) -> Result<TimelineEntry, sqlx::Error> {
+    let status: &str = row.try_get("status")?;
+    Ok(TimelineEntry {
+        seq: row.try_get("seq")?,
+        status: StepStatus::parse(status).ok_or_else(|| {
+            sqlx::Error::Decode(format!("unknown timeline status {status:?}").into())
+        })?,
+        occurred_at: row.try_get("occurred_at")?,
+        provider: row.try_get("provider")?,
+        detail: decode_optional_json(row, "detail")?,
+    })
+}
+
+fn decode_attempt(row: &PgRow) -> Result<AttemptRecord, sqlx::Error> {
+    let state: &str = row.try_get("state")?;
+    Ok(AttemptRecord {
+        attempt_no: row.try_get("attempt_no")?,
+        channel: row.try_get("channel")?,
+        provider: row.try_get("provider")?,
+        state: AttemptState::parse(state).ok_or_else(|| {
+            sqlx::Error::Decode(format!("unknown attempt state {state:?}").into())
+        })?,
+        provider_message_id: row.try_get("provider_message_id")?,
+        cost_micro_usd: row.try_get("cost_micro_usd")?,
+        detail: row.try_get("detail")?,
+    })
+}
+
+fn decode_message_status(status: &str) -> Result<MessageStatus, sqlx::Error> {
+    MessageStatus::parse(status)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown message status {status:?}").into()))
 }
 
 fn decode_workspace(row: &PgRow) -> Result<Workspace, sqlx::Error> {
@@ -485,6 +1312,181 @@ mod tests {
         crate::store::tests::concurrent_ensure_workspace(store).await;
     }
 
+    /// One test per shared delivery test function, each in a fresh database; multi-
+    /// threaded so that the concurrent ones really run in parallel.
+    macro_rules! delivery_tests {
+        ($($name:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let db = TestDb::create().await;
+                crate::store::tests::$name(std::sync::Arc::new(db.store.clone())).await;
+            }
+        )*};
+    }
+
+    delivery_tests!(
+        claim_inserts_missing_row,
+        concurrent_claims,
+        claim_lease,
+        attempts_round_trip,
+        get_message_timeline,
+        list_messages_filters_and_paging,
+        preferences_merge,
+        concurrent_preference_updates,
+        erasure,
+        workflows_routes_and_dnd,
+    );
+
+    /// What the trait does not show: subscriber rows (contacts, then the tombstone,
+    /// which later claims leave alone), the audit row, lease and attempt times.
+    #[tokio::test]
+    async fn delivery_rows() {
+        use crate::model::{AttemptWrite, MessageUpdate, Step, SubscriberContacts};
+        let db = TestDb::create().await;
+        let store = &db.store;
+        let ws = store.ensure_workspace("rows", None).await.unwrap();
+        let m = crate::store::tests::message(&ws.id, 1);
+        let key = super::super::subscriber_key(&ws.id, &m.subscriber_id);
+        let subscriber = || async {
+            sqlx::query(
+                "SELECT subscriber_id, email, phone_masked, device_tokens::text AS tokens, \
+                 deleted_at IS NOT NULL AS erased, created_at FROM subscribers \
+                 WHERE workspace_id = $1 AND subscriber_key = $2",
+            )
+            .bind(ws.id.as_str())
+            .bind(&key)
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+        };
+
+        let contacts = SubscriberContacts {
+            email: Some("a@example.com".into()),
+            phone_masked: Some("+44*******123".into()),
+            device_tokens: vec!["t1".into(), "t2".into()],
+        };
+        let lease = Duration::from_secs(30);
+        store
+            .claim_message(&m, &contacts, "w", lease)
+            .await
+            .unwrap();
+        let row = subscriber().await;
+        assert_eq!(
+            row.get::<Option<String>, _>("subscriber_id").as_deref(),
+            Some(m.subscriber_id.as_str())
+        );
+        assert_eq!(
+            row.get::<Option<String>, _>("email").as_deref(),
+            Some("a@example.com")
+        );
+        assert_eq!(
+            row.get::<Option<String>, _>("phone_masked").as_deref(),
+            Some("+44*******123")
+        );
+        assert_eq!(
+            row.get::<Option<String>, _>("tokens").as_deref(),
+            Some(r#"["t1", "t2"]"#)
+        );
+        let created: DateTime<Utc> = row.get("created_at");
+        let (owner, remaining): (Option<String>, f64) = sqlx::query_as(
+            "SELECT lease_owner, EXTRACT(EPOCH FROM lease_until - now())::float8 FROM messages WHERE event_id = $1",
+        )
+        .bind(m.event_id.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(owner.as_deref(), Some("w"));
+        assert!(remaining > 20.0 && remaining <= 30.0, "{remaining}");
+
+        // The latest contacts win; no tokens is NULL.
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "w", lease)
+            .await
+            .unwrap();
+        let row = subscriber().await;
+        assert_eq!(row.get::<Option<String>, _>("email"), None);
+        assert_eq!(row.get::<Option<String>, _>("tokens"), None);
+        assert_eq!(row.get::<DateTime<Utc>, _>("created_at"), created);
+
+        // Attempt times.
+        for attempt in [
+            AttemptWrite::Start {
+                attempt_no: 1,
+                channel: "sms".into(),
+                provider: "prova".into(),
+            },
+            AttemptWrite::Finish {
+                attempt_no: 1,
+                state: crate::model::AttemptState::Sent,
+                provider_message_id: Some("pm".into()),
+                cost_micro_usd: 5,
+                detail: None,
+            },
+        ] {
+            let step = Step {
+                attempt: Some(attempt),
+                ..Step::default()
+            };
+            store
+                .record_step(&m.event_id, "w", lease, &step)
+                .await
+                .unwrap();
+        }
+        let finished: bool = sqlx::query_scalar(
+            "SELECT finished_at >= started_at FROM delivery_attempts WHERE event_id = $1 AND attempt_no = 1",
+        )
+        .bind(m.event_id.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert!(finished);
+        let release = Step {
+            message: MessageUpdate {
+                release_lease: true,
+                ..MessageUpdate::default()
+            },
+            ..Step::default()
+        };
+        store
+            .record_step(&m.event_id, "w", lease, &release)
+            .await
+            .unwrap();
+        let (owner, until): (Option<String>, Option<DateTime<Utc>>) =
+            sqlx::query_as("SELECT lease_owner, lease_until FROM messages WHERE event_id = $1")
+                .bind(m.event_id.as_str())
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!((owner, until), (None, None));
+
+        // The tombstone keeps only the key and the times, and later claims leave it.
+        let report = store
+            .erase_subscriber(&ws.id, &m.subscriber_id, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        assert!(report.known);
+        let later = crate::store::tests::message(&ws.id, 1);
+        store
+            .claim_message(&later, &contacts, "w", lease)
+            .await
+            .unwrap();
+        let row = subscriber().await;
+        for column in ["subscriber_id", "email", "phone_masked", "tokens"] {
+            assert_eq!(row.get::<Option<String>, _>(column), None, "{column}");
+        }
+        assert!(row.get::<bool, _>("erased"));
+        assert_eq!(row.get::<DateTime<Utc>, _>("created_at"), created);
+        let audit: (String, bool, i64, i64) = sqlx::query_as(
+            "SELECT subscriber_key, known_subscriber, messages_scrubbed, preferences_deleted \
+             FROM erasure_audit WHERE workspace_id = $1",
+        )
+        .bind(ws.id.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(audit, (key.clone(), true, 0, 0));
+    }
+
     #[tokio::test]
     async fn migrate_is_idempotent() {
         let db = TestDb::create().await;
@@ -587,12 +1589,3 @@ mod tests {
         assert_eq!(row.get::<DateTime<Utc>, _>("updated_at"), m.created_at);
     }
 }
-
-// DELIVERY-STUBS: replaced by the real implementation.
-#[allow(unused_imports)]
-use crate::model::{Claim, DndEntry, ErasureReport, MessageCursor, MessageFilter, MessageRecord, NewTimelineEntry, PreferenceUpdate, Preferences, ProviderRoute, Step, SubscriberContacts};
-#[allow(unused_imports)]
-use std::collections::BTreeMap;
-#[allow(unused_imports)]
-use crate::ids::EventId;
-fn todo_store() -> StoreError { StoreError::Other("not implemented yet".into()) }

@@ -3,7 +3,12 @@
 
 use super::{Store, StoreError};
 use crate::ids::{ApiKeyId, EventId, WorkspaceId};
-use crate::model::{ApiKeyRecord, KeyMode, NewApiKey, NewMessage, OutboxItem, Tier, Workspace};
+use crate::model::{
+    ApiKeyRecord, AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, KeyMode,
+    MessageCursor, MessageFilter, MessageRecord, MessageSnapshot, MessageStatus, MessageUpdate,
+    NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
+    ProviderRoute, Step, StepStatus, SubscriberContacts, Tier, Workspace,
+};
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 use std::sync::Arc;
 
@@ -326,12 +331,12 @@ async fn messages_and_outbox(store: &dyn Store, acme: &Workspace) {
         .unwrap();
     assert_eq!(store.outbox_depth().await.unwrap(), depth + 3);
 
-    // The same event id again is a conflict.
-    let err = store
+    // The same event id again is a no-op: a worker that got the event from the broker
+    // before ingestion recorded it has already written the row.
+    store
         .insert_messages(&both[..1], &[])
         .await
-        .expect_err("duplicate event id");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+        .expect("a duplicate event id is ignored");
 
     let peeked = store.outbox_peek(10).await.unwrap();
     let items: Vec<_> = peeked.iter().map(|(_, item)| item.clone()).collect();
@@ -345,40 +350,23 @@ async fn messages_and_outbox(store: &dyn Store, acme: &Workspace) {
 async fn atomicity(store: &dyn Store, acme: &Workspace) {
     let depth = store.outbox_depth().await.unwrap();
 
-    // A duplicate inside the batch.
+    // Duplicates, inside the batch or of a stored row, are ignored and keep the row
+    // that was there first (a worker may already have moved it on).
     let mut batch: Vec<_> = (0..10).map(|i| message(&acme.id, i)).collect();
     batch.push(batch[3].clone());
-    let err = store
-        .insert_messages(&batch, &[outbox_item(7)])
-        .await
-        .expect_err("duplicate in batch");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
-    assert_eq!(store.outbox_depth().await.unwrap(), depth, "no outbox row");
-    // None of the ten was kept: inserting them again succeeds.
-    batch.pop();
     store
         .insert_messages(&batch, &[])
         .await
-        .expect("nothing was left behind");
-
-    // A duplicate of an already stored message, after new ones.
-    let mut batch: Vec<_> = (0..5).map(|i| message(&acme.id, i)).collect();
-    batch.push(message(&acme.id, 5));
-    let stored = batch[5].clone();
-    store
-        .insert_messages(std::slice::from_ref(&stored), &[])
+        .expect("duplicates are ignored");
+    let mut again = batch[4].clone();
+    again.status = "FAILED".into();
+    store.insert_messages(&[again.clone()], &[]).await.unwrap();
+    let kept = store
+        .get_message(&acme.id, &again.event_id)
         .await
+        .unwrap()
         .unwrap();
-    let err = store
-        .insert_messages(&batch, &[outbox_item(8)])
-        .await
-        .expect_err("duplicate of a stored row");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
-    assert_eq!(store.outbox_depth().await.unwrap(), depth);
-    store
-        .insert_messages(&batch[..5], &[])
-        .await
-        .expect("nothing was left behind");
+    assert_eq!(kept.status.as_str(), "QUEUED", "the first row is kept");
 
     // Any other failure (here a message of an unknown workspace) rolls back too.
     let orphan = message(&WorkspaceId::generate(), 0);
@@ -396,19 +384,19 @@ async fn atomicity(store: &dyn Store, acme: &Workspace) {
 }
 
 /// The largest batch the API sends, in one call, and a failing one of the same size
-/// whose duplicate sits at the very end (past the first chunk of any chunked insert).
+/// whose bad row (an unknown workspace) sits at the very end (past the first chunk of
+/// any chunked insert).
 async fn large_batch(store: &dyn Store, acme: &Workspace) {
     const N: usize = 5_000;
     let depth = store.outbox_depth().await.unwrap();
 
     let mut failing: Vec<_> = (0..N).map(|i| message(&acme.id, i)).collect();
-    failing[N - 1] = failing[0].clone();
+    failing[N - 1] = message(&WorkspaceId::generate(), N);
     let outbox: Vec<_> = (0..N).map(outbox_item).collect();
-    let err = store
+    store
         .insert_messages(&failing, &outbox)
         .await
-        .expect_err("duplicate at the end");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+        .expect_err("unknown workspace at the end");
     assert_eq!(store.outbox_depth().await.unwrap(), depth);
 
     let batch: Vec<_> = (0..N).map(|i| message(&acme.id, i)).collect();
@@ -563,4 +551,1365 @@ pub(crate) async fn concurrent_revocations(store: Arc<dyn Store>) {
         store.revocations_since(newest).await.unwrap(),
         (vec![], newest)
     );
+}
+
+// ---- delivery (workers), queries, preferences, erasure, configuration ----
+//
+// Each function below takes a fresh, migrated store (as an `Arc`, so that the
+// concurrent ones can spawn) and works in workspaces of its own. Both backends run
+// every one of them:
+//
+// claim_inserts_missing_row, concurrent_claims, claim_lease, attempts_round_trip,
+// get_message_timeline, list_messages_filters_and_paging, preferences_merge,
+// concurrent_preference_updates, erasure, workflows_routes_and_dnd.
+
+/// Long enough never to expire during a test.
+const LONG_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Short enough to wait out in a test.
+const SHORT_LEASE: std::time::Duration = std::time::Duration::from_millis(200);
+
+fn contacts(email: &str) -> SubscriberContacts {
+    SubscriberContacts {
+        email: Some(email.to_string()),
+        phone_masked: Some("+44*******123".into()),
+        device_tokens: vec!["tok-a".into(), "tok-b".into()],
+    }
+}
+
+fn entry(
+    status: StepStatus,
+    occurred_at: DateTime<Utc>,
+    provider: Option<&str>,
+    detail: Option<serde_json::Value>,
+) -> NewTimelineEntry {
+    NewTimelineEntry {
+        status,
+        occurred_at,
+        provider: provider.map(str::to_string),
+        detail,
+    }
+}
+
+/// A stored timeline without its sequence numbers (after checking they increase).
+fn timeline_of(record: &MessageRecord) -> Vec<NewTimelineEntry> {
+    let timeline = record
+        .timeline
+        .as_ref()
+        .expect("get_message fills the timeline");
+    assert!(
+        timeline.windows(2).all(|w| w[0].seq < w[1].seq),
+        "timeline in seq order: {timeline:?}"
+    );
+    timeline
+        .iter()
+        .map(|e| NewTimelineEntry {
+            status: e.status,
+            occurred_at: e.occurred_at,
+            provider: e.provider.clone(),
+            detail: e.detail.clone(),
+        })
+        .collect()
+}
+
+fn queued_entry(m: &NewMessage) -> NewTimelineEntry {
+    entry(
+        StepStatus::Queued,
+        m.created_at,
+        None,
+        Some(serde_json::json!({ "channel": m.channel })),
+    )
+}
+
+async fn claim(
+    store: &dyn Store,
+    m: &NewMessage,
+    owner: &str,
+    lease: std::time::Duration,
+) -> MessageSnapshot {
+    match store
+        .claim_message(m, &SubscriberContacts::default(), owner, lease)
+        .await
+        .expect("claim_message")
+    {
+        Claim::Claimed(snapshot) => snapshot,
+        Claim::Busy => panic!("{owner} found {} busy", m.event_id),
+    }
+}
+
+async fn get(store: &dyn Store, workspace: &WorkspaceId, event: &EventId) -> MessageRecord {
+    store
+        .get_message(workspace, event)
+        .await
+        .expect("get_message")
+        .unwrap_or_else(|| panic!("{event} not found"))
+}
+
+/// Checks the columns a record takes from the message as ingested.
+fn assert_ingested(record: &MessageRecord, m: &NewMessage) {
+    assert_eq!(record.event_id, m.event_id);
+    assert_eq!(record.event_name, m.event_name);
+    assert_eq!(record.subscriber_id, m.subscriber_id);
+    assert_eq!(record.priority, m.priority);
+    assert_eq!(record.test_mode, m.test_mode);
+    assert_eq!(record.variables_keys, m.variables_keys);
+    assert_eq!(record.created_at, m.created_at);
+    assert_eq!(record.category, m.category);
+}
+
+fn release() -> MessageUpdate {
+    MessageUpdate {
+        release_lease: true,
+        ..MessageUpdate::default()
+    }
+}
+
+/// A claim writes the row when ingestion has not (and never overwrites it), and the
+/// `queued` entry exactly once, only when the message has no timeline yet.
+pub(crate) async fn claim_inserts_missing_row(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("claims", None).await.unwrap();
+    let m = NewMessage {
+        created_at: now() - Duration::seconds(5),
+        ..message(&ws.id, 1)
+    };
+    assert_eq!(store.get_message(&ws.id, &m.event_id).await.unwrap(), None);
+
+    let snapshot = claim(store, &m, "w1", LONG_LEASE).await;
+    assert_eq!(
+        snapshot,
+        MessageSnapshot {
+            status: MessageStatus::Queued,
+            attempts: vec![],
+            erased: false
+        }
+    );
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_ingested(&record, &m);
+    assert_eq!(record.status, MessageStatus::Queued);
+    assert_eq!(record.channel.as_deref(), Some("sms"));
+    assert_eq!((record.attempts, record.cost_micro_usd), (0, 0));
+    assert_eq!(record.updated_at, m.created_at);
+    for column in [
+        &record.provider,
+        &record.provider_message_id,
+        &record.error_code,
+        &record.error_detail,
+    ] {
+        assert_eq!(column, &None);
+    }
+    assert_eq!(timeline_of(&record), vec![queued_entry(&m)]);
+
+    // Claiming again (same owner, even with different content) changes nothing stored.
+    let changed = NewMessage {
+        channel: "email".into(),
+        status: "FAILED".into(),
+        subscriber_id: "someone-else".into(),
+        ..m.clone()
+    };
+    assert_eq!(claim(store, &changed, "w1", LONG_LEASE).await, snapshot);
+    assert_eq!(get(store, &ws.id, &m.event_id).await, record);
+
+    // A row written by ingestion gets its queued entry (with the row's channel) on the
+    // first claim only.
+    let ingested = NewMessage {
+        channel: "email".into(),
+        ..message(&ws.id, 2)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&ingested), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &ingested.event_id).await),
+        vec![]
+    );
+    claim(store, &ingested, "w1", LONG_LEASE).await;
+    claim(store, &ingested, "w1", LONG_LEASE).await;
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &ingested.event_id).await),
+        vec![queued_entry(&ingested)]
+    );
+
+    // A message that already has a timeline gets no queued entry.
+    let early = message(&ws.id, 3);
+    store
+        .insert_messages(std::slice::from_ref(&early), &[])
+        .await
+        .unwrap();
+    let receipt = entry(StepStatus::Delivered, now(), Some("prova"), None);
+    assert!(
+        store
+            .append_timeline(&early.event_id, std::slice::from_ref(&receipt))
+            .await
+            .unwrap()
+    );
+    claim(store, &early, "w1", LONG_LEASE).await;
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &early.event_id).await),
+        vec![receipt]
+    );
+}
+
+/// Ten workers claim the same new message at once: one gets it, the others are told
+/// it is busy, and there is one row with one queued entry.
+pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
+    let ws = store.ensure_workspace("racing-claims", None).await.unwrap();
+    let m = message(&ws.id, 4);
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let store = store.clone();
+        let m = m.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .claim_message(
+                    &m,
+                    &contacts("racer@example.com"),
+                    &format!("w{i}"),
+                    LONG_LEASE,
+                )
+                .await
+        }));
+    }
+    let mut claimed = 0;
+    for task in tasks {
+        match task.await.expect("task").expect("claim_message") {
+            Claim::Claimed(_) => claimed += 1,
+            Claim::Busy => {}
+        }
+    }
+    assert_eq!(claimed, 1, "exactly one worker holds the lease");
+    assert_eq!(
+        timeline_of(&get(&*store, &ws.id, &m.event_id).await),
+        vec![queued_entry(&m)]
+    );
+}
+
+/// Another owner's unexpired lease makes a claim busy and its steps conflicts (which
+/// write nothing); an expired lease is taken over; a step extends the lease; a
+/// released lease is free at once.
+pub(crate) async fn claim_lease(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("leases", None).await.unwrap();
+    let m = message(&ws.id, 5);
+    store
+        .insert_messages(std::slice::from_ref(&m), &[])
+        .await
+        .unwrap();
+
+    claim(store, &m, "a", LONG_LEASE).await;
+    let busy = store
+        .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE)
+        .await
+        .unwrap();
+    assert_eq!(busy, Claim::Busy);
+    // The holder may claim again (a redelivery to the same worker).
+    claim(store, &m, "a", LONG_LEASE).await;
+
+    // A step by a non-owner conflicts and writes nothing, whatever it carries.
+    let before = get(store, &ws.id, &m.event_id).await;
+    let step = Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+        }),
+        message: MessageUpdate {
+            status: Some(MessageStatus::Sent),
+            attempts: Some(1),
+            provider: Some("prova".into()),
+            cost_add_micro_usd: 10,
+            release_lease: true,
+            ..MessageUpdate::default()
+        },
+        timeline: vec![entry(StepStatus::Sent, now(), Some("prova"), None)],
+    };
+    let err = store
+        .record_step(&m.event_id, "b", LONG_LEASE, &step)
+        .await
+        .expect_err("b does not hold the lease");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    assert_eq!(get(store, &ws.id, &m.event_id).await, before);
+    assert_eq!(
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE)
+            .await
+            .unwrap(),
+        Claim::Busy,
+        "the failed step did not release a's lease"
+    );
+    assert_eq!(claim(store, &m, "a", LONG_LEASE).await.attempts, vec![]);
+
+    // An unknown message is a conflict too.
+    let err = store
+        .record_step(&EventId::generate(), "a", LONG_LEASE, &Step::default())
+        .await
+        .expect_err("no such message");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+
+    // Once a's (shortened) lease expires, b takes over and a's steps conflict.
+    claim(store, &m, "a", SHORT_LEASE).await;
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    claim(store, &m, "b", SHORT_LEASE).await;
+    let err = store
+        .record_step(&m.event_id, "a", LONG_LEASE, &Step::default())
+        .await
+        .expect_err("a lost the lease");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+
+    // A step extends the holder's lease: after the short lease would have expired,
+    // a is still kept out.
+    store
+        .record_step(&m.event_id, "b", LONG_LEASE, &Step::default())
+        .await
+        .expect("b holds the lease");
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    assert_eq!(
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "a", LONG_LEASE)
+            .await
+            .unwrap(),
+        Claim::Busy,
+        "the step extended b's lease"
+    );
+
+    // Releasing frees the message at once, and the releasing owner can no longer write.
+    store
+        .record_step(
+            &m.event_id,
+            "b",
+            LONG_LEASE,
+            &Step {
+                message: release(),
+                ..Step::default()
+            },
+        )
+        .await
+        .unwrap();
+    let err = store
+        .record_step(&m.event_id, "b", LONG_LEASE, &Step::default())
+        .await
+        .expect_err("b released the lease");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    claim(store, &m, "a", LONG_LEASE).await;
+}
+
+/// Attempts are written started, then finished, and come back with the next claim;
+/// message columns are overwritten by `Some`, cost is added up; a failing step (a
+/// duplicate attempt) writes nothing.
+pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("attempts", None).await.unwrap();
+    let m = NewMessage {
+        created_at: now() - Duration::minutes(10),
+        ..message(&ws.id, 6)
+    };
+    claim(store, &m, "w", LONG_LEASE).await;
+    let started = now();
+
+    let t1 = now();
+    let steps = [
+        Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 1,
+                channel: "sms".into(),
+                provider: "prova".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(1),
+                provider: Some("prova".into()),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+        Step {
+            attempt: Some(AttemptWrite::Finish {
+                attempt_no: 1,
+                state: AttemptState::Failed,
+                provider_message_id: None,
+                cost_micro_usd: 0,
+                detail: Some("timeout".into()),
+            }),
+            message: MessageUpdate {
+                error_code: Some("PROVIDER_TIMEOUT".into()),
+                error_detail: Some("prova timed out".into()),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![entry(
+                StepStatus::Failed,
+                t1,
+                Some("prova"),
+                Some(serde_json::json!({ "code": "TIMEOUT", "durationMs": 3000 })),
+            )],
+        },
+        Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 2,
+                channel: "sms".into(),
+                provider: "provb".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(2),
+                provider: Some("provb".into()),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+        Step {
+            attempt: Some(AttemptWrite::Finish {
+                attempt_no: 2,
+                state: AttemptState::Sent,
+                provider_message_id: Some("pm-123".into()),
+                cost_micro_usd: 1_500,
+                detail: None,
+            }),
+            message: MessageUpdate {
+                status: Some(MessageStatus::Sent),
+                provider_message_id: Some("pm-123".into()),
+                cost_add_micro_usd: 1_500,
+                ..MessageUpdate::default()
+            },
+            timeline: vec![entry(StepStatus::Sent, t1, Some("provb"), None)],
+        },
+        // A third attempt on another channel, left started (the worker died).
+        Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 3,
+                channel: "email".into(),
+                provider: "prove".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(3),
+                channel: Some("email".into()),
+                cost_add_micro_usd: 250,
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+    ];
+    for step in &steps {
+        store
+            .record_step(&m.event_id, "w", LONG_LEASE, step)
+            .await
+            .expect("record_step");
+    }
+
+    let expected_attempts = vec![
+        AttemptRecord {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+            state: AttemptState::Failed,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: Some("timeout".into()),
+        },
+        AttemptRecord {
+            attempt_no: 2,
+            channel: "sms".into(),
+            provider: "provb".into(),
+            state: AttemptState::Sent,
+            provider_message_id: Some("pm-123".into()),
+            cost_micro_usd: 1_500,
+            detail: None,
+        },
+        AttemptRecord {
+            attempt_no: 3,
+            channel: "email".into(),
+            provider: "prove".into(),
+            state: AttemptState::Started,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: None,
+        },
+    ];
+    assert_eq!(
+        claim(store, &m, "w", LONG_LEASE).await,
+        MessageSnapshot {
+            status: MessageStatus::Sent,
+            attempts: expected_attempts.clone(),
+            erased: false
+        }
+    );
+
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_ingested(&record, &m);
+    assert_eq!(record.status, MessageStatus::Sent);
+    assert_eq!(record.attempts, 3);
+    assert_eq!(record.cost_micro_usd, 1_750, "costs are added up");
+    assert_eq!(record.channel.as_deref(), Some("email"));
+    assert_eq!(record.provider.as_deref(), Some("provb"));
+    assert_eq!(record.provider_message_id.as_deref(), Some("pm-123"));
+    assert_eq!(
+        record.error_code.as_deref(),
+        Some("PROVIDER_TIMEOUT"),
+        "None leaves a column alone"
+    );
+    assert_eq!(record.error_detail.as_deref(), Some("prova timed out"));
+    assert!(
+        record.updated_at >= started - Duration::seconds(2)
+            && record.updated_at <= Utc::now() + Duration::seconds(2),
+        "updated_at is set by every step: {}",
+        record.updated_at
+    );
+    assert_eq!(
+        timeline_of(&record),
+        vec![
+            queued_entry(&m),
+            steps[1].timeline[0].clone(),
+            steps[3].timeline[0].clone()
+        ]
+    );
+
+    // Starting an attempt twice is a conflict, and the whole step is rolled back.
+    let duplicate = Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 2,
+            channel: "sms".into(),
+            provider: "provc".into(),
+        }),
+        message: MessageUpdate {
+            status: Some(MessageStatus::Failed),
+            cost_add_micro_usd: 99,
+            release_lease: true,
+            ..MessageUpdate::default()
+        },
+        timeline: vec![entry(StepStatus::Failed, now(), None, None)],
+    };
+    let err = store
+        .record_step(&m.event_id, "w", LONG_LEASE, &duplicate)
+        .await
+        .expect_err("attempt 2 exists");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    assert_eq!(get(store, &ws.id, &m.event_id).await, record);
+    assert_eq!(
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "other", LONG_LEASE)
+            .await
+            .unwrap(),
+        Claim::Busy,
+        "the lease was not released"
+    );
+
+    // The final step releases the lease: another worker sees the same attempts.
+    store
+        .record_step(
+            &m.event_id,
+            "w",
+            LONG_LEASE,
+            &Step {
+                message: MessageUpdate {
+                    status: Some(MessageStatus::Failed),
+                    release_lease: true,
+                    ..MessageUpdate::default()
+                },
+                ..Step::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(store, &m, "other", LONG_LEASE).await,
+        MessageSnapshot {
+            status: MessageStatus::Failed,
+            attempts: expected_attempts,
+            erased: false
+        }
+    );
+}
+
+/// The timeline comes back in append order (not `occurred_at` order); messages of
+/// other workspaces and unknown ids are not found; appending needs an existing
+/// message and bumps `updated_at`.
+pub(crate) async fn get_message_timeline(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("timeline", None).await.unwrap();
+    let other = store
+        .ensure_workspace("timeline-other", None)
+        .await
+        .unwrap();
+    let m = NewMessage {
+        created_at: now() - Duration::hours(1),
+        ..message(&ws.id, 7)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&m), &[])
+        .await
+        .unwrap();
+
+    let t = now();
+    let first = vec![
+        entry(
+            StepStatus::Sent,
+            t,
+            Some("prova"),
+            Some(
+                serde_json::json!({ "channel": "sms", "costMicroUsd": 1200, "nested": { "a": [1, 2, null] } }),
+            ),
+        ),
+        // Receipts may carry an earlier time than entries already stored.
+        entry(
+            StepStatus::Delivered,
+            t - Duration::seconds(30),
+            Some("prova"),
+            None,
+        ),
+    ];
+    let second = vec![entry(
+        StepStatus::Failed,
+        t + Duration::seconds(1),
+        None,
+        Some(serde_json::json!("plain string detail")),
+    )];
+    assert!(store.append_timeline(&m.event_id, &first).await.unwrap());
+    assert!(store.append_timeline(&m.event_id, &second).await.unwrap());
+    assert!(store.append_timeline(&m.event_id, &[]).await.unwrap());
+
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_ingested(&record, &m);
+    assert_eq!(
+        timeline_of(&record),
+        first.iter().chain(&second).cloned().collect::<Vec<_>>()
+    );
+    assert!(
+        record.updated_at > m.created_at + Duration::minutes(30),
+        "appending bumps updated_at: {}",
+        record.updated_at
+    );
+
+    assert_eq!(
+        store.get_message(&other.id, &m.event_id).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .get_message(&WorkspaceId::generate(), &m.event_id)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .get_message(&ws.id, &EventId::generate())
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(
+        !store
+            .append_timeline(&EventId::generate(), &second)
+            .await
+            .unwrap(),
+        "unknown message"
+    );
+}
+
+/// Every row `list_messages` gives for `filter`, `limit` at a time, cursor to cursor.
+async fn page_through(
+    store: &dyn Store,
+    workspace: &WorkspaceId,
+    filter: MessageFilter,
+    limit: u32,
+) -> Vec<EventId> {
+    let mut seen = Vec::new();
+    let mut cursor: Option<MessageCursor> = None;
+    loop {
+        let page = store
+            .list_messages(workspace, &filter, cursor.as_ref(), limit)
+            .await
+            .unwrap();
+        assert!(page.len() <= limit as usize, "{} > {limit}", page.len());
+        let Some(last) = page.last() else { break };
+        cursor = Some(MessageCursor {
+            created_at: last.created_at,
+            event_id: last.event_id.clone(),
+        });
+        seen.extend(page.iter().map(|r| r.event_id.clone()));
+        assert!(seen.len() <= 1_000, "paging does not terminate");
+    }
+    seen
+}
+
+/// Filters, newest-first order and keyset paging (with ties on `created_at`).
+pub(crate) async fn list_messages_filters_and_paging(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("listing", None).await.unwrap();
+    let other = store.ensure_workspace("listing-other", None).await.unwrap();
+    let base = now() - Duration::hours(1);
+    // Groups of three share a created_at.
+    let messages: Vec<NewMessage> = (0..25usize)
+        .map(|i| NewMessage {
+            channel: if i.is_multiple_of(4) { "email" } else { "sms" }.into(),
+            status: if i.is_multiple_of(5) {
+                "FAILED"
+            } else {
+                "QUEUED"
+            }
+            .into(),
+            subscriber_id: format!("user-{}", i % 3),
+            created_at: base + Duration::seconds((i / 3) as i64),
+            ..message(&ws.id, i)
+        })
+        .collect();
+    store.insert_messages(&messages, &[]).await.unwrap();
+    let foreign: Vec<NewMessage> = (0..3)
+        .map(|i| NewMessage {
+            created_at: base + Duration::seconds(i as i64),
+            ..message(&other.id, i)
+        })
+        .collect();
+    store.insert_messages(&foreign, &[]).await.unwrap();
+
+    let mut newest_first = messages.clone();
+    newest_first.sort_by(|a, b| (b.created_at, &b.event_id).cmp(&(a.created_at, &a.event_id)));
+    let ids = |ms: &[&NewMessage]| ms.iter().map(|m| m.event_id.clone()).collect::<Vec<_>>();
+    let expect = |keep: &dyn Fn(&NewMessage) -> bool| {
+        ids(&newest_first.iter().filter(|m| keep(m)).collect::<Vec<_>>())
+    };
+
+    // Everything, in one page.
+    let all = store
+        .list_messages(&ws.id, &MessageFilter::default(), None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>(),
+        expect(&|_| true)
+    );
+    assert!(all.iter().all(|r| r.timeline.is_none()), "no timelines");
+    let sample = &messages[7];
+    let listed = all.iter().find(|r| r.event_id == sample.event_id).unwrap();
+    assert_ingested(listed, sample);
+    assert_eq!(listed.status, MessageStatus::Queued);
+    assert_eq!(listed.channel.as_deref(), Some("sms"));
+    assert_eq!(
+        MessageRecord {
+            timeline: None,
+            ..get(store, &ws.id, &sample.event_id).await
+        },
+        *listed
+    );
+    assert!(
+        store
+            .list_messages(&ws.id, &MessageFilter::default(), None, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .list_messages(
+                &WorkspaceId::generate(),
+                &MessageFilter::default(),
+                None,
+                100
+            )
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Pages, whatever the page size: no duplicates, no gaps.
+    let page_through =
+        |filter: MessageFilter, limit: u32| page_through(store, &ws.id, filter, limit);
+    for limit in [1, 2, 3, 4, 7, 25, 26] {
+        assert_eq!(
+            page_through(MessageFilter::default(), limit).await,
+            expect(&|_| true),
+            "limit {limit}"
+        );
+    }
+
+    // Each filter, then all of them at once (paged).
+    let failed = MessageFilter {
+        status: Some(MessageStatus::Failed),
+        ..MessageFilter::default()
+    };
+    assert_eq!(
+        page_through(failed, 100).await,
+        expect(&|m| m.status == "FAILED")
+    );
+    let email = MessageFilter {
+        channel: Some("email".into()),
+        ..MessageFilter::default()
+    };
+    assert_eq!(
+        page_through(email, 2).await,
+        expect(&|m| m.channel == "email")
+    );
+    let user1 = MessageFilter {
+        subscriber_id: Some("user-1".into()),
+        ..MessageFilter::default()
+    };
+    assert_eq!(
+        page_through(user1, 3).await,
+        expect(&|m| m.subscriber_id == "user-1")
+    );
+    let (from, to) = (base + Duration::seconds(2), base + Duration::seconds(5));
+    let window = MessageFilter {
+        from: Some(from),
+        to: Some(to),
+        ..MessageFilter::default()
+    };
+    let in_window = expect(&|m| m.created_at >= from && m.created_at <= to);
+    assert_eq!(in_window.len(), 12, "both bounds are inclusive");
+    assert_eq!(page_through(window, 5).await, in_window);
+    let combined = MessageFilter {
+        status: Some(MessageStatus::Queued),
+        channel: Some("sms".into()),
+        subscriber_id: Some("user-2".into()),
+        from: Some(base + Duration::seconds(1)),
+        to: None,
+    };
+    assert_eq!(
+        page_through(combined, 2).await,
+        expect(&|m| m.status == "QUEUED"
+            && m.channel == "sms"
+            && m.subscriber_id == "user-2"
+            && m.created_at >= base + Duration::seconds(1))
+    );
+    let nothing = MessageFilter {
+        status: Some(MessageStatus::Delivered),
+        ..MessageFilter::default()
+    };
+    assert!(page_through(nothing, 10).await.is_empty());
+}
+
+/// A one-level merge: channels set one by one, categories replaced wholesale, per
+/// subscriber and workspace.
+pub(crate) async fn preferences_merge(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("prefs", None).await.unwrap();
+    let other = store.ensure_workspace("prefs-other", None).await.unwrap();
+    assert_eq!(
+        store.preferences(&ws.id, "alice").await.unwrap(),
+        Preferences::default()
+    );
+
+    let before = Utc::now();
+    let at = store
+        .update_preferences(
+            &ws.id,
+            "alice",
+            &PreferenceUpdate {
+                channels: [("sms".to_string(), false), ("email".to_string(), true)].into(),
+                categories: [(
+                    "orders".to_string(),
+                    [("sms".to_string(), true), ("push".to_string(), false)].into(),
+                )]
+                .into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        at >= before - Duration::seconds(2) && at <= Utc::now() + Duration::seconds(2),
+        "{at}"
+    );
+    assert_eq!(at, at.trunc_subsecs(6), "microsecond precision");
+
+    let second = store
+        .update_preferences(
+            &ws.id,
+            "alice",
+            &PreferenceUpdate {
+                channels: [("sms".to_string(), true)].into(),
+                categories: [
+                    ("orders".to_string(), [("email".to_string(), false)].into()),
+                    ("marketing".to_string(), Default::default()),
+                ]
+                .into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(second >= at);
+    let expected = Preferences {
+        channels: [("email".to_string(), true), ("sms".to_string(), true)].into(),
+        categories: [
+            ("marketing".to_string(), Default::default()),
+            ("orders".to_string(), [("email".to_string(), false)].into()),
+        ]
+        .into(),
+    };
+    assert_eq!(store.preferences(&ws.id, "alice").await.unwrap(), expected);
+
+    // An empty update is fine and changes nothing.
+    store
+        .update_preferences(&ws.id, "alice", &PreferenceUpdate::default())
+        .await
+        .unwrap();
+    assert_eq!(store.preferences(&ws.id, "alice").await.unwrap(), expected);
+
+    // Other subscribers and workspaces are separate.
+    assert_eq!(
+        store.preferences(&ws.id, "bob").await.unwrap(),
+        Preferences::default()
+    );
+    assert_eq!(
+        store.preferences(&other.id, "alice").await.unwrap(),
+        Preferences::default()
+    );
+}
+
+const CHANNELS: [&str; 5] = ["sms", "email", "push", "whatsapp", "voice"];
+
+/// Twenty concurrent updates, alternately of one channel and of one category: every
+/// one of them survives.
+pub(crate) async fn concurrent_preference_updates(store: Arc<dyn Store>) {
+    let ws = store.ensure_workspace("prefs-race", None).await.unwrap();
+    let channel_flag = |c: usize| c.is_multiple_of(2);
+    let mut tasks = Vec::new();
+    for i in 0..20usize {
+        let store = store.clone();
+        let ws = ws.id.clone();
+        let update = if i.is_multiple_of(2) {
+            // Each channel is written twice, with the same value.
+            let c = (i / 2) % CHANNELS.len();
+            PreferenceUpdate {
+                channels: [(CHANNELS[c].to_string(), channel_flag(c))].into(),
+                ..PreferenceUpdate::default()
+            }
+        } else {
+            PreferenceUpdate {
+                categories: [(
+                    format!("cat{i:02}"),
+                    [("sms".to_string(), i.is_multiple_of(3))].into(),
+                )]
+                .into(),
+                ..PreferenceUpdate::default()
+            }
+        };
+        tasks.push(tokio::spawn(async move {
+            store.update_preferences(&ws, "racer", &update).await
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task").expect("update_preferences");
+    }
+    let prefs = store.preferences(&ws.id, "racer").await.unwrap();
+    assert_eq!(
+        prefs.channels,
+        (0..CHANNELS.len())
+            .map(|c| (CHANNELS[c].to_string(), channel_flag(c)))
+            .collect()
+    );
+    assert_eq!(
+        prefs.categories,
+        (1..20usize)
+            .step_by(2)
+            .map(|i| (
+                format!("cat{i:02}"),
+                [("sms".to_string(), i.is_multiple_of(3))].into()
+            ))
+            .collect()
+    );
+}
+
+/// Erasure: known and unknown subscribers, scrubbing only messages older than the
+/// audit window, preferences deleted, later claims report the subscriber erased;
+/// other subscribers and workspaces untouched; erasing twice is fine.
+pub(crate) async fn erasure(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("erasure", None).await.unwrap();
+    let other = store.ensure_workspace("erasure-other", None).await.unwrap();
+    let window = std::time::Duration::from_secs(24 * 3600);
+    let days_ago = |d: i64| now() - Duration::days(d);
+    let for_sub = |ws: &WorkspaceId, i: usize, subscriber: &str, created_at| NewMessage {
+        subscriber_id: subscriber.into(),
+        created_at,
+        ..message(ws, i)
+    };
+    let alice_old = for_sub(&ws.id, 1, "alice", days_ago(2));
+    let alice_new = for_sub(&ws.id, 2, "alice", now());
+    let bob_old = for_sub(&ws.id, 3, "bob", days_ago(2));
+    let alice_elsewhere = for_sub(&other.id, 4, "alice", days_ago(2));
+    let carol_old = for_sub(&ws.id, 5, "carol", days_ago(3));
+    store
+        .insert_messages(
+            &[
+                alice_old.clone(),
+                alice_new.clone(),
+                bob_old.clone(),
+                alice_elsewhere.clone(),
+                carol_old.clone(),
+            ],
+            &[],
+        )
+        .await
+        .unwrap();
+
+    // Workers dispatch (and so record the subscribers of) all but carol's message.
+    for (m, pm) in [
+        (&alice_old, "pm-alice-old"),
+        (&alice_new, "pm-alice-new"),
+        (&bob_old, "pm-bob-old"),
+        (&alice_elsewhere, "pm-elsewhere"),
+    ] {
+        let claimed = store
+            .claim_message(m, &contacts("x@example.com"), "w", LONG_LEASE)
+            .await
+            .unwrap();
+        assert!(matches!(
+            claimed,
+            Claim::Claimed(MessageSnapshot { erased: false, .. })
+        ));
+        store
+            .record_step(
+                &m.event_id,
+                "w",
+                LONG_LEASE,
+                &Step {
+                    message: MessageUpdate {
+                        status: Some(MessageStatus::Sent),
+                        provider: Some("prova".into()),
+                        provider_message_id: Some(pm.into()),
+                        release_lease: true,
+                        ..MessageUpdate::default()
+                    },
+                    ..Step::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let prefs = PreferenceUpdate {
+        channels: [("sms".to_string(), false), ("email".to_string(), true)].into(),
+        categories: [("orders".to_string(), [("sms".to_string(), true)].into())].into(),
+    };
+    for (w, s) in [(&ws.id, "alice"), (&ws.id, "bob"), (&other.id, "alice")] {
+        store.update_preferences(w, s, &prefs).await.unwrap();
+    }
+    let untouched = [
+        (&ws.id, get(store, &ws.id, &alice_new.event_id).await),
+        (&ws.id, get(store, &ws.id, &bob_old.event_id).await),
+        (
+            &other.id,
+            get(store, &other.id, &alice_elsewhere.event_id).await,
+        ),
+    ];
+    let old_before = get(store, &ws.id, &alice_old.event_id).await;
+
+    let report = store
+        .erase_subscriber(&ws.id, "alice", window)
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ErasureReport {
+            known: true,
+            messages_scrubbed: 1,
+            preferences_deleted: 3
+        }
+    );
+    let erased_id = format!("erased:{}", &super::subscriber_key(&ws.id, "alice")[..16]);
+    assert_eq!(
+        get(store, &ws.id, &alice_old.event_id).await,
+        MessageRecord {
+            subscriber_id: erased_id.clone(),
+            provider_message_id: None,
+            ..old_before
+        },
+        "only the identifiers are scrubbed"
+    );
+    for (workspace, record) in &untouched {
+        assert_eq!(&get(store, workspace, &record.event_id).await, record);
+    }
+    assert_eq!(
+        store.preferences(&ws.id, "alice").await.unwrap(),
+        Preferences::default()
+    );
+    assert_ne!(
+        store.preferences(&ws.id, "bob").await.unwrap(),
+        Preferences::default()
+    );
+    assert_ne!(
+        store.preferences(&other.id, "alice").await.unwrap(),
+        Preferences::default()
+    );
+    let by_alice = MessageFilter {
+        subscriber_id: Some("alice".into()),
+        ..MessageFilter::default()
+    };
+    let listed = store
+        .list_messages(&ws.id, &by_alice, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.iter().map(|r| &r.event_id).collect::<Vec<_>>(),
+        vec![&alice_new.event_id],
+        "messages inside the audit window keep the id"
+    );
+
+    // Later messages for alice are recognised as erased; bob and alice elsewhere not.
+    let later = for_sub(&ws.id, 6, "alice", now());
+    let snapshot = claim(store, &later, "w", LONG_LEASE).await;
+    assert!(snapshot.erased);
+    assert!(
+        !claim(store, &for_sub(&ws.id, 7, "bob", now()), "w", LONG_LEASE)
+            .await
+            .erased
+    );
+    assert!(
+        !claim(
+            store,
+            &for_sub(&other.id, 8, "alice", now()),
+            "w",
+            LONG_LEASE
+        )
+        .await
+        .erased
+    );
+
+    // Again: still known, nothing left to do.
+    assert_eq!(
+        store
+            .erase_subscriber(&ws.id, "alice", window)
+            .await
+            .unwrap(),
+        ErasureReport {
+            known: true,
+            messages_scrubbed: 0,
+            preferences_deleted: 0
+        }
+    );
+    assert!(claim(store, &later, "w", LONG_LEASE).await.erased);
+
+    // Carol was never seen by a worker, but has an old message and preferences.
+    store
+        .update_preferences(
+            &ws.id,
+            "carol",
+            &PreferenceUpdate {
+                channels: [("push".to_string(), false)].into(),
+                ..PreferenceUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .erase_subscriber(&ws.id, "carol", window)
+            .await
+            .unwrap(),
+        ErasureReport {
+            known: false,
+            messages_scrubbed: 1,
+            preferences_deleted: 1
+        }
+    );
+    assert_eq!(
+        get(store, &ws.id, &carol_old.event_id).await.subscriber_id,
+        format!("erased:{}", &super::subscriber_key(&ws.id, "carol")[..16])
+    );
+    assert!(
+        claim(store, &for_sub(&ws.id, 9, "carol", now()), "w", LONG_LEASE)
+            .await
+            .erased
+    );
+
+    // A subscriber nobody has heard of: a tombstone all the same.
+    assert_eq!(
+        store
+            .erase_subscriber(&ws.id, "nobody", window)
+            .await
+            .unwrap(),
+        ErasureReport {
+            known: false,
+            messages_scrubbed: 0,
+            preferences_deleted: 0
+        }
+    );
+    assert!(
+        store
+            .erase_subscriber(&ws.id, "nobody", window)
+            .await
+            .unwrap()
+            .known
+    );
+    assert!(
+        claim(
+            store,
+            &for_sub(&ws.id, 10, "nobody", now()),
+            "w",
+            LONG_LEASE
+        )
+        .await
+        .erased
+    );
+
+    // A zero window scrubs everything older than now, including the later message.
+    let report = store
+        .erase_subscriber(&ws.id, "alice", std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(report.messages_scrubbed, 2);
+    assert_eq!(
+        get(store, &ws.id, &alice_new.event_id).await.subscriber_id,
+        erased_id
+    );
+}
+
+/// Workflows, provider routes and the DND list: upserts, listings, isolation.
+pub(crate) async fn workflows_routes_and_dnd(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("config", None).await.unwrap();
+    let other = store.ensure_workspace("config-other", None).await.unwrap();
+
+    // Workflows.
+    assert_eq!(store.workflow(&ws.id, "welcome").await.unwrap(), None);
+    assert!(store.list_workflows(&ws.id).await.unwrap().is_empty());
+    let welcome =
+        serde_json::json!({ "sms": { "body": "Hi {{name}}" }, "n": 1.5, "list": [1, "two", null] });
+    let shipped =
+        serde_json::json!({ "email": { "subject": "Shipped", "body": "Order {{orderId}}" } });
+    let before = Utc::now();
+    store
+        .put_workflow(&ws.id, "welcome", &welcome)
+        .await
+        .unwrap();
+    store
+        .put_workflow(&ws.id, "shipped", &shipped)
+        .await
+        .unwrap();
+    store
+        .put_workflow(&other.id, "welcome", &shipped)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.workflow(&ws.id, "welcome").await.unwrap(),
+        Some(welcome.clone())
+    );
+    let replaced = serde_json::json!({ "push": { "title": "Welcome" } });
+    store
+        .put_workflow(&ws.id, "welcome", &replaced)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.workflow(&ws.id, "welcome").await.unwrap(),
+        Some(replaced.clone())
+    );
+    let listed = store.list_workflows(&ws.id).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|(n, d, _)| (n.as_str(), d.clone()))
+            .collect::<Vec<_>>(),
+        vec![("shipped", shipped.clone()), ("welcome", replaced)],
+        "by name"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|(_, _, at)| *at >= before - Duration::seconds(2)
+                && *at <= Utc::now() + Duration::seconds(2))
+    );
+    assert_eq!(
+        store.workflow(&other.id, "welcome").await.unwrap(),
+        Some(shipped.clone())
+    );
+    assert_eq!(store.list_workflows(&other.id).await.unwrap().len(), 1);
+    let err = store
+        .put_workflow(&WorkspaceId::generate(), "x", &welcome)
+        .await
+        .expect_err("unknown workspace");
+    assert!(matches!(err, StoreError::Other(_)), "{err:?}");
+
+    // Provider routes.
+    assert!(store.provider_routes(&ws.id).await.unwrap().is_empty());
+    let route = |provider: &str, key: &str| ProviderRoute {
+        provider: provider.into(),
+        config: [("apiKey".to_string(), key.to_string())].into(),
+    };
+    let sms = vec![route("prova", "secret-a"), route("provb", "secret-b")];
+    let email = vec![ProviderRoute {
+        provider: "prove".into(),
+        config: Default::default(),
+    }];
+    store.put_provider_route(&ws.id, "sms", &sms).await.unwrap();
+    store
+        .put_provider_route(&ws.id, "email", &email)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.provider_routes(&ws.id).await.unwrap(),
+        [
+            ("email".to_string(), email.clone()),
+            ("sms".to_string(), sms.clone())
+        ]
+        .into()
+    );
+    let sms_replaced = vec![route("provb", "secret-b2")];
+    store
+        .put_provider_route(&ws.id, "sms", &sms_replaced)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.provider_routes(&ws.id).await.unwrap(),
+        [
+            ("email".to_string(), email),
+            ("sms".to_string(), sms_replaced)
+        ]
+        .into()
+    );
+    assert!(store.provider_routes(&other.id).await.unwrap().is_empty());
+
+    // DND list.
+    let (h1, h2) = (
+        super::phone_hash("+447700900123"),
+        super::phone_hash("+447700900456"),
+    );
+    assert!(!store.dnd_contains(&ws.id, &h1).await.unwrap());
+    assert!(store.dnd_list(&ws.id).await.unwrap().is_empty());
+    let before = Utc::now();
+    assert!(store.dnd_add(&ws.id, &h1, "+44*******123").await.unwrap());
+    // Distinct creation times, so that "oldest first" is well defined.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(store.dnd_add(&ws.id, &h2, "+44*******456").await.unwrap());
+    assert!(
+        !store.dnd_add(&ws.id, &h1, "+44*******123").await.unwrap(),
+        "already listed"
+    );
+    assert!(store.dnd_contains(&ws.id, &h1).await.unwrap());
+    assert!(!store.dnd_contains(&other.id, &h1).await.unwrap());
+    let listed = store.dnd_list(&ws.id).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|e| e.phone_masked.as_str())
+            .collect::<Vec<_>>(),
+        vec!["+44*******123", "+44*******456"],
+        "oldest first"
+    );
+    assert!(listed[0].created_at < listed[1].created_at);
+    assert!(listed[0].created_at >= before - Duration::seconds(2));
+    assert!(store.dnd_remove(&ws.id, &h1).await.unwrap());
+    assert!(!store.dnd_remove(&ws.id, &h1).await.unwrap(), "not listed");
+    assert!(!store.dnd_remove(&other.id, &h2).await.unwrap());
+    assert!(!store.dnd_contains(&ws.id, &h1).await.unwrap());
+    assert!(store.dnd_contains(&ws.id, &h2).await.unwrap());
+    assert_eq!(store.dnd_list(&ws.id).await.unwrap().len(), 1);
+    assert!(store.dnd_list(&other.id).await.unwrap().is_empty());
+}
+
+#[test]
+fn subscriber_key_and_phone_hash() {
+    // SHA-256 test vector ("abc").
+    assert_eq!(
+        super::phone_hash("abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    let ws = WorkspaceId::generate();
+    let key = super::subscriber_key(&ws, "alice");
+    assert_eq!(key, super::phone_hash(&format!("{ws}:alice")));
+    assert_eq!(key.len(), 64);
+    assert!(
+        key.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    );
+    assert_ne!(
+        key,
+        super::subscriber_key(&WorkspaceId::generate(), "alice")
+    );
+    assert_ne!(key, super::subscriber_key(&ws, "bob"));
 }

@@ -1,0 +1,250 @@
+//! Delivery workers: read accepted events from the broker and dispatch them.
+//!
+//! Two durable consumers, one per stream, shared by every worker process. Critical
+//! work (`NOTIFY_CRITICAL`) has its own dispatch slots that bulk work never uses, and
+//! while critical deliveries are waiting for a slot, bulk takes no new work: a bulk
+//! backlog cannot delay a critical event by more than the time to start it.
+//! A delivery is acknowledged only after its outcome is recorded; a store failure
+//! leaves it for redelivery with backoff.
+
+pub mod dispatch;
+
+use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
+use crate::config::WorkerConfig;
+use crate::ingest::Envelope;
+use dispatch::{Dispatcher, Outcome};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore, watch};
+
+/// A worker: both consumers and the dispatcher.
+pub struct Worker {
+    dispatcher: Arc<Dispatcher>,
+    queue: Arc<dyn WorkQueue>,
+    settings: ConsumerSettings,
+    config: WorkerConfig,
+    metrics: Arc<crate::metrics::Metrics>,
+    /// Critical deliveries received and not yet started.
+    critical_waiting: AtomicUsize,
+    critical_drained: Notify,
+}
+
+impl Worker {
+    /// A worker over these backends; `owner` names its leases.
+    pub fn new(
+        dispatcher: Dispatcher,
+        queue: Arc<dyn WorkQueue>,
+        config: WorkerConfig,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            settings: ConsumerSettings {
+                durable_name: config.consumer.clone(),
+                ack_wait: config.ack_wait(),
+            },
+            dispatcher: Arc::new(dispatcher),
+            queue,
+            config,
+            metrics,
+            critical_waiting: AtomicUsize::new(0),
+            critical_drained: Notify::new(),
+        })
+    }
+
+    /// Runs both consumers until `stop` turns true, then waits (up to the ack wait) for
+    /// dispatches in flight; anything unfinished is redelivered later.
+    pub async fn run(self: Arc<Self>, stop: watch::Receiver<bool>) {
+        let critical_slots = Arc::new(Semaphore::new(self.config.critical_concurrency));
+        let bulk_slots = Arc::new(Semaphore::new(self.config.bulk_concurrency));
+        let critical = tokio::spawn(self.clone().consume(
+            StreamClass::Critical,
+            critical_slots.clone(),
+            bulk_slots.clone(),
+            stop.clone(),
+        ));
+        let bulk = tokio::spawn(self.clone().consume(
+            StreamClass::Bulk,
+            bulk_slots.clone(),
+            bulk_slots.clone(),
+            stop,
+        ));
+        let _ = critical.await;
+        let _ = bulk.await;
+        // In-flight dispatches hold permits; having them all back means they finished.
+        let wait = async {
+            let _c = critical_slots
+                .acquire_many(self.config.critical_concurrency as u32)
+                .await;
+            let _b = bulk_slots
+                .acquire_many(self.config.bulk_concurrency as u32)
+                .await;
+        };
+        if tokio::time::timeout(self.config.ack_wait(), wait)
+            .await
+            .is_err()
+        {
+            tracing::warn!("workers stopped with dispatches in flight; they will be redelivered");
+        }
+    }
+
+    /// One consumer loop. Critical takes its own slot, or a bulk slot when all of its own
+    /// are busy; bulk waits while critical deliveries are waiting.
+    async fn consume(
+        self: Arc<Self>,
+        class: StreamClass,
+        own: Arc<Semaphore>,
+        overflow: Arc<Semaphore>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let prefetch = match class {
+            StreamClass::Critical => self.config.critical_concurrency,
+            StreamClass::Bulk => self.config.bulk_concurrency,
+        };
+        'subscribe: while !*stop.borrow() {
+            let mut deliveries = match self.queue.subscribe(class, &self.settings, prefetch).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(?class, error = %e, "cannot subscribe; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        _ = stop.changed() => break,
+                    }
+                }
+            };
+            loop {
+                if class == StreamClass::Bulk {
+                    // Bulk takes a slot first, then waits for critical to have no backlog.
+                    let permit = tokio::select! {
+                        p = own.clone().acquire_owned() => p,
+                        _ = stop.changed() => break 'subscribe,
+                    };
+                    let Ok(permit) = permit else { break 'subscribe };
+                    while self.critical_waiting.load(Ordering::SeqCst) > 0 {
+                        let drained = self.critical_drained.notified();
+                        if self.critical_waiting.load(Ordering::SeqCst) == 0 {
+                            break;
+                        }
+                        drained.await;
+                    }
+                    let next = tokio::select! {
+                        d = deliveries.next() => d,
+                        _ = stop.changed() => break 'subscribe,
+                    };
+                    match next {
+                        None => continue 'subscribe,
+                        Some(Err(e)) => tracing::warn!(error = %e, "bulk consumer error"),
+                        Some(Ok(d)) => {
+                            tokio::spawn(self.clone().handle(d, class, permit));
+                        }
+                    }
+                } else {
+                    let next = tokio::select! {
+                        d = deliveries.next() => d,
+                        _ = stop.changed() => break 'subscribe,
+                    };
+                    let d = match next {
+                        None => continue 'subscribe,
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "critical consumer error");
+                            continue;
+                        }
+                        Some(Ok(d)) => d,
+                    };
+                    self.critical_waiting.fetch_add(1, Ordering::SeqCst);
+                    let permit = tokio::select! {
+                        p = own.clone().acquire_owned() => p,
+                        p = overflow.clone().acquire_owned() => p,
+                    };
+                    if self.critical_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+                        self.critical_drained.notify_waiters();
+                    }
+                    let Ok(permit) = permit else { break 'subscribe };
+                    tokio::spawn(self.clone().handle(d, class, permit));
+                }
+            }
+        }
+    }
+
+    /// Dispatches one delivery and settles it with the broker.
+    async fn handle(
+        self: Arc<Self>,
+        delivery: Delivery,
+        class: StreamClass,
+        _permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let envelope: Envelope = match serde_json::from_slice(&delivery.payload) {
+            Ok(e) => e,
+            Err(e) => {
+                // Nothing can ever dispatch it; keeping it would block nothing but
+                // would be redelivered forever. Its message row stays QUEUED.
+                tracing::error!(subject = %delivery.subject, error = %e, "undecodable event dropped");
+                self.count("undecodable");
+                let _ = delivery.settle.ack().await;
+                return;
+            }
+        };
+        let heartbeat = {
+            let every = self.config.ack_wait() / 3;
+            let settle = &delivery.settle;
+            async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let _ = settle.in_progress().await;
+                }
+            }
+        };
+        let result = tokio::select! {
+            r = self.dispatcher.dispatch(&envelope) => r,
+            _ = heartbeat => unreachable!("the heartbeat never ends"),
+        };
+        let settled = match result {
+            Ok(Outcome::Done(status)) => {
+                self.count(status.as_str());
+                delivery.settle.ack().await
+            }
+            Ok(Outcome::AlreadyDone(_)) => {
+                self.count("redelivered_done");
+                delivery.settle.ack().await
+            }
+            Ok(Outcome::Busy) => {
+                self.count("busy");
+                delivery.settle.nak(self.config.ack_wait() / 4).await
+            }
+            Err(e) => {
+                let delay = backoff(delivery.delivered);
+                tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
+                self.count("retry");
+                delivery.settle.nak(delay).await
+            }
+        };
+        if let Err(e) = settled {
+            // Unsettled deliveries come back after the ack wait; the lease and the
+            // recorded attempts make that harmless.
+            tracing::warn!(event_id = %envelope.event_id, error = %e, "could not settle delivery");
+        }
+    }
+
+    fn count(&self, outcome: &'static str) {
+        crate::metrics::Metrics::count(&self.metrics.deliveries, outcome, 1);
+    }
+}
+
+/// Redelivery delay after the `delivered`-th failed try: 200 ms doubling, capped at 30 s.
+pub fn backoff(delivered: u64) -> Duration {
+    let exp = delivered.saturating_sub(1).min(8) as u32;
+    Duration::from_millis(200 * 2u64.pow(exp)).min(Duration::from_secs(30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_millis(200));
+        assert_eq!(backoff(2), Duration::from_millis(400));
+        assert_eq!(backoff(100), Duration::from_secs(30));
+    }
+}

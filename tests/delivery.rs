@@ -1,0 +1,993 @@
+//! Delivery end to end: trigger over HTTP, a worker dispatches through the provider
+//! plugins to local capture servers standing in for the providers' APIs, and the
+//! message API shows the outcome. Runs on the production backends (the machine's
+//! PostgreSQL, NATS JetStream and Redis, isolated per test) and on the embedded set.
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use switchboard::AppState;
+use switchboard::broker::StreamNames;
+use switchboard::config::Config;
+use switchboard::ids::{EventId, WorkspaceId};
+use switchboard::model::{KeyMode, MessageRecord, MessageStatus, ProviderRoute, Tier};
+use switchboard::plugins::capture::{CaptureServer, Reply};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Backends {
+    Embedded,
+    Production,
+}
+
+/// Every bundled plugin's success answer at once: each reads the id field it knows.
+const ACCEPT: &str = r#"{"id":"pm-1","message_id":"pm-1","sid":"pm-1","message_uuid":"pm-1","uuid":"pm-1","messageId":"pm-1"}"#;
+
+const SLUGS: [&str; 5] = ["prova", "provb", "provc", "provd", "prove"];
+
+struct Gateway {
+    url: String,
+    state: AppState,
+    config: Config,
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+/// A unique suffix for database, stream and key names.
+fn unique() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
+}
+
+async fn create_database(name: &str) {
+    let admin = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres")
+        .await
+        .expect("PostgreSQL must be running on 127.0.0.1:5432");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
+/// The test configuration for `backends`: isolated names, short ack wait, and every
+/// plugin granted the capture servers' addresses.
+async fn config_for(backends: Backends, dir: &std::path::Path, grants: &[String]) -> Config {
+    let mut config = Config {
+        data_dir: dir.to_path_buf(),
+        ..Config::default()
+    };
+    config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
+    config.plugins.http_timeout_ms = 2_000;
+    config.worker.ack_wait_ms = 3_000;
+    for slug in SLUGS {
+        config.plugins.grants.insert(slug.into(), grants.to_vec());
+    }
+    let id = unique();
+    match backends {
+        Backends::Embedded => config = config.embedded(),
+        Backends::Production => {
+            let db = format!("sb_dlv_{id}");
+            create_database(&db).await;
+            config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+            config.store.max_connections = 8;
+            config.broker.streams = StreamNames {
+                critical: format!("D{id}_NOTIFY_CRITICAL"),
+                bulk: format!("D{id}_NOTIFY_BULK"),
+                subject_prefix: format!("d{id}.notify"),
+            };
+            config.worker.consumer = format!("w{id}");
+            config.counters.key_prefix = format!("sbtest:{id}:");
+        }
+    }
+    config
+}
+
+impl Gateway {
+    async fn start(backends: Backends, grants: &[String]) -> Self {
+        Self::start_with(backends, grants, |_| {}).await
+    }
+
+    async fn start_with(
+        backends: Backends,
+        grants: &[String],
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config_for(backends, dir.path(), grants).await;
+        adjust(&mut config);
+        Self::start_config(config, dir).await
+    }
+
+    async fn start_config(config: Config, dir: tempfile::TempDir) -> Self {
+        let state = switchboard::build_state(config.clone())
+            .await
+            .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(switchboard::serve(
+            state.clone(),
+            listener,
+            std::future::pending(),
+        ));
+        Self {
+            url,
+            state,
+            config,
+            _dir: dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn key(&self, mode: KeyMode) -> String {
+        let store = &self.state.ingest.store;
+        let ws = store
+            .ensure_workspace("acme", Some(Tier::Paid))
+            .await
+            .unwrap();
+        let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
+        store.insert_api_key(&record).await.unwrap();
+        raw
+    }
+
+    async fn workspace(&self) -> WorkspaceId {
+        let store = &self.state.ingest.store;
+        store
+            .ensure_workspace("acme", Some(Tier::Paid))
+            .await
+            .unwrap()
+            .id
+    }
+
+    /// Applies the dev example workflows to the workspace.
+    async fn workflows(&self) {
+        let ws = self.workspace().await;
+        for w in switchboard::workflow::parse_file(switchboard::workflow::DEV_EXAMPLES).unwrap() {
+            self.state
+                .ingest
+                .store
+                .put_workflow(&ws, &w.name, &serde_json::to_value(&w).unwrap())
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Routes `channel` through `providers` (slug, capture server base URL).
+    async fn route(&self, channel: &str, providers: &[(&str, &str)]) {
+        let ws = self.workspace().await;
+        let route: Vec<ProviderRoute> = providers
+            .iter()
+            .map(|(slug, url)| ProviderRoute {
+                provider: slug.to_string(),
+                config: provider_config(slug, url),
+            })
+            .collect();
+        self.state
+            .ingest
+            .store
+            .put_provider_route(&ws, channel, &route)
+            .await
+            .unwrap();
+    }
+
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(key);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn trigger(&self, key: &str, body: Value, priority: &str) -> String {
+        let (s, b) = self
+            .request(
+                reqwest::Method::POST,
+                "/v1/events/trigger",
+                key,
+                Some(&body),
+                &[("X-Priority-Override", priority)],
+            )
+            .await;
+        assert_eq!(s, 202, "{b}");
+        b["eventId"].as_str().unwrap().to_string()
+    }
+
+    /// Waits until the worker has dispatched `event` (status past QUEUED).
+    async fn settled(&self, event: &str) -> MessageRecord {
+        let ws = self.workspace().await;
+        let id = EventId::parse(event).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(m)) = self.state.ingest.store.get_message(&ws, &id).await
+                && m.status.is_dispatched()
+            {
+                return m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{event} was not dispatched in time"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The message as `GET /v1/events/{id}` shows it.
+    async fn dto(&self, key: &str, event: &str) -> Value {
+        let (s, b) = self
+            .request(
+                reqwest::Method::GET,
+                &format!("/v1/events/{event}"),
+                key,
+                None,
+                &[],
+            )
+            .await;
+        assert_eq!(s, 200, "{b}");
+        b
+    }
+
+    async fn cleanup(self) {
+        if self.config.broker.backend == switchboard::config::BrokerBackend::Nats {
+            let js = async_nats::jetstream::new(
+                async_nats::connect(&self.config.broker.url).await.unwrap(),
+            );
+            let _ = js.delete_stream(&self.config.broker.streams.critical).await;
+            let _ = js.delete_stream(&self.config.broker.streams.bulk).await;
+        }
+    }
+}
+
+/// A working configuration for a bundled plugin pointed at `base_url`.
+fn provider_config(slug: &str, base_url: &str) -> BTreeMap<String, String> {
+    let pairs: &[(&str, &str)] = match slug {
+        "prova" => &[
+            ("api_key", "ka-secret"),
+            ("default_from", "noreply@acme.test"),
+        ],
+        "provb" => &[
+            ("api_key", "kb-secret"),
+            ("default_from", "noreply@acme.test"),
+        ],
+        "provc" => &[
+            ("account_sid", "AC1"),
+            ("auth_token", "tc-secret"),
+            ("default_sender", "ACME"),
+        ],
+        "provd" => &[("api_token", "td-secret"), ("default_sender", "ACME")],
+        "prove" => &[
+            ("api_key", "ke-secret"),
+            ("default_caller_id", "+15550000000"),
+        ],
+        other => panic!("no config for {other}"),
+    };
+    let mut config: BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    config.insert("base_url".into(), base_url.into());
+    config
+}
+
+/// A capture server answering every request with `status` and `body`.
+async fn provider(status: u16, body: &str) -> CaptureServer {
+    let server = CaptureServer::start().await.unwrap();
+    server.reply_with(Reply::Respond {
+        status,
+        body: body.into(),
+    });
+    server
+}
+
+fn statuses(dto: &Value) -> Vec<String> {
+    dto["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["status"].as_str().unwrap(),
+                e["provider"].as_str().unwrap_or("-")
+            )
+        })
+        .collect()
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Embedded).await } )*
+        }
+        mod production {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Production).await } )*
+        }
+    };
+}
+
+both!(
+    failover_across_providers_then_channels,
+    everything_failing_ends_dispatch_failed,
+    preferences_and_category_rules_decide_channels,
+    erasure_suppresses_queued_and_later_deliveries,
+    voice_rules_pacing_language_cost_and_masking,
+    voice_missing_placeholder_and_promotional_dnd,
+    test_keys_never_reach_a_provider,
+    workflow_errors_fail_with_their_codes,
+);
+
+async fn failover_across_providers_then_channels(b: Backends) {
+    let bad = provider(503, r#"{"error":"unavailable"}"#).await;
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[bad.host_port(), good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+
+    // Provider failover inside one channel: provc refuses, provd accepts.
+    gw.route("sms", &[("provc", &bad.url()), ("provd", &good.url())])
+        .await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}}),
+            "HIGH",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Sent);
+    assert_eq!((m.provider.as_deref(), m.attempts), (Some("provd"), 2));
+    assert_eq!(m.provider_message_id.as_deref(), Some("pm-1"));
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(
+        statuses(&dto),
+        ["queued:-", "failed:provc", "sent:provd"],
+        "{dto}"
+    );
+    assert_eq!(dto["status"], "SENT");
+    assert_eq!(dto["cost_micro_usd"], 6_800);
+    let to_good = good.take_requests();
+    assert_eq!(to_good.len(), 1);
+    // The event id travels as provD's de-duplication key.
+    let body: Value = serde_json::from_slice(&to_good[0].body).unwrap();
+    assert_eq!(body["client_ref"], event.as_str());
+    assert_eq!(bad.take_requests().len(), 1);
+
+    // Channel failover: the only SMS provider refuses, email goes through.
+    gw.route("sms", &[("provc", &bad.url())]).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "u2", "phone": "+14155550124", "email": "u2@acme.test"}, "payload": {"name": "Ann"}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Sent);
+    assert_eq!(
+        (m.channel.as_deref(), m.provider.as_deref()),
+        (Some("email"), Some("prova"))
+    );
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(
+        statuses(&dto),
+        ["queued:-", "failed:provc", "sent:prova"],
+        "{dto}"
+    );
+    assert_eq!(dto["events"][1]["detail"]["channel"], "sms");
+    assert_eq!(dto["events"][2]["detail"]["channel"], "email");
+    let sent = good.take_requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].header("idempotency-key"), Some(event.as_str()));
+    gw.cleanup().await;
+}
+
+async fn everything_failing_ends_dispatch_failed(b: Backends) {
+    let bad = provider(503, r#"{"error":"unavailable"}"#).await;
+    let gw = Gateway::start(b, &[bad.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &bad.url()), ("provd", &bad.url())])
+        .await;
+    gw.route("email", &[("provb", &bad.url())]).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "order-shipped", "to": {"subscriberId": "u1", "phone": "+14155550123", "email": "u1@acme.test"}, "payload": {"order_id": "A-1"}}),
+            "HIGH",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Failed);
+    assert_eq!(m.error_code.as_deref(), Some("DISPATCH_FAILED"));
+    assert_eq!(m.attempts, 3);
+    let detail = m.error_detail.unwrap();
+    for named in ["sms via provc", "sms via provd", "email via provb"] {
+        assert!(detail.contains(named), "{detail}");
+    }
+    assert_eq!(bad.take_requests().len(), 3);
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(
+        statuses(&dto),
+        [
+            "queued:-",
+            "failed:provc",
+            "failed:provd",
+            "failed:provb",
+            "failed:-"
+        ]
+    );
+    gw.cleanup().await;
+}
+
+async fn preferences_and_category_rules_decide_channels(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &good.url())]).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    let to = json!({"subscriberId": "pat", "phone": "+14155550123", "email": "pat@acme.test"});
+    let put = |body: Value| {
+        let gw = &gw;
+        let key = key.clone();
+        async move {
+            let (s, b) = gw
+                .request(
+                    reqwest::Method::PUT,
+                    "/v1/users/pat/preferences",
+                    &key,
+                    Some(&body),
+                    &[],
+                )
+                .await;
+            assert_eq!(s, 200, "{b}");
+        }
+    };
+
+    // SMS opted out: the urgent order (sms first) goes by email; SMS is never attempted.
+    put(json!({"channels": {"sms": false}})).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "order-shipped", "to": to, "payload": {"order_id": "A-1"}}),
+            "HIGH",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.channel.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("email"), 1)
+    );
+    let reqs = good.take_requests();
+    assert_eq!(reqs.len(), 1);
+    assert!(!reqs[0].path.contains("Messages.json"), "SMS was attempted");
+
+    // A category rule wins over the channel flag.
+    put(json!({"categories": {"shipping": {"sms": true}}})).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "order-shipped", "category": "shipping", "to": to, "payload": {"order_id": "A-2"}}),
+            "HIGH",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.channel.as_deref()),
+        (MessageStatus::Sent, Some("sms"))
+    );
+    good.take_requests();
+
+    // Everything opted out, CRITICAL included: SUPPRESSED, nothing sent or billed.
+    put(json!({"channels": {"email": false}, "categories": {"shipping": {"sms": false}}})).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "order-shipped", "category": "shipping", "to": to, "payload": {"order_id": "A-3"}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Suppressed);
+    assert_eq!(m.error_code.as_deref(), Some("SUPPRESSED"));
+    assert_eq!((m.attempts, m.cost_micro_usd), (0, 0));
+    assert!(good.take_requests().is_empty());
+    // Re-enabling a channel with `true` works (merge keeps the category rule).
+    put(json!({"channels": {"email": true}})).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "order-shipped", "category": "shipping", "to": to, "payload": {"order_id": "A-4"}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.channel.as_deref()),
+        (MessageStatus::Sent, Some("email"))
+    );
+    gw.cleanup().await;
+}
+
+async fn erasure_suppresses_queued_and_later_deliveries(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(b, dir.path(), &[good.host_port()]).await;
+    // No worker at first, so the event waits in the queue while the erasure happens.
+    config.worker.enabled = false;
+    let gw = Gateway::start_config(config.clone(), dir).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    let to = json!({"subscriberId": "gone", "email": "gone@acme.test"});
+    let queued = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": to, "payload": {"name": "G"}}),
+            "NORMAL",
+        )
+        .await;
+    let (s, body) = gw
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/subscribers/gone",
+            &key,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    assert_eq!(body["status"], "accepted");
+    let later = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": to, "payload": {"name": "G"}}),
+            "CRITICAL",
+        )
+        .await;
+    // Now a worker (as `switchboard worker` runs it) picks both up.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(switchboard::worker(&gw.state).run(stopped));
+    for event in [&queued, &later] {
+        let m = gw.settled(event).await;
+        assert_eq!(m.status, MessageStatus::Suppressed, "{event}");
+        assert_eq!(m.error_code.as_deref(), Some("SUPPRESSED"));
+        assert!(m.error_detail.unwrap().contains("erased"));
+    }
+    assert!(
+        good.take_requests().is_empty(),
+        "an erased subscriber was contacted"
+    );
+    // Someone else is unaffected.
+    let other = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "kept", "email": "k@acme.test"}, "payload": {"name": "K"}}),
+            "CRITICAL",
+        )
+        .await;
+    assert_eq!(gw.settled(&other).await.status, MessageStatus::Sent);
+    let _ = stop.send(true);
+    worker.await.unwrap();
+    gw.cleanup().await;
+}
+
+async fn voice_rules_pacing_language_cost_and_masking(b: Backends) {
+    let good = provider(200, ACCEPT).await;
+    let gw = Gateway::start(b, &[good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("voice", &[("prove", &good.url())]).await;
+    let phone = "+14155550199";
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "v1", "phone": phone},
+                   "payload": {"code": "48291"},
+                   "overrides": {"voice": {"language": "en_US", "voice_id": "anna"}}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.channel.as_deref()),
+        (MessageStatus::Sent, Some("voice"))
+    );
+    assert_eq!(m.cost_micro_usd, 15_000);
+    let reqs = good.take_requests();
+    assert_eq!(reqs.len(), 1);
+    let body: Value = serde_json::from_slice(&reqs[0].body).unwrap();
+    assert_eq!(
+        body["text"],
+        "Your verification code is 4, 8, 2, 9, 1. Again, 4, 8, 2, 9, 1."
+    );
+    // provE gets the primary subtag of the normalised tag.
+    assert_eq!(body["language"], "en");
+    assert_eq!(body["voice"], "anna");
+    // Nothing the API returns carries the plaintext number.
+    let dto = gw.dto(&key, &event).await;
+    assert!(!dto.to_string().contains(phone), "{dto}");
+    let (_, list) = gw
+        .request(reqwest::Method::GET, "/v1/messages", &key, None, &[])
+        .await;
+    assert!(!list.to_string().contains(phone));
+    gw.cleanup().await;
+}
+
+async fn voice_missing_placeholder_and_promotional_dnd(b: Backends) {
+    let good = provider(200, ACCEPT).await;
+    let gw = Gateway::start(b, &[good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("voice", &[("prove", &good.url())]).await;
+    gw.route("sms", &[("provc", &good.url())]).await;
+
+    // Rule 5: a placeholder the payload lacks: no call, FAILED naming event and keys.
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "adhoc-alert", "to": {"subscriberId": "v1", "phone": "+14155550101"},
+                   "payload": {"site": "DC-1"},
+                   "overrides": {"voice": {"script": "Alarm at {{site}}: {{level}} {{zone}}"}}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Failed);
+    let detail = m.error_detail.unwrap();
+    assert!(
+        detail.contains(&event) && detail.contains("level") && detail.contains("zone"),
+        "{detail}"
+    );
+    assert_eq!(m.attempts, 0);
+    assert!(good.take_requests().is_empty());
+
+    // Promotional voice to a DND-listed number: SUPPRESSED, no call.
+    let ws = gw.workspace().await;
+    let dnd = "+14155550102";
+    let store = &gw.state.ingest.store;
+    store
+        .dnd_add(
+            &ws,
+            &switchboard::store::phone_hash(dnd),
+            &switchboard::voice::mask_phone(dnd),
+        )
+        .await
+        .unwrap();
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "spring-sale", "to": {"subscriberId": "v2", "phone": dnd},
+                   "payload": {"discount": "20%"}, "overrides": {"voice": {}}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Suppressed, "{:?}", m.error_detail);
+    assert_eq!(m.error_code.as_deref(), Some("SUPPRESSED"));
+    assert!(!m.error_detail.unwrap().contains(dnd));
+    assert!(good.take_requests().is_empty());
+    // A transactional call to the same number goes through.
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "v2", "phone": dnd},
+                   "payload": {"code": "12"}, "overrides": {"voice": {}}}),
+            "CRITICAL",
+        )
+        .await;
+    assert_eq!(gw.settled(&event).await.status, MessageStatus::Sent);
+    // NORMAL priority: SMS first (cost order), voice only as the fallback.
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "v3", "phone": "+14155550103"},
+                   "payload": {"code": "12"}, "overrides": {"voice": {}}}),
+            "NORMAL",
+        )
+        .await;
+    assert_eq!(gw.settled(&event).await.channel.as_deref(), Some("sms"));
+    gw.cleanup().await;
+}
+
+async fn test_keys_never_reach_a_provider(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Test).await;
+    for channel in ["sms", "email", "voice", "push", "whatsapp"] {
+        let parsed: switchboard::routing::Channel = serde_json::from_value(json!(channel)).unwrap();
+        let slug = switchboard::worker::dispatch::default_route(parsed)[0];
+        gw.route(channel, &[(slug, &good.url())]).await;
+    }
+    let mut events = Vec::new();
+    for (i, (name, to, overrides)) in [
+        (
+            "otp",
+            json!({"phone": "+14155550123"}),
+            json!({"voice": {}}),
+        ),
+        ("welcome", json!({"email": "a@acme.test"}), json!({})),
+        ("welcome", json!({"deviceTokens": ["tok-1"]}), json!({})),
+        (
+            "otp",
+            json!({"phone": "+14155550123"}),
+            json!({"whatsapp": {}}),
+        ),
+        ("order-shipped", json!({"phone": "+14155550123"}), json!({})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut to = to;
+        to["subscriberId"] = json!(format!("t{i}"));
+        events.push(
+            gw.trigger(
+                &key,
+                json!({"name": name, "to": to, "payload": {"code": "123456", "name": "T", "order_id": "O"}, "overrides": overrides}),
+                "CRITICAL",
+            )
+            .await,
+        );
+    }
+    for event in &events {
+        let m = gw.settled(event).await;
+        assert_eq!(m.status, MessageStatus::Delivered);
+        assert!(m.test_mode);
+        assert_eq!(m.cost_micro_usd, 0);
+        assert_eq!(
+            m.provider_message_id.as_deref(),
+            Some(format!("svc_test_{event}").as_str())
+        );
+        let dto = gw.dto(&key, event).await;
+        assert_eq!(dto["test_mode"], true);
+        let steps: Vec<_> = statuses(&dto)
+            .into_iter()
+            .map(|s| s.split(':').next().unwrap().to_string())
+            .collect();
+        assert_eq!(steps, ["queued", "sent", "delivered"], "{dto}");
+    }
+    // Give a stray send every chance to show up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        good.take_requests().is_empty(),
+        "a test key reached a provider"
+    );
+    gw.cleanup().await;
+}
+
+async fn workflow_errors_fail_with_their_codes(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("push", &[("prova", &good.url())]).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "no-such-flow", "to": {"subscriberId": "w1", "email": "w@acme.test"}}),
+            "HIGH",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("WORKFLOW_NOT_FOUND"))
+    );
+    assert!(m.error_detail.unwrap().contains("no-such-flow"));
+    // `otp` has no email template.
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "w1", "email": "w@acme.test"}}),
+            "HIGH",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("TEMPLATE_MISSING"))
+    );
+    assert!(m.error_detail.unwrap().contains("email"));
+    assert!(good.take_requests().is_empty());
+    gw.cleanup().await;
+}
+
+/// A provider stand-in that de-duplicates on `Idempotency-Key` the way provC's API
+/// does: a repeated key gets the first answer back and is not a second message.
+struct IdempotentProvider {
+    addr: std::net::SocketAddr,
+    /// Idempotency key -> requests received with it.
+    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl IdempotentProvider {
+    async fn start(delay: Duration) -> Self {
+        use axum::http::HeaderMap;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, u32>::new()));
+        let state = seen.clone();
+        let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+            let seen = state.clone();
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                tokio::time::sleep(delay).await;
+                *seen.lock().unwrap().entry(key.clone()).or_default() += 1;
+                (
+                    axum::http::StatusCode::CREATED,
+                    [("content-type", "application/json")],
+                    format!(r#"{{"sid":"sid-{key}"}}"#),
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, seen, task }
+    }
+
+    fn requests(&self) -> u32 {
+        self.seen.lock().unwrap().values().sum()
+    }
+}
+
+impl Drop for IdempotentProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `switchboard worker` as a separate process on `config`.
+fn spawn_worker(config: &Config, dir: &std::path::Path, n: u32) -> std::process::Child {
+    let path = dir.join(format!("worker-{n}.toml"));
+    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["--config", path.to_str().unwrap(), "worker"])
+        .env("SWITCHBOARD_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("switchboard worker starts")
+}
+
+/// A worker process is killed (SIGKILL) in the middle of a batch; a second one takes
+/// over. Every event ends SENT, and the provider receives each event as one message:
+/// completed attempts are never re-sent, and an attempt cut off during the provider
+/// call is re-sent under the same idempotency key, which the provider de-duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice() {
+    const N: usize = 300;
+    let provider = IdempotentProvider::start(Duration::from_millis(15)).await;
+    let base = format!("http://{}", provider.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(
+        Backends::Production,
+        dir.path(),
+        &[provider.addr.to_string()],
+    )
+    .await;
+    config.worker.enabled = false;
+    config.worker.ack_wait_ms = 2_000;
+    let worker_config = config.clone();
+    let gw = Gateway::start_config(config, tempfile::tempdir().unwrap()).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &base)]).await;
+    let events: Vec<Value> = (0..N)
+        .map(|i| json!({"name": "otp", "to": {"subscriberId": format!("k{i}"), "phone": "+14155550123"}, "payload": {"code": "99"}}))
+        .collect();
+    let (s, body) = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/events/bulk",
+            &key,
+            Some(&json!({"events": events})),
+            &[],
+        )
+        .await;
+    assert_eq!((s, body["count"].as_u64()), (200, Some(N as u64)), "{body}");
+    let ids: Vec<String> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["eventId"].as_str().unwrap().to_string())
+        .collect();
+
+    let mut first = spawn_worker(&worker_config, dir.path(), 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while provider.requests() < (N / 3) as u32 {
+        assert!(
+            Instant::now() < deadline,
+            "the first worker made no progress"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let at_kill = provider.requests();
+    assert!(at_kill < N as u32, "the batch finished before the kill");
+
+    let mut second = spawn_worker(&worker_config, dir.path(), 2);
+    let ws = gw.workspace().await;
+    let store = gw.state.ingest.store.clone();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut pending = ids.clone();
+    while !pending.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} events never dispatched",
+            pending.len()
+        );
+        let mut still = Vec::new();
+        for id in pending {
+            let m = store
+                .get_message(&ws, &EventId::parse(&id).unwrap())
+                .await
+                .unwrap()
+                .unwrap();
+            if !m.status.is_dispatched() {
+                still.push(id);
+            }
+        }
+        pending = still;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    second.kill().unwrap();
+    second.wait().unwrap();
+
+    let mut resumed = 0;
+    for id in &ids {
+        let m = store
+            .get_message(&ws, &EventId::parse(id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.status, MessageStatus::Sent, "{id}: {:?}", m.error_detail);
+        assert_eq!(
+            m.attempts, 1,
+            "{id} failed over although the provider accepted"
+        );
+        assert_eq!(m.provider_message_id, Some(format!("sid-{id}")));
+        let timeline = m.timeline.unwrap();
+        let sent: Vec<_> = timeline
+            .iter()
+            .filter(|e| e.status == switchboard::model::StepStatus::Sent)
+            .collect();
+        assert_eq!(sent.len(), 1, "{id} recorded as sent twice");
+        if sent[0].detail.as_ref().unwrap()["resumed"] == json!(true) {
+            resumed += 1;
+        }
+    }
+    let seen = provider.seen.lock().unwrap().clone();
+    // Every event reached the provider, as exactly one de-duplication key each.
+    assert_eq!(seen.len(), N);
+    assert!(ids.iter().all(|id| seen.contains_key(id)));
+    // A key seen twice is only ever an attempt cut off mid-call and resumed.
+    let repeated = seen.values().filter(|n| **n > 1).count();
+    assert!(seen.values().all(|n| *n <= 2), "{seen:?}");
+    assert!(
+        repeated <= resumed,
+        "{repeated} keys were sent twice but only {resumed} attempts were resumed"
+    );
+    eprintln!(
+        "killed after {at_kill} provider requests; {resumed} attempts resumed, {repeated} de-duplicated by the provider"
+    );
+    gw.cleanup().await;
+}
