@@ -1263,6 +1263,35 @@ fn assert_message_shape(m: &Value) {
     assert!(time(&m["updated_at"]) >= time(&m["created_at"]));
 }
 
+/// A MessageDto's timeline: EventItemDto fields only, no nulls, strictly increasing
+/// `seq`, lower-case step statuses, and (when not empty) `queued` first.
+fn assert_timeline(m: &Value) {
+    let timeline = m["events"].as_array().unwrap();
+    if let Some(first) = timeline.first()
+        && first["provider"] != "prova"
+    {
+        assert_eq!(first["status"], "queued", "{m}");
+    }
+    let mut last_seq = i64::MIN;
+    for step in timeline {
+        let seq = step["seq"].as_i64().unwrap();
+        assert!(seq > last_seq, "seq increases: {m}");
+        last_seq = seq;
+        assert!(
+            ["queued", "sent", "delivered", "failed"].contains(&step["status"].as_str().unwrap()),
+            "{m}"
+        );
+        time(&step["occurred_at"]);
+        for (k, v) in step.as_object().unwrap() {
+            assert!(
+                ["seq", "status", "occurred_at", "provider", "detail"].contains(&k.as_str()),
+                "{k}"
+            );
+            assert!(!v.is_null(), "{k} is null");
+        }
+    }
+}
+
 fn ids(page: &Value) -> Vec<String> {
     page["messages"]
         .as_array()
@@ -1306,29 +1335,52 @@ async fn get_event_returns_the_message_and_its_timeline(b: Backends) {
         !m.to_string().contains("A-1"),
         "raw payload values are not stored"
     );
-    let timeline = m["events"]
-        .as_array()
-        .expect("the timeline is always present");
-    if let Some(first) = timeline.first() {
-        assert_eq!(first["status"], "queued", "{m}");
-    }
-    let mut last_seq = i64::MIN;
-    for step in timeline {
-        let seq = step["seq"].as_i64().unwrap();
-        assert!(seq > last_seq, "seq increases: {m}");
-        last_seq = seq;
-        assert!(
-            ["queued", "sent", "delivered", "failed"].contains(&step["status"].as_str().unwrap())
-        );
-        time(&step["occurred_at"]);
-        for (k, v) in step.as_object().unwrap() {
-            assert!(
-                ["seq", "status", "occurred_at", "provider", "detail"].contains(&k.as_str()),
-                "{k}"
-            );
-            assert!(!v.is_null(), "{k} is null");
+    assert!(
+        m["events"].is_array(),
+        "the timeline is always present: {m}"
+    );
+    assert_timeline(&m);
+
+    // A worker, when one runs, starts the timeline with `queued` (it may have more by
+    // now). Wait briefly for it; without workers the timeline stays empty.
+    let mut latest = m.clone();
+    for _ in 0..50 {
+        if !latest["events"].as_array().unwrap().is_empty() {
+            break;
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        latest = gw.get(&format!("/v1/events/{id}"), &key).await.1;
     }
+    assert_timeline(&latest);
+    // Provider and detail are shown as recorded (a receipt-style entry without a lease).
+    let event = switchboard::ids::EventId::parse(&id).unwrap();
+    let appended = gw
+        .state
+        .ingest
+        .store
+        .append_timeline(
+            &event,
+            &[switchboard::model::NewTimelineEntry {
+                status: switchboard::model::StepStatus::Delivered,
+                occurred_at: chrono::Utc::now(),
+                provider: Some("prova".into()),
+                detail: Some(json!({"duration_seconds": 12, "cost_micro_usd": 15000})),
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(appended);
+    let (s, latest) = gw.get(&format!("/v1/events/{id}"), &key).await;
+    assert_eq!(s, 200);
+    assert_timeline(&latest);
+    let ours = latest["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["provider"] == "prova")
+        .unwrap_or_else(|| panic!("appended entry missing: {latest}"));
+    assert_eq!(ours["status"], "delivered");
+    assert_eq!(ours["detail"]["cost_micro_usd"], 15000);
 
     // The UUID form names the same event, in either case.
     let uuid = as_uuid(&id);

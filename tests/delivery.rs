@@ -428,6 +428,30 @@ async fn everything_failing_ends_dispatch_failed(b: Backends) {
             "failed:-"
         ]
     );
+
+    // The spec's case: the voice chain is exhausted (then the SMS fallback too).
+    gw.route("voice", &[("prove", &bad.url()), ("provc", &bad.url())])
+        .await;
+    gw.route("sms", &[("provd", &bad.url())]).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "u2", "phone": "+14155550123"},
+                   "payload": {"code": "7"}, "overrides": {"voice": {}}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("DISPATCH_FAILED"))
+    );
+    let detail = m.error_detail.unwrap();
+    for named in ["voice via prove", "voice via provc", "sms via provd"] {
+        assert!(detail.contains(named), "{detail}");
+    }
+    assert!(!detail.contains("+14155550123"), "{detail}");
+    assert_eq!(m.cost_micro_usd, 0, "failed calls are not billed");
     gw.cleanup().await;
 }
 

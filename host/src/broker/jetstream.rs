@@ -1229,7 +1229,7 @@ mod tests {
                 .await
                 .expect("the deletion is reported")
                 .expect("the subscription goes on");
-            let err = item.err().expect("an error item");
+            let err = item.expect_err("an error item");
             println!("reported: {err}");
 
             publish_critical(&broker, &["after"]).await;

@@ -838,6 +838,22 @@ impl Store for PgStore {
         .await
         .map_err(map_err)?
         .rows_affected();
+        // The provider's id also sits in the attempts and the timeline details.
+        for scrub in [
+            "UPDATE delivery_attempts SET provider_message_id = NULL \
+             WHERE provider_message_id IS NOT NULL AND event_id IN \
+             (SELECT event_id FROM messages WHERE workspace_id = $1 AND subscriber_id = $2)",
+            "UPDATE message_events SET detail = detail - 'provider_message_id' \
+             WHERE detail ? 'provider_message_id' AND event_id IN \
+             (SELECT event_id FROM messages WHERE workspace_id = $1 AND subscriber_id = $2)",
+        ] {
+            sqlx::query(scrub)
+                .bind(workspace.as_str())
+                .bind(format!("erased:{}", &key[..16]))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
 
         sqlx::query(
             "INSERT INTO erasure_audit (workspace_id, subscriber_key, known_subscriber, \

@@ -900,6 +900,22 @@ impl Store for SqliteStore {
             .map_err(map_err)?
             .rows_affected(),
         };
+        // The provider's id also sits in the attempts and the timeline details.
+        for scrub in [
+            "UPDATE delivery_attempts SET provider_message_id = NULL \
+             WHERE provider_message_id IS NOT NULL AND event_id IN \
+             (SELECT event_id FROM messages WHERE workspace_id = ? AND subscriber_id = ?)",
+            "UPDATE message_events SET detail = json_remove(detail, '$.provider_message_id') \
+             WHERE json_extract(detail, '$.provider_message_id') IS NOT NULL AND event_id IN \
+             (SELECT event_id FROM messages WHERE workspace_id = ? AND subscriber_id = ?)",
+        ] {
+            sqlx::query(scrub)
+                .bind(workspace.as_str())
+                .bind(pseudonym.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
 
         sqlx::query(
             "INSERT INTO erasure_audit (workspace_id, subscriber_key, known_subscriber, messages_scrubbed, \

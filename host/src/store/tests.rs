@@ -1567,6 +1567,14 @@ pub(crate) async fn erasure(store: Arc<dyn Store>) {
                         release_lease: true,
                         ..MessageUpdate::default()
                     },
+                    timeline: vec![NewTimelineEntry {
+                        status: StepStatus::Sent,
+                        occurred_at: now(),
+                        provider: Some("prova".into()),
+                        detail: Some(
+                            serde_json::json!({"channel": "email", "provider_message_id": pm}),
+                        ),
+                    }],
                     ..Step::default()
                 },
             )
@@ -1603,11 +1611,27 @@ pub(crate) async fn erasure(store: Arc<dyn Store>) {
         }
     );
     let erased_id = format!("erased:{}", &super::subscriber_key(&ws.id, "alice")[..16]);
+    // The provider's id goes from the timeline details too.
+    let scrubbed_timeline = old_before.timeline.clone().map(|t| {
+        t.into_iter()
+            .map(|mut e| {
+                if let Some(d) = e.detail.as_mut().and_then(|d| d.as_object_mut()) {
+                    d.remove("provider_message_id");
+                }
+                e
+            })
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        format!("{:?}", old_before.timeline).contains("pm-alice-old"),
+        "the fixture records the id in the timeline"
+    );
     assert_eq!(
         get(store, &ws.id, &alice_old.event_id).await,
         MessageRecord {
             subscriber_id: erased_id.clone(),
             provider_message_id: None,
+            timeline: scrubbed_timeline,
             ..old_before
         },
         "only the identifiers are scrubbed"
