@@ -271,9 +271,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if seeded > 0 {
                 println!("seeded {seeded} example workflows");
             }
+            let signal = terminate();
             println!("listening on http://{}", listener.local_addr()?);
             let shutdown =
-                switchboard::drain_then_stop(state.draining.clone(), terminate(), Duration::ZERO);
+                switchboard::drain_then_stop(state.draining.clone(), signal, Duration::ZERO);
             switchboard::serve(state, listener, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -285,6 +286,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {} (listen): {e}", config.listen))?;
             let state = switchboard::build_state(config).await?;
+            let signal = terminate();
             println!(
                 "switchboard {} listening on http://{}",
                 env!("CARGO_PKG_VERSION"),
@@ -292,7 +294,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             let shutdown = switchboard::drain_then_stop(
                 state.draining.clone(),
-                terminate(),
+                signal,
                 Duration::from_secs(args.drain_seconds),
             );
             switchboard::serve(state, listener, shutdown).await?;
@@ -308,12 +310,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(target) => {
             let config = target.apply(config);
             let state = switchboard::build_state(config).await?;
+            let signal = terminate();
             println!(
                 "switchboard {} worker started{}; stop with SIGTERM or Ctrl-C",
                 env!("CARGO_PKG_VERSION"),
                 if target.dev { " (dev)" } else { "" }
             );
-            switchboard::run_worker(state, terminate()).await?;
+            switchboard::run_worker(state, signal).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Workflows(command) => workflows(command, config).await,
@@ -513,22 +516,31 @@ async fn dnd(command: DndCommand, config: Config) -> anyhow::Result<ExitCode> {
 }
 
 /// SIGTERM or Ctrl-C.
-async fn terminate() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or Ctrl-C. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal sent right after a "started" line is
+/// never taken by the default action (which would kill the process).
+fn terminate() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! { _ = wait(term) => {}, _ = wait(int) => {} }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 fn print_plugins(registry: &switchboard::plugins::registry::Registry) {
