@@ -236,6 +236,43 @@ async fn probe(bench: &Bench, key: &str, probes: usize) -> Vec<f64> {
     out
 }
 
+/// Cumulative bucket counts `(le, count)` of the queue-wait histogram for `class`.
+fn queue_wait_buckets(state: &AppState, class: &str) -> Vec<(f64, u64)> {
+    let text = state.ingest.metrics.render();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if !line.starts_with("switchboard_delivery_queue_wait_seconds_bucket{")
+            || !line.contains(&format!("class=\"{class}\""))
+        {
+            continue;
+        }
+        let le = line.split("le=\"").nth(1).and_then(|r| r.split('"').next());
+        let count = line.rsplit(' ').next().and_then(|c| c.parse::<u64>().ok());
+        if let (Some(le), Some(count)) = (le, count) {
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            out.push((le, count));
+        }
+    }
+    out
+}
+
+/// The bucket bound (ms) under which fraction `q` of the observations made between two
+/// snapshots fall.
+fn bucket_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> f64 {
+    let base = |le: f64| before.iter().find(|(b, _)| *b == le).map_or(0, |(_, c)| *c);
+    let total = after.last().map_or(0, |(le, c)| c - base(*le));
+    for (le, c) in after {
+        if (c - base(*le)) as f64 >= q * total as f64 {
+            return le * 1000.0;
+        }
+    }
+    f64::INFINITY
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -327,7 +364,9 @@ fn main() {
         let before = bench.dispatched().await;
         let (stop, task) = bench.run_worker();
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let waits_before = queue_wait_buckets(&bench.state, "critical");
         let loaded = probe(&bench, &test_key, probes).await;
+        let waits_after = queue_wait_buckets(&bench.state, "critical");
         let drained = bench.dispatched().await - before;
         let _ = stop.send(true);
         task.await.unwrap();
@@ -337,6 +376,11 @@ fn main() {
             pct(&loaded, 0.99),
             loaded.len(),
             backlog as i64 + probes as i64 - drained
+        );
+        println!(
+            "worker/critical_queue_wait_under_backlog: p50 <= {:.2} ms, p99 <= {:.2} ms (acceptance to a worker starting it; histogram bucket bounds)",
+            bucket_quantile(&waits_before, &waits_after, 0.5),
+            bucket_quantile(&waits_before, &waits_after, 0.99)
         );
         bench.cleanup().await;
     });

@@ -27,6 +27,13 @@ pub struct RouteLabels {
     pub route: String,
 }
 
+/// A broker stream class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    /// `critical` or `bulk`.
+    pub class: &'static str,
+}
+
 /// One labelled outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -51,6 +58,9 @@ pub struct Metrics {
     /// `switchboard_deliveries_total{outcome}`: the final status (SENT, DELIVERED,
     /// FAILED, SUPPRESSED), redelivered_done, busy, retry, undecodable.
     pub deliveries: Family<OutcomeLabels, Counter>,
+    /// `switchboard_delivery_queue_wait_seconds{class}`: acceptance to a worker starting
+    /// the event (first deliveries only), i.e. time spent queued.
+    pub queue_wait: Family<ClassLabels, Histogram>,
 }
 
 impl Default for Metrics {
@@ -64,6 +74,14 @@ impl Default for Metrics {
         let publishes = Family::<OutcomeLabels, Counter>::default();
         let outbox_depth = Gauge::default();
         let deliveries = Family::<OutcomeLabels, Counter>::default();
+        let queue_wait = Family::<ClassLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 22))
+        });
+        registry.register(
+            "delivery_queue_wait_seconds",
+            "Time from acceptance to a worker starting the event, by stream class",
+            queue_wait.clone(),
+        );
         registry.register(
             "deliveries",
             "Broker deliveries handled by workers, by outcome",
@@ -102,6 +120,7 @@ impl Default for Metrics {
             publishes,
             outbox_depth,
             deliveries,
+            queue_wait,
         }
     }
 }

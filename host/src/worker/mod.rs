@@ -185,6 +185,19 @@ impl Worker {
                 return;
             }
         };
+        if delivery.delivered == 1 {
+            let waited = (chrono::Utc::now() - envelope.accepted_at)
+                .to_std()
+                .unwrap_or_default();
+            let class = match class {
+                StreamClass::Critical => "critical",
+                StreamClass::Bulk => "bulk",
+            };
+            self.metrics
+                .queue_wait
+                .get_or_create(&crate::metrics::ClassLabels { class })
+                .observe(waited.as_secs_f64());
+        }
         let heartbeat = {
             let every = self.config.ack_wait() / 3;
             let settle = &delivery.settle;
