@@ -1015,3 +1015,55 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice() {
     );
     gw.cleanup().await;
 }
+
+/// Two copies of one event dispatched at once in the same process (a broker
+/// redelivery while the first is still at the provider): one dispatches, the other is
+/// told the message is busy; the provider sees one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
+    let slow = CaptureServer::start().await.unwrap();
+    slow.reply_with(Reply::Delay(Duration::from_millis(400)));
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(Backends::Embedded, dir.path(), &[slow.host_port()]).await;
+    config.worker.enabled = false;
+    let gw = Gateway::start_config(config, dir).await;
+    gw.workflows().await;
+    let ws = gw.workspace().await;
+    gw.route("sms", &[("provc", &slow.url())]).await;
+    let request: switchboard::ingest::TriggerRequest = serde_json::from_value(json!({
+        "name": "otp", "to": {"subscriberId": "dup", "phone": "+14155550123"}, "payload": {"code": "1"}
+    }))
+    .unwrap();
+    let envelope = switchboard::ingest::Envelope {
+        v: 1,
+        event_id: EventId::generate(),
+        workspace_id: ws,
+        key_mode: KeyMode::Live,
+        priority: switchboard::routing::Priority::High,
+        channels: vec![switchboard::routing::Channel::Sms],
+        accepted_at: chrono::Utc::now(),
+        request,
+    };
+    let dispatcher = switchboard::worker::dispatch::Dispatcher {
+        store: gw.state.ingest.store.clone(),
+        plugins: gw.state.plugins.clone(),
+        owner: "wkr_same_process".into(),
+        lease: Duration::from_secs(30),
+        send_timeout: Duration::from_secs(5),
+    };
+    let (a, b) = tokio::join!(dispatcher.dispatch(&envelope), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        dispatcher.dispatch(&envelope).await
+    });
+    use switchboard::worker::dispatch::Outcome;
+    // provC reads `sid` from the reply; the delayed 200 `{}` has none, so the first
+    // dispatch records a failed attempt; what matters is that there is one.
+    assert!(matches!(a.unwrap(), Outcome::Done(_)));
+    assert_eq!(b.unwrap(), Outcome::Busy);
+    assert_eq!(slow.take_requests().len(), 1);
+    // Once the first has finished, another copy finds it done and sends nothing.
+    let c = dispatcher.dispatch(&envelope).await.unwrap();
+    assert!(matches!(c, Outcome::AlreadyDone(_)), "{c:?}");
+    assert!(slow.take_requests().is_empty());
+    gw.cleanup().await;
+}

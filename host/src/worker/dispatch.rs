@@ -66,13 +66,30 @@ pub fn allowed(prefs: &Preferences, category: &str, channel: Channel) -> bool {
         .unwrap_or(true)
 }
 
-/// Replaces a plaintext phone number in provider-supplied text with its masked form,
-/// so error details never store it.
-fn scrub(text: &str, phone: Option<&str>) -> String {
-    match phone {
-        Some(p) if !p.is_empty() => text.replace(p, &voice::mask_phone(p)),
-        _ => text.to_string(),
+/// Masks what provider-supplied text may echo before it is stored: the recipient's
+/// number (as `+E.164`, bare digits or URL-encoded) and the route's config values
+/// (credentials), so error details never keep them.
+fn scrub(text: &str, phone: Option<&str>, secrets: &[&str]) -> String {
+    let mut out = text.to_string();
+    if let Some(p) = phone.filter(|p| !p.is_empty()) {
+        let masked = voice::mask_phone(p);
+        let digits = p.trim_start_matches('+');
+        for form in [
+            p.to_string(),
+            format!("%2B{digits}"),
+            format!("%2b{digits}"),
+        ] {
+            out = out.replace(&form, &masked);
+        }
+        if digits.len() >= 7 {
+            out = out.replace(digits, masked.trim_start_matches('+'));
+        }
     }
+    // Short values (ids like `AC1`, flags) would mask ordinary words.
+    for secret in secrets.iter().filter(|s| s.len() >= 6) {
+        out = out.replace(secret, "***");
+    }
+    out
 }
 
 /// Dispatches events through the workspace's providers.
@@ -100,9 +117,12 @@ impl Dispatcher {
             phone_masked: to.phone.as_deref().map(voice::mask_phone),
             device_tokens: to.device_tokens.clone().unwrap_or_default(),
         };
+        // A token per dispatch, not per process: a second copy of the event reaching this
+        // same process (a broker redelivery) must find the lease taken, like any other.
+        let token = format!("{}:{}", self.owner, uuid::Uuid::new_v4().simple());
         let snapshot = match self
             .store
-            .claim_message(&envelope.message(), &contacts, &self.owner, self.lease)
+            .claim_message(&envelope.message(), &contacts, &token, self.lease)
             .await?
         {
             Claim::Busy => return Ok(Outcome::Busy),
@@ -110,6 +130,7 @@ impl Dispatcher {
         };
         let mut run = Run {
             d: self,
+            token,
             envelope,
             attempts: snapshot.attempts,
             tried: Vec::new(),
@@ -137,6 +158,8 @@ impl Dispatcher {
 /// One dispatch in progress.
 struct Run<'a> {
     d: &'a Dispatcher,
+    /// This dispatch's lease token.
+    token: String,
     envelope: &'a Envelope,
     /// Attempts recorded so far (including earlier deliveries').
     attempts: Vec<AttemptRecord>,
@@ -148,7 +171,7 @@ impl Run<'_> {
     async fn step(&self, step: Step) -> Result<(), StoreError> {
         self.d
             .store
-            .record_step(&self.envelope.event_id, &self.d.owner, self.d.lease, &step)
+            .record_step(&self.envelope.event_id, &self.token, self.d.lease, &step)
             .await
     }
 
@@ -173,7 +196,7 @@ impl Run<'_> {
         detail: String,
         channel: Option<Channel>,
     ) -> Result<Outcome, StoreError> {
-        let detail = scrub(&detail, self.envelope.request.to.phone.as_deref());
+        let detail = scrub(&detail, self.envelope.request.to.phone.as_deref(), &[]);
         let mut entry = json!({"error_code": code, "reason": detail});
         if let Some(c) = channel {
             entry["channel"] = json!(c.as_str());
@@ -465,7 +488,8 @@ impl Run<'_> {
                 .await
                 .map(Some),
             Err((code, detail)) => {
-                let detail = scrub(&detail, self.envelope.request.to.phone.as_deref());
+                let secrets: Vec<&str> = route.config.values().map(String::as_str).collect();
+                let detail = scrub(&detail, self.envelope.request.to.phone.as_deref(), &secrets);
                 tracing::info!(
                     provider = slug,
                     channel = ch,
@@ -620,10 +644,23 @@ mod tests {
     }
 
     #[test]
-    fn phone_numbers_are_scrubbed_from_details() {
-        let out = scrub("invalid number +14155550123", Some("+14155550123"));
-        assert!(!out.contains("+14155550123"), "{out}");
-        assert_eq!(scrub("x", None), "x");
+    fn phone_numbers_and_credentials_are_scrubbed_from_details() {
+        let phone = Some("+14155550123");
+        for text in [
+            "invalid number +14155550123",
+            "To=%2B14155550123 rejected",
+            "number 14155550123 unreachable",
+        ] {
+            let out = scrub(text, phone, &[]);
+            assert!(!out.contains("4155550123"), "{out}");
+        }
+        let out = scrub(
+            "bad key sk_live_abcdef for AC1",
+            None,
+            &["sk_live_abcdef", "AC1"],
+        );
+        assert_eq!(out, "bad key *** for AC1");
+        assert_eq!(scrub("x", None, &[]), "x");
     }
 
     #[test]

@@ -126,7 +126,10 @@ impl Worker {
                         if self.critical_waiting.load(Ordering::SeqCst) == 0 {
                             break;
                         }
-                        drained.await;
+                        tokio::select! {
+                            _ = drained => {}
+                            _ = stop.changed() => break 'subscribe,
+                        }
                     }
                     let next = tokio::select! {
                         d = deliveries.next() => d,
@@ -154,13 +157,19 @@ impl Worker {
                     };
                     self.critical_waiting.fetch_add(1, Ordering::SeqCst);
                     let permit = tokio::select! {
-                        p = own.clone().acquire_owned() => p,
-                        p = overflow.clone().acquire_owned() => p,
+                        p = own.clone().acquire_owned() => p.ok(),
+                        p = overflow.clone().acquire_owned() => p.ok(),
+                        _ = stop.changed() => None,
                     };
                     if self.critical_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
                         self.critical_drained.notify_waiters();
                     }
-                    let Ok(permit) = permit else { break 'subscribe };
+                    let Some(permit) = permit else {
+                        // Stopping: hand it straight back rather than let it wait out
+                        // the ack wait.
+                        let _ = d.settle.nak(Duration::ZERO).await;
+                        break 'subscribe;
+                    };
                     tokio::spawn(self.clone().handle(d, class, permit));
                 }
             }
