@@ -239,9 +239,18 @@ fn a_plugins_directory_adds_third_party_components() {
 }
 
 fn start_dev(data_dir: &std::path::Path) -> (std::process::Child, String, Vec<String>) {
+    start_dev_with(data_dir, &[])
+}
+
+/// `start_dev` with extra environment variables.
+fn start_dev_with(
+    data_dir: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String, Vec<String>) {
     let mut child = switchboard()
         .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -363,7 +372,9 @@ fn keys_cli_works_beside_a_running_dev_gateway() {
 #[test]
 fn accepted_events_survive_a_dev_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, url, printed) = start_dev(dir.path());
+    // No worker: it would deliver the event, and an acknowledged event leaves the queue.
+    let no_worker = [("SWITCHBOARD_WORKER__ENABLED", "false")];
+    let (mut child, url, printed) = start_dev_with(dir.path(), &no_worker);
     let key = printed
         .iter()
         .find_map(|l| l.split_whitespace().find(|w| w.starts_with("svc_sk_test_")))
@@ -398,7 +409,7 @@ fn accepted_events_survive_a_dev_restart() {
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].2, event["eventId"].as_str().unwrap());
     // The idempotency key survives the restart too: a replay answers 200, same event.
-    let (mut child, url, _) = start_dev(dir.path());
+    let (mut child, url, _) = start_dev_with(dir.path(), &no_worker);
     let replay = reqwest::blocking::Client::new()
         .post(format!("{url}/v1/events/trigger"))
         .bearer_auth(&key)
@@ -488,6 +499,10 @@ impl Serve {
                 format!("sbcli:{id}:"),
             ),
             ("SWITCHBOARD_DATA_DIR".into(), data.display().to_string()),
+            // No workers inside `serve`: they would acknowledge events, which deletes
+            // them from the streams `durable_ids` reads. (`switchboard worker` runs
+            // regardless of this setting.)
+            ("SWITCHBOARD_WORKER__ENABLED".into(), "false".into()),
             (
                 "SWITCHBOARD_PLUGINS__CACHE_DIR".into(),
                 std::env::temp_dir()

@@ -1,22 +1,35 @@
 //! The embedded durable queue for `switchboard dev`: a table in the SQLite file.
 //!
 //! `dev` runs without NATS; accepted events go to the `broker_queue` table in the same
-//! SQLite file as the rest of dev's data, so they survive a restart. A unique message id
-//! plays the part of JetStream's `Nats-Msg-Id` de-duplication (without a time window:
-//! an id is stored at most once, ever).
+//! SQLite file as the rest of dev's data, so they survive a restart. Like the JetStream
+//! streams, it is a work queue: acknowledging a message deletes its row, so accepted
+//! events (with contacts and raw payload values) stay only until they are delivered.
 //!
-//! Workers read it through [`WorkQueue`]. Rows are never deleted: acknowledging a
-//! message records it in `broker_acks` for that durable consumer. Everything else about
-//! a consumer lives in memory, shared by the clones of one [`EmbeddedBroker`]:
+//! De-duplication on the message id (JetStream's `Nats-Msg-Id`): an id is stored at
+//! most once while its row exists (`msg_id` is UNIQUE), and for [`ACKED_ID_RETENTION`]
+//! (JetStream's duplicate window) after it was acknowledged: the ack moves the id, and
+//! nothing else, to `broker_seen (msg_id, acked_at)`, and a publish of an id found
+//! there is a duplicate (it counts as done, stores nothing). Entries older than that
+//! are pruned on each ack and at start-up. So de-duplication lasts at least as long as
+//! JetStream's, which counts its window from the publish.
+//!
+//! Workers read it through [`WorkQueue`]; like a JetStream work-queue stream, a stream
+//! has one durable consumer (a second name is refused). Everything about a consumer
+//! lives in memory, shared by the clones of one [`EmbeddedBroker`]:
 //!
 //! - which messages are held by a subscriber (and until when: after `ack_wait` they are
 //!   delivered again), which wait out a nak delay, and how often each was delivered;
-//! - how far the table has been read, so acknowledged rows are not read again.
+//! - how far the table has been read (a low-water mark on `seq`, which AUTOINCREMENT
+//!   never reuses, so deleted rows leave no gap a new row could fall into).
 //!
-//! So after a restart every unacknowledged row is delivered again at once, with
+//! So after a restart every row left (unacknowledged) is delivered again at once, with
 //! `delivered` starting over at 1 and nak delays forgotten. The queue is meant to be
 //! consumed by one process: handles opened separately (or other processes) do not
 //! coordinate their deliveries, though rows they publish are picked up by polling.
+//!
+//! Files written by earlier versions kept acknowledged rows and listed the acks in
+//! `broker_acks`; opening such a file deletes those rows (their ids go to
+//! `broker_seen`) and drops that table.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -39,9 +52,16 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Rows read from the table at a time when a consumer has nothing due.
 const SCAN_PAGE: i64 = 256;
 
-/// Idempotent schema: the queue table, the index workers read it by, and each durable
-/// consumer's acknowledgements.
-const SCHEMA: [&str; 3] = [
+/// How long an acknowledged message id keeps being de-duplicated: JetStream's
+/// duplicate window.
+pub const ACKED_ID_RETENTION: Duration = super::jetstream::DUPLICATE_WINDOW;
+
+/// The current time as stored in this module's tables.
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// Idempotent schema: the queue table, the index workers read it by, and the ids of
+/// acknowledged (deleted) messages still de-duplicated.
+const SCHEMA: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS broker_queue (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         stream TEXT NOT NULL,
@@ -51,14 +71,20 @@ const SCHEMA: [&str; 3] = [
         created_at TEXT NOT NULL
     )",
     "CREATE INDEX IF NOT EXISTS broker_queue_stream_seq ON broker_queue (stream, seq)",
-    // Keyed by consumer too: like JetStream, each durable consumer sees every message.
-    "CREATE TABLE IF NOT EXISTS broker_acks (
-        consumer TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        acked_at TEXT NOT NULL,
-        PRIMARY KEY (consumer, seq)
+    "CREATE TABLE IF NOT EXISTS broker_seen (
+        msg_id TEXT PRIMARY KEY,
+        acked_at TEXT NOT NULL
     ) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS broker_seen_acked_at ON broker_seen (acked_at)",
 ];
+
+/// Deletes `broker_seen` entries past [`ACKED_ID_RETENTION`].
+fn prune_seen_sql() -> String {
+    format!(
+        "DELETE FROM broker_seen WHERE acked_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{} seconds')",
+        ACKED_ID_RETENTION.as_secs()
+    )
+}
 
 /// One stored message as [`EmbeddedBroker::read`] returns it: `(seq, subject, msg_id, payload)`.
 pub type QueuedMessage = (i64, String, String, Vec<u8>);
@@ -86,8 +112,8 @@ impl std::fmt::Debug for EmbeddedBroker {
 struct Shared {
     /// Bumped after every committed publish, to wake idle subscribers.
     published: watch::Sender<u64>,
-    /// Durable consumers by `(stream, durable name)`.
-    consumers: std::sync::Mutex<HashMap<(String, String), Arc<Consumer>>>,
+    /// The durable consumer of each stream, by stream name.
+    consumers: std::sync::Mutex<HashMap<String, Arc<Consumer>>>,
 }
 
 impl EmbeddedBroker {
@@ -113,18 +139,52 @@ impl EmbeddedBroker {
     }
 
     async fn create_schema(&self) -> Result<(), BrokerError> {
+        let failed = |err: sqlx::Error| {
+            BrokerError(format!("cannot create the embedded queue table: {err}"))
+        };
         for statement in SCHEMA {
             sqlx::query(statement)
                 .execute(&self.pool)
                 .await
-                .map_err(|err| {
-                    BrokerError(format!("cannot create the embedded queue table: {err}"))
-                })?;
+                .map_err(failed)?;
         }
+        self.migrate_acks().await.map_err(|err| {
+            BrokerError(format!(
+                "cannot remove acknowledged messages from the embedded queue: {err}"
+            ))
+        })?;
+        sqlx::query(&prune_seen_sql())
+            .execute(&self.pool)
+            .await
+            .map_err(failed)?;
         Ok(())
     }
 
-    /// How many messages `stream` holds.
+    /// Deletes the rows an earlier version kept after their ack (listed in
+    /// `broker_acks`), remembering their ids in `broker_seen`, and drops `broker_acks`.
+    async fn migrate_acks(&self) -> Result<(), sqlx::Error> {
+        let legacy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'broker_acks')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if !legacy {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for statement in [
+            "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at)
+             SELECT q.msg_id, MAX(a.acked_at) FROM broker_queue q
+             JOIN broker_acks a ON a.seq = q.seq GROUP BY q.msg_id",
+            "DELETE FROM broker_queue WHERE seq IN (SELECT seq FROM broker_acks)",
+            "DROP TABLE broker_acks",
+        ] {
+            sqlx::query(statement).execute(&mut *tx).await?;
+        }
+        tx.commit().await
+    }
+
+    /// How many messages `stream` holds (acknowledged ones are deleted).
     pub async fn len(&self, stream: &str) -> Result<u64, BrokerError> {
         let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM broker_queue WHERE stream = ?")
             .bind(stream)
@@ -136,7 +196,8 @@ impl EmbeddedBroker {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
-    /// Up to `limit` messages of `stream` with a sequence above `after_seq`, oldest first,
+    /// Up to `limit` messages of `stream` (not yet acknowledged) with a sequence above
+    /// `after_seq`, oldest first,
     /// as `(seq, subject, msg_id, payload)`. Pass the last `seq` seen to page on; 0 reads
     /// from the start.
     pub async fn read(
@@ -171,18 +232,21 @@ impl EmbeddedBroker {
     /// Inserts the whole batch in one transaction: all stored, or none.
     async fn insert_batch(&self, messages: &[Publish]) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
+        let insert = format!(
+            "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at)
+             SELECT ?1, ?2, ?3, ?4, {NOW}
+             WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE msg_id = ?3)"
+        );
         for message in messages {
-            // OR IGNORE: a message id already stored is a duplicate, which counts as done.
-            sqlx::query(
-                "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at)
-                 VALUES (?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
-            )
-            .bind(self.names.stream(message.class))
-            .bind(&message.subject)
-            .bind(&message.msg_id)
-            .bind(message.payload.as_ref())
-            .execute(&mut *tx)
-            .await?;
+            // OR IGNORE, and the `broker_seen` check: a message id stored or recently
+            // acknowledged is a duplicate, which counts as done.
+            sqlx::query(&insert)
+                .bind(self.names.stream(message.class))
+                .bind(&message.subject)
+                .bind(&message.msg_id)
+                .bind(message.payload.as_ref())
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await
     }
@@ -239,17 +303,25 @@ impl WorkQueue for EmbeddedBroker {
                 .consumers
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            consumers
-                .entry((stream.clone(), settings.durable_name.clone()))
-                .or_insert_with(|| {
-                    Arc::new(Consumer {
-                        name: settings.durable_name.clone(),
-                        stream,
-                        queue: Mutex::new(Queue::default()),
-                        changed: watch::Sender::new(0),
-                    })
+            let consumer = consumers.entry(stream.clone()).or_insert_with(|| {
+                Arc::new(Consumer {
+                    name: settings.durable_name.clone(),
+                    stream: stream.clone(),
+                    queue: Mutex::new(Queue::default()),
+                    changed: watch::Sender::new(0),
                 })
-                .clone()
+            });
+            // An ack deletes the message for everyone: a second consumer would miss
+            // what the first acknowledged (JetStream refuses it on a work queue too).
+            if consumer.name != settings.durable_name {
+                return Err(BrokerError(format!(
+                    "cannot create consumer {} on stream {stream}: it already has consumer \
+                     {} (a work queue has one consumer: every worker must use the same \
+                     worker.consumer name)",
+                    settings.durable_name, consumer.name
+                )));
+            }
+            consumer.clone()
         };
         let subscription = Subscription {
             pool: self.pool.clone(),
@@ -271,7 +343,7 @@ impl WorkQueue for EmbeddedBroker {
 
 /// One durable consumer of one stream, shared by its subscribers in this process.
 struct Consumer {
-    /// The durable name acknowledgements are recorded under.
+    /// The durable name subscribers ask for.
     name: String,
     stream: String,
     /// A tokio mutex: held across the table scan, so two subscribers never load (and
@@ -285,7 +357,7 @@ struct Consumer {
 #[derive(Default)]
 struct Queue {
     /// Low-water mark: every row of the stream up to this `seq` is either in `pending`
-    /// or acknowledged, so scans start after it.
+    /// or acknowledged (deleted), so scans start after it.
     scanned_to: i64,
     /// Unacknowledged messages read from the table, by `seq`.
     pending: BTreeMap<i64, Pending>,
@@ -322,13 +394,8 @@ impl Queue {
             .map(|(seq, _)| *seq)
     }
 
-    /// Reads the next page of unacknowledged rows after the low-water mark.
-    async fn scan(
-        &mut self,
-        pool: &SqlitePool,
-        stream: &str,
-        consumer: &str,
-    ) -> Result<(), BrokerError> {
+    /// Reads the next page of rows (all unacknowledged) after the low-water mark.
+    async fn scan(&mut self, pool: &SqlitePool, stream: &str) -> Result<(), BrokerError> {
         let failed = |err: sqlx::Error| {
             BrokerError(format!("cannot read the embedded queue {stream}: {err}"))
         };
@@ -344,15 +411,13 @@ impl Queue {
             return Ok(());
         };
         let rows = sqlx::query(
-            "SELECT seq, subject, payload FROM broker_queue q
+            "SELECT seq, subject, payload FROM broker_queue
              WHERE stream = ? AND seq > ? AND seq <= ?
-               AND NOT EXISTS (SELECT 1 FROM broker_acks a WHERE a.consumer = ? AND a.seq = q.seq)
              ORDER BY seq LIMIT ?",
         )
         .bind(stream)
         .bind(self.scanned_to)
         .bind(newest)
-        .bind(consumer)
         .bind(SCAN_PAGE)
         .fetch_all(pool)
         .await
@@ -393,7 +458,7 @@ impl Consumer {
     ) -> Result<Claim, BrokerError> {
         let mut queue = self.queue.lock().await;
         if queue.first_due(Instant::now()).is_none() {
-            queue.scan(pool, &self.stream, &self.name).await?;
+            queue.scan(pool, &self.stream).await?;
         }
         let now = Instant::now();
         let Some(seq) = queue.first_due(now) else {
@@ -477,20 +542,38 @@ struct EmbeddedSettle {
     ack_wait: Duration,
 }
 
+impl EmbeddedSettle {
+    /// Moves the message id to `broker_seen`, deletes the row and prunes `broker_seen`,
+    /// in one transaction.
+    async fn delete_row(&self) -> Result<(), sqlx::Error> {
+        // The first statement writes, so BEGIN (deferred) takes the write lock through
+        // the busy handler.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&format!(
+            "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at)
+             SELECT msg_id, {NOW} FROM broker_queue WHERE seq = ?"
+        ))
+        .bind(self.seq)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM broker_queue WHERE seq = ?")
+            .bind(self.seq)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&prune_seen_sql()).execute(&mut *tx).await?;
+        tx.commit().await
+    }
+}
+
 #[async_trait::async_trait]
 impl Settle for EmbeddedSettle {
-    /// Recorded in the table first, so the message stays acknowledged across restarts.
-    /// Also honoured from a delivery whose ack wait ran out: the work is done.
+    /// Deletes the row first, so the message stays acknowledged across restarts; its id
+    /// goes to `broker_seen` in the same transaction, for de-duplication. Also honoured
+    /// from a delivery whose ack wait ran out (the work is done); acking again is a no-op.
     async fn ack(&self) -> Result<(), BrokerError> {
-        sqlx::query(
-            "INSERT OR IGNORE INTO broker_acks (consumer, seq, acked_at)
-             VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
-        )
-        .bind(&self.consumer.name)
-        .bind(self.seq)
-        .execute(&self.pool)
-        .await
-        .map_err(|err| BrokerError(format!("cannot record the ack of {}: {err}", self.seq)))?;
+        self.delete_row()
+            .await
+            .map_err(|err| BrokerError(format!("cannot record the ack of {}: {err}", self.seq)))?;
         self.consumer.queue.lock().await.pending.remove(&self.seq);
         Ok(())
     }
@@ -824,7 +907,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn ack_prevents_redelivery_and_keeps_the_row() {
+    async fn ack_prevents_redelivery_and_deletes_the_row() {
         let (_dir, broker) = open_temp().await;
         let names = broker.names().clone();
         let mut deliveries = broker
@@ -835,12 +918,15 @@ mod tests {
             )
             .await
             .expect("subscribe");
-        publish_critical(&broker, &["once"]).await;
+        publish_critical(&broker, &["once", "kept"]).await;
         let delivery = next_delivery(&mut deliveries).await;
         assert_eq!(delivery.payload, Bytes::from_static(b"once"));
         delivery.settle.ack().await.expect("ack");
         // Acking twice is harmless.
         delivery.settle.ack().await.expect("second ack");
+        let kept = next_delivery(&mut deliveries).await;
+        assert_eq!(kept.payload, Bytes::from_static(b"kept"));
+        kept.settle.nak(Duration::from_secs(60)).await.expect("nak");
 
         assert!(
             next_within(&mut deliveries, Duration::from_secs(2))
@@ -848,12 +934,120 @@ mod tests {
                 .is_none(),
             "an acked message came back"
         );
-        assert_eq!(broker.len(&names.critical).await.expect("len"), 1);
-        let acks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM broker_acks")
-            .fetch_one(&broker.pool)
+        // Only the unacknowledged message is left; of the other, only its id.
+        let left = broker.read(&names.critical, 0, 10).await.expect("read");
+        let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["evt-kept"]);
+        let seen: Vec<String> = sqlx::query_scalar("SELECT msg_id FROM broker_seen")
+            .fetch_all(&broker.pool)
             .await
-            .expect("count acks");
-        assert_eq!(acks, 1);
+            .expect("seen ids");
+        assert_eq!(seen, ["evt-once"]);
+    }
+
+    #[tokio::test]
+    async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
+        let (_dir, broker) = open_temp().await;
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["a", "b"]).await;
+        for _ in 0..2 {
+            next_delivery(&mut deliveries)
+                .await
+                .settle
+                .ack()
+                .await
+                .expect("ack");
+        }
+        assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
+
+        // A retried publish inside the window is a duplicate: Ok, nothing stored.
+        publish_critical(&broker, &["a"]).await;
+        assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(300))
+                .await
+                .is_none()
+        );
+
+        // Past the window (a's ack made older by hand), the next ack prunes the entry
+        // and the id may be stored again.
+        sqlx::query(
+            "UPDATE broker_seen SET acked_at = '2000-01-01T00:00:00.000Z' WHERE msg_id = 'evt-a'",
+        )
+        .execute(&broker.pool)
+        .await
+        .expect("age the ack");
+        publish_critical(&broker, &["c"]).await;
+        next_delivery(&mut deliveries)
+            .await
+            .settle
+            .ack()
+            .await
+            .expect("ack c");
+        let seen: Vec<String> =
+            sqlx::query_scalar("SELECT msg_id FROM broker_seen ORDER BY msg_id")
+                .fetch_all(&broker.pool)
+                .await
+                .expect("seen ids");
+        assert_eq!(seen, ["evt-b", "evt-c"]);
+        publish_critical(&broker, &["a", "b"]).await;
+        let left = broker.read(&names.critical, 0, 10).await.expect("read");
+        let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["evt-a"], "b is still inside the window");
+    }
+
+    #[tokio::test]
+    async fn acked_rows_of_an_older_file_are_deleted_when_it_is_opened() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = pool(&dir.path().join("dev.db")).await;
+        // The schema and rows as the previous version left them.
+        for statement in [
+            "CREATE TABLE broker_queue (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL,
+                subject TEXT NOT NULL, msg_id TEXT NOT NULL UNIQUE, payload BLOB NOT NULL,
+                created_at TEXT NOT NULL)",
+            "CREATE TABLE broker_acks (consumer TEXT NOT NULL, seq INTEGER NOT NULL,
+                acked_at TEXT NOT NULL, PRIMARY KEY (consumer, seq)) WITHOUT ROWID",
+            "INSERT INTO broker_queue (stream, subject, msg_id, payload, created_at) VALUES
+                ('NOTIFY_CRITICAL', 'notify.critical.sms', 'evt-old', x'00', '2000-01-01T00:00:00.000Z'),
+                ('NOTIFY_CRITICAL', 'notify.critical.sms', 'evt-recent', x'01', '2000-01-01T00:00:00.000Z'),
+                ('NOTIFY_CRITICAL', 'notify.critical.sms', 'evt-open', x'02', '2000-01-01T00:00:00.000Z')",
+            "INSERT INTO broker_acks VALUES ('workers', 1, '2000-01-01T00:00:01.000Z'),
+                ('workers', 2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+        ] {
+            sqlx::query(statement)
+                .execute(&pool)
+                .await
+                .expect("old schema");
+        }
+        let names = StreamNames::default();
+        let broker = EmbeddedBroker::open(pool.clone(), names.clone())
+            .await
+            .expect("open");
+        broker.setup().await.expect("setup");
+        let left = broker.read(&names.critical, 0, 10).await.expect("read");
+        let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["evt-open"]);
+        let legacy: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'broker_acks'")
+                .fetch_one(&pool)
+                .await
+                .expect("schema");
+        assert_eq!(legacy, 0, "broker_acks is dropped");
+        // The recent ack still de-duplicates; the old one was pruned.
+        publish_critical(&broker, &["recent", "old"]).await;
+        let left = broker.read(&names.critical, 0, 10).await.expect("read");
+        let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["evt-open", "evt-old"]);
+        assert!(left[1].0 > 3, "sequences are not reused");
     }
 
     #[tokio::test]
@@ -1031,7 +1225,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn each_durable_consumer_sees_every_message_of_its_stream() {
+    async fn a_stream_has_one_durable_consumer() {
         let (_dir, broker) = open_temp().await;
         let names = broker.names().clone();
         let batch = [
@@ -1039,30 +1233,33 @@ mod tests {
             message(&names, StreamClass::Bulk, "email", "evt-b", "bulk"),
         ];
         assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
-        for name in ["workers", "auditors"] {
-            let mut critical = broker
-                .subscribe(
-                    StreamClass::Critical,
-                    &settings(name, Duration::from_secs(30)),
-                    4,
-                )
-                .await
-                .expect("subscribe");
-            let delivery = next_delivery(&mut critical).await;
-            assert_eq!(delivery.payload, Bytes::from_static(b"critical"));
-            delivery.settle.ack().await.expect("ack");
-            assert!(
-                next_within(&mut critical, Duration::from_millis(300))
-                    .await
-                    .is_none()
-            );
-        }
-        let mut bulk = broker
+        let workers = settings("workers", Duration::from_secs(30));
+        let mut critical = broker
+            .subscribe(StreamClass::Critical, &workers, 4)
+            .await
+            .expect("subscribe");
+        let delivery = next_delivery(&mut critical).await;
+        assert_eq!(delivery.payload, Bytes::from_static(b"critical"));
+        delivery.settle.ack().await.expect("ack");
+
+        // An ack deletes the message for everyone, so another name is refused.
+        let err = broker
+            .clone()
             .subscribe(
-                StreamClass::Bulk,
-                &settings("workers", Duration::from_secs(30)),
+                StreamClass::Critical,
+                &settings("auditors", Duration::from_secs(30)),
                 4,
             )
+            .await
+            .err()
+            .expect("a second consumer on the stream");
+        assert!(
+            err.to_string().contains("auditors") && err.to_string().contains("workers"),
+            "{err}"
+        );
+        // The same name on the other stream is its own consumer.
+        let mut bulk = broker
+            .subscribe(StreamClass::Bulk, &workers, 4)
             .await
             .expect("subscribe");
         assert_eq!(
@@ -1119,7 +1316,7 @@ mod tests {
                 .await
                 .is_none()
         );
-        assert_eq!(broker.len(&names.critical).await.expect("len"), 3);
+        assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
     }
 
     #[tokio::test]

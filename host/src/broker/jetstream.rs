@@ -7,6 +7,14 @@
 //!
 //! Workers read the streams through one durable pull consumer per stream (see
 //! [`WorkQueue`]), with explicit acks and unlimited redeliveries.
+//!
+//! Both streams use work-queue retention: a message is deleted as soon as the consumer
+//! acknowledges it, so accepted events (which carry contacts and raw payload values)
+//! stay in the broker only until they are delivered. Such a stream allows one
+//! unfiltered consumer, which is how workers read it: every worker process shares the
+//! one durable named by `worker.consumer`. A stream created by an older version with
+//! limits retention cannot be switched in place; [`Broker::setup`] keeps using it and
+//! logs how to migrate (see [`JetStreamBroker::stream_config`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,15 +145,42 @@ impl JetStreamBroker {
     }
 
     /// The stream configuration `setup` applies for `name` with `subjects`.
+    ///
+    /// Work-queue retention: an acknowledged message is deleted, so nothing accepted
+    /// stays in the broker after delivery. JetStream cannot change a stream's retention
+    /// in place: a stream created with another one (limits, by versions before this
+    /// one) is kept as it is, and `setup` logs a warning naming it. To migrate it: once
+    /// the workers have drained it (`nats consumer info NAME CONSUMER`: nothing pending,
+    /// nothing awaiting an ack), delete it (`nats stream rm NAME`) and restart the
+    /// gateway, whose `setup` recreates it with work-queue retention. Events accepted
+    /// between the deletion and the restart are not lost: their publish fails, so they
+    /// go to the outbox, which drains once the stream is back.
     fn stream_config(name: &str, subjects: String) -> stream::Config {
         stream::Config {
             name: name.to_owned(),
             subjects: vec![subjects],
             storage: stream::StorageType::File,
-            retention: stream::RetentionPolicy::Limits,
+            retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DUPLICATE_WINDOW,
             num_replicas: 1,
             ..Default::default()
+        }
+    }
+
+    /// The retention of stream `name` if it exists, `None` if it does not.
+    async fn existing_retention(
+        &self,
+        name: &str,
+    ) -> Result<Option<stream::RetentionPolicy>, BrokerError> {
+        match self.js.get_stream(name).await {
+            Ok(existing) => Ok(Some(existing.cached_info().config.retention)),
+            Err(err)
+                if matches!(&err.kind(), jetstream::context::GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                Ok(None)
+            }
+            Err(err) => Err(BrokerError(format!("cannot look up stream {name}: {err}"))),
         }
     }
 
@@ -193,8 +228,26 @@ impl Broker for JetStreamBroker {
             (&self.names.bulk, format!("{prefix}.bulk.>")),
         ];
         for (name, subjects) in wanted {
+            let mut config = Self::stream_config(name, subjects);
+            if let Some(retention) = self.existing_retention(name).await?
+                && retention != config.retention
+            {
+                // Cannot be changed in place: keep it (and update the rest) rather than
+                // refuse to start; acknowledged events stay in it until it is migrated.
+                tracing::warn!(
+                    stream = %name,
+                    existing = ?retention,
+                    wanted = ?config.retention,
+                    "stream {name} has {retention:?} retention, so delivered events (with \
+                     contacts and payload values) are never deleted from it; using it as it \
+                     is. To migrate: once its consumer has nothing pending, delete the \
+                     stream (`nats stream rm {name}`) and restart; start-up recreates it with \
+                     WorkQueue retention (events accepted in between wait in the outbox)"
+                );
+                config.retention = retention;
+            }
             self.js
-                .create_or_update_stream(Self::stream_config(name, subjects))
+                .create_or_update_stream(config)
                 .await
                 .map_err(|err| {
                     BrokerError(format!("cannot create or update stream {name}: {err}"))
@@ -346,9 +399,25 @@ async fn ensure_consumer(
             );
             Ok(existing)
         }
-        Err(_) => Err(BrokerError(format!(
-            "cannot create consumer {name} on stream {stream}: {err}"
-        ))),
+        Err(_) => {
+            let another_consumer = matches!(&err.kind(), ConsumerErrorKind::JetStream(js_err)
+            if matches!(
+                js_err.error_code(),
+                jetstream::ErrorCode::CONSUMER_WQ_MULTIPLE_UNFILTERED
+                    | jetstream::ErrorCode::CONSUMER_WQ_CONSUMER_NOT_UNIQUE
+            ));
+            // Work-queue retention allows one consumer: another durable name is in use.
+            let hint = if another_consumer {
+                " (a work-queue stream has one consumer: every worker must use the same \
+                 worker.consumer name; to rename it, delete the old consumer once it has \
+                 nothing pending)"
+            } else {
+                ""
+            };
+            Err(BrokerError(format!(
+                "cannot create consumer {name} on stream {stream}: {err}{hint}"
+            )))
+        }
     }
 }
 
@@ -668,8 +737,67 @@ mod tests {
                 );
                 assert_eq!(info.config.storage, stream::StorageType::File);
                 assert_eq!(info.config.duplicate_window, DUPLICATE_WINDOW);
+                assert_eq!(info.config.retention, stream::RetentionPolicy::WorkQueue);
             }
             assert!(broker.connected());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn setup_keeps_a_stream_created_with_limits_retention() {
+        isolated(|broker| async move {
+            let names = broker.names().clone();
+            // As an older version created it: limits retention, another duplicate window.
+            broker
+                .js
+                .create_stream(stream::Config {
+                    retention: stream::RetentionPolicy::Limits,
+                    duplicate_window: Duration::from_secs(30),
+                    ..JetStreamBroker::stream_config(
+                        &names.critical,
+                        format!("{}.critical.>", names.subject_prefix),
+                    )
+                })
+                .await
+                .expect("create the old stream");
+            publish_critical(&broker, &["old"]).await;
+
+            broker.setup().await.expect("setup does not fail on it");
+            broker.setup().await.expect("nor the next time");
+            let info = broker
+                .js
+                .get_stream(&names.critical)
+                .await
+                .expect("stream")
+                .get_info()
+                .await
+                .expect("info");
+            assert_eq!(info.config.retention, stream::RetentionPolicy::Limits);
+            assert_eq!(info.config.duplicate_window, DUPLICATE_WINDOW, "updated");
+            assert_eq!(info.state.messages, 1, "kept with its messages");
+            let bulk = broker
+                .js
+                .get_stream(&names.bulk)
+                .await
+                .expect("bulk stream")
+                .get_info()
+                .await
+                .expect("info");
+            assert_eq!(bulk.config.retention, stream::RetentionPolicy::WorkQueue);
+
+            // Workers still read it.
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            let delivery = next_delivery(&mut deliveries).await;
+            assert_eq!(delivery.payload, Bytes::from_static(b"old"));
+            delivery.settle.ack().await.expect("ack");
         })
         .await;
     }
@@ -1026,6 +1154,86 @@ mod tests {
             assert_eq!(info.num_ack_pending, 0);
             assert_eq!(info.num_pending, 0);
             assert_eq!(info.ack_floor.stream_sequence, 1);
+            // Work-queue retention: the acknowledged message is gone from the stream.
+            assert_eq!(
+                eventually_count(&broker.js, &names.critical, 0).await,
+                0,
+                "an acked message stays in the stream"
+            );
+        })
+        .await;
+    }
+
+    /// Polls the stream's message count for up to 2s until it is `expected`; returns
+    /// the last count seen.
+    async fn eventually_count(js: &jetstream::Context, stream: &str, expected: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let count = message_count(js, stream).await;
+            if count == expected || Instant::now() >= deadline {
+                return count;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn only_acknowledged_messages_leave_the_stream() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            publish_critical(&broker, &["done", "retried", "held"]).await;
+            assert_eq!(message_count(&broker.js, &names.critical).await, 3);
+            let mut deliveries = broker
+                .subscribe(
+                    StreamClass::Critical,
+                    &settings("workers", Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            let done = next_delivery(&mut deliveries).await;
+            let retried = next_delivery(&mut deliveries).await;
+            let held = next_delivery(&mut deliveries).await;
+            retried
+                .settle
+                .nak(Duration::from_secs(30))
+                .await
+                .expect("nak");
+            held.settle.in_progress().await.expect("in progress");
+            done.settle.ack().await.expect("ack");
+            assert_eq!(eventually_count(&broker.js, &names.critical, 2).await, 2);
+            // A duplicate of the acknowledged id inside the window is still not stored.
+            publish_critical(&broker, &["done"]).await;
+            assert_eq!(message_count(&broker.js, &names.critical).await, 2);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_second_consumer_name_is_refused_with_a_hint() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let first = broker
+                .subscribe(
+                    StreamClass::Bulk,
+                    &settings("workers", Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .expect("subscribe");
+            let err = broker
+                .subscribe(
+                    StreamClass::Bulk,
+                    &settings("others", Duration::from_secs(30)),
+                    4,
+                )
+                .await
+                .err()
+                .expect("a work-queue stream has one consumer");
+            println!("refused: {err}");
+            assert!(err.to_string().contains("worker.consumer"), "{err}");
+            drop(first);
         })
         .await;
     }
@@ -1243,8 +1451,9 @@ mod tests {
                     Err(err) => println!("reported: {err}"),
                 }
             };
-            // The recreated consumer starts from the beginning of the stream.
-            assert_eq!(delivery.payload, Bytes::from_static(b"before"));
+            // The recreated consumer starts from the beginning of the stream, where the
+            // acknowledged message is no longer (work-queue retention).
+            assert_eq!(delivery.payload, Bytes::from_static(b"after"));
         })
         .await;
     }

@@ -62,10 +62,13 @@ pub trait Store: Send + Sync + 'static {
     /// newest sequence number: lets every process evict revoked keys from its cache.
     async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError>;
 
-    /// Writes message records and, in the same transaction, outbox items (events whose
-    /// broker publish failed). Either everything is written or nothing. A message whose
-    /// event id is already stored is skipped: a worker that got the event from the
-    /// broker first has written it (see `claim_message`), perhaps moved it on already.
+    /// Writes message records, each with its `queued` timeline entry (at its
+    /// `created_at`, no provider, detail `{"channel": <channel>}`), and, in the same
+    /// transaction, outbox items (events whose broker publish failed). Either
+    /// everything is written or nothing. A message whose event id is already stored is
+    /// skipped, and gets no entry: a worker that got the event from the broker first
+    /// has written it and its `queued` entry (see `claim_message`), perhaps moved it on
+    /// already. So a message waiting in a backlog shows `queued` at once.
     async fn insert_messages(
         &self,
         messages: &[NewMessage],
@@ -83,7 +86,9 @@ pub trait Store: Send + Sync + 'static {
     /// Takes `message`'s dispatch lease for `owner` until now + `lease`, first inserting
     /// the message row if ingestion has not written it yet (the broker publish comes
     /// before the row; the row is never overwritten), and, when the message has no
-    /// timeline yet, the `queued` entry at its `created_at`. Also upserts the subscriber
+    /// timeline yet (the row is new here, since `insert_messages` writes the entry with
+    /// the row), the `queued` entry at its `created_at`: a message gets exactly one,
+    /// whichever of ingestion and the worker writes the row. Also upserts the subscriber
     /// row with `contacts` unless the subscriber is erased. An unexpired lease held by
     /// another owner gives [`Claim::Busy`]; an expired one is taken over.
     async fn claim_message(

@@ -248,14 +248,22 @@ impl Store for PgStore {
                 .map(|m| serde_json::to_string(&m.variables_keys))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
+            // Each row actually inserted gets its `queued` timeline entry in the same
+            // statement. A skipped row (a worker wrote it first) already has one: the
+            // worker's claim wrote it.
             sqlx::query(
-                "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
+                "WITH inserted AS ( \
+                 INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
                  priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
                  SELECT e, w, n, s, c, p, ch, st, t, v::jsonb, ca, ca \
                  FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], \
                  $7::text[], $8::text[], $9::bool[], $10::text[], $11::timestamptz[]) \
                  AS u(e, w, n, s, c, p, ch, st, t, v, ca) \
-                 ON CONFLICT (event_id) DO NOTHING",
+                 ON CONFLICT (event_id) DO NOTHING \
+                 RETURNING event_id, channel, created_at) \
+                 INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+                 SELECT event_id, 'queued', created_at, NULL, jsonb_build_object('channel', channel) \
+                 FROM inserted",
             )
             .bind(chunk.iter().map(|m| m.event_id.as_str()).collect::<Vec<_>>())
             .bind(chunk.iter().map(|m| m.workspace.as_str()).collect::<Vec<_>>())
@@ -1342,6 +1350,7 @@ mod tests {
 
     delivery_tests!(
         claim_inserts_missing_row,
+        insert_messages_writes_queued_entries,
         concurrent_claims,
         claim_lease,
         attempts_round_trip,

@@ -292,10 +292,31 @@ impl Store for SqliteStore {
             });
             // A worker may have written the row first (the publish precedes this
             // insert); its row, possibly already dispatched, is the one to keep.
-            query.push(" ON CONFLICT (event_id) DO NOTHING");
+            query.push(" ON CONFLICT (event_id) DO NOTHING RETURNING event_id");
             // Not cached: the text varies with the chunk length and would crowd the
             // per-connection statement cache.
-            query
+            let inserted: Vec<String> = query
+                .build_query_scalar()
+                .persistent(false)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            if inserted.is_empty() {
+                continue;
+            }
+            // The `queued` timeline entry of each row actually inserted (a skipped row's
+            // worker wrote it with the row), from the stored row as `claim_message` does.
+            let mut events = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+                 SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
+                 FROM messages WHERE event_id IN (",
+            );
+            let mut list = events.separated(", ");
+            for event_id in &inserted {
+                list.push_bind(event_id.as_str());
+            }
+            events.push(")");
+            events
                 .build()
                 .persistent(false)
                 .execute(&mut *tx)
@@ -1366,6 +1387,7 @@ mod tests {
 
     delivery_tests!(
         claim_inserts_missing_row,
+        insert_messages_writes_queued_entries,
         concurrent_claims,
         claim_lease,
         attempts_round_trip,
