@@ -2,8 +2,9 @@
 //!
 //! Two durable consumers, one per stream, shared by every worker process. Critical
 //! work (`NOTIFY_CRITICAL`) has its own dispatch slots that bulk work never uses, and
-//! while critical deliveries are waiting for a slot, bulk takes no new work: a bulk
-//! backlog cannot delay a critical event by more than the time to start it.
+//! while any critical delivery is waiting or in flight, bulk takes no new work (bulk
+//! already dispatching finishes): a bulk backlog cannot delay a critical event by more
+//! than the time to start it, and competes with it only through work already started.
 //! A delivery is acknowledged only after its outcome is recorded; a store failure
 //! leaves it for redelivery with backoff.
 
@@ -26,8 +27,8 @@ pub struct Worker {
     settings: ConsumerSettings,
     config: WorkerConfig,
     metrics: Arc<crate::metrics::Metrics>,
-    /// Critical deliveries received and not yet started.
-    critical_waiting: AtomicUsize,
+    /// Critical deliveries received and not yet finished.
+    critical_pending: AtomicUsize,
     critical_drained: Notify,
 }
 
@@ -48,7 +49,7 @@ impl Worker {
             queue,
             config,
             metrics,
-            critical_waiting: AtomicUsize::new(0),
+            critical_pending: AtomicUsize::new(0),
             critical_drained: Notify::new(),
         })
     }
@@ -121,9 +122,9 @@ impl Worker {
                         _ = stop.changed() => break 'subscribe,
                     };
                     let Ok(permit) = permit else { break 'subscribe };
-                    while self.critical_waiting.load(Ordering::SeqCst) > 0 {
+                    while self.critical_pending.load(Ordering::SeqCst) > 0 {
                         let drained = self.critical_drained.notified();
-                        if self.critical_waiting.load(Ordering::SeqCst) == 0 {
+                        if self.critical_pending.load(Ordering::SeqCst) == 0 {
                             break;
                         }
                         tokio::select! {
@@ -155,16 +156,14 @@ impl Worker {
                         }
                         Some(Ok(d)) => d,
                     };
-                    self.critical_waiting.fetch_add(1, Ordering::SeqCst);
+                    self.critical_pending.fetch_add(1, Ordering::SeqCst);
                     let permit = tokio::select! {
                         p = own.clone().acquire_owned() => p.ok(),
                         p = overflow.clone().acquire_owned() => p.ok(),
                         _ = stop.changed() => None,
                     };
-                    if self.critical_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
-                        self.critical_drained.notify_waiters();
-                    }
                     let Some(permit) = permit else {
+                        self.critical_done();
                         // Stopping: hand it straight back rather than let it wait out
                         // the ack wait.
                         let _ = d.settle.nak(Duration::ZERO).await;
@@ -183,6 +182,13 @@ impl Worker {
         class: StreamClass,
         _permit: tokio::sync::OwnedSemaphorePermit,
     ) {
+        self.handle_inner(delivery, class).await;
+        if class == StreamClass::Critical {
+            self.critical_done();
+        }
+    }
+
+    async fn handle_inner(&self, delivery: Delivery, class: StreamClass) {
         let envelope: Envelope = match serde_json::from_slice(&delivery.payload) {
             Ok(e) => e,
             Err(e) => {
@@ -245,6 +251,14 @@ impl Worker {
             // Unsettled deliveries come back after the ack wait; the lease and the
             // recorded attempts make that harmless.
             tracing::warn!(event_id = %envelope.event_id, error = %e, "could not settle delivery");
+        }
+    }
+
+    /// One critical delivery is finished (or handed back): bulk may resume when none
+    /// is left.
+    fn critical_done(&self) {
+        if self.critical_pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.critical_drained.notify_waiters();
         }
     }
 
