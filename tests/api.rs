@@ -8,15 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use switchboard::AppState;
-use switchboard::broker::StreamNames;
 use switchboard::config::Config;
 use switchboard::model::{KeyMode, Preferences, Tier};
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Backends {
-    Embedded,
-    Production,
-}
+mod common;
+use common::{Backends, create_database};
 
 struct Gateway {
     url: String,
@@ -41,23 +37,7 @@ impl Gateway {
             data_dir: dir.path().to_path_buf(),
             ..Config::default()
         };
-        config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
-        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-        match backends {
-            Backends::Embedded => config = config.embedded(),
-            Backends::Production => {
-                let db = format!("sb_api_{id}");
-                create_database(&db).await;
-                config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
-                config.store.max_connections = 8;
-                config.broker.streams = StreamNames {
-                    critical: format!("T{id}_NOTIFY_CRITICAL"),
-                    bulk: format!("T{id}_NOTIFY_BULK"),
-                    subject_prefix: format!("t{id}.notify"),
-                };
-                config.counters.key_prefix = format!("sbtest:{id}:");
-            }
-        }
+        common::isolate(&mut config, backends, "api").await;
         // No delivery workers: they would acknowledge events, which deletes them from
         // the broker, and these tests read what was published. (tests/delivery.rs runs
         // them.)
@@ -225,34 +205,12 @@ impl Gateway {
 }
 
 /// Creates a fresh PostgreSQL database for one test.
-async fn create_database(name: &str) {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres")
-        .await
-        .expect("PostgreSQL must be running on 127.0.0.1:5432");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-}
-
 fn trigger_body(subscriber: &str) -> Value {
     json!({"name": "order-shipped", "to": {"subscriberId": subscriber, "email": "ada@example.com"}, "payload": {"order": "A-1", "eta": "tomorrow"}})
 }
 
 fn voice_body(subscriber: &str) -> Value {
     json!({"name": "otp", "to": {"subscriberId": subscriber, "phone": "+14155550100"}, "payload": {"code": "48291"}, "overrides": {"voice": {"voiceId": "alloy"}}})
-}
-
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Embedded).await } )*
-        }
-        mod production {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Production).await } )*
-        }
-    };
 }
 
 both!(

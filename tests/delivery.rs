@@ -7,17 +7,13 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use switchboard::AppState;
-use switchboard::broker::StreamNames;
 use switchboard::config::Config;
 use switchboard::ids::{EventId, WorkspaceId};
 use switchboard::model::{KeyMode, MessageRecord, MessageStatus, ProviderRoute, Tier};
 use switchboard::plugins::capture::{CaptureServer, Reply};
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Backends {
-    Embedded,
-    Production,
-}
+mod common;
+use common::Backends;
 
 /// Every bundled plugin's success answer at once: each reads the id field it knows.
 const ACCEPT: &str = r#"{"id":"pm-1","message_id":"pm-1","sid":"pm-1","message_uuid":"pm-1","uuid":"pm-1","messageId":"pm-1"}"#;
@@ -32,21 +28,6 @@ struct Gateway {
     http: reqwest::Client,
 }
 
-/// A unique suffix for database, stream and key names.
-fn unique() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
-}
-
-async fn create_database(name: &str) {
-    let admin = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres")
-        .await
-        .expect("PostgreSQL must be running on 127.0.0.1:5432");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-}
-
 /// The test configuration for `backends`: isolated names, short ack wait, and every
 /// plugin granted the capture servers' addresses.
 async fn config_for(backends: Backends, dir: &std::path::Path, grants: &[String]) -> Config {
@@ -54,29 +35,12 @@ async fn config_for(backends: Backends, dir: &std::path::Path, grants: &[String]
         data_dir: dir.to_path_buf(),
         ..Config::default()
     };
-    config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
     config.plugins.http_timeout_ms = 2_000;
     config.worker.ack_wait_ms = 3_000;
     for slug in SLUGS {
         config.plugins.grants.insert(slug.into(), grants.to_vec());
     }
-    let id = unique();
-    match backends {
-        Backends::Embedded => config = config.embedded(),
-        Backends::Production => {
-            let db = format!("sb_dlv_{id}");
-            create_database(&db).await;
-            config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
-            config.store.max_connections = 8;
-            config.broker.streams = StreamNames {
-                critical: format!("D{id}_NOTIFY_CRITICAL"),
-                bulk: format!("D{id}_NOTIFY_BULK"),
-                subject_prefix: format!("d{id}.notify"),
-            };
-            config.worker.consumer = format!("w{id}");
-            config.counters.key_prefix = format!("sbtest:{id}:");
-        }
-    }
+    common::isolate(&mut config, backends, "dlv").await;
     config
 }
 
@@ -303,17 +267,6 @@ fn statuses(dto: &Value) -> Vec<String> {
             )
         })
         .collect()
-}
-
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Embedded).await } )*
-        }
-        mod production {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backends::Production).await } )*
-        }
-    };
 }
 
 both!(

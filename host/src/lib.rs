@@ -176,12 +176,8 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
     let lease = config.worker.ack_wait();
     // One provider call must end well inside the lease, or a redelivery could take the
     // message over while the call is still running.
-    let send_timeout = (config
-        .plugins
-        .runtime_config_in(&config.data_dir)
-        .http_timeout
-        + Duration::from_secs(2))
-    .min(lease / 2);
+    let send_timeout =
+        (state.plugins.runtime().config().http_timeout + Duration::from_secs(2)).min(lease / 2);
     let dispatcher = worker::dispatch::Dispatcher {
         store: state.ingest.store.clone(),
         plugins: state.plugins.clone(),
