@@ -55,11 +55,7 @@ impl Bench {
         };
         config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
         config.store.max_connections = 16;
-        config.broker.streams = StreamNames {
-            critical: format!("WB{id}_NOTIFY_CRITICAL"),
-            bulk: format!("WB{id}_NOTIFY_BULK"),
-            subject_prefix: format!("wb{id}.notify"),
-        };
+        config.broker.streams = StreamNames::isolated(&format!("wb{id}"));
         config.counters.key_prefix = format!("sbbench:{id}:");
         config.worker.enabled = false;
         config.worker.consumer = format!("wb{id}");

@@ -37,6 +37,46 @@ pub struct Config {
     pub worker: WorkerConfig,
     /// Subscriber erasure.
     pub erasure: ErasureConfig,
+    /// Provider webhooks (delivery receipts).
+    pub webhooks: WebhooksConfig,
+    /// The provider simulator (`switchboard sim`, and inside `switchboard dev`).
+    pub sim: crate::sim::SimConfig,
+}
+
+/// Who checks webhook signatures.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SignatureVerifier {
+    /// The provider's plugin, in its sandbox (the default, and the only way for a
+    /// third-party provider).
+    Plugin,
+    /// Host-native code for the five bundled schemes: a baseline for the webhook
+    /// benchmark. Other slugs are refused.
+    Native,
+}
+
+/// Provider webhook settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksConfig {
+    /// Accept voice callbacks that carry no signature at all. Development only:
+    /// refused at start when `environment` is `production`.
+    pub allow_unsigned_voice: bool,
+    /// How long an accepted callback is remembered to refuse its replay, seconds.
+    /// Longer than any provider's timestamp tolerance, so a replay is refused either
+    /// as seen or as stale.
+    pub replay_window_secs: u64,
+    /// Who verifies signatures.
+    pub verifier: SignatureVerifier,
+    /// Receipts the receipt consumer applies at once per process.
+    pub receipt_concurrency: usize,
+}
+
+impl WebhooksConfig {
+    /// `replay_window_secs` as a duration.
+    pub fn replay_window(&self) -> Duration {
+        Duration::from_secs(self.replay_window_secs)
+    }
 }
 
 /// Delivery worker settings.
@@ -235,6 +275,13 @@ impl Default for Config {
             erasure: ErasureConfig {
                 audit_window_days: 30,
             },
+            webhooks: WebhooksConfig {
+                allow_unsigned_voice: false,
+                replay_window_secs: 900,
+                verifier: SignatureVerifier::Plugin,
+                receipt_concurrency: 16,
+            },
+            sim: crate::sim::SimConfig::default(),
         }
     }
 }
@@ -263,6 +310,8 @@ const TOP_LEVEL: &[&str] = &[
     "metrics_listen",
     "worker",
     "erasure",
+    "webhooks",
+    "sim",
 ];
 
 impl Config {
@@ -362,6 +411,24 @@ impl Config {
             "erasure.audit_window_days",
             "between 1 and 3650",
         )?;
+        ensure(
+            !(self.webhooks.allow_unsigned_voice && self.environment == Environment::Production),
+            "webhooks.allow_unsigned_voice",
+            "false when environment is production (unsigned callbacks are refused there)",
+        )?;
+        ensure(
+            (60..=86_400).contains(&self.webhooks.replay_window_secs),
+            "webhooks.replay_window_secs",
+            "between 60 and 86400",
+        )?;
+        ensure(
+            (1..=1024).contains(&self.webhooks.receipt_concurrency),
+            "webhooks.receipt_concurrency",
+            "between 1 and 1024",
+        )?;
+        self.sim
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         Ok(())
     }
 }

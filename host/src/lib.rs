@@ -17,10 +17,13 @@ pub mod metrics;
 pub mod model;
 pub mod plugins;
 pub mod ratelimit;
+pub mod receipts;
 pub mod routing;
+pub mod sim;
 pub mod store;
 pub mod template;
 pub mod voice;
+pub mod webhooks;
 pub mod worker;
 pub mod workflow;
 
@@ -46,6 +49,8 @@ pub struct AppState {
     pub draining: Arc<AtomicBool>,
     /// Where workers read accepted events from.
     pub queue: Arc<dyn broker::WorkQueue>,
+    /// Provider callbacks.
+    pub webhooks: Arc<webhooks::Webhooks>,
 }
 
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
@@ -151,16 +156,21 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let runtime = plugins::PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
     let registry = plugins::registry::Registry::load(runtime, &config.plugins).await?;
     let auth = Arc::new(auth::Authenticator::new(store.clone()));
-    let ingest = ingest::Ingest::new(
-        store,
-        counters,
-        idempotency,
-        broker,
-        streams,
-        Arc::new(metrics::Metrics::default()),
-    );
+    let plugins = Arc::new(registry);
+    let metrics = Arc::new(metrics::Metrics::default());
+    let webhooks = Arc::new(webhooks::Webhooks {
+        store: store.clone(),
+        broker: broker.clone(),
+        streams: streams.clone(),
+        plugins: plugins.clone(),
+        config: config.webhooks.clone(),
+        unsigned_voice_allowed: config.environment != config::Environment::Production,
+        metrics: metrics.clone(),
+    });
+    let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
     Ok(AppState {
-        plugins: Arc::new(registry),
+        plugins,
+        webhooks,
         config: Arc::new(config),
         started: Instant::now(),
         ingest,

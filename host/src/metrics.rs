@@ -61,6 +61,12 @@ pub struct Metrics {
     /// `switchboard_delivery_queue_wait_seconds{class}`: acceptance to a worker starting
     /// the event (first deliveries only), i.e. time spent queued.
     pub queue_wait: Family<ClassLabels, Histogram>,
+    /// `switchboard_webhooks_total{outcome}`: accepted, invalid_signature, replayed,
+    /// bad_request, unknown_provider, error.
+    pub webhooks: Family<OutcomeLabels, Counter>,
+    /// `switchboard_receipts_total{outcome}`: applied, ignored, duplicate, pending,
+    /// retry, undecodable.
+    pub receipts: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -81,6 +87,18 @@ impl Default for Metrics {
             "delivery_queue_wait_seconds",
             "Time from acceptance to a worker starting the event, by stream class",
             queue_wait.clone(),
+        );
+        let webhooks = Family::<OutcomeLabels, Counter>::default();
+        let receipts = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "webhooks",
+            "Provider callbacks received, by outcome",
+            webhooks.clone(),
+        );
+        registry.register(
+            "receipts",
+            "Delivery receipts applied by the receipt consumer, by outcome",
+            receipts.clone(),
         );
         registry.register(
             "deliveries",
@@ -121,6 +139,8 @@ impl Default for Metrics {
             outbox_depth,
             deliveries,
             queue_wait,
+            webhooks,
+            receipts,
         }
     }
 }

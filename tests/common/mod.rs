@@ -51,11 +51,7 @@ pub async fn isolate(config: &mut Config, backends: Backends, tag: &str) {
     create_database(&db).await;
     config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
     config.store.max_connections = 8;
-    config.broker.streams = StreamNames {
-        critical: format!("{}{id}_NOTIFY_CRITICAL", tag.to_uppercase()),
-        bulk: format!("{}{id}_NOTIFY_BULK", tag.to_uppercase()),
-        subject_prefix: format!("{tag}{id}.notify"),
-    };
+    config.broker.streams = StreamNames::isolated(&format!("{tag}{id}"));
     config.worker.consumer = format!("w{id}");
     config.counters.key_prefix = format!("sbtest:{id}:");
 }

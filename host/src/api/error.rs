@@ -20,6 +20,10 @@ pub enum ApiError {
     /// 415 `UNSUPPORTED_MEDIA_TYPE`.
     #[error("request body must be JSON: send `Content-Type: application/json`")]
     UnsupportedMediaType,
+    /// 401 `INVALID_SIGNATURE`: a webhook signature was missing, malformed, wrong or
+    /// stale, or the callback was a replay.
+    #[error("{0}")]
+    InvalidSignature(String),
     /// 429 `RATE_LIMIT_EXCEEDED`.
     #[error("{0}")]
     RateLimited(String),
@@ -57,6 +61,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+            ApiError::InvalidSignature(_) => (StatusCode::UNAUTHORIZED, "INVALID_SIGNATURE"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE"),
             ApiError::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UNSUPPORTED_MEDIA_TYPE")

@@ -8,6 +8,7 @@ pub mod mcp;
 pub mod messages;
 pub mod openapi;
 pub mod subscribers;
+pub mod webhooks;
 
 use crate::AppState;
 use crate::metrics::{RequestLabels, RouteLabels};
@@ -31,6 +32,7 @@ pub fn router(state: AppState) -> Router {
         .merge(events::router())
         .merge(messages::router())
         .merge(subscribers::router())
+        .merge(webhooks::router())
         .merge(mcp::router())
         .merge(openapi::router())
         .fallback(|| async { ApiError::NotFound })

@@ -21,6 +21,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::subscribers::erase_subscriber,
         super::health::health,
         super::mcp::mcp,
+        super::webhooks::receive,
     ),
     modifiers(&BearerAuth),
     tags(
@@ -29,6 +30,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         (name = "subscribers", description = "Preferences and erasure"),
         (name = "health", description = "Liveness"),
         (name = "mcp", description = "Operator tools for AI agents"),
+        (name = "webhooks", description = "Provider delivery receipts, authenticated by the provider's signature"),
     )
 )]
 pub struct ApiDoc;

@@ -226,6 +226,7 @@ impl Broker for JetStreamBroker {
         let wanted = [
             (&self.names.critical, format!("{prefix}.critical.>")),
             (&self.names.bulk, format!("{prefix}.bulk.>")),
+            (&self.names.telemetry, self.names.telemetry_subject.clone()),
         ];
         for (name, subjects) in wanted {
             let mut config = Self::stream_config(name, subjects);
@@ -651,11 +652,7 @@ mod tests {
 
     fn unique_names() -> StreamNames {
         let hex = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
-        StreamNames {
-            critical: format!("T{}_NOTIFY_CRITICAL", hex.to_uppercase()),
-            bulk: format!("T{}_NOTIFY_BULK", hex.to_uppercase()),
-            subject_prefix: format!("t{hex}.notify"),
-        }
+        StreamNames::isolated(&format!("t{hex}"))
     }
 
     fn message(
@@ -688,7 +685,7 @@ mod tests {
             });
         let js = broker.js.clone();
         let outcome = AssertUnwindSafe(body(broker)).catch_unwind().await;
-        for stream in [&names.critical, &names.bulk] {
+        for stream in [&names.critical, &names.bulk, &names.telemetry] {
             match js.delete_stream(stream).await {
                 Ok(_) => {}
                 // Tests that never ran setup have nothing to delete.

@@ -11,6 +11,8 @@ pub enum StreamClass {
     Critical,
     /// NORMAL and LOW triggers, and every bulk event.
     Bulk,
+    /// Verified provider delivery receipts (`telemetry.receipts`).
+    Telemetry,
 }
 
 /// Stream and subject names. Defaults are the spec's; tests use their own to isolate.
@@ -22,6 +24,20 @@ pub struct StreamNames {
     pub bulk: String,
     /// Default `notify`: subjects are `{prefix}.critical.{channel}` / `{prefix}.bulk.{channel}`.
     pub subject_prefix: String,
+    /// Default `TELEMETRY`: the stream of delivery receipts.
+    #[serde(default = "default_telemetry")]
+    pub telemetry: String,
+    /// Default `telemetry.receipts`: the one subject of the receipts stream.
+    #[serde(default = "default_telemetry_subject")]
+    pub telemetry_subject: String,
+}
+
+fn default_telemetry() -> String {
+    "TELEMETRY".into()
+}
+
+fn default_telemetry_subject() -> String {
+    "telemetry.receipts".into()
 }
 
 impl Default for StreamNames {
@@ -30,6 +46,8 @@ impl Default for StreamNames {
             critical: "NOTIFY_CRITICAL".into(),
             bulk: "NOTIFY_BULK".into(),
             subject_prefix: "notify".into(),
+            telemetry: default_telemetry(),
+            telemetry_subject: default_telemetry_subject(),
         }
     }
 }
@@ -40,16 +58,33 @@ impl StreamNames {
         match class {
             StreamClass::Critical => &self.critical,
             StreamClass::Bulk => &self.bulk,
+            StreamClass::Telemetry => &self.telemetry,
         }
     }
 
-    /// `notify.critical.sms` and the like.
+    /// `notify.critical.sms` and the like; for telemetry, `telemetry_subject` (the
+    /// channel is not part of it).
     pub fn subject(&self, class: StreamClass, channel: &str) -> String {
         let class = match class {
             StreamClass::Critical => "critical",
             StreamClass::Bulk => "bulk",
+            StreamClass::Telemetry => return self.telemetry_subject.clone(),
         };
         format!("{}.{class}.{channel}", self.subject_prefix)
+    }
+
+    /// Names with the same isolating `tag` (tests, benchmarks): streams
+    /// `{TAG}_NOTIFY_CRITICAL`, `{TAG}_NOTIFY_BULK`, `{TAG}_TELEMETRY`, subjects under
+    /// `{tag}.`.
+    pub fn isolated(tag: &str) -> Self {
+        let upper = tag.to_uppercase();
+        Self {
+            critical: format!("{upper}_NOTIFY_CRITICAL"),
+            bulk: format!("{upper}_NOTIFY_BULK"),
+            subject_prefix: format!("{tag}.notify"),
+            telemetry: format!("{upper}_TELEMETRY"),
+            telemetry_subject: format!("{tag}.telemetry.receipts"),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use crate::model::{
     NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
     ProviderRoute, Step, SubscriberContacts, Tier, Workspace,
 };
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -223,6 +224,66 @@ pub trait Store: Send + Sync + 'static {
         workspace: &WorkspaceId,
         phone_hash: &str,
     ) -> Result<bool, StoreError>;
+
+    // ---- webhooks and receipts ----
+
+    /// Creates or replaces the webhook secret of `provider`, for one workspace or (with
+    /// `None`) provider-wide.
+    async fn put_webhook_secret(
+        &self,
+        provider: &str,
+        workspace: Option<&WorkspaceId>,
+        secret: &str,
+    ) -> Result<(), StoreError>;
+    /// Every webhook secret of `provider`: workspace secrets first (oldest first), the
+    /// provider-wide one last.
+    async fn webhook_secrets(&self, provider: &str) -> Result<Vec<WebhookSecret>, StoreError>;
+
+    /// Records that a callback with replay key `key` was accepted from `provider`,
+    /// remembered for `ttl`. False when the same key is already remembered (a replay);
+    /// expired keys are dropped on the way.
+    async fn reserve_replay(
+        &self,
+        provider: &str,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
+    /// Forgets a reserved replay key (its callback could not be published).
+    async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError>;
+
+    /// Applies one receipt in one transaction (see [`crate::receipts`] for the
+    /// precedence rules):
+    /// 1. a receipt key written before is a [`ReceiptOutcome::Duplicate`];
+    /// 2. the receipt is stored; with no message of `provider` and
+    ///    `provider_message_id` (in `workspace`, when given) it stays pending:
+    ///    [`ReceiptOutcome::Pending`];
+    /// 3. if [`crate::receipts::advances`] from the message's status, the message takes
+    ///    the receipt's status, its `cost_micro_usd` (when given, replacing the
+    ///    current cost), `error_code`/`error_detail` (when given) and the timeline
+    ///    entry: [`ReceiptOutcome::Applied`]; otherwise nothing changes:
+    ///    [`ReceiptOutcome::Ignored`].
+    ///
+    /// Pending receipts are applied, oldest first and by the same rules, by the
+    /// `record_step` that sets a message's provider and provider id, in its
+    /// transaction.
+    async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError>;
+
+    /// Deletes receipts (applied, ignored or still pending) and replay keys received
+    /// before `before`; returns how many receipts went.
+    async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
+}
+
+/// A webhook secret as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSecret {
+    /// Provider slug.
+    pub provider: String,
+    /// `None` for the provider-wide secret.
+    pub workspace: Option<WorkspaceId>,
+    /// The secret (never logged or listed).
+    pub secret: String,
+    /// When it was last set.
+    pub updated_at: DateTime<Utc>,
 }
 
 /// Hex SHA-256 of `{workspace}:{subscriber}`: how erasure tombstones and subscriber

@@ -1056,6 +1056,46 @@ impl Store for PgStore {
         .await
         .map_err(map_err)
     }
+
+    async fn put_webhook_secret(
+        &self,
+        _provider: &str,
+        _workspace: Option<&WorkspaceId>,
+        _secret: &str,
+    ) -> Result<(), StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn webhook_secrets(
+        &self,
+        _provider: &str,
+    ) -> Result<Vec<super::WebhookSecret>, StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn reserve_replay(
+        &self,
+        _provider: &str,
+        _key: &str,
+        _ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn release_replay(&self, _provider: &str, _key: &str) -> Result<(), StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn apply_receipt(
+        &self,
+        _receipt: &crate::receipts::ReceiptWrite,
+    ) -> Result<crate::receipts::ReceiptOutcome, StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn prune_receipts(&self, _before: DateTime<Utc>) -> Result<u64, StoreError> {
+        todo!("receipts store")
+    }
 }
 
 /// `entries` appended to `event`'s timeline, in order (`seq` follows the slice).

@@ -1139,6 +1139,46 @@ impl Store for SqliteStore {
         .await
         .map_err(map_err)
     }
+
+    async fn put_webhook_secret(
+        &self,
+        _provider: &str,
+        _workspace: Option<&WorkspaceId>,
+        _secret: &str,
+    ) -> Result<(), StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn webhook_secrets(
+        &self,
+        _provider: &str,
+    ) -> Result<Vec<super::WebhookSecret>, StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn reserve_replay(
+        &self,
+        _provider: &str,
+        _key: &str,
+        _ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn release_replay(&self, _provider: &str, _key: &str) -> Result<(), StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn apply_receipt(
+        &self,
+        _receipt: &crate::receipts::ReceiptWrite,
+    ) -> Result<crate::receipts::ReceiptOutcome, StoreError> {
+        todo!("receipts store")
+    }
+
+    async fn prune_receipts(&self, _before: DateTime<Utc>) -> Result<u64, StoreError> {
+        todo!("receipts store")
+    }
 }
 
 /// Now, cut to the microseconds the stored form keeps, so returned times round-trip.

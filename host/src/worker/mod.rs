@@ -101,7 +101,7 @@ impl Worker {
     ) {
         let prefetch = match class {
             StreamClass::Critical => self.config.critical_concurrency,
-            StreamClass::Bulk => self.config.bulk_concurrency,
+            StreamClass::Bulk | StreamClass::Telemetry => self.config.bulk_concurrency,
         };
         'subscribe: while !*stop.borrow() {
             let mut deliveries = match self.queue.subscribe(class, &self.settings, prefetch).await {
@@ -207,6 +207,7 @@ impl Worker {
             let class = match class {
                 StreamClass::Critical => "critical",
                 StreamClass::Bulk => "bulk",
+                StreamClass::Telemetry => "telemetry",
             };
             self.metrics
                 .queue_wait

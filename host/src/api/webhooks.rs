@@ -1,0 +1,86 @@
+//! `POST /v1/webhooks/{provider}`: provider delivery receipts, authenticated by the
+//! provider's signature (no API key). The body is taken as raw bytes and handed to
+//! the provider's plugin unparsed; see [`crate::webhooks`].
+
+use super::ApiError;
+use crate::AppState;
+use crate::webhooks::WebhookError;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::routing::post;
+use serde::{Deserialize, Serialize};
+
+/// The spec's WebhookResponse.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WebhookResponse {
+    /// Always `ACCEPTED`.
+    pub status: String,
+    /// The provider slug from the path.
+    pub provider: String,
+    /// The callback's receipt id, `dlr_<hex>`.
+    pub event_id: String,
+}
+
+/// The webhook route.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/webhooks/{provider}", post(receive))
+}
+
+/// Receives one provider callback.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/{provider}",
+    tag = "webhooks",
+    params(("provider" = String, Path, description = "Provider slug: `prova`, `provb`, `provc`, `provd`, `prove`, or an installed plugin's")),
+    request_body(content = String, description = "The provider's callback, byte-exact (GenericWebhookPayload for the bundled providers)", content_type = "application/json"),
+    responses(
+        (status = 200, description = "Verified and on the telemetry stream", body = WebhookResponse),
+        (status = 400, description = "Verified, but not a receipt the provider's plugin understands", body = super::error::ErrorBody),
+        (status = 401, description = "`INVALID_SIGNATURE`: missing, malformed, wrong or stale signature, or a replay", body = super::error::ErrorBody),
+        (status = 404, description = "No such provider", body = super::error::ErrorBody),
+        (status = 500, description = "Encoding, store or broker failure: retry", body = super::error::ErrorBody),
+    )
+)]
+pub async fn receive(
+    State(state): State<AppState>,
+    Path(provider): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<WebhookResponse>, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(state.config.max_body_bytes)
+        } else {
+            ApiError::BadRequest(format!("could not read the request body: {e}"))
+        }
+    })?;
+    // Header values that are not visible ASCII cannot be part of any bundled scheme;
+    // they are passed on lossily rather than dropped, so a plugin sees every header.
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let span = tracing::info_span!("webhook", provider = %provider);
+    let accepted =
+        tracing::Instrument::instrument(state.webhooks.receive(&provider, &headers, &body), span)
+            .await
+            .map_err(|e| match e {
+                WebhookError::UnknownProvider(_) => ApiError::ResourceNotFound(e.to_string()),
+                WebhookError::InvalidSignature(m) => ApiError::InvalidSignature(m),
+                WebhookError::BadRequest(m) => ApiError::BadRequest(m),
+                WebhookError::Internal(cause) => ApiError::Internal(cause),
+            })?;
+    Ok(axum::Json(WebhookResponse {
+        status: "ACCEPTED".into(),
+        provider,
+        event_id: accepted.receipt_id.to_string(),
+    }))
+}

@@ -1,0 +1,455 @@
+//! Provider webhooks: a callback is verified by its provider's plugin over the raw
+//! body (nothing is parsed before that), refused if it is a replay, parsed into
+//! receipts by the plugin, and published as [`TelemetryReceiptEvent`]s on the
+//! telemetry stream. The receipt consumer ([`crate::worker::receipts`]) applies them.
+//!
+//! ## Which workspace a callback belongs to
+//! Nothing in an unverified request is trusted to name a workspace. The gateway tries
+//! every secret set for the provider: each workspace's own secret, then the
+//! provider-wide one. The workspace whose secret verified the signature is the
+//! callback's workspace, and its receipts can only match that workspace's messages.
+//! A callback verified by the provider-wide secret carries no workspace, and matches
+//! the message with the provider's message id, whichever workspace it is in.
+//!
+//! ## Replays
+//! A callback whose raw body equals one accepted from the same provider within
+//! `webhooks.replay_window_secs` (15 minutes by default) is refused with 401
+//! `INVALID_SIGNATURE`: it was processed once, and will not be twice. The window
+//! outlasts the 5-minute timestamp tolerance of provA and provB, so a replay of
+//! theirs is refused as seen inside it and as stale after it; a provA message id or a
+//! provB `ts`+`s` pair cannot come back with another body, since the signature
+//! covers the body. Providers without signed timestamps (provC, provD, provE) get the
+//! same window; a replay after it passes, and is harmless, because a receipt never
+//! moves a message backwards ([`crate::receipts`]).
+
+pub mod native;
+
+use crate::broker::{Broker, Publish, StreamClass, StreamNames};
+use crate::config::{SignatureVerifier, WebhooksConfig};
+use crate::ids::{ReceiptId, WorkspaceId};
+use crate::metrics::Metrics;
+use crate::model::MessageStatus;
+use crate::plugins::registry::Registry;
+use crate::plugins::types::{self, SignatureError};
+use crate::plugins::{Plugin, PluginError};
+use crate::receipts::TelemetryReceiptEvent;
+use crate::store::Store;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// Why a callback was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// No plugin with that slug (404).
+    #[error("no provider `{0}` is installed")]
+    UnknownProvider(String),
+    /// Signature missing, malformed, wrong or stale, no secret to check it with, or a
+    /// replay (401 `INVALID_SIGNATURE`).
+    #[error("{0}")]
+    InvalidSignature(String),
+    /// Verified, but the body is not a receipt the plugin understands (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Store, plugin or broker failure (500); the provider should retry.
+    #[error("{0}")]
+    Internal(anyhow::Error),
+}
+
+/// An accepted callback.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted {
+    /// The callback's `dlr_` id.
+    pub receipt_id: ReceiptId,
+    /// The receipts published, in order.
+    pub events: Vec<TelemetryReceiptEvent>,
+}
+
+/// The webhook pipeline and its dependencies.
+pub struct Webhooks {
+    /// Webhook secrets and replay keys.
+    pub store: Arc<dyn Store>,
+    /// Where receipts are published.
+    pub broker: Arc<dyn Broker>,
+    /// The telemetry stream's names.
+    pub streams: StreamNames,
+    /// Provider plugins.
+    pub plugins: Arc<Registry>,
+    /// Settings.
+    pub config: WebhooksConfig,
+    /// False in production: unsigned voice callbacks are never accepted there.
+    pub unsigned_voice_allowed: bool,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+/// How a callback was authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verified {
+    /// By this workspace's secret, or (`None`) the provider-wide one.
+    Signed(Option<WorkspaceId>),
+    /// Not signed at all, and accepted because unsigned voice is allowed.
+    UnsignedVoice,
+}
+
+impl Webhooks {
+    /// Handles one callback of provider `slug`: verify, refuse replays, parse, publish.
+    pub async fn receive(
+        &self,
+        slug: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Accepted, WebhookError> {
+        let result = self.receive_inner(slug, headers, body).await;
+        let outcome = match &result {
+            Ok(_) => "accepted",
+            Err(WebhookError::UnknownProvider(_)) => "unknown_provider",
+            Err(WebhookError::InvalidSignature(m)) if m.starts_with("replayed") => "replayed",
+            Err(WebhookError::InvalidSignature(_)) => "invalid_signature",
+            Err(WebhookError::BadRequest(_)) => "bad_request",
+            Err(WebhookError::Internal(_)) => "error",
+        };
+        Metrics::count(&self.metrics.webhooks, outcome, 1);
+        result
+    }
+
+    async fn receive_inner(
+        &self,
+        slug: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Accepted, WebhookError> {
+        let plugin = self
+            .plugins
+            .get(slug)
+            .ok_or_else(|| WebhookError::UnknownProvider(slug.to_string()))?;
+        let verified = self.verify(slug, &plugin, headers, body).await?;
+
+        let replay_key = hex::encode(Sha256::digest(body));
+        let fresh = self
+            .store
+            .reserve_replay(slug, &replay_key, self.config.replay_window())
+            .await
+            .map_err(|e| WebhookError::Internal(e.into()))?;
+        if !fresh {
+            return Err(WebhookError::InvalidSignature(format!(
+                "replayed callback: an identical {slug} callback was accepted in the last {} \
+                 seconds and is not processed twice",
+                self.config.replay_window_secs
+            )));
+        }
+        match self
+            .parse_and_publish(slug, &plugin, &verified, headers, body)
+            .await
+        {
+            Ok(accepted) => Ok(accepted),
+            Err(e) => {
+                // Not processed: a retry of the same callback must not count as a replay.
+                if let Err(release) = self.store.release_replay(slug, &replay_key).await {
+                    tracing::warn!(provider = slug, error = %release, "could not release a replay key");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn parse_and_publish(
+        &self,
+        slug: &str,
+        plugin: &Plugin,
+        verified: &Verified,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Accepted, WebhookError> {
+        let receipts = plugin
+            .parse_receipt(headers, body)
+            .await
+            .map_err(|e| plugin_failure(slug, "parse-receipt", e))?
+            .map_err(|e| {
+                WebhookError::BadRequest(format!("{slug} callback is not a receipt: {e}"))
+            })?;
+        if receipts.is_empty() {
+            return Err(WebhookError::BadRequest(format!(
+                "{slug} callback carries no receipt"
+            )));
+        }
+        if *verified == Verified::UnsignedVoice
+            && receipts
+                .iter()
+                .any(|r| r.channel != Some(types::Channel::Voice))
+        {
+            return Err(WebhookError::InvalidSignature(format!(
+                "{slug} callback is not signed; unsigned callbacks are accepted only for \
+                 voice receipts (`channel: voice`) when webhooks.allow_unsigned_voice is set"
+            )));
+        }
+        let workspace_id = match verified {
+            Verified::Signed(Some(ws)) => Some(ws.to_string()),
+            _ => None,
+        };
+        let receipt_id = crate::receipts::new_receipt_id();
+        let now = chrono::Utc::now();
+        let mut events = Vec::with_capacity(receipts.len());
+        for (index, receipt) in receipts.into_iter().enumerate() {
+            if receipt.provider_message_id.is_empty() {
+                return Err(WebhookError::BadRequest(format!(
+                    "{slug} receipt {index} has no message id"
+                )));
+            }
+            events.push(to_event(
+                slug,
+                receipt,
+                &receipt_id,
+                workspace_id.clone(),
+                now,
+                index as u32,
+            ));
+        }
+        let subject = self.streams.subject(StreamClass::Telemetry, "");
+        let mut messages = Vec::with_capacity(events.len());
+        for event in &events {
+            let payload = serde_json::to_vec(event)
+                .map_err(|e| WebhookError::Internal(anyhow::anyhow!("encoding a receipt: {e}")))?;
+            messages.push(Publish {
+                class: StreamClass::Telemetry,
+                subject: subject.clone(),
+                msg_id: event.receipt_key(),
+                payload: payload.into(),
+            });
+        }
+        for result in self.broker.publish_batch(&messages).await {
+            result.map_err(|e| WebhookError::Internal(e.into()))?;
+        }
+        Ok(Accepted { receipt_id, events })
+    }
+
+    /// Tries each secret of the provider; the first that verifies names the workspace.
+    async fn verify(
+        &self,
+        slug: &str,
+        plugin: &Plugin,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Verified, WebhookError> {
+        let secrets = self
+            .store
+            .webhook_secrets(slug)
+            .await
+            .map_err(|e| WebhookError::Internal(e.into()))?;
+        let now = now_secs();
+        let mut worst: Option<SignatureError> = None;
+        for secret in &secrets {
+            match self
+                .check(slug, plugin, &secret.secret, headers, body, now)
+                .await?
+            {
+                Ok(()) => return Ok(Verified::Signed(secret.workspace.clone())),
+                Err(e) => worst = Some(more_telling(worst, e)),
+            }
+        }
+        let serves_voice = plugin.info().channels.contains(&types::Channel::Voice);
+        if self.unsigned_voice_allowed && self.config.allow_unsigned_voice && serves_voice {
+            // Unsigned means no signature header at all, not a bad one.
+            let unsigned = match worst {
+                Some(e) => e == SignatureError::Missing,
+                None => {
+                    self.check(slug, plugin, "", headers, body, now).await?
+                        == Err(SignatureError::Missing)
+                }
+            };
+            if unsigned {
+                tracing::warn!(
+                    provider = slug,
+                    "accepting an unsigned voice callback (webhooks.allow_unsigned_voice)"
+                );
+                return Ok(Verified::UnsignedVoice);
+            }
+        }
+        Err(WebhookError::InvalidSignature(match worst {
+            None => format!(
+                "no webhook secret is set for provider {slug}, so its callbacks cannot be \
+                 verified (`switchboard webhooks set-secret --provider {slug} <secret>`)"
+            ),
+            Some(SignatureError::Missing) => {
+                format!("{slug} callback signature is missing")
+            }
+            Some(SignatureError::Malformed) => {
+                format!("{slug} callback signature is malformed")
+            }
+            Some(SignatureError::TimestampOutOfRange) => format!(
+                "{slug} callback signature timestamp is outside the tolerated window (stale \
+                 or in the future)"
+            ),
+            Some(SignatureError::Mismatch) => {
+                format!("{slug} callback signature does not match the body")
+            }
+        }))
+    }
+
+    async fn check(
+        &self,
+        slug: &str,
+        plugin: &Plugin,
+        secret: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<(), SignatureError>, WebhookError> {
+        match self.config.verifier {
+            SignatureVerifier::Plugin => plugin
+                .verify_signature(secret, headers, body, now)
+                .await
+                .map_err(|e| plugin_failure(slug, "verify-signature", e)),
+            SignatureVerifier::Native => native::verify(slug, secret, headers, body, now)
+                .ok_or_else(|| {
+                    WebhookError::InvalidSignature(format!(
+                        "webhooks.verifier is `native`, which knows only the bundled \
+                         providers' schemes, not {slug}'s"
+                    ))
+                }),
+        }
+    }
+}
+
+/// Of two verification failures, the one that says most about what is wrong: a
+/// mismatch under one secret beats a missing header under none.
+fn more_telling(a: Option<SignatureError>, b: SignatureError) -> SignatureError {
+    let weight = |e: SignatureError| match e {
+        SignatureError::Missing => 0,
+        SignatureError::Malformed => 1,
+        SignatureError::TimestampOutOfRange => 2,
+        SignatureError::Mismatch => 3,
+    };
+    match a {
+        Some(a) if weight(a) >= weight(b) => a,
+        _ => b,
+    }
+}
+
+fn plugin_failure(slug: &str, call: &str, e: PluginError) -> WebhookError {
+    WebhookError::Internal(anyhow::anyhow!("plugin {slug} failed in {call}: {e}"))
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// The canonical status of a plugin's delivery status.
+pub fn message_status(status: types::DeliveryStatus) -> MessageStatus {
+    use types::DeliveryStatus as D;
+    match status {
+        D::Triggered => MessageStatus::Triggered,
+        D::Queued => MessageStatus::Queued,
+        D::Sent => MessageStatus::Sent,
+        D::Delivered => MessageStatus::Delivered,
+        D::Seen => MessageStatus::Seen,
+        D::Clicked => MessageStatus::Clicked,
+        D::BouncedHard => MessageStatus::BouncedHard,
+        D::BouncedSoft => MessageStatus::BouncedSoft,
+        D::Complained => MessageStatus::Complained,
+        D::Failed => MessageStatus::Failed,
+        D::Suppressed => MessageStatus::Suppressed,
+    }
+}
+
+/// A receipt as published. Voice recipients, and anything that looks like a phone
+/// number, are masked: no plaintext number leaves the webhook handler.
+pub fn to_event(
+    slug: &str,
+    receipt: types::Receipt,
+    receipt_id: &ReceiptId,
+    workspace_id: Option<String>,
+    now: chrono::DateTime<chrono::Utc>,
+    index: u32,
+) -> TelemetryReceiptEvent {
+    let is_voice = receipt.channel == Some(types::Channel::Voice);
+    let recipient = receipt
+        .recipient
+        .map(|r| {
+            let phone_like = r.starts_with('+') || r.bytes().all(|b| b.is_ascii_digit());
+            if is_voice || (phone_like && !r.is_empty()) {
+                crate::voice::mask_phone(&r)
+            } else {
+                r
+            }
+        })
+        .unwrap_or_default();
+    TelemetryReceiptEvent {
+        provider: slug.to_string(),
+        message_id: receipt.provider_message_id,
+        recipient,
+        status: message_status(receipt.status).as_str().to_string(),
+        timestamp: now,
+        raw_event_id: receipt_id.to_string(),
+        bounce_reason: receipt.bounce_reason,
+        workspace_id,
+        channel: receipt
+            .channel
+            .as_ref()
+            .map(|c| crate::plugins::channel_name(c).to_string()),
+        provider_state: receipt.provider_state,
+        duration_seconds: receipt.duration_seconds,
+        cost_micro_usd: receipt.cost_micro_usd,
+        latency_ms: receipt.latency_ms,
+        index,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn voice_and_phone_recipients_are_masked() {
+        let receipt = |recipient: &str, channel| types::Receipt {
+            provider_message_id: "m1".into(),
+            status: types::DeliveryStatus::Delivered,
+            recipient: Some(recipient.into()),
+            channel,
+            cost_micro_usd: Some(15_000),
+            duration_seconds: Some(31),
+            latency_ms: None,
+            bounce_reason: None,
+            provider_state: Some("Completed".into()),
+        };
+        let id = ReceiptId::generate();
+        let now = chrono::Utc::now();
+        let voice = to_event(
+            "provc",
+            receipt("+14155550123", Some(types::Channel::Voice)),
+            &id,
+            None,
+            now,
+            0,
+        );
+        assert_eq!(voice.recipient, "+141******23");
+        assert_eq!(voice.status, "DELIVERED");
+        assert_eq!(voice.raw_event_id, id.to_string());
+        assert_eq!(voice.duration_seconds, Some(31));
+        let sms = to_event("provd", receipt("14155550123", None), &id, None, now, 1);
+        assert!(!sms.recipient.contains("5550"));
+        let email = to_event(
+            "prova",
+            receipt("ada@example.test", Some(types::Channel::Email)),
+            &id,
+            Some("ws_1".into()),
+            now,
+            2,
+        );
+        assert_eq!(email.recipient, "ada@example.test");
+        assert_eq!(email.receipt_key(), format!("{id}.2"));
+    }
+
+    #[test]
+    fn the_most_telling_failure_is_reported() {
+        use SignatureError::*;
+        assert_eq!(more_telling(None, Missing), Missing);
+        assert_eq!(more_telling(Some(Mismatch), Missing), Mismatch);
+        assert_eq!(
+            more_telling(Some(Missing), TimestampOutOfRange),
+            TimestampOutOfRange
+        );
+    }
+}
