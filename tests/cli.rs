@@ -9,8 +9,10 @@ use switchboard::plugins::bundled::WASM_DIR;
 
 fn switchboard() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    // `dev`'s provider simulator on a free port, so tests run side by side.
     cmd.env_remove("SWITCHBOARD_CONFIG")
-        .env("SWITCHBOARD_LOG", "warn");
+        .env("SWITCHBOARD_LOG", "warn")
+        .env("SWITCHBOARD_SIM__LISTEN", "127.0.0.1:0");
     cmd
 }
 

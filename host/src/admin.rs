@@ -530,6 +530,131 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
     out
 }
 
+// ---- webhook secrets ----
+
+/// Checks a provider slug and a webhook secret before anything is written. The
+/// error never repeats the secret.
+pub fn webhook_secret_input(provider: &str, secret: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !provider.is_empty()
+            && provider.len() <= 64
+            && provider
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'),
+        "--provider must be a plugin slug (lower-case letters, digits, - and _), e.g. provc"
+    );
+    anyhow::ensure!(!secret.is_empty(), "the webhook secret is empty");
+    anyhow::ensure!(
+        secret.len() <= 1024,
+        "the webhook secret is longer than 1024 bytes"
+    );
+    anyhow::ensure!(
+        !secret.chars().any(|c| c.is_control() || c.is_whitespace()),
+        "the webhook secret contains whitespace or control characters (a stray newline?)"
+    );
+    Ok(())
+}
+
+/// Sets `provider`'s webhook secret for `ws`, or provider-wide; returns the line to
+/// print (without the secret).
+pub async fn webhook_secret_set(
+    store: &dyn Store,
+    provider: &str,
+    ws: Option<&Workspace>,
+    secret: &str,
+) -> anyhow::Result<String> {
+    webhook_secret_input(provider, secret)?;
+    store
+        .put_webhook_secret(provider, ws.map(|w| &w.id), secret)
+        .await?;
+    let scope = match ws {
+        Some(ws) => format!("workspace {}", ws.name),
+        None => "every workspace (provider-wide)".to_string(),
+    };
+    let note = if crate::plugins::bundled::find(provider).is_none() {
+        format!(" (no bundled provider is called {provider}: install its plugin)")
+    } else {
+        String::new()
+    };
+    Ok(format!(
+        "webhook secret of {provider} set for {scope}{note}; callbacks to \
+         /v1/webhooks/{provider} are verified with it\n"
+    ))
+}
+
+/// The webhook secrets of `providers`, one line each, the secrets themselves hidden.
+pub async fn webhook_secret_listing(
+    store: &dyn Store,
+    providers: &[String],
+) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for provider in providers {
+        for secret in store.webhook_secrets(provider).await? {
+            let scope = match &secret.workspace {
+                Some(ws) => ws.to_string(),
+                None => "(provider-wide)".to_string(),
+            };
+            out.push_str(&format!(
+                "{provider:<8} {scope:<38} {REDACTED} {}\n",
+                secret.updated_at.to_rfc3339_opts(SecondsFormat::Secs, true)
+            ));
+        }
+    }
+    if out.is_empty() {
+        out.push_str(
+            "no webhook secrets set; add one with `switchboard webhooks set-secret --provider <slug> <secret>`\n",
+        );
+    }
+    Ok(out)
+}
+
+/// For `switchboard dev` with the simulator: gives each bundled provider a
+/// provider-wide webhook secret (a random one, made once and kept) and, when the
+/// workspace has no provider route at all, routes every channel through the
+/// simulator (`base_url(slug)`) in the default order. Returns the secrets by slug,
+/// for the simulator to sign with.
+pub async fn dev_simulator_setup(
+    store: &dyn Store,
+    ws: &Workspace,
+    base_url: impl Fn(&str) -> String,
+) -> anyhow::Result<(BTreeMap<String, String>, bool)> {
+    let mut secrets = BTreeMap::new();
+    for slug in crate::sim::SLUGS {
+        let existing = store
+            .webhook_secrets(slug)
+            .await?
+            .into_iter()
+            .find(|s| s.workspace.is_none());
+        let secret = match existing {
+            Some(s) => s.secret,
+            None => {
+                let secret = format!("whsec_{}", uuid::Uuid::new_v4().simple());
+                store.put_webhook_secret(slug, None, &secret).await?;
+                secret
+            }
+        };
+        secrets.insert(slug.to_string(), secret);
+    }
+    let routed = if store.provider_routes(&ws.id).await?.is_empty() {
+        for channel in CHANNELS {
+            let route: Vec<ProviderRoute> = crate::worker::dispatch::default_route(channel)
+                .iter()
+                .map(|slug| ProviderRoute {
+                    provider: slug.to_string(),
+                    config: crate::sim::route_config(slug, &base_url(slug)),
+                })
+                .collect();
+            store
+                .put_provider_route(&ws.id, channel.as_str(), &route)
+                .await?;
+        }
+        true
+    } else {
+        false
+    };
+    Ok((secrets, routed))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,14 +203,37 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
     )
 }
 
-/// Runs only the delivery workers (`switchboard worker`) until `shutdown` resolves,
-/// then lets dispatches in flight finish (bounded by the ack wait).
+/// The receipt consumer over the state's backends.
+pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsumer> {
+    let config = &state.config;
+    worker::receipts::ReceiptConsumer::new(
+        state.ingest.store.clone(),
+        state.queue.clone(),
+        broker::ConsumerSettings {
+            durable_name: config.worker.consumer.clone(),
+            ack_wait: config.worker.ack_wait(),
+        },
+        config.webhooks.receipt_concurrency,
+        state.ingest.metrics.clone(),
+    )
+}
+
+/// Delivery workers and the receipt consumer, until `stop` turns true.
+async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Receiver<bool>) {
+    let receipts = tokio::spawn(receipt_consumer(&state).run(stop.clone()));
+    worker(&state).run(stop).await;
+    let _ = receipts.await;
+}
+
+/// Runs only the delivery workers and the receipt consumer (`switchboard worker`)
+/// until `shutdown` resolves, then lets work in flight finish (bounded by the ack
+/// wait).
 pub async fn run_worker(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(worker(&state).run(stopped));
+    let running = tokio::spawn(run_background_workers(state, stopped));
     shutdown.await;
     let _ = stop.send(true);
     running.await?;
@@ -248,7 +271,7 @@ pub async fn serve(
         .config
         .worker
         .enabled
-        .then(|| tokio::spawn(worker(&state).run(workers_stopped)));
+        .then(|| tokio::spawn(run_background_workers(state.clone(), workers_stopped)));
     let metrics_server = match state.config.metrics_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)

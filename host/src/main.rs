@@ -50,6 +50,48 @@ enum Command {
     /// Manage a workspace's voice do-not-disturb list.
     #[command(subcommand)]
     Dnd(DndCommand),
+    /// Manage the secrets provider callbacks (`/v1/webhooks/{provider}`) are verified with.
+    #[command(subcommand)]
+    Webhooks(WebhooksCommand),
+    /// Run the provider simulator: the bundled providers' APIs, with signed callbacks
+    /// to the gateway (`[sim]` settings).
+    Sim(SimArgs),
+}
+
+#[derive(Subcommand)]
+enum WebhooksCommand {
+    /// Set a provider's webhook secret, for one workspace or provider-wide.
+    SetSecret {
+        /// Plugin slug, e.g. provc.
+        #[arg(long)]
+        provider: String,
+        /// Workspace name (must exist); omit for the provider-wide secret.
+        #[arg(long)]
+        workspace: Option<String>,
+        /// The secret, or `-` to read it from standard input (keeps it out of shell
+        /// history).
+        secret: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List which webhook secrets are set (never the secrets).
+    List {
+        /// Only this provider.
+        #[arg(long)]
+        provider: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Args)]
+struct SimArgs {
+    /// Listen address (default `sim.listen`, 127.0.0.1:8090).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Gateway base URL callbacks are posted to (default `sim.gateway_url`).
+    #[arg(long)]
+    gateway_url: Option<String>,
 }
 
 #[derive(Args)]
@@ -243,11 +285,34 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(dir) = args.data_dir {
                 config.data_dir = dir;
             }
-            let config = config.embedded();
+            let mut config = config.embedded();
             std::fs::create_dir_all(&config.data_dir)?;
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {} (listen): {e}", config.listen))?;
+            let sim_listener = if config.sim.in_dev {
+                let l = tokio::net::TcpListener::bind(config.sim.listen)
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "cannot listen on {} (sim.listen; or set sim.in_dev = false): {e}",
+                            config.sim.listen
+                        )
+                    })?;
+                // The bundled plugins may reach the simulator (and only it, unless
+                // plugins.grants says otherwise for a slug).
+                let host = l.local_addr()?.to_string();
+                for plugin in switchboard::plugins::bundled::BUNDLED {
+                    config
+                        .plugins
+                        .grants
+                        .entry(plugin.slug.to_string())
+                        .or_insert_with(|| vec![host.clone()]);
+                }
+                Some(l)
+            } else {
+                None
+            };
             let state = switchboard::build_state(config).await?;
             println!("switchboard {} (dev)", env!("CARGO_PKG_VERSION"));
             print_plugins(&state.plugins);
@@ -271,11 +336,39 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if seeded > 0 {
                 println!("seeded {seeded} example workflows");
             }
+            let simulator = match sim_listener {
+                Some(sim_listener) => {
+                    let sim_addr = sim_listener.local_addr()?;
+                    let (secrets, routed) = admin::dev_simulator_setup(&*store, &ws, |slug| {
+                        format!("http://{sim_addr}/{slug}")
+                    })
+                    .await?;
+                    let mut sim_config = state.config.sim.clone();
+                    for (slug, secret) in secrets {
+                        sim_config.secrets.entry(slug).or_insert(secret);
+                    }
+                    let gateway = format!("http://{}", listener.local_addr()?);
+                    let simulator =
+                        switchboard::sim::Simulator::start(sim_config, gateway, sim_listener)
+                            .await?;
+                    println!(
+                        "provider simulator on http://{sim_addr}{}",
+                        if routed {
+                            " (the default workspace's providers now route to it)"
+                        } else {
+                            ""
+                        }
+                    );
+                    Some(simulator)
+                }
+                None => None,
+            };
             let signal = terminate();
             println!("listening on http://{}", listener.local_addr()?);
             let shutdown =
                 switchboard::drain_then_stop(state.draining.clone(), signal, Duration::ZERO);
             switchboard::serve(state, listener, shutdown).await?;
+            drop(simulator);
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(args) => {
@@ -322,6 +415,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Workflows(command) => workflows(command, config).await,
         Command::Providers(command) => providers(command, config).await,
         Command::Dnd(command) => dnd(command, config).await,
+        Command::Webhooks(command) => webhooks(command, config).await,
+        Command::Sim(args) => {
+            let mut sim = config.sim.clone();
+            if let Some(listen) = args.listen {
+                sim.listen = listen;
+            }
+            let gateway = args.gateway_url.unwrap_or_else(|| sim.gateway_url.clone());
+            let listener = tokio::net::TcpListener::bind(sim.listen)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot listen on {} (sim.listen): {e}", sim.listen)
+                })?;
+            let signal = terminate();
+            println!(
+                "provider simulator on http://{}; callbacks go to {gateway}",
+                listener.local_addr()?
+            );
+            switchboard::sim::run(sim, gateway, listener, signal).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Plugin(PluginCommand::List) => {
             // Plugins only: listing them needs no database, broker or counters.
             let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
@@ -485,6 +598,51 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             let ws = admin::workspace(&*store, &workspace).await?;
             let plugins = admin::plugin_infos(&config).await?;
             print!("{}", admin::route_listing(&*store, &ws, &plugins).await?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn webhooks(command: WebhooksCommand, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        WebhooksCommand::SetSecret {
+            provider,
+            workspace,
+            secret,
+            target,
+        } => {
+            let secret = if secret == "-" {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line)?;
+                line.trim_end_matches(['\r', '\n']).to_string()
+            } else {
+                secret
+            };
+            // Checked before the database is opened; the error never repeats the secret.
+            admin::webhook_secret_input(&provider, &secret)?;
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let ws = match &workspace {
+                Some(name) => Some(admin::workspace(&*store, name).await?),
+                None => None,
+            };
+            print!(
+                "{}",
+                admin::webhook_secret_set(&*store, &provider, ws.as_ref(), &secret).await?
+            );
+        }
+        WebhooksCommand::List { provider, target } => {
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let providers: Vec<String> = match provider {
+                Some(p) => vec![p],
+                None => switchboard::plugins::bundled::BUNDLED
+                    .iter()
+                    .map(|b| b.slug.to_string())
+                    .collect(),
+            };
+            print!(
+                "{}",
+                admin::webhook_secret_listing(&*store, &providers).await?
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

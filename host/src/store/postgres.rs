@@ -12,6 +12,7 @@ use crate::model::{
     NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
     ProviderRoute, Step, StepStatus, SubscriberContacts, Tier, TimelineEntry, Workspace,
 };
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
@@ -30,6 +31,10 @@ const INSERT_CHUNK: usize = 5_000;
 /// sequence numbers commit in order, so a poller that has seen number `n` has also
 /// seen every number below it (a bare sequence can commit out of order).
 const REVOCATION_LOCK: i64 = 0x5357_4252_4556_4b31;
+
+/// First key of the advisory lock of a (provider, provider message id) ("RCPT"); see
+/// `lock_provider_message`.
+const RECEIPT_LOCK: i32 = 0x5243_5054;
 
 const WORKSPACE_COLUMNS: &str = "id, name, tier, created_at";
 
@@ -482,6 +487,29 @@ impl Store for PgStore {
         step: &Step,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // A step that records a provider id applies the receipts waiting for it. Their
+        // lock comes before the message row's, as in apply_receipt. Only the lease
+        // holder changes `provider`, so reading it unlocked here is enough.
+        let receipts_of = match &step.message.provider_message_id {
+            None => None,
+            Some(id) => {
+                let provider = match &step.message.provider {
+                    Some(provider) => Some(provider.clone()),
+                    None => sqlx::query_scalar::<_, Option<String>>(
+                        "SELECT provider FROM messages WHERE event_id = $1",
+                    )
+                    .bind(event.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(map_err)?
+                    .flatten(),
+                };
+                provider.map(|provider| (provider, id.as_str()))
+            }
+        };
+        if let Some((provider, id)) = &receipts_of {
+            lock_provider_message(&mut tx, provider, id).await?;
+        }
         let holder: Option<Option<String>> =
             sqlx::query_scalar("SELECT lease_owner FROM messages WHERE event_id = $1 FOR UPDATE")
                 .bind(event.as_str())
@@ -569,6 +597,17 @@ impl Store for PgStore {
         .map_err(map_err)?;
 
         insert_timeline(&mut tx, event, &step.timeline).await?;
+        if let Some((provider, id)) = &receipts_of {
+            let row = sqlx::query("SELECT workspace_id, status FROM messages WHERE event_id = $1")
+                .bind(event.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            let workspace: String = row.try_get("workspace_id").map_err(map_err)?;
+            let status =
+                decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
+            apply_pending_receipts(&mut tx, event, &workspace, status, provider, id).await?;
+        }
         tx.commit().await.map_err(map_err)
     }
 
@@ -1059,43 +1098,260 @@ impl Store for PgStore {
 
     async fn put_webhook_secret(
         &self,
-        _provider: &str,
-        _workspace: Option<&WorkspaceId>,
-        _secret: &str,
+        provider: &str,
+        workspace: Option<&WorkspaceId>,
+        secret: &str,
     ) -> Result<(), StoreError> {
-        todo!("receipts store")
+        sqlx::query(
+            "INSERT INTO webhook_secrets (provider, workspace_id, secret, created_at, updated_at) \
+             VALUES ($1, $2, $3, now(), now()) ON CONFLICT (provider, workspace_id) DO UPDATE SET \
+             secret = EXCLUDED.secret, updated_at = EXCLUDED.updated_at",
+        )
+        .bind(provider)
+        .bind(workspace.map_or("", WorkspaceId::as_str))
+        .bind(secret)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
     }
 
     async fn webhook_secrets(
         &self,
-        _provider: &str,
+        provider: &str,
     ) -> Result<Vec<super::WebhookSecret>, StoreError> {
-        todo!("receipts store")
+        // Workspace secrets (oldest first), then the provider-wide one ('' sorts last
+        // by the first key: false before true).
+        sqlx::query(
+            "SELECT provider, workspace_id, secret, updated_at FROM webhook_secrets \
+             WHERE provider = $1 ORDER BY workspace_id = '', created_at, workspace_id COLLATE \"C\"",
+        )
+        .bind(provider)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(decode_webhook_secret)
+        .collect::<Result<_, _>>()
+        .map_err(map_err)
     }
 
     async fn reserve_replay(
         &self,
-        _provider: &str,
-        _key: &str,
-        _ttl: Duration,
+        provider: &str,
+        key: &str,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        todo!("receipts store")
+        // One statement: a new key is inserted, an expired one is taken over, a live one
+        // is left alone (and no row comes back). Concurrent reserves of one key queue on
+        // its index entry or row lock and re-check the winner's row: one of them wins.
+        let reserved = sqlx::query(
+            "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
+             VALUES ($1, $2, now() + $3) ON CONFLICT (provider, replay_key) DO UPDATE SET \
+             expires_at = EXCLUDED.expires_at WHERE webhook_replays.expires_at <= now() \
+             RETURNING 1",
+        )
+        .bind(provider)
+        .bind(key)
+        .bind(interval(ttl))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(reserved.is_some())
     }
 
-    async fn release_replay(&self, _provider: &str, _key: &str) -> Result<(), StoreError> {
-        todo!("receipts store")
+    async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM webhook_replays WHERE provider = $1 AND replay_key = $2")
+            .bind(provider)
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 
-    async fn apply_receipt(
-        &self,
-        _receipt: &crate::receipts::ReceiptWrite,
-    ) -> Result<crate::receipts::ReceiptOutcome, StoreError> {
-        todo!("receipts store")
+    async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
+        let detail = receipt
+            .timeline
+            .detail
+            .as_ref()
+            .map(encode_json)
+            .transpose()?;
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // First, as record_step does: a receipt and the step that records its provider
+        // id cannot miss each other (see `lock_provider_message`).
+        lock_provider_message(&mut tx, &receipt.provider, &receipt.provider_message_id).await?;
+        // A concurrent writer of the same key makes this wait for its commit, then do
+        // nothing.
+        let inserted = sqlx::query(
+            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
+             status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+             timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
+             received_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7, $8, $9, $10, $11, $12, \
+             $13::jsonb, now()) ON CONFLICT (receipt_key) DO NOTHING",
+        )
+        .bind(&receipt.receipt_key)
+        .bind(&receipt.provider)
+        .bind(&receipt.provider_message_id)
+        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+        .bind(receipt.status.as_str())
+        .bind(receipt.occurred_at)
+        .bind(receipt.cost_micro_usd)
+        .bind(receipt.error_code.as_deref())
+        .bind(receipt.error_detail.as_deref())
+        .bind(receipt.timeline.status.as_str())
+        .bind(receipt.timeline.occurred_at)
+        .bind(receipt.timeline.provider.as_deref())
+        .bind(detail)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        if inserted == 0 {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(ReceiptOutcome::Duplicate);
+        }
+        // The row lock serialises this with every other writer of the message.
+        let message = sqlx::query(
+            "SELECT event_id, status FROM messages WHERE provider = $1 \
+             AND provider_message_id = $2 AND ($3::text IS NULL OR workspace_id = $3) \
+             ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE",
+        )
+        .bind(&receipt.provider)
+        .bind(&receipt.provider_message_id)
+        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let outcome = match message {
+            None => ReceiptOutcome::Pending,
+            Some(row) => {
+                let event = EventId::parse(row.try_get("event_id").map_err(map_err)?)
+                    .map_err(|e| StoreError::Other(format!("stored event id is malformed: {e}")))?;
+                let status = decode_message_status(row.try_get("status").map_err(map_err)?)
+                    .map_err(map_err)?;
+                settle_receipt(&mut tx, &event, status, receipt).await?.1
+            }
+        };
+        tx.commit().await.map_err(map_err)?;
+        Ok(outcome)
     }
 
-    async fn prune_receipts(&self, _before: DateTime<Utc>) -> Result<u64, StoreError> {
-        todo!("receipts store")
+    async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let pruned = sqlx::query("DELETE FROM receipts WHERE received_at < $1")
+            .bind(before)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        sqlx::query("DELETE FROM webhook_replays WHERE expires_at < now()")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(pruned)
     }
+}
+
+/// Columns of a stored receipt, as [`decode_receipt`] reads them.
+const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, status, \
+     occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
+     timeline_provider, timeline_detail::text AS timeline_detail";
+
+/// Takes the transaction-scoped lock of one (provider, provider message id). Both
+/// `apply_receipt` and a `record_step` that records a provider id take it before the
+/// message row: without it, a receipt could look for its message just before the
+/// step commits the id while the step looks for pending receipts just before the
+/// receipt commits, and the receipt would stay pending for ever. A hash collision only
+/// serialises two unrelated ids. (The two-key form is a key space of its own, apart
+/// from [`REVOCATION_LOCK`].)
+async fn lock_provider_message(
+    conn: &mut PgConnection,
+    provider: &str,
+    provider_message_id: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3))")
+        .bind(RECEIPT_LOCK)
+        .bind(provider)
+        .bind(provider_message_id)
+        .execute(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+/// Applies a stored receipt to message `event`, locked and at `current`, by the rules
+/// of [`crate::receipts`]: the message moves (status, cost, error, timeline entry) when
+/// the receipt advances it, and the receipt is marked applied or ignored. Returns the
+/// message's status afterwards and the outcome.
+async fn settle_receipt(
+    conn: &mut PgConnection,
+    event: &EventId,
+    current: MessageStatus,
+    receipt: &ReceiptWrite,
+) -> Result<(MessageStatus, ReceiptOutcome), StoreError> {
+    let applied = crate::receipts::advances(current, receipt.status);
+    if applied {
+        sqlx::query(
+            "UPDATE messages SET status = $2, cost_micro_usd = COALESCE($3, cost_micro_usd), \
+             error_code = COALESCE($4, error_code), error_detail = COALESCE($5, error_detail), \
+             updated_at = now() WHERE event_id = $1",
+        )
+        .bind(event.as_str())
+        .bind(receipt.status.as_str())
+        .bind(receipt.cost_micro_usd)
+        .bind(receipt.error_code.as_deref())
+        .bind(receipt.error_detail.as_deref())
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        insert_timeline(&mut *conn, event, std::slice::from_ref(&receipt.timeline)).await?;
+    }
+    sqlx::query("UPDATE receipts SET state = $2, event_id = $3 WHERE receipt_key = $1")
+        .bind(&receipt.receipt_key)
+        .bind(if applied { "applied" } else { "ignored" })
+        .bind(event.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(if applied {
+        (receipt.status, ReceiptOutcome::Applied(event.clone()))
+    } else {
+        (current, ReceiptOutcome::Ignored(event.clone()))
+    })
+}
+
+/// Applies, oldest first, the pending receipts of `provider`/`provider_message_id`
+/// that may match message `event` (locked, of `workspace`, at `current`).
+async fn apply_pending_receipts(
+    conn: &mut PgConnection,
+    event: &EventId,
+    workspace: &str,
+    mut current: MessageStatus,
+    provider: &str,
+    provider_message_id: &str,
+) -> Result<(), StoreError> {
+    let pending = sqlx::query(&format!(
+        "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = $1 \
+         AND provider_message_id = $2 AND state = 'pending' \
+         AND (workspace_id IS NULL OR workspace_id = $3) \
+         ORDER BY received_at, receipt_key FOR UPDATE"
+    ))
+    .bind(provider)
+    .bind(provider_message_id)
+    .bind(workspace)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_err)?
+    .iter()
+    .map(decode_receipt)
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(map_err)?;
+    for receipt in &pending {
+        current = settle_receipt(&mut *conn, event, current, receipt).await?.0;
+    }
+    Ok(())
 }
 
 /// `entries` appended to `event`'s timeline, in order (`seq` follows the slice).
@@ -1230,6 +1486,46 @@ fn decode_attempt(row: &PgRow) -> Result<AttemptRecord, sqlx::Error> {
 fn decode_message_status(status: &str) -> Result<MessageStatus, sqlx::Error> {
     MessageStatus::parse(status)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown message status {status:?}").into()))
+}
+
+fn decode_webhook_secret(row: &PgRow) -> Result<super::WebhookSecret, sqlx::Error> {
+    let workspace: &str = row.try_get("workspace_id")?;
+    Ok(super::WebhookSecret {
+        provider: row.try_get("provider")?,
+        workspace: match workspace {
+            "" => None,
+            ws => Some(WorkspaceId::parse(ws).map_err(|e| sqlx::Error::Decode(Box::new(e)))?),
+        },
+        secret: row.try_get("secret")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn decode_receipt(row: &PgRow) -> Result<ReceiptWrite, sqlx::Error> {
+    let workspace: Option<&str> = row.try_get("workspace_id")?;
+    let step: &str = row.try_get("timeline_status")?;
+    Ok(ReceiptWrite {
+        receipt_key: row.try_get("receipt_key")?,
+        provider: row.try_get("provider")?,
+        provider_message_id: row.try_get("provider_message_id")?,
+        workspace: workspace
+            .map(WorkspaceId::parse)
+            .transpose()
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        status: decode_message_status(row.try_get("status")?)?,
+        occurred_at: row.try_get("occurred_at")?,
+        cost_micro_usd: row.try_get("cost_micro_usd")?,
+        error_code: row.try_get("error_code")?,
+        error_detail: row.try_get("error_detail")?,
+        timeline: NewTimelineEntry {
+            status: StepStatus::parse(step).ok_or_else(|| {
+                sqlx::Error::Decode(format!("unknown timeline status {step:?}").into())
+            })?,
+            occurred_at: row.try_get("timeline_occurred_at")?,
+            provider: row.try_get("timeline_provider")?,
+            detail: decode_optional_json(row, "timeline_detail")?,
+        },
+    })
 }
 
 fn decode_workspace(row: &PgRow) -> Result<Workspace, sqlx::Error> {
@@ -1400,6 +1696,14 @@ mod tests {
         concurrent_preference_updates,
         erasure,
         workflows_routes_and_dnd,
+        webhook_secrets_order_and_upsert,
+        replay_keys,
+        concurrent_replay_reserves,
+        receipts_apply_by_precedence,
+        pending_receipts_apply_when_the_id_is_recorded,
+        concurrent_receipts,
+        receipts_race_the_provider_id,
+        receipts_prune,
     );
 
     /// What the trait does not show: subscriber rows (contacts, then the tombstone,

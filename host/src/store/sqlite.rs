@@ -14,6 +14,7 @@ use crate::model::{
     NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
     ProviderRoute, Step, StepStatus, SubscriberContacts, Tier, TimelineEntry, Workspace,
 };
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -634,6 +635,11 @@ impl Store for SqliteStore {
         }
 
         insert_timeline(&mut tx, event, &timeline).await?;
+        // A step that records a provider id applies the receipts waiting for it (the
+        // write lock, held since the first statement, keeps new ones out meanwhile).
+        if update.provider_message_id.is_some() {
+            apply_pending_receipts(&mut tx, event, &now_text).await?;
+        }
         tx.commit().await.map_err(map_err)
     }
 
@@ -1142,43 +1148,308 @@ impl Store for SqliteStore {
 
     async fn put_webhook_secret(
         &self,
-        _provider: &str,
-        _workspace: Option<&WorkspaceId>,
-        _secret: &str,
+        provider: &str,
+        workspace: Option<&WorkspaceId>,
+        secret: &str,
     ) -> Result<(), StoreError> {
-        todo!("receipts store")
+        let now = encode_timestamp(&now_micros());
+        sqlx::query(
+            "INSERT INTO webhook_secrets (provider, workspace_id, secret, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (provider, workspace_id) DO UPDATE SET \
+             secret = excluded.secret, updated_at = excluded.updated_at",
+        )
+        .bind(provider)
+        .bind(workspace.map_or("", WorkspaceId::as_str))
+        .bind(secret)
+        .bind(now.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
     }
 
     async fn webhook_secrets(
         &self,
-        _provider: &str,
+        provider: &str,
     ) -> Result<Vec<super::WebhookSecret>, StoreError> {
-        todo!("receipts store")
+        // Workspace secrets (oldest first), then the provider-wide one ('' sorts last
+        // by the first key: 0 before 1).
+        let rows = sqlx::query(
+            "SELECT provider, workspace_id, secret, updated_at FROM webhook_secrets \
+             WHERE provider = ? ORDER BY workspace_id = '', created_at, workspace_id",
+        )
+        .bind(provider)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let workspace: &str = row.try_get("workspace_id").map_err(map_err)?;
+                Ok(super::WebhookSecret {
+                    provider: row.try_get("provider").map_err(map_err)?,
+                    workspace: match workspace {
+                        "" => None,
+                        ws => Some(WorkspaceId::parse(ws).map_err(corrupt)?),
+                    },
+                    secret: row.try_get("secret").map_err(map_err)?,
+                    updated_at: decode_timestamp(row.try_get("updated_at").map_err(map_err)?)?,
+                })
+            })
+            .collect()
     }
 
     async fn reserve_replay(
         &self,
-        _provider: &str,
-        _key: &str,
-        _ttl: Duration,
+        provider: &str,
+        key: &str,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        todo!("receipts store")
+        let now = now_micros();
+        // One statement (so one writer at a time): a new key is inserted, an expired
+        // one is taken over, a live one is left alone and no row comes back.
+        let reserved = sqlx::query(
+            "INSERT INTO webhook_replays (provider, replay_key, expires_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (provider, replay_key) DO UPDATE SET expires_at = excluded.expires_at \
+             WHERE webhook_replays.expires_at <= ?4 RETURNING 1",
+        )
+        .bind(provider)
+        .bind(key)
+        .bind(encode_timestamp(&expiry(now, ttl)))
+        .bind(encode_timestamp(&now))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(reserved.is_some())
     }
 
-    async fn release_replay(&self, _provider: &str, _key: &str) -> Result<(), StoreError> {
-        todo!("receipts store")
+    async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM webhook_replays WHERE provider = ? AND replay_key = ?")
+            .bind(provider)
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 
-    async fn apply_receipt(
-        &self,
-        _receipt: &crate::receipts::ReceiptWrite,
-    ) -> Result<crate::receipts::ReceiptOutcome, StoreError> {
-        todo!("receipts store")
+    async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
+        let now_text = encode_timestamp(&now_micros());
+        let detail = receipt
+            .timeline
+            .detail
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
+        // The insert writes first, so BEGIN (deferred) takes the write lock through the
+        // busy handler: receipts, and the steps that record provider ids, run one at a
+        // time.
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let inserted = sqlx::query(
+            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, status, \
+             state, occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, \
+             timeline_occurred_at, timeline_provider, timeline_detail, received_at) \
+             VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (receipt_key) DO NOTHING",
+        )
+        .bind(receipt.receipt_key.as_str())
+        .bind(receipt.provider.as_str())
+        .bind(receipt.provider_message_id.as_str())
+        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+        .bind(receipt.status.as_str())
+        .bind(encode_timestamp(&receipt.occurred_at))
+        .bind(receipt.cost_micro_usd)
+        .bind(receipt.error_code.as_deref())
+        .bind(receipt.error_detail.as_deref())
+        .bind(receipt.timeline.status.as_str())
+        .bind(encode_timestamp(&receipt.timeline.occurred_at))
+        .bind(receipt.timeline.provider.as_deref())
+        .bind(detail.as_deref())
+        .bind(now_text.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        if inserted == 0 {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(ReceiptOutcome::Duplicate);
+        }
+        let message = sqlx::query(
+            "SELECT event_id, status FROM messages WHERE provider = ?1 \
+             AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
+             ORDER BY created_at DESC, event_id DESC LIMIT 1",
+        )
+        .bind(receipt.provider.as_str())
+        .bind(receipt.provider_message_id.as_str())
+        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let outcome = match message {
+            None => ReceiptOutcome::Pending,
+            Some(row) => {
+                let event =
+                    EventId::parse(row.try_get("event_id").map_err(map_err)?).map_err(corrupt)?;
+                let status = decode_status(row.try_get("status").map_err(map_err)?)?;
+                settle_receipt(&mut tx, &event, status, receipt, &now_text)
+                    .await?
+                    .1
+            }
+        };
+        tx.commit().await.map_err(map_err)?;
+        Ok(outcome)
     }
 
-    async fn prune_receipts(&self, _before: DateTime<Utc>) -> Result<u64, StoreError> {
-        todo!("receipts store")
+    async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let pruned = sqlx::query("DELETE FROM receipts WHERE received_at < ?")
+            .bind(encode_timestamp(&before))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        sqlx::query("DELETE FROM webhook_replays WHERE expires_at < ?")
+            .bind(encode_timestamp(&now_micros()))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(pruned)
     }
+}
+
+/// Columns of a stored receipt, as [`decode_receipt`] reads them.
+const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, status, \
+     occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
+     timeline_provider, timeline_detail";
+
+/// Longest replay window kept (1,000 years, as the PostgreSQL store caps intervals).
+const MAX_TTL: Duration = Duration::from_secs(1_000 * 366 * 86_400);
+
+/// `now + ttl`, with `ttl` capped at [`MAX_TTL`].
+fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(ttl.min(MAX_TTL))
+        .ok()
+        .and_then(|ttl| now.checked_add_signed(ttl))
+        .unwrap_or(now)
+}
+
+/// Applies a stored receipt to message `event`, at `current`, by the rules of
+/// [`crate::receipts`]: the message moves (status, cost, error, timeline entry) when
+/// the receipt advances it, and the receipt is marked applied or ignored. Returns the
+/// message's status afterwards and the outcome. Runs inside a write transaction.
+async fn settle_receipt(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    event: &EventId,
+    current: MessageStatus,
+    receipt: &ReceiptWrite,
+    now_text: &str,
+) -> Result<(MessageStatus, ReceiptOutcome), StoreError> {
+    let applied = crate::receipts::advances(current, receipt.status);
+    if applied {
+        let timeline = encode_timeline(std::slice::from_ref(&receipt.timeline))?;
+        sqlx::query(
+            "UPDATE messages SET status = ?, cost_micro_usd = COALESCE(?, cost_micro_usd), \
+             error_code = COALESCE(?, error_code), error_detail = COALESCE(?, error_detail), \
+             updated_at = ? WHERE event_id = ?",
+        )
+        .bind(receipt.status.as_str())
+        .bind(receipt.cost_micro_usd)
+        .bind(receipt.error_code.as_deref())
+        .bind(receipt.error_detail.as_deref())
+        .bind(now_text)
+        .bind(event.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(map_err)?;
+        insert_timeline(tx, event, &timeline).await?;
+    }
+    sqlx::query("UPDATE receipts SET state = ?, event_id = ? WHERE receipt_key = ?")
+        .bind(if applied { "applied" } else { "ignored" })
+        .bind(event.as_str())
+        .bind(receipt.receipt_key.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(map_err)?;
+    Ok(if applied {
+        (receipt.status, ReceiptOutcome::Applied(event.clone()))
+    } else {
+        (current, ReceiptOutcome::Ignored(event.clone()))
+    })
+}
+
+/// Applies, oldest first, the pending receipts of the provider id message `event` now
+/// has (nothing when it has none), each against the status the previous one left.
+async fn apply_pending_receipts(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    event: &EventId,
+    now_text: &str,
+) -> Result<(), StoreError> {
+    let row = sqlx::query(
+        "SELECT workspace_id, status, provider, provider_message_id FROM messages \
+         WHERE event_id = ?",
+    )
+    .bind(event.as_str())
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    let provider: Option<String> = row.try_get("provider").map_err(map_err)?;
+    let id: Option<String> = row.try_get("provider_message_id").map_err(map_err)?;
+    let (Some(provider), Some(id)) = (provider, id) else {
+        return Ok(());
+    };
+    let workspace: String = row.try_get("workspace_id").map_err(map_err)?;
+    let mut current = decode_status(row.try_get("status").map_err(map_err)?)?;
+    // rowid breaks ties in insertion order.
+    let pending = sqlx::query(&format!(
+        "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = ? AND provider_message_id = ? \
+         AND state = 'pending' AND (workspace_id IS NULL OR workspace_id = ?) \
+         ORDER BY received_at, rowid"
+    ))
+    .bind(provider.as_str())
+    .bind(id.as_str())
+    .bind(workspace.as_str())
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(map_err)?
+    .iter()
+    .map(decode_receipt)
+    .collect::<Result<Vec<_>, _>>()?;
+    for receipt in &pending {
+        current = settle_receipt(tx, event, current, receipt, now_text)
+            .await?
+            .0;
+    }
+    Ok(())
+}
+
+fn decode_receipt(row: &SqliteRow) -> Result<ReceiptWrite, StoreError> {
+    let workspace: Option<&str> = row.try_get("workspace_id").map_err(map_err)?;
+    let step: &str = row.try_get("timeline_status").map_err(map_err)?;
+    let detail: Option<&str> = row.try_get("timeline_detail").map_err(map_err)?;
+    Ok(ReceiptWrite {
+        receipt_key: row.try_get("receipt_key").map_err(map_err)?,
+        provider: row.try_get("provider").map_err(map_err)?,
+        provider_message_id: row.try_get("provider_message_id").map_err(map_err)?,
+        workspace: workspace
+            .map(WorkspaceId::parse)
+            .transpose()
+            .map_err(corrupt)?,
+        status: decode_status(row.try_get("status").map_err(map_err)?)?,
+        occurred_at: decode_timestamp(row.try_get("occurred_at").map_err(map_err)?)?,
+        cost_micro_usd: row.try_get("cost_micro_usd").map_err(map_err)?,
+        error_code: row.try_get("error_code").map_err(map_err)?,
+        error_detail: row.try_get("error_detail").map_err(map_err)?,
+        timeline: NewTimelineEntry {
+            status: StepStatus::parse(step)
+                .ok_or_else(|| StoreError::Other(format!("unknown timeline status {step:?}")))?,
+            occurred_at: decode_timestamp(row.try_get("timeline_occurred_at").map_err(map_err)?)?,
+            provider: row.try_get("timeline_provider").map_err(map_err)?,
+            detail: detail
+                .map(|d| decode_json(d, "timeline detail"))
+                .transpose()?,
+        },
+    })
 }
 
 /// Now, cut to the microseconds the stored form keeps, so returned times round-trip.
@@ -1437,6 +1708,14 @@ mod tests {
         concurrent_preference_updates,
         erasure,
         workflows_routes_and_dnd,
+        webhook_secrets_order_and_upsert,
+        replay_keys,
+        concurrent_replay_reserves,
+        receipts_apply_by_precedence,
+        pending_receipts_apply_when_the_id_is_recorded,
+        concurrent_receipts,
+        receipts_race_the_provider_id,
+        receipts_prune,
     );
 
     #[tokio::test]

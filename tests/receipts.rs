@@ -1,0 +1,765 @@
+//! Delivery receipts end to end: a live trigger goes through a bundled plugin to the
+//! provider simulator, which posts a signed callback to `/v1/webhooks/{provider}`; the
+//! plugin verifies it, the receipt crosses the telemetry stream, and the receipt
+//! consumer moves the message on. Runs on the production backends (the machine's
+//! PostgreSQL, NATS JetStream and Redis, isolated per test) and on the embedded set.
+
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use switchboard::AppState;
+use switchboard::config::Config;
+use switchboard::ids::{EventId, WorkspaceId};
+use switchboard::model::{
+    AttemptState, AttemptWrite, Claim, KeyMode, MessageStatus, MessageUpdate, NewMessage,
+    ProviderRoute, Step, SubscriberContacts, Tier,
+};
+use switchboard::sim::{SimConfig, SimFaults, Simulator};
+use switchboard::webhooks::native;
+
+mod common;
+use common::Backends;
+
+const SLUGS: [&str; 5] = ["prova", "provb", "provc", "provd", "prove"];
+
+struct Loop {
+    url: String,
+    state: AppState,
+    config: Config,
+    sim: Option<Simulator>,
+    secrets: std::collections::BTreeMap<String, String>,
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl Loop {
+    /// A gateway and a simulator wired to each other: every plugin may reach the
+    /// simulator, every bundled provider has a provider-wide webhook secret, and the
+    /// workspace `acme` routes every channel through the simulator.
+    async fn start(b: Backends, faults: &[(&str, SimFaults)]) -> Self {
+        Self::start_with(b, faults, |_| {}, |_| {}).await
+    }
+
+    async fn start_with(
+        b: Backends,
+        faults: &[(&str, SimFaults)],
+        adjust: impl FnOnce(&mut Config),
+        adjust_sim: impl FnOnce(&mut SimConfig),
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let sim_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim_addr = sim_listener.local_addr().unwrap();
+        let mut config = Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        config.plugins.http_timeout_ms = 2_000;
+        config.worker.ack_wait_ms = 3_000;
+        for slug in SLUGS {
+            config
+                .plugins
+                .grants
+                .insert(slug.into(), vec![sim_addr.to_string()]);
+        }
+        common::isolate(&mut config, b, "rct").await;
+        adjust(&mut config);
+        let state = switchboard::build_state(config.clone())
+            .await
+            .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(switchboard::serve(
+            state.clone(),
+            listener,
+            std::future::pending(),
+        ));
+        let store = state.ingest.store.clone();
+        let ws = store
+            .ensure_workspace("acme", Some(Tier::Paid))
+            .await
+            .unwrap();
+        let (secrets, routed) = switchboard::admin::dev_simulator_setup(&*store, &ws, |slug| {
+            format!("http://{sim_addr}/{slug}")
+        })
+        .await
+        .unwrap();
+        assert!(routed);
+        for w in switchboard::workflow::parse_file(switchboard::workflow::DEV_EXAMPLES).unwrap() {
+            store
+                .put_workflow(&ws.id, &w.name, &serde_json::to_value(&w).unwrap())
+                .await
+                .unwrap();
+        }
+        let mut sim_config = SimConfig {
+            callback_delay_ms: 50,
+            state_interval_ms: 20,
+            timeout_ms: 5_000,
+            secrets: secrets.clone(),
+            ..SimConfig::default()
+        };
+        for (slug, f) in faults {
+            sim_config.providers.insert(slug.to_string(), f.clone());
+        }
+        adjust_sim(&mut sim_config);
+        let sim = Simulator::start(sim_config, url.clone(), sim_listener)
+            .await
+            .unwrap();
+        Self {
+            url,
+            state,
+            config,
+            sim: Some(sim),
+            secrets,
+            _dir: dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn workspace(&self) -> WorkspaceId {
+        self.state
+            .ingest
+            .store
+            .workspace_by_name("acme")
+            .await
+            .unwrap()
+            .unwrap()
+            .id
+    }
+
+    async fn key(&self) -> String {
+        let ws = self.workspace().await;
+        let (raw, record) = switchboard::auth::generate_key(&ws, KeyMode::Live);
+        self.state
+            .ingest
+            .store
+            .insert_api_key(&record)
+            .await
+            .unwrap();
+        raw
+    }
+
+    /// Routes `channel` through the simulator's `providers`, in order.
+    async fn route(&self, channel: &str, providers: &[&str]) {
+        let ws = self.workspace().await;
+        let sim = self.sim.as_ref().unwrap();
+        let route: Vec<ProviderRoute> = providers
+            .iter()
+            .map(|slug| ProviderRoute {
+                provider: slug.to_string(),
+                config: switchboard::sim::route_config(slug, &sim.base_url(slug)),
+            })
+            .collect();
+        self.state
+            .ingest
+            .store
+            .put_provider_route(&ws, channel, &route)
+            .await
+            .unwrap();
+    }
+
+    async fn trigger(&self, key: &str, body: Value, priority: &str) -> String {
+        let resp = self
+            .http
+            .post(format!("{}/v1/events/trigger", self.url))
+            .bearer_auth(key)
+            .header("X-Priority-Override", priority)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(status, 202, "{body}");
+        body["eventId"].as_str().unwrap().to_string()
+    }
+
+    /// `GET /v1/events/{id}` until the message reaches `want` (20 s at most).
+    async fn until(&self, key: &str, event: &str, want: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let dto: Value = self
+                .http
+                .get(format!("{}/v1/events/{event}", self.url))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if dto["status"] == want {
+                return dto;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{event} did not reach {want}: {dto:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Posts a callback as provider `slug` would: `body` signed with `secret`.
+    async fn post_signed(&self, slug: &str, secret: &str, body: &[u8], ts: u64) -> (u16, Value) {
+        let headers = native::sign(slug, secret, body, ts).unwrap();
+        self.post(slug, &headers, body).await
+    }
+
+    async fn post(&self, slug: &str, headers: &[(String, String)], body: &[u8]) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/webhooks/{slug}", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        for (k, v) in headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn cleanup(mut self) {
+        if let Some(sim) = self.sim.take() {
+            sim.stop().await;
+        }
+        if self.config.broker.backend == switchboard::config::BrokerBackend::Nats {
+            let js = async_nats::jetstream::new(
+                async_nats::connect(&self.config.broker.url).await.unwrap(),
+            );
+            let s = &self.config.broker.streams;
+            for stream in [&s.critical, &s.bulk, &s.telemetry] {
+                let _ = js.delete_stream(stream).await;
+            }
+        }
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The timeline as `status:provider` strings.
+fn timeline(dto: &Value) -> Vec<String> {
+    dto["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["status"].as_str().unwrap(),
+                e["provider"].as_str().unwrap_or("-")
+            )
+        })
+        .collect()
+}
+
+both!(
+    every_bundled_provider_closes_the_loop,
+    an_email_bounce_ends_bounced_hard,
+    voice_carrier_failures_and_dnd_end_failed_and_suppressed,
+    provc_rejecting_fails_over_to_provd,
+    tampered_replayed_and_unknown_callbacks_are_refused,
+    a_receipt_consumer_restart_loses_no_receipt,
+    unsigned_voice_callbacks_only_when_allowed,
+);
+
+async fn every_bundled_provider_closes_the_loop(b: Backends) {
+    let lp = Loop::start(b, &[]).await;
+    let key = lp.key().await;
+    let phone = "+14155550123";
+    let cases: [(&str, &str, Value); 9] = [
+        (
+            "email",
+            "prova",
+            json!({"name": "welcome", "to": {"subscriberId": "u1", "email": "ada@example.test"}, "payload": {"name": "Ada"}}),
+        ),
+        (
+            "push",
+            "prova",
+            json!({"name": "welcome", "to": {"subscriberId": "u1", "deviceTokens": ["tok-1"]}, "payload": {"name": "Ada"}}),
+        ),
+        (
+            "email",
+            "provb",
+            json!({"name": "welcome", "to": {"subscriberId": "u1", "email": "ada@example.test"}, "payload": {"name": "Ada"}}),
+        ),
+        (
+            "sms",
+            "provc",
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": phone}, "payload": {"code": "1234"}}),
+        ),
+        (
+            "sms",
+            "provd",
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": phone}, "payload": {"code": "1234"}}),
+        ),
+        (
+            "whatsapp",
+            "provd",
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": phone}, "payload": {"code": "1234"}, "overrides": {"whatsapp": {"template_name": "otp"}}}),
+        ),
+        (
+            "voice",
+            "prove",
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": phone}, "payload": {"code": "48291"}, "overrides": {"voice": {}}}),
+        ),
+        (
+            "voice",
+            "provc",
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": phone}, "payload": {"code": "48291"}, "overrides": {"voice": {}}}),
+        ),
+        (
+            "voice",
+            "provd",
+            json!({"name": "otp", "to": {"subscriberId": "u1", "phone": phone}, "payload": {"code": "48291"}, "overrides": {"voice": {}}}),
+        ),
+    ];
+    for (channel, slug, body) in cases {
+        // Only this channel and provider are eligible.
+        let only = [slug];
+        for other in ["email", "push", "sms", "whatsapp", "voice"] {
+            let route: &[&str] = if other == channel { &only } else { &[] };
+            lp.route(other, route).await;
+        }
+        let event = lp.trigger(&key, body, "CRITICAL").await;
+        let dto = lp.until(&key, &event, "DELIVERED").await;
+        assert_eq!(dto["channel"], channel, "{dto:#}");
+        assert_eq!(dto["provider"], slug, "{dto:#}");
+        // queued -> sent -> delivered (a channel tried before, with no route here,
+        // may add its own failed entry in between).
+        let steps = timeline(&dto);
+        assert_eq!(steps[0], "queued:-", "{dto:#}");
+        assert_eq!(
+            steps[steps.len() - 2..],
+            [format!("sent:{slug}"), format!("delivered:{slug}")],
+            "{channel} via {slug}: {dto:#}"
+        );
+        let delivered = &dto["events"][steps.len() - 1];
+        assert!(
+            delivered["detail"]["receipt"]
+                .as_str()
+                .unwrap()
+                .starts_with("dlr_"),
+            "{delivered}"
+        );
+        if channel == "voice" {
+            assert_eq!(dto["cost_micro_usd"], 15_000, "{dto:#}");
+            assert_eq!(delivered["detail"]["cost_micro_usd"], 15_000);
+            assert!(
+                delivered["detail"]["duration_seconds"].as_u64().unwrap() > 0,
+                "{delivered}"
+            );
+            assert!(delivered["detail"]["provider_state"].is_string());
+            assert!(
+                !dto.to_string().contains(phone),
+                "no plaintext number: {dto}"
+            );
+        }
+    }
+    lp.cleanup().await;
+}
+
+async fn an_email_bounce_ends_bounced_hard(b: Backends) {
+    let faults = SimFaults {
+        bounce_rate: 1.0,
+        ..SimFaults::default()
+    };
+    let lp = Loop::start(b, &[("prova", faults)]).await;
+    let key = lp.key().await;
+    lp.route("email", &["prova"]).await;
+    let event = lp
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "u2", "email": "nobody@example.test"}, "payload": {"name": "N"}}),
+            "NORMAL",
+        )
+        .await;
+    let dto = lp.until(&key, &event, "BOUNCED_HARD").await;
+    assert_eq!(
+        timeline(&dto),
+        ["queued:-", "sent:prova", "failed:prova"],
+        "{dto:#}"
+    );
+    let detail = &dto["events"][2]["detail"];
+    assert_eq!(detail["status"], "BOUNCED_HARD");
+    assert!(detail["bounce_reason"].is_string(), "{detail}");
+    assert!(
+        dto["error_detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("bounce: "),
+        "{dto:#}"
+    );
+    lp.cleanup().await;
+}
+
+async fn voice_carrier_failures_and_dnd_end_failed_and_suppressed(b: Backends) {
+    let busy = SimFaults {
+        busy_rate: 1.0,
+        ..SimFaults::default()
+    };
+    let dnd = "+14155550100";
+    let lp = Loop::start_with(
+        b,
+        &[("provc", busy)],
+        |_| {},
+        |sim| sim.dnd_numbers = vec![dnd.to_string()],
+    )
+    .await;
+    let key = lp.key().await;
+    let call = |phone: &str| json!({"name": "otp", "to": {"subscriberId": "u3", "phone": phone}, "payload": {"code": "7"}, "overrides": {"voice": {}}});
+    lp.route("voice", &["provc"]).await;
+    let event = lp.trigger(&key, call("+14155550142"), "CRITICAL").await;
+    let dto = lp.until(&key, &event, "FAILED").await;
+    assert_eq!(timeline(&dto).last().unwrap(), "failed:provc", "{dto:#}");
+    assert!(
+        dto["error_detail"].as_str().unwrap().contains("Busy"),
+        "the carrier state is named: {dto:#}"
+    );
+    lp.route("voice", &["prove"]).await;
+    let event = lp.trigger(&key, call(dnd), "CRITICAL").await;
+    let dto = lp.until(&key, &event, "SUPPRESSED").await;
+    assert_eq!(dto["error_code"], "SUPPRESSED", "{dto:#}");
+    assert!(!dto.to_string().contains(dnd));
+    lp.cleanup().await;
+}
+
+async fn provc_rejecting_fails_over_to_provd(b: Backends) {
+    let reject = SimFaults {
+        reject_rate: 1.0,
+        ..SimFaults::default()
+    };
+    let lp = Loop::start(b, &[("provc", reject)]).await;
+    let key = lp.key().await;
+    lp.route("sms", &["provc", "provd"]).await;
+    let event = lp
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "u4", "phone": "+14155550177"}, "payload": {"code": "99"}}),
+            "NORMAL",
+        )
+        .await;
+    let dto = lp.until(&key, &event, "DELIVERED").await;
+    assert_eq!(
+        timeline(&dto),
+        ["queued:-", "failed:provc", "sent:provd", "delivered:provd"],
+        "{dto:#}"
+    );
+    assert_eq!(dto["provider"], "provd");
+    let stats = lp.sim.as_ref().unwrap().stats();
+    assert!(stats.provider("provc").rejected >= 1, "{stats:?}");
+    lp.cleanup().await;
+}
+
+/// A message of `acme` that a worker sent through `provider` under `pmid`.
+async fn sent_message(lp: &Loop, provider: &str, pmid: &str) -> EventId {
+    let store = &lp.state.ingest.store;
+    let ws = lp.workspace().await;
+    let message = NewMessage {
+        event_id: EventId::generate(),
+        workspace: ws,
+        event_name: "otp".into(),
+        subscriber_id: "u5".into(),
+        category: None,
+        priority: 2,
+        channel: "sms".into(),
+        status: "QUEUED".into(),
+        test_mode: false,
+        variables_keys: vec![],
+        created_at: chrono::Utc::now(),
+    };
+    let lease = Duration::from_secs(30);
+    let claim = store
+        .claim_message(&message, &SubscriberContacts::default(), "test", lease)
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Claimed(_)));
+    for attempt in [
+        AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: provider.into(),
+        },
+        AttemptWrite::Finish {
+            attempt_no: 1,
+            state: AttemptState::Sent,
+            provider_message_id: Some(pmid.into()),
+            cost_micro_usd: 100,
+            detail: None,
+        },
+    ] {
+        let finish = matches!(attempt, AttemptWrite::Finish { .. });
+        let step = Step {
+            attempt: Some(attempt),
+            message: if finish {
+                MessageUpdate {
+                    status: Some(MessageStatus::Sent),
+                    attempts: Some(1),
+                    channel: Some("sms".into()),
+                    provider: Some(provider.into()),
+                    provider_message_id: Some(pmid.into()),
+                    cost_add_micro_usd: 100,
+                    release_lease: true,
+                    ..MessageUpdate::default()
+                }
+            } else {
+                MessageUpdate::default()
+            },
+            timeline: vec![],
+        };
+        store
+            .record_step(&message.event_id, "test", lease, &step)
+            .await
+            .unwrap();
+    }
+    message.event_id
+}
+
+async fn tampered_replayed_and_unknown_callbacks_are_refused(b: Backends) {
+    let lp = Loop::start(b, &[]).await;
+    let key = lp.key().await;
+    let event = sent_message(&lp, "prova", "pa-1").await;
+    let body = br#"{"message_id":"pa-1","status":"DELIVERED","channel":"email","recipient":"ada@example.test"}"#;
+    let secret = lp.secrets["prova"].clone();
+    let now = now_secs();
+
+    let (s, first) = lp.post_signed("prova", &secret, body, now).await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["status"], "ACCEPTED");
+    assert_eq!(first["provider"], "prova");
+    assert!(first["event_id"].as_str().unwrap().starts_with("dlr_"));
+
+    // The same callback again (same provA-id, timestamp and signature): refused.
+    let signed = native::sign("prova", &secret, body, now).unwrap();
+    let (s, replay) = lp.post("prova", &signed, body).await;
+    assert_eq!(
+        (s, replay["error"].as_str()),
+        (401, Some("INVALID_SIGNATURE")),
+        "{replay}"
+    );
+    assert!(replay["message"].as_str().unwrap().contains("replayed"));
+    // provB: the same ts+sig twice.
+    let b_event = sent_message(&lp, "provb", "pb-1").await;
+    let b_body = br#"{"message_id":"pb-1","status":"DELIVERED"}"#;
+    let b_signed = native::sign("provb", &lp.secrets["provb"], b_body, now).unwrap();
+    assert_eq!(lp.post("provb", &b_signed, b_body).await.0, 200);
+    assert_eq!(lp.post("provb", &b_signed, b_body).await.0, 401);
+
+    // Tampered: the body changed after signing.
+    let tampered = br#"{"message_id":"pa-1","status":"CLICKED","channel":"email","recipient":"ada@example.test"}"#;
+    let (s, e) = lp.post("prova", &signed, tampered).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (401, Some("INVALID_SIGNATURE")),
+        "{e}"
+    );
+    // Wrong secret, missing signature, stale timestamp, garbage header.
+    let (s, _) = lp.post_signed("prova", "whsec_wrong", tampered, now).await;
+    assert_eq!(s, 401);
+    let (s, e) = lp.post("prova", &[], tampered).await;
+    assert_eq!(s, 401);
+    assert!(e["message"].as_str().unwrap().contains("missing"), "{e}");
+    let (s, e) = lp.post_signed("prova", &secret, tampered, now - 600).await;
+    assert_eq!(s, 401);
+    assert!(e["message"].as_str().unwrap().contains("stale"), "{e}");
+    let garbage = vec![("X-provC-Signature".to_string(), "zz".to_string())];
+    let (s, e) = lp.post("provc", &garbage, tampered).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (401, Some("INVALID_SIGNATURE")),
+        "{e}"
+    );
+    // Re-signed with a new timestamp, the same body is still a replay inside the
+    // window.
+    let (s, e) = lp.post_signed("prova", &secret, body, now + 1).await;
+    assert_eq!(s, 401, "still a replay: {e}");
+    // Unknown provider.
+    let (s, e) = lp.post("nosuch", &[], body).await;
+    assert_eq!((s, e["error"].as_str()), (404, Some("NOT_FOUND")), "{e}");
+    // A verified body that is not a receipt.
+    let (s, e) = lp
+        .post_signed("provc", &lp.secrets["provc"], b"not json", now)
+        .await;
+    assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");
+
+    // Processed exactly once: one delivered entry each.
+    let ws = lp.workspace().await;
+    for (id, provider) in [(&event, "prova"), (&b_event, "provb")] {
+        let m = wait_status(&lp, &ws, id, MessageStatus::Delivered).await;
+        let delivered = m
+            .timeline
+            .unwrap()
+            .iter()
+            .filter(|e| e.status == switchboard::model::StepStatus::Delivered)
+            .count();
+        assert_eq!(delivered, 1, "{provider}");
+    }
+
+    // A workspace's own secret ties the callback to it: it matches only that
+    // workspace's messages.
+    let other = lp
+        .state
+        .ingest
+        .store
+        .ensure_workspace("globex", Some(Tier::Paid))
+        .await
+        .unwrap();
+    lp.state
+        .ingest
+        .store
+        .put_webhook_secret("provc", Some(&other.id), "whsec_globex")
+        .await
+        .unwrap();
+    let c_event = sent_message(&lp, "provc", "SMc-1").await;
+    let c_body = br#"{"message_id":"SMc-1","status":"DELIVERED"}"#;
+    let (s, e) = lp.post_signed("provc", "whsec_globex", c_body, now).await;
+    assert_eq!(s, 200, "{e}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = lp
+        .state
+        .ingest
+        .store
+        .get_message(&ws, &c_event)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        m.status,
+        MessageStatus::Sent,
+        "globex's secret cannot move acme's message"
+    );
+    let _ = key;
+    lp.cleanup().await;
+}
+
+async fn wait_status(
+    lp: &Loop,
+    ws: &WorkspaceId,
+    id: &EventId,
+    want: MessageStatus,
+) -> switchboard::model::MessageRecord {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = lp
+            .state
+            .ingest
+            .store
+            .get_message(ws, id)
+            .await
+            .unwrap()
+            .unwrap();
+        if m.status == want {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{id} stuck at {:?}", m.status);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn a_receipt_consumer_restart_loses_no_receipt(b: Backends) {
+    // No workers in the server: this test runs the receipt consumer itself.
+    let lp = Loop::start_with(b, &[], |c| c.worker.enabled = false, |_| {}).await;
+    let ws = lp.workspace().await;
+    let secret = lp.secrets["provd"].clone();
+    let mut events = Vec::new();
+    for i in 0..40 {
+        events.push(sent_message(&lp, "provd", &format!("pd-{i}")).await);
+    }
+    // A receipt for a provider id no message has yet: kept, matched later.
+    let (s, _) = lp
+        .post_signed(
+            "provd",
+            &secret,
+            br#"{"message_id":"pd-late","status":"DELIVERED"}"#,
+            now_secs(),
+        )
+        .await;
+    assert_eq!(s, 200);
+    for i in 0..40 {
+        let body = format!(r#"{{"message_id":"pd-{i}","status":"DELIVERED"}}"#);
+        let (s, e) = lp
+            .post_signed("provd", &secret, body.as_bytes(), now_secs())
+            .await;
+        assert_eq!(s, 200, "{e}");
+    }
+    // Consume for a moment, stop, then start a second consumer.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let first = tokio::spawn(switchboard::receipt_consumer(&lp.state).run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = lp
+            .state
+            .ingest
+            .store
+            .get_message(&ws, &events[0])
+            .await
+            .unwrap()
+            .unwrap();
+        if m.status == MessageStatus::Delivered {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first consumer applied nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop.send(true);
+    first.await.unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let second = tokio::spawn(switchboard::receipt_consumer(&lp.state).run(stopped));
+    for id in &events {
+        let m = wait_status(&lp, &ws, id, MessageStatus::Delivered).await;
+        let delivered = m
+            .timeline
+            .unwrap()
+            .iter()
+            .filter(|e| e.status == switchboard::model::StepStatus::Delivered)
+            .count();
+        assert_eq!(delivered, 1, "{id}: applied once");
+    }
+    // The late message appears: its pending receipt applies when the provider id is
+    // recorded.
+    let late = sent_message(&lp, "provd", "pd-late").await;
+    let m = wait_status(&lp, &ws, &late, MessageStatus::Delivered).await;
+    let steps: Vec<_> = m.timeline.unwrap().iter().map(|e| e.status).collect();
+    use switchboard::model::StepStatus as S;
+    assert_eq!(steps, [S::Queued, S::Delivered], "{steps:?}");
+    let _ = stop.send(true);
+    second.await.unwrap();
+    lp.cleanup().await;
+}
+
+async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
+    let lp = Loop::start_with(b, &[], |c| c.webhooks.allow_unsigned_voice = true, |_| {}).await;
+    let ws = lp.workspace().await;
+    let event = sent_message(&lp, "provc", "CA-unsigned").await;
+    let voice = br#"{"message_id":"CA-unsigned","status":"Completed","channel":"voice","duration_seconds":12,"cost_micro_usd":15000,"recipient":"+14155550123"}"#;
+    let (s, e) = lp.post("provc", &[], voice).await;
+    assert_eq!(s, 200, "unsigned voice allowed in development: {e}");
+    let m = wait_status(&lp, &ws, &event, MessageStatus::Delivered).await;
+    assert_eq!(m.cost_micro_usd, 15_000);
+    // Not for SMS, and not for a wrong signature.
+    let sms = br#"{"message_id":"CA-unsigned","status":"DELIVERED","channel":"sms"}"#;
+    let (s, e) = lp.post("provc", &[], sms).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (401, Some("INVALID_SIGNATURE")),
+        "{e}"
+    );
+    let (s, _) = lp
+        .post_signed("provc", "whsec_wrong", voice, now_secs())
+        .await;
+    assert_eq!(s, 401);
+    lp.cleanup().await;
+
+    // Production refuses the setting at start.
+    let mut config = Config::default();
+    config.environment = switchboard::config::Environment::Production;
+    config.webhooks.allow_unsigned_voice = true;
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("webhooks.allow_unsigned_voice"), "{err}");
+}
