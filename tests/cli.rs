@@ -1054,3 +1054,165 @@ fn admin_commands_and_the_worker_run_on_the_production_backends() {
     assert!(status.success(), "{status:?}");
     serve.cleanup();
 }
+
+#[test]
+fn a_live_key_in_dev_reaches_delivered_through_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, url, printed) = start_dev(dir.path());
+    let live = printed
+        .iter()
+        .find_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with("svc_sk_live_"))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("dev prints a live key: {printed:?}"));
+    assert!(
+        printed
+            .iter()
+            .any(|l| l.starts_with("provider simulator on http://")),
+        "{printed:?}"
+    );
+    let http = reqwest::blocking::Client::new();
+    let mut events = Vec::new();
+    for body in [
+        serde_json::json!({"name": "welcome", "to": {"subscriberId": "u1", "email": "u1@example.com"}, "payload": {"name": "Ada"}}),
+        serde_json::json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "48291"}, "overrides": {"voice": {}}}),
+    ] {
+        let resp = http
+            .post(format!("{url}/v1/events/trigger"))
+            .bearer_auth(&live)
+            .header("X-Priority-Override", "CRITICAL")
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        let accepted: serde_json::Value = resp.json().unwrap();
+        events.push(accepted["eventId"].as_str().unwrap().to_string());
+    }
+    for event in events {
+        let started = std::time::Instant::now();
+        let dto = loop {
+            let dto: serde_json::Value = http
+                .get(format!("{url}/v1/events/{event}"))
+                .bearer_auth(&live)
+                .send()
+                .unwrap()
+                .json()
+                .unwrap();
+            if dto["status"] == "DELIVERED" {
+                break dto;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{event} never reached DELIVERED: {dto:#}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let steps: Vec<&str> = dto["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["status"].as_str().unwrap())
+            .collect();
+        assert_eq!(steps, ["queued", "sent", "delivered"], "{dto:#}");
+        assert_eq!(dto["test_mode"], false);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn webhook_secrets_are_set_and_listed_without_being_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    dev_workspace(&data, "acme");
+    let (code, out, err) = on_dev(
+        &data,
+        &[
+            "webhooks",
+            "set-secret",
+            "--provider",
+            "provc",
+            "whsec_provider_wide",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("provider-wide") && !out.contains("whsec_"),
+        "{out}"
+    );
+    let (code, out, err) = on_dev(
+        &data,
+        &[
+            "webhooks",
+            "set-secret",
+            "--provider",
+            "provc",
+            "--workspace",
+            "acme",
+            "whsec_acme_only",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("workspace acme"), "{out}");
+    let (code, listing, _) = on_dev(&data, &["webhooks", "list"]);
+    assert_eq!(code, 0);
+    let provc: Vec<&str> = listing.lines().filter(|l| l.starts_with("provc")).collect();
+    assert_eq!(provc.len(), 2, "{listing}");
+    assert!(provc[1].contains("(provider-wide)"), "{listing}");
+    assert!(!listing.contains("whsec_"), "{listing}");
+    // The secret read from standard input; a stray space or an unknown workspace is
+    // refused without echoing the secret.
+    let mut child = switchboard()
+        .args([
+            "webhooks",
+            "set-secret",
+            "--provider",
+            "prove",
+            "-",
+            "--dev",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"whsec_from_stdin\n")
+        .unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let (_, listing, _) = on_dev(&data, &["webhooks", "list", "--provider", "prove"]);
+    assert_eq!(listing.lines().count(), 1, "{listing}");
+    let (code, _, err) = on_dev(
+        &data,
+        &["webhooks", "set-secret", "--provider", "provc", "has space"],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("whitespace") && !err.contains("has space"),
+        "{err}"
+    );
+    let (code, _, err) = on_dev(
+        &data,
+        &[
+            "webhooks",
+            "set-secret",
+            "--provider",
+            "provc",
+            "--workspace",
+            "nope",
+            "whsec_x",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no workspace named") && !err.contains("whsec_x"),
+        "{err}"
+    );
+}

@@ -62,6 +62,9 @@ async fn start(verifier: SignatureVerifier, db: &str, id: &str) -> Server {
     Server { url, config }
 }
 
+/// A signed callback ready to send: slug, headers, body.
+type Prepared = (&'static str, Vec<(String, String)>, Vec<u8>);
+
 /// One round: `requests` callbacks, `concurrency` at a time; receipts/s and latencies.
 async fn round(
     http: &reqwest::Client,
@@ -75,7 +78,7 @@ async fn round(
         .unwrap()
         .as_secs();
     // Signed before the clock starts: the sender's cost is not the gateway's.
-    let prepared: Vec<(&str, Vec<(String, String)>, Vec<u8>)> = (0..requests)
+    let prepared: Vec<Prepared> = (0..requests)
         .map(|i| {
             let slug = SLUGS[i % SLUGS.len()];
             let body = format!(

@@ -220,7 +220,13 @@ async fn post(shared: &Shared, url: &str, slug: Slug, secret: &str, body: Bytes)
             );
             return false;
         }
-        tracing::debug!(provider = slug.name(), attempt, reason = %retryable, ?delay, "callback will be retried");
+        tracing::debug!(
+            provider = slug.name(),
+            attempt,
+            reason = %retryable,
+            ?delay,
+            "callback will be retried"
+        );
         tokio::time::sleep(delay).await;
         delay *= 2;
     }

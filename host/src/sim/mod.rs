@@ -89,9 +89,9 @@ impl SimFaults {
     }
 }
 
-/// Simulator settings (`[sim]`).
+/// Simulator settings (`[sim]`); settings left out keep their defaults.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SimConfig {
     /// Where the simulator listens (`switchboard sim`, and `dev` unless disabled).
     pub listen: SocketAddr,

@@ -259,7 +259,8 @@ async fn handle(
         tokio::select! {
             _ = tokio::time::sleep(hang) => {}
             _ = shared.stopped() => {
-                return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the simulator is stopping");
+                let message = "the simulator is stopping";
+                return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
             }
         }
         return error(
@@ -384,37 +385,53 @@ fn parse(endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<SendReq
             format!("Content-Type must be {want}"),
         ));
     }
-    let header_key = || {
-        header(headers, "idempotency-key")
-            .filter(|k| !k.is_empty())
-            .map(str::to_string)
-    };
+    let key_header = header(headers, "idempotency-key")
+        .filter(|k| !k.is_empty())
+        .map(str::to_string);
     if endpoint.is_form() {
-        let form: HashMap<String, String> =
-            url::form_urlencoded::parse(body).into_owned().collect();
-        let field = |name: &str| {
-            form.get(name)
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| invalid(format!("missing parameter {name}")))
-        };
-        let to = field("To")?;
-        if !switchboard_sdk::validate::is_e164(to) {
-            return Err(invalid(format!("To {to:?} is not an E.164 number")));
-        }
-        field("From")?;
-        let channel = if endpoint == Endpoint::ProvcCalls {
-            field("Twiml")?;
-            SimChannel::Voice
-        } else {
-            field("Body")?;
-            SimChannel::Sms
-        };
-        return Ok(SendRequest {
-            channel,
-            recipient: to.clone(),
-            key: header_key(),
-        });
+        parse_form(endpoint, body, key_header)
+    } else {
+        parse_json(endpoint, body, key_header)
     }
+}
+
+/// provC's form-encoded sends.
+fn parse_form(
+    endpoint: Endpoint,
+    body: &[u8],
+    key_header: Option<String>,
+) -> Result<SendRequest, Invalid> {
+    let form: HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
+    let field = |name: &str| {
+        form.get(name)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| invalid(format!("missing parameter {name}")))
+    };
+    let to = field("To")?;
+    if !switchboard_sdk::validate::is_e164(to) {
+        return Err(invalid(format!("To {to:?} is not an E.164 number")));
+    }
+    field("From")?;
+    let channel = if endpoint == Endpoint::ProvcCalls {
+        field("Twiml")?;
+        SimChannel::Voice
+    } else {
+        field("Body")?;
+        SimChannel::Sms
+    };
+    Ok(SendRequest {
+        channel,
+        recipient: to.clone(),
+        key: key_header,
+    })
+}
+
+/// The JSON sends of provA, provB, provD and provE.
+fn parse_json(
+    endpoint: Endpoint,
+    body: &[u8],
+    key_header: Option<String>,
+) -> Result<SendRequest, Invalid> {
     let json: Value =
         serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
     let str_field = |name: &str| {
@@ -450,7 +467,7 @@ fn parse(endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<SendReq
             Ok(SendRequest {
                 channel: SimChannel::Email,
                 recipient: email(str_field("to")?)?,
-                key: header_key(),
+                key: key_header,
             })
         }
         Endpoint::ProvaPush => {
@@ -464,7 +481,7 @@ fn parse(endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<SendReq
             Ok(SendRequest {
                 channel: SimChannel::Push,
                 recipient: first.to_string(),
-                key: header_key(),
+                key: key_header,
             })
         }
         Endpoint::ProvbEmail => {
@@ -523,6 +540,6 @@ fn parse(endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Result<SendReq
                 key: key_field("reference"),
             })
         }
-        Endpoint::ProvcMessages | Endpoint::ProvcCalls => unreachable!("form endpoints"),
+        Endpoint::ProvcMessages | Endpoint::ProvcCalls => parse_form(endpoint, body, key_header),
     }
 }

@@ -157,7 +157,10 @@ async fn start(config: SimConfig, gateway: &Gateway) -> Simulator {
 }
 
 fn runtime() -> PluginRuntime {
+    // Generous guest-time budgets: wall-clock budgets flake on a loaded test machine.
     PluginRuntime::new(RuntimeConfig {
+        guest_time_budget: Duration::from_secs(5),
+        send_guest_time_budget: Duration::from_secs(5),
         http_timeout: Duration::from_secs(5),
         max_instances: 8,
         ..RuntimeConfig::default()
@@ -969,8 +972,10 @@ fn validate_names_the_setting() {
     assert!(e.starts_with("sim.gateway_url"), "{e}");
     let e = with(&|c| c.dnd_numbers = vec!["0415 555 0123".into()]);
     assert!(e.starts_with("sim.dnd_numbers"), "{e}");
-    let mut edge = SimConfig::default();
-    edge.callback_delay_ms = MAX_DELAY_MS;
+    let edge = SimConfig {
+        callback_delay_ms: MAX_DELAY_MS,
+        ..SimConfig::default()
+    };
     assert_eq!(edge.validate(), Ok(()));
 }
 

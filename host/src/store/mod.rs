@@ -268,8 +268,8 @@ pub trait Store: Send + Sync + 'static {
     /// transaction.
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError>;
 
-    /// Deletes receipts (applied, ignored or still pending) and replay keys received
-    /// before `before`; returns how many receipts went.
+    /// Deletes receipts (applied, ignored or still pending) received before `before`,
+    /// and expired replay keys; returns how many receipts went.
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 }
 

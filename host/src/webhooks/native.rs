@@ -276,7 +276,13 @@ mod tests {
     const BODY: &[u8] = br#"{"message_id":"m-1","status":"DELIVERED","recipient":"ada@example.test","channel":"email"}"#;
 
     async fn load_all() -> Vec<(&'static str, Plugin)> {
-        let runtime = PluginRuntime::new(RuntimeConfig::default()).expect("runtime");
+        // A generous guest-time budget: wall-clock budgets flake on a loaded machine.
+        let runtime = PluginRuntime::new(RuntimeConfig {
+            guest_time_budget: std::time::Duration::from_secs(5),
+            max_instances: 8,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
         let mut plugins = Vec::new();
         for slug in SLUGS {
             let wasm = bundled::find(slug).expect("bundled").wasm;
