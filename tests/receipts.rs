@@ -53,7 +53,11 @@ impl Loop {
             ..Config::default()
         };
         config.plugins.http_timeout_ms = 2_000;
-        config.worker.ack_wait_ms = 3_000;
+        // Generous guest-time budgets: a loaded 2-core CI machine may deschedule a
+        // plugin call for longer than the production default of 50 ms.
+        config.plugins.guest_time_ms = 5_000;
+        config.plugins.send_guest_time_ms = 5_000;
+        config.worker.ack_wait_ms = 10_000;
         for slug in SLUGS {
             config
                 .plugins
@@ -579,6 +583,8 @@ async fn tampered_replayed_and_unknown_callbacks_are_refused(b: Backends) {
     // Unknown provider.
     let (s, e) = lp.post("nosuch", &[], body).await;
     assert_eq!((s, e["error"].as_str()), (404, Some("NOT_FOUND")), "{e}");
+    let (s, e) = lp.post("%FF", &[], body).await;
+    assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");
     // A verified body that is not a receipt.
     let (s, e) = lp
         .post_signed("provc", &lp.secrets["provc"], b"not json", now)

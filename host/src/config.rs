@@ -416,10 +416,12 @@ impl Config {
             "webhooks.allow_unsigned_voice",
             "false when environment is production (unsigned callbacks are refused there)",
         )?;
+        // A provA/provB signature stays fresh for up to twice their 5-minute
+        // tolerance after it was made: a shorter window would let a replay through.
         ensure(
-            (60..=86_400).contains(&self.webhooks.replay_window_secs),
+            (600..=86_400).contains(&self.webhooks.replay_window_secs),
             "webhooks.replay_window_secs",
-            "between 60 and 86400",
+            "between 600 and 86400",
         )?;
         ensure(
             (1..=1024).contains(&self.webhooks.receipt_concurrency),

@@ -164,7 +164,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         streams: streams.clone(),
         plugins: plugins.clone(),
         config: config.webhooks.clone(),
-        unsigned_voice_allowed: config.environment != config::Environment::Production,
+        unsigned_voice_allowed: config.environment == config::Environment::Development,
         metrics: metrics.clone(),
     });
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);

@@ -22,7 +22,7 @@
 //! recorded as ignored and changes nothing (this is also what makes a duplicate
 //! harmless).
 
-use crate::ids::{EventId, ReceiptId, WorkspaceId};
+use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageStatus, NewTimelineEntry, StepStatus};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -97,9 +97,11 @@ pub struct ReceiptWrite {
     /// Replaces the message's `cost_micro_usd` when present (the provider's figure
     /// supersedes the estimate recorded at send time).
     pub cost_micro_usd: Option<i64>,
-    /// `error_code` set with the status (`SUPPRESSED` for a carrier DND).
+    /// `error_code` set with the status (`SUPPRESSED` for a carrier DND); `None`
+    /// clears it.
     pub error_code: Option<String>,
-    /// `error_detail` set with the status (bounce reason, carrier failure state).
+    /// `error_detail` set with the status (bounce reason, carrier failure state);
+    /// `None` clears it.
     pub error_detail: Option<String>,
     /// The timeline entry written when the receipt is applied.
     pub timeline: NewTimelineEntry,
@@ -238,11 +240,6 @@ fn state_suffix(event: &TelemetryReceiptEvent) -> String {
         Some(state) => format!(" (carrier state `{state}`)"),
         None => String::new(),
     }
-}
-
-/// A new receipt id for a callback.
-pub fn new_receipt_id() -> ReceiptId {
-    ReceiptId::generate()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use crate::AppState;
 use crate::webhooks::WebhookError;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
@@ -46,10 +46,12 @@ pub fn router() -> Router<AppState> {
 )]
 pub async fn receive(
     State(state): State<AppState>,
-    Path(provider): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<WebhookResponse>, ApiError> {
+    let Path(provider) =
+        path.map_err(|e| ApiError::BadRequest(format!("invalid provider in the path: {e}")))?;
     let body = body.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(state.config.max_body_bytes)

@@ -874,7 +874,15 @@ async fn stop_and_run_shut_the_server_down() {
             .await
             .map(|r| r.status().as_u16())
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Wait until the request is hanging inside the simulator.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.stats().provider("provd").timed_out == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the simulator"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let started = Instant::now();
     sim.stop().await;
     assert_eq!(hanging.await.unwrap().unwrap(), 503);

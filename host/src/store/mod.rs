@@ -259,7 +259,8 @@ pub trait Store: Send + Sync + 'static {
     ///    [`ReceiptOutcome::Pending`];
     /// 3. if [`crate::receipts::advances`] from the message's status, the message takes
     ///    the receipt's status, its `cost_micro_usd` (when given, replacing the
-    ///    current cost), `error_code`/`error_detail` (when given) and the timeline
+    ///    current cost), its `error_code`/`error_detail` (replacing the current ones,
+    ///    so a soft bounce's detail is cleared by a later delivery) and the timeline
     ///    entry: [`ReceiptOutcome::Applied`]; otherwise nothing changes:
     ///    [`ReceiptOutcome::Ignored`].
     ///
@@ -273,8 +274,8 @@ pub trait Store: Send + Sync + 'static {
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 }
 
-/// A webhook secret as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A webhook secret as stored. Its `Debug` form hides the secret.
+#[derive(Clone, PartialEq, Eq)]
 pub struct WebhookSecret {
     /// Provider slug.
     pub provider: String,
@@ -297,4 +298,15 @@ pub fn subscriber_key(workspace: &WorkspaceId, subscriber: &str) -> String {
 pub fn phone_hash(phone: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(phone.as_bytes()))
+}
+
+impl std::fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSecret")
+            .field("provider", &self.provider)
+            .field("workspace", &self.workspace)
+            .field("secret", &"***")
+            .field("updated_at", &self.updated_at)
+            .finish()
+    }
 }

@@ -1295,7 +1295,7 @@ async fn settle_receipt(
     if applied {
         sqlx::query(
             "UPDATE messages SET status = $2, cost_micro_usd = COALESCE($3, cost_micro_usd), \
-             error_code = COALESCE($4, error_code), error_detail = COALESCE($5, error_detail), \
+             error_code = $4, error_detail = $5, \
              updated_at = now() WHERE event_id = $1",
         )
         .bind(event.as_str())

@@ -1350,7 +1350,7 @@ async fn settle_receipt(
         let timeline = encode_timeline(std::slice::from_ref(&receipt.timeline))?;
         sqlx::query(
             "UPDATE messages SET status = ?, cost_micro_usd = COALESCE(?, cost_micro_usd), \
-             error_code = COALESCE(?, error_code), error_detail = COALESCE(?, error_detail), \
+             error_code = ?, error_detail = ?, \
              updated_at = ? WHERE event_id = ?",
         )
         .bind(receipt.status.as_str())

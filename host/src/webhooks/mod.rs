@@ -12,13 +12,14 @@
 //! the message with the provider's message id, whichever workspace it is in.
 //!
 //! ## Replays
-//! A callback whose raw body equals one accepted from the same provider within
-//! `webhooks.replay_window_secs` (15 minutes by default) is refused with 401
-//! `INVALID_SIGNATURE`: it was processed once, and will not be twice. The window
-//! outlasts the 5-minute timestamp tolerance of provA and provB, so a replay of
-//! theirs is refused as seen inside it and as stale after it; a provA message id or a
-//! provB `ts`+`s` pair cannot come back with another body, since the signature
-//! covers the body. Providers without signed timestamps (provC, provD, provE) get the
+//! A verified callback's id is a digest of the provider, the verifying workspace and
+//! the raw body ([`receipt_id_for`]): the broker's de-duplication id and the store's
+//! receipt key, so it is never processed twice. It is recorded as seen, for
+//! `webhooks.replay_window_secs` (15 minutes by default, at least 10), once its
+//! receipts are on the stream; a callback seen inside the window is refused with 401
+//! `INVALID_SIGNATURE`. The window outlasts provA's and provB's 5-minute timestamp
+//! tolerance on either side, so their replays are refused as seen inside it and as
+//! stale after it. Providers without signed timestamps (provC, provD, provE) get the
 //! same window; a replay after it passes, and is harmless, because a receipt never
 //! moves a message backwards ([`crate::receipts`]).
 
@@ -84,7 +85,7 @@ pub struct Webhooks {
 
 /// How a callback was authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Verified {
+pub enum Verified {
     /// By this workspace's secret, or (`None`) the provider-wide one.
     Signed(Option<WorkspaceId>),
     /// Not signed at all, and accepted because unsigned voice is allowed.
@@ -123,11 +124,22 @@ impl Webhooks {
             .get(slug)
             .ok_or_else(|| WebhookError::UnknownProvider(slug.to_string()))?;
         let verified = self.verify(slug, &plugin, headers, body).await?;
-
-        let replay_key = hex::encode(Sha256::digest(body));
+        // The same callback always gets the same id, so publishing it again (a retry
+        // after a lost answer, or a replay) is de-duplicated by the broker and by the
+        // store's receipt keys: it is never processed twice.
+        let receipt_id = receipt_id_for(slug, &verified, body);
+        let accepted = self
+            .parse_and_publish(slug, &plugin, &verified, headers, body, receipt_id)
+            .await?;
+        // Recorded as seen only once its receipts are on the stream: a callback that
+        // failed, or whose request was cut off, is not refused when it comes again.
         let fresh = self
             .store
-            .reserve_replay(slug, &replay_key, self.config.replay_window())
+            .reserve_replay(
+                slug,
+                accepted.receipt_id.as_str(),
+                self.config.replay_window(),
+            )
             .await
             .map_err(|e| WebhookError::Internal(e.into()))?;
         if !fresh {
@@ -137,19 +149,7 @@ impl Webhooks {
                 self.config.replay_window_secs
             )));
         }
-        match self
-            .parse_and_publish(slug, &plugin, &verified, headers, body)
-            .await
-        {
-            Ok(accepted) => Ok(accepted),
-            Err(e) => {
-                // Not processed: a retry of the same callback must not count as a replay.
-                if let Err(release) = self.store.release_replay(slug, &replay_key).await {
-                    tracing::warn!(provider = slug, error = %release, "could not release a replay key");
-                }
-                Err(e)
-            }
-        }
+        Ok(accepted)
     }
 
     async fn parse_and_publish(
@@ -159,6 +159,7 @@ impl Webhooks {
         verified: &Verified,
         headers: &[(String, String)],
         body: &[u8],
+        receipt_id: ReceiptId,
     ) -> Result<Accepted, WebhookError> {
         let receipts = plugin
             .parse_receipt(headers, body)
@@ -186,7 +187,7 @@ impl Webhooks {
             Verified::Signed(Some(ws)) => Some(ws.to_string()),
             _ => None,
         };
-        let receipt_id = crate::receipts::new_receipt_id();
+        let serves_voice = plugin.info().channels.contains(&types::Channel::Voice);
         let now = chrono::Utc::now();
         let mut events = Vec::with_capacity(receipts.len());
         for (index, receipt) in receipts.into_iter().enumerate() {
@@ -202,6 +203,7 @@ impl Webhooks {
                 workspace_id.clone(),
                 now,
                 index as u32,
+                serves_voice,
             ));
         }
         let subject = self.streams.subject(StreamClass::Telemetry, "");
@@ -243,7 +245,15 @@ impl Webhooks {
                 .await?
             {
                 Ok(()) => return Ok(Verified::Signed(secret.workspace.clone())),
-                Err(e) => worst = Some(more_telling(worst, e)),
+                // Only a mismatch depends on the secret; a missing, malformed or stale
+                // signature fails the same way under every other one.
+                Err(SignatureError::Mismatch) => {
+                    worst = Some(more_telling(worst, SignatureError::Mismatch))
+                }
+                Err(e) => {
+                    worst = Some(more_telling(worst, e));
+                    break;
+                }
             }
         }
         let serves_voice = plugin.info().channels.contains(&types::Channel::Voice);
@@ -354,8 +364,29 @@ pub fn message_status(status: types::DeliveryStatus) -> MessageStatus {
     }
 }
 
-/// A receipt as published. Voice recipients, and anything that looks like a phone
-/// number, are masked: no plaintext number leaves the webhook handler.
+/// The receipt id of a verified callback: a digest of the provider, the workspace
+/// whose secret verified it and the raw body. Also its replay key.
+pub fn receipt_id_for(slug: &str, verified: &Verified, body: &[u8]) -> ReceiptId {
+    let scope = match verified {
+        Verified::Signed(Some(ws)) => ws.as_str(),
+        Verified::Signed(None) => "*",
+        Verified::UnsignedVoice => "-",
+    };
+    let mut hash = Sha256::new();
+    hash.update(slug.as_bytes());
+    hash.update([0]);
+    hash.update(scope.as_bytes());
+    hash.update([0]);
+    hash.update(body);
+    let digest = hex::encode(&hash.finalize()[..16]);
+    ReceiptId::parse(&format!("{}{digest}", ReceiptId::PREFIX))
+        .expect("32 lower-case hex digits form a receipt id")
+}
+
+/// A receipt as published. Every recipient that is not an email address is masked
+/// (voice numbers above all, also when a voice provider's receipt names no channel),
+/// and the raw recipient is masked in the provider's free text too: no plaintext
+/// number leaves the webhook handler.
 pub fn to_event(
     slug: &str,
     receipt: types::Receipt,
@@ -363,19 +394,30 @@ pub fn to_event(
     workspace_id: Option<String>,
     now: chrono::DateTime<chrono::Utc>,
     index: u32,
+    serves_voice: bool,
 ) -> TelemetryReceiptEvent {
-    let is_voice = receipt.channel == Some(types::Channel::Voice);
-    let recipient = receipt
-        .recipient
-        .map(|r| {
-            let phone_like = r.starts_with('+') || r.bytes().all(|b| b.is_ascii_digit());
-            if is_voice || (phone_like && !r.is_empty()) {
-                crate::voice::mask_phone(&r)
-            } else {
-                r
+    let is_voice = receipt.channel == Some(types::Channel::Voice)
+        || (receipt.channel.is_none() && serves_voice);
+    let raw = receipt.recipient.unwrap_or_default();
+    let masked = if !raw.is_empty() && (is_voice || !raw.contains('@')) {
+        Some(crate::voice::mask_phone(&raw))
+    } else {
+        None
+    };
+    let scrub = |text: Option<String>| match (&masked, text) {
+        (Some(m), Some(t)) => {
+            let digits: String = raw.chars().filter(char::is_ascii_digit).collect();
+            let mut t = t.replace(raw.as_str(), m);
+            if digits.len() >= 4 {
+                t = t.replace(digits.as_str(), m);
             }
-        })
-        .unwrap_or_default();
+            Some(t)
+        }
+        (_, t) => t,
+    };
+    let bounce_reason = scrub(receipt.bounce_reason);
+    let provider_state = scrub(receipt.provider_state);
+    let recipient = masked.clone().unwrap_or_else(|| raw.clone());
     TelemetryReceiptEvent {
         provider: slug.to_string(),
         message_id: receipt.provider_message_id,
@@ -383,13 +425,13 @@ pub fn to_event(
         status: message_status(receipt.status).as_str().to_string(),
         timestamp: now,
         raw_event_id: receipt_id.to_string(),
-        bounce_reason: receipt.bounce_reason,
+        bounce_reason,
         workspace_id,
         channel: receipt
             .channel
             .as_ref()
             .map(|c| crate::plugins::channel_name(c).to_string()),
-        provider_state: receipt.provider_state,
+        provider_state,
         duration_seconds: receipt.duration_seconds,
         cost_micro_usd: receipt.cost_micro_usd,
         latency_ms: receipt.latency_ms,
@@ -423,13 +465,33 @@ mod tests {
             None,
             now,
             0,
+            true,
         );
         assert_eq!(voice.recipient, "+141******23");
         assert_eq!(voice.status, "DELIVERED");
         assert_eq!(voice.raw_event_id, id.to_string());
         assert_eq!(voice.duration_seconds, Some(31));
-        let sms = to_event("provd", receipt("14155550123", None), &id, None, now, 1);
+        let sms = to_event(
+            "provd",
+            receipt("14155550123", None),
+            &id,
+            None,
+            now,
+            1,
+            true,
+        );
         assert!(!sms.recipient.contains("5550"));
+        // A voice provider's receipt without a channel, a number in another form, and
+        // the number echoed in the provider's free text: all masked.
+        let mut odd = receipt("tel:+14155550123", None);
+        odd.bounce_reason = Some("carrier refused +14155550123 (14155550123)".into());
+        let odd = to_event("prove", odd, &id, None, now, 0, true);
+        assert!(!odd.recipient.contains("5550"), "{}", odd.recipient);
+        assert!(
+            !odd.bounce_reason.as_deref().unwrap().contains("5550"),
+            "{:?}",
+            odd.bounce_reason
+        );
         let email = to_event(
             "prova",
             receipt("ada@example.test", Some(types::Channel::Email)),
@@ -437,9 +499,24 @@ mod tests {
             Some("ws_1".into()),
             now,
             2,
+            false,
         );
         assert_eq!(email.recipient, "ada@example.test");
         assert_eq!(email.receipt_key(), format!("{id}.2"));
+    }
+
+    #[test]
+    fn receipt_ids_are_stable_per_callback_and_workspace() {
+        let ws = WorkspaceId::generate();
+        let a = receipt_id_for("prova", &Verified::Signed(None), b"{}");
+        assert_eq!(a, receipt_id_for("prova", &Verified::Signed(None), b"{}"));
+        assert_ne!(a, receipt_id_for("provb", &Verified::Signed(None), b"{}"));
+        assert_ne!(
+            a,
+            receipt_id_for("prova", &Verified::Signed(Some(ws)), b"{}")
+        );
+        assert_ne!(a, receipt_id_for("prova", &Verified::Signed(None), b"{ }"));
+        assert!(a.as_str().starts_with("dlr_") && a.as_str().len() == 36);
     }
 
     #[test]
