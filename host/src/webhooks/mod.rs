@@ -81,6 +81,9 @@ pub struct Webhooks {
     pub unsigned_voice_allowed: bool,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Callbacks handled at once. Plugin instances are shared with the delivery
+    /// workers, so a flood of callbacks (signed or not) may use at most these.
+    pub in_flight: tokio::sync::Semaphore,
 }
 
 /// How a callback was authenticated.
@@ -100,7 +103,12 @@ impl Webhooks {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Accepted, WebhookError> {
-        let result = self.receive_inner(slug, headers, body).await;
+        let result = match self.in_flight.acquire().await {
+            Ok(_permit) => self.receive_inner(slug, headers, body).await,
+            Err(_) => Err(WebhookError::Internal(anyhow::anyhow!(
+                "webhook limiter closed"
+            ))),
+        };
         let outcome = match &result {
             Ok(_) => "accepted",
             Err(WebhookError::UnknownProvider(_)) => "unknown_provider",
