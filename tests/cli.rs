@@ -1218,3 +1218,61 @@ fn webhook_secrets_are_set_and_listed_without_being_shown() {
         "{err}"
     );
 }
+
+/// The author kit as a new author uses it: `plugin new`, the crate's own tests, a
+/// wasm32-wasip2 release build, then `plugin check` on the component.
+#[test]
+fn a_scaffolded_plugin_tests_builds_and_passes_the_conformance_kit() {
+    let dir = tempfile::tempdir().unwrap();
+    let crate_dir = dir.path().join("acme-sms");
+    let out = switchboard()
+        .args(["plugin", "new", "acme-sms", "--dir"])
+        .arg(&crate_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("next: cd"));
+    // The workspace's lock file pins the same dependency versions (and needs no
+    // registry round trip); one target dir for every run keeps rebuilds cheap.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::copy(root.join("Cargo.lock"), crate_dir.join("Cargo.lock")).unwrap();
+    let target = root.join("target/scaffold-test");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for args in [
+        &["test", "--quiet"][..],
+        &["build", "--target", "wasm32-wasip2", "--release", "--quiet"][..],
+    ] {
+        let status = Command::new(&cargo)
+            .args(args)
+            .current_dir(&crate_dir)
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo {args:?} failed in the scaffold");
+    }
+    let wasm = target.join("wasm32-wasip2/release/switchboard_plugin_acme_sms.wasm");
+    let out = switchboard()
+        .args(["plugin", "check"])
+        .arg(&wasm)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not over an existing crate.
+    let out = switchboard()
+        .args(["plugin", "new", "acme-sms", "--dir"])
+        .arg(&crate_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+}

@@ -241,6 +241,19 @@ enum DndCommand {
 enum PluginCommand {
     /// List the loaded plugins.
     List,
+    /// Create a plugin crate to start from: a working provider with tests and build
+    /// instructions (see docs/plugin-guide.md).
+    New {
+        /// The new provider's slug (lower-case letters, digits and -).
+        slug: String,
+        /// Where to create it (default `./<slug>`; must not exist or be empty).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The switchboard-sdk folder to depend on (default: the one this binary was
+        /// built from).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
     /// Run the conformance kit against a component; exit 1 on any failure.
     Check {
         /// The component (`.wasm`); or use --bundled.
@@ -433,6 +446,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 listener.local_addr()?
             );
             switchboard::sim::run(sim, gateway, listener, signal).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::New { slug, dir, sdk }) => {
+            use switchboard::plugins::scaffold;
+            scaffold::check_slug(&slug)?;
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&slug));
+            let sdk = match sdk.or_else(scaffold::default_sdk_path) {
+                Some(sdk) => sdk,
+                None => anyhow::bail!(
+                    "the switchboard-sdk sources are not where this binary was built; pass --sdk <path>"
+                ),
+            };
+            for file in scaffold::create(&slug, &dir, &sdk)? {
+                println!("created {}", file.display());
+            }
+            let wasm = format!("switchboard_plugin_{}.wasm", slug.replace('-', "_"));
+            println!(
+                "next: cd {} && cargo test && cargo build --target wasm32-wasip2 --release && \
+                 switchboard plugin check target/wasm32-wasip2/release/{wasm}",
+                dir.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::List) => {

@@ -8,6 +8,7 @@
 //! - [`bundled`]: the five provider plugins embedded in the binary.
 //! - [`conformance`]: the contract suite behind `switchboard plugin check`.
 //! - [`capture`]: a local HTTP server that records what a plugin sends.
+//! - [`scaffold`]: `switchboard plugin new`, a plugin crate to start from.
 
 pub mod bundled;
 pub mod cache;
@@ -16,6 +17,7 @@ pub mod conformance;
 pub mod egress;
 pub mod registry;
 pub mod runtime;
+pub mod scaffold;
 
 /// Host-side bindings generated from the WIT world.
 pub mod bindings {
