@@ -272,6 +272,102 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes receipts (applied, ignored or still pending) received before `before`,
     /// and expired replay keys; returns how many receipts went.
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
+
+    // ---- plugin registry (installed versions) ----
+
+    /// Stores an installed plugin version with its component bytes. False (and nothing
+    /// changed) when that slug already has a version with this digest.
+    async fn insert_plugin_version(&self, version: &NewPluginVersion) -> Result<bool, StoreError>;
+    /// Installed versions (without their bytes), of one slug or all, newest install
+    /// first.
+    async fn plugin_versions(&self, slug: Option<&str>) -> Result<Vec<PluginVersion>, StoreError>;
+    /// The component bytes of one version.
+    async fn plugin_wasm(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Makes one version the slug's active one, in one transaction: the slug's current
+    /// active version (if another) becomes standby, this one active with
+    /// `activated_at` = now. False when there is no such version or it was rejected.
+    async fn activate_plugin_version(&self, slug: &str, digest: &str) -> Result<bool, StoreError>;
+    /// Turns the slug's active version standby (the slug falls back to its bundled or
+    /// directory plugin); false when it had none.
+    async fn deactivate_plugin(&self, slug: &str) -> Result<bool, StoreError>;
+    /// `(slug, digest)` of every active installed version: what every process polls to
+    /// follow swaps.
+    async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError>;
+}
+
+/// Where an installed plugin version stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginState {
+    /// Serving its slug on every process.
+    Active,
+    /// Installed and checked, not serving (an earlier or a newer version).
+    Standby,
+    /// Failed the conformance kit or widened its hosts without approval; never served.
+    Rejected,
+}
+
+impl PluginState {
+    /// Lower-case name as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Standby => "standby",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Active, Self::Standby, Self::Rejected]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+/// A plugin version to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPluginVersion {
+    /// Slug from `info()`.
+    pub slug: String,
+    /// Version from `info()`.
+    pub version: String,
+    /// Hex SHA-256 of the component.
+    pub digest: String,
+    /// The component.
+    pub wasm: Vec<u8>,
+    /// Hosts the version declares.
+    pub outbound_hosts: Vec<String>,
+    /// Initial state (`Standby` or `Rejected`; activation is a separate step).
+    pub state: PluginState,
+    /// Why it was rejected (the conformance report), if it was.
+    pub report: Option<String>,
+    /// Who installed it (`cli:<user>`, `api:<key id>`, `dir:<file>`).
+    pub installed_by: String,
+    /// When.
+    pub installed_at: DateTime<Utc>,
+}
+
+/// A stored plugin version, without its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginVersion {
+    /// Slug.
+    pub slug: String,
+    /// Version.
+    pub version: String,
+    /// Hex SHA-256 of the component.
+    pub digest: String,
+    /// Hosts it declares.
+    pub outbound_hosts: Vec<String>,
+    /// State.
+    pub state: PluginState,
+    /// Rejection report.
+    pub report: Option<String>,
+    /// Who installed it.
+    pub installed_by: String,
+    /// When.
+    pub installed_at: DateTime<Utc>,
+    /// When it last became active.
+    pub activated_at: Option<DateTime<Utc>>,
 }
 
 /// A webhook secret as stored. Its `Debug` form hides the secret.

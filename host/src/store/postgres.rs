@@ -1252,6 +1252,40 @@ impl Store for PgStore {
         tx.commit().await.map_err(map_err)?;
         Ok(pruned)
     }
+
+    async fn insert_plugin_version(
+        &self,
+        _version: &super::NewPluginVersion,
+    ) -> Result<bool, StoreError> {
+        todo!("plugin registry store")
+    }
+
+    async fn plugin_versions(
+        &self,
+        _slug: Option<&str>,
+    ) -> Result<Vec<super::PluginVersion>, StoreError> {
+        todo!("plugin registry store")
+    }
+
+    async fn plugin_wasm(&self, _slug: &str, _digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        todo!("plugin registry store")
+    }
+
+    async fn activate_plugin_version(
+        &self,
+        _slug: &str,
+        _digest: &str,
+    ) -> Result<bool, StoreError> {
+        todo!("plugin registry store")
+    }
+
+    async fn deactivate_plugin(&self, _slug: &str) -> Result<bool, StoreError> {
+        todo!("plugin registry store")
+    }
+
+    async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError> {
+        todo!("plugin registry store")
+    }
 }
 
 /// Columns of a stored receipt, as [`decode_receipt`] reads them.
