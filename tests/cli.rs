@@ -1219,14 +1219,17 @@ fn webhook_secrets_are_set_and_listed_without_being_shown() {
     );
 }
 
-/// The author kit as a new author uses it: `plugin new`, the crate's own tests, a
-/// wasm32-wasip2 release build, then `plugin check` on the component.
+/// The plugin guide, followed as a new author would: `plugin new`, the crate's own
+/// tests, a wasm32-wasip2 release build, `plugin check`, then `plugin install` into a
+/// running `dev` gateway, which switches to it while running; a live send goes through
+/// it to the provider (a capture server), and the provider's signed callback, verified
+/// by the new plugin's own scheme, takes the message to DELIVERED.
 #[test]
-fn a_scaffolded_plugin_tests_builds_and_passes_the_conformance_kit() {
+fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
     let dir = tempfile::tempdir().unwrap();
-    let crate_dir = dir.path().join("acme-sms");
+    let crate_dir = dir.path().join("acmesms");
     let out = switchboard()
-        .args(["plugin", "new", "acme-sms", "--dir"])
+        .args(["plugin", "new", "acmesms", "--dir"])
         .arg(&crate_dir)
         .output()
         .unwrap();
@@ -1251,11 +1254,12 @@ fn a_scaffolded_plugin_tests_builds_and_passes_the_conformance_kit() {
             .current_dir(&crate_dir)
             .env("CARGO_TARGET_DIR", &target)
             .env_remove("RUSTFLAGS")
+            .stdout(Stdio::null())
             .status()
             .unwrap();
         assert!(status.success(), "cargo {args:?} failed in the scaffold");
     }
-    let wasm = target.join("wasm32-wasip2/release/switchboard_plugin_acme_sms.wasm");
+    let wasm = target.join("wasm32-wasip2/release/switchboard_plugin_acmesms.wasm");
     let out = switchboard()
         .args(["plugin", "check"])
         .arg(&wasm)
@@ -1267,12 +1271,230 @@ fn a_scaffolded_plugin_tests_builds_and_passes_the_conformance_kit() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // Not over an existing crate.
     let out = switchboard()
-        .args(["plugin", "new", "acme-sms", "--dir"])
+        .args(["plugin", "new", "acmesms", "--dir"])
         .arg(&crate_dir)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(1), "never over an existing crate");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+
+    // Live: a running dev gateway, the provider's API a capture server.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let provider = rt
+        .block_on(switchboard::plugins::capture::CaptureServer::start())
+        .unwrap();
+    provider.reply_with(switchboard::plugins::capture::Reply::Respond {
+        status: 202,
+        body: r#"{"id":"acme-1"}"#.into(),
+    });
+    let data = dir.path().join("data");
+    let config = dir.path().join("switchboard.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[plugins]\nsync_ms = 200\n[plugins.grants]\nacmesms = [\"{}\"]\n",
+            provider.host_port()
+        ),
+    )
+    .unwrap();
+    let mut child = switchboard()
+        .args(["dev", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut live = None;
+    let url = loop {
+        let line = lines.next().expect("dev exited before listening").unwrap();
+        if let Some(key) = line
+            .split_whitespace()
+            .find(|w| w.starts_with("svc_sk_live_"))
+        {
+            live = Some(key.to_string());
+        }
+        if let Some(url) = line.strip_prefix("listening on ") {
+            break url.to_string();
+        }
+    };
+    let live = live.expect("dev printed a live key");
+    let on_data = |args: &[&str]| {
+        let out = switchboard()
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .args(["--dev", "--data-dir"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = on_data(&["plugin", "install", wasm.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("acmesms 0.1.0") && out.contains("active"),
+        "{out}"
+    );
+    let (code, out, _) = on_data(&["plugin", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("acmesms") && l.contains("active")),
+        "{out}"
+    );
+    let (code, _, err) = on_data(&[
+        "webhooks",
+        "set-secret",
+        "--provider",
+        "acmesms",
+        "whsec_acme",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let routes = dir.path().join("routes.yaml");
+    std::fs::write(
+        &routes,
+        format!(
+            "providers:\n  sms:\n    - provider: acmesms\n      config: {{base_url: \"{}\", api_key: \"k\"}}\n",
+            provider.url()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = on_data(&[
+        "providers",
+        "apply",
+        routes.to_str().unwrap(),
+        "--workspace",
+        "default",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    // The running gateway follows the install within plugins.sync_ms.
+    std::thread::sleep(Duration::from_millis(1_000));
+
+    let http = reqwest::blocking::Client::new();
+    let resp = http
+        .post(format!("{url}/v1/events/trigger"))
+        .bearer_auth(&live)
+        .json(&serde_json::json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let event = resp.json::<serde_json::Value>().unwrap()["eventId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let wait_for = |want: &str| {
+        let started = std::time::Instant::now();
+        loop {
+            let dto: serde_json::Value = http
+                .get(format!("{url}/v1/events/{event}"))
+                .bearer_auth(&live)
+                .send()
+                .unwrap()
+                .json()
+                .unwrap();
+            if dto["status"] == want {
+                return dto;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{event} never reached {want}: {dto:#}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let dto = wait_for("SENT");
+    assert_eq!(dto["provider"], "acmesms", "{dto:#}");
+    assert_eq!(dto["provider_message_id"], "acme-1");
+    let sent = provider.take_requests();
+    assert_eq!(sent.len(), 1);
+    let body: serde_json::Value = serde_json::from_slice(&sent[0].body).unwrap();
+    assert_eq!(body["reference"], event);
+    // The provider calls back, signed with its own scheme.
+    let callback = br#"{"message_id":"acme-1","status":"DELIVERED"}"#;
+    let tag = hex::encode(switchboard::crypto::hmac_sha256(b"whsec_acme", callback));
+    let post = |signature: &str| {
+        http.post(format!("{url}/v1/webhooks/acmesms"))
+            .header("X-Acmesms-Signature", signature)
+            .body(callback.to_vec())
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(post("sha256=00"), 401, "a wrong signature is refused");
+    assert_eq!(post(&format!("sha256={tag}")), 200);
+    wait_for("DELIVERED");
+
+    // Version 0.2.0 asks for one more host: refused without approval, the current
+    // version stays active; with approval it goes live; rollback returns to 0.1.0.
+    let lib = crate_dir.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap().replace(
+        r#"outbound_hosts: vec!["api.acmesms.example".into()],"#,
+        r#"outbound_hosts: vec!["api.acmesms.example".into(), "eu.acmesms.example".into()],"#,
+    );
+    std::fs::write(&lib, source).unwrap();
+    let manifest = crate_dir.join("Cargo.toml");
+    let m = std::fs::read_to_string(&manifest).unwrap().replacen(
+        "version = \"0.1.0\"",
+        "version = \"0.2.0\"",
+        1,
+    );
+    std::fs::write(&manifest, m).unwrap();
+    let status = Command::new(&cargo)
+        .args(["build", "--target", "wasm32-wasip2", "--release", "--quiet"])
+        .current_dir(&crate_dir)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, out, _) = on_data(&["plugin", "install", wasm.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("rejected") && out.contains("eu.acmesms.example"),
+        "{out}"
+    );
+    let list = || on_data(&["plugin", "list"]).1;
+    let state = |list: &str, version: &str| {
+        list.lines()
+            .find(|l| l.starts_with("acmesms") && l.contains(version))
+            .map(str::to_string)
+    };
+    assert!(
+        state(&list(), "0.2.0").is_none(),
+        "not stored without approval"
+    );
+    let (code, out, err) = on_data(&[
+        "plugin",
+        "install",
+        wasm.to_str().unwrap(),
+        "--approve-hosts",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("replacing 0.1.0"), "{out}");
+    let l = list();
+    assert!(state(&l, "0.2.0").unwrap().contains("active"), "{l}");
+    assert!(state(&l, "0.1.0").unwrap().contains("standby"), "{l}");
+    let (code, out, _) = on_data(&["plugin", "rollback", "acmesms"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("from 0.2.0") && out.contains("to 0.1.0"),
+        "{out}"
+    );
+    assert!(state(&list(), "0.1.0").unwrap().contains("active"));
+    // A broken version is rejected with its report and changes nothing.
+    let broken = std::path::Path::new(WASM_DIR).join("switchboard_fixture_broken_signature.wasm");
+    let (code, out, _) = on_data(&["plugin", "install", broken.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("rejected") && out.contains("FAIL"), "{out}");
+    assert!(state(&list(), "0.1.0").unwrap().contains("active"));
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -117,10 +117,15 @@ pub async fn workflow_listing(store: &dyn Store, ws: &Workspace) -> anyhow::Resu
 
 // ---- provider routes ----
 
-/// What every loaded plugin says about itself, by slug (loaded as `plugin list` does).
-pub async fn plugin_infos(config: &Config) -> anyhow::Result<BTreeMap<String, ProviderInfo>> {
+/// What every plugin says about itself, by slug: the bundled and directory ones, with
+/// the installed versions active in `store` in their place.
+pub async fn plugin_infos(
+    config: &Config,
+    store: &dyn Store,
+) -> anyhow::Result<BTreeMap<String, ProviderInfo>> {
     let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
     let registry = Registry::load(runtime, &config.plugins).await?;
+    registry.sync(store).await?;
     Ok(registry
         .list()
         .into_iter()

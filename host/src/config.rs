@@ -230,6 +230,16 @@ pub struct PluginsConfig {
     /// Outbound-host grants per plugin slug (`host` or `host:port`). A slug not listed
     /// is granted exactly the hosts its `info()` declares.
     pub grants: BTreeMap<String, Vec<String>>,
+    /// How often every process checks the database for plugin versions installed,
+    /// upgraded or rolled back (`switchboard plugin install|rollback`), milliseconds.
+    pub sync_ms: u64,
+}
+
+impl PluginsConfig {
+    /// `sync_ms` as a duration.
+    pub fn sync_every(&self) -> Duration {
+        Duration::from_millis(self.sync_ms)
+    }
 }
 
 impl Default for Config {
@@ -247,6 +257,7 @@ impl Default for Config {
                 http_timeout_ms: 10_000,
                 max_instances: 128,
                 grants: BTreeMap::new(),
+                sync_ms: 1_000,
             },
             store: StoreConfig {
                 backend: StoreBackend::Postgres,
@@ -372,6 +383,11 @@ impl Config {
             (1..=10_000).contains(&p.max_instances),
             "max_instances",
             "between 1 and 10000",
+        )?;
+        check(
+            (50..=600_000).contains(&p.sync_ms),
+            "sync_ms",
+            "between 50 and 600000",
         )?;
         for (slug, hosts) in &p.grants {
             crate::plugins::egress::AllowList::new(hosts).map_err(|e| {

@@ -155,6 +155,11 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     };
     let runtime = plugins::PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
     let registry = plugins::registry::Registry::load(runtime, &config.plugins).await?;
+    // Start on the installed versions that are active now; `follow` keeps up after.
+    registry
+        .sync(&*store)
+        .await
+        .map_err(|e| anyhow::anyhow!("loading installed plugin versions: {e}"))?;
     let auth = Arc::new(auth::Authenticator::new(store.clone()));
     let plugins = Arc::new(registry);
     let metrics = Arc::new(metrics::Metrics::default());
@@ -235,10 +240,16 @@ pub async fn run_worker(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let follower = tokio::spawn(state.plugins.clone().follow(
+        state.ingest.store.clone(),
+        state.config.plugins.sync_every(),
+        stopped.clone(),
+    ));
     let running = tokio::spawn(run_background_workers(state, stopped));
     shutdown.await;
     let _ = stop.send(true);
     running.await?;
+    let _ = follower.await;
     Ok(())
 }
 
@@ -269,6 +280,11 @@ pub async fn serve(
     let watcher = tokio::spawn(state.auth.clone().watch_revocations());
     let drainer = tokio::spawn(drain_outbox_forever(state.ingest.clone()));
     let (stop_workers, workers_stopped) = tokio::sync::watch::channel(false);
+    let follower = tokio::spawn(state.plugins.clone().follow(
+        state.ingest.store.clone(),
+        state.config.plugins.sync_every(),
+        workers_stopped.clone(),
+    ));
     let workers = state
         .config
         .worker
@@ -294,6 +310,7 @@ pub async fn serve(
     if let Some(w) = workers {
         let _ = w.await;
     }
+    let _ = follower.await;
     watcher.abort();
     drainer.abort();
     if let Some(m) = metrics_server {

@@ -239,8 +239,34 @@ enum DndCommand {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// List the loaded plugins.
-    List,
+    /// List the loaded plugins, and the installed versions when the database is
+    /// reachable.
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Install (or upgrade to) a plugin version: it must pass the conformance kit, and
+    /// may not ask for new outbound hosts without --approve-hosts. Every running
+    /// gateway and worker switches to it within `plugins.sync_ms`.
+    Install {
+        /// The component (`.wasm`).
+        component: PathBuf,
+        /// Allow outbound hosts the current version does not declare.
+        #[arg(long)]
+        approve_hosts: bool,
+        /// TOML with `[config]` and `[success]` for the conformance kit (as for `check`).
+        #[arg(long)]
+        provider_config: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Go back to the version that was active before (or to the bundled plugin).
+    Rollback {
+        /// The plugin's slug.
+        slug: String,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Create a plugin crate to start from: a working provider with tests and build
     /// instructions (see docs/plugin-guide.md).
     New {
@@ -469,12 +495,83 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin(PluginCommand::List) => {
-            // Plugins only: listing them needs no database, broker or counters.
+        Command::Plugin(PluginCommand::List { target }) => {
+            // Plugins first: listing them needs no database, broker or counters.
+            let config = target.apply(config);
             let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
             let registry =
                 switchboard::plugins::registry::Registry::load(runtime, &config.plugins).await?;
             print_plugins(&registry);
+            match switchboard::open_store(&config).await {
+                Ok((store, _)) => {
+                    println!();
+                    print!("{}", switchboard::plugins::install::listing(&*store).await?);
+                }
+                Err(e) => println!("\ninstalled versions: database unavailable ({e})"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::Install {
+            component,
+            approve_hosts,
+            provider_config,
+            target,
+        }) => {
+            let wasm = std::fs::read(&component)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", component.display()))?;
+            let kit = kit_options(provider_config.as_deref())?;
+            let config = target.apply(config);
+            let (store, _) = switchboard::open_store(&config).await?;
+            let runtime = PluginRuntime::new(kit_runtime_config(&config))?;
+            let by = format!(
+                "cli:{}",
+                std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+            );
+            let started = std::time::Instant::now();
+            let outcome = switchboard::plugins::install::install(
+                &*store,
+                &runtime,
+                &wasm,
+                &by,
+                approve_hosts,
+                &kit,
+            )
+            .await?;
+            match outcome {
+                switchboard::plugins::install::InstallOutcome::Activated {
+                    slug,
+                    version,
+                    digest,
+                    previous,
+                } => {
+                    println!(
+                        "{slug} {version} ({}) active{} in {} ms; running processes switch within {} ms",
+                        &digest[..12],
+                        previous
+                            .map(|p| format!(", replacing {p}"))
+                            .unwrap_or_default(),
+                        started.elapsed().as_millis(),
+                        config.plugins.sync_ms
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                switchboard::plugins::install::InstallOutcome::Rejected {
+                    slug,
+                    version,
+                    reason,
+                } => {
+                    println!("{slug} {version} rejected; the current version stays active");
+                    print!("{reason}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Command::Plugin(PluginCommand::Rollback { slug, target }) => {
+            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            print!(
+                "{}",
+                switchboard::plugins::install::rollback(&*store, &slug).await?
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::Check {
@@ -495,20 +592,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => unreachable!("clap requires one of them"),
             };
-            let options: KitOptions = match provider_config {
-                Some(path) => {
-                    let text = std::fs::read_to_string(&path)
-                        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-                    toml::from_str(&text)
-                        .map_err(|e| anyhow::anyhow!("--provider-config {}: {e}", path.display()))?
-                }
-                None => KitOptions::default(),
-            };
-            // Short outbound timeouts keep the kit's timeout check quick.
-            let mut rt_config = config.plugins.runtime_config_in(&config.data_dir);
-            rt_config.http_timeout = std::time::Duration::from_millis(750);
-            rt_config.cache_dir = None;
-            let runtime = PluginRuntime::new(rt_config)?;
+            let options = kit_options(provider_config.as_deref())?;
+            let runtime = PluginRuntime::new(kit_runtime_config(&config))?;
             let report = conformance::check(&runtime, &wasm, &name, &options).await;
             print!("{}", report.render());
             Ok(if report.passed() {
@@ -518,6 +603,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// The conformance kit's options from `--provider-config`.
+fn kit_options(path: Option<&std::path::Path>) -> anyhow::Result<KitOptions> {
+    Ok(match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            toml::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("--provider-config {}: {e}", path.display()))?
+        }
+        None => KitOptions::default(),
+    })
+}
+
+/// The runtime the kit runs in: short outbound timeouts keep its timeout check quick.
+fn kit_runtime_config(config: &Config) -> switchboard::plugins::RuntimeConfig {
+    let mut rt_config = config.plugins.runtime_config_in(&config.data_dir);
+    rt_config.http_timeout = std::time::Duration::from_millis(750);
+    rt_config.cache_dir = None;
+    rt_config
 }
 
 impl Target {
@@ -620,9 +726,9 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             target,
         } => {
             let config = target.apply(config);
-            let plugins = admin::plugin_infos(&config).await?;
-            let routes = admin::load_providers(&file, &plugins)?;
             let (store, _) = switchboard::open_store(&config).await?;
+            let plugins = admin::plugin_infos(&config, &*store).await?;
+            let routes = admin::load_providers(&file, &plugins)?;
             let ws = admin::workspace(&*store, &workspace).await?;
             print!("{}", admin::apply_routes(&*store, &ws, &routes).await?);
         }
@@ -630,7 +736,7 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             let config = target.apply(config);
             let (store, _) = switchboard::open_store(&config).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
-            let plugins = admin::plugin_infos(&config).await?;
+            let plugins = admin::plugin_infos(&config, &*store).await?;
             print!("{}", admin::route_listing(&*store, &ws, &plugins).await?);
         }
     }
@@ -750,6 +856,9 @@ fn print_plugins(registry: &switchboard::plugins::registry::Registry) {
         let source = match &entry.source {
             switchboard::plugins::registry::Source::Bundled => "bundled".to_string(),
             switchboard::plugins::registry::Source::Directory(p) => p.display().to_string(),
+            switchboard::plugins::registry::Source::Installed { by } => {
+                format!("installed by {by}")
+            }
         };
         println!(
             "{:<8} {:<8} {:<26} {:<18} {:<30} {}",

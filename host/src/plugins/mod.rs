@@ -15,6 +15,7 @@ pub mod cache;
 pub mod capture;
 pub mod conformance;
 pub mod egress;
+pub mod install;
 pub mod registry;
 pub mod runtime;
 pub mod scaffold;

@@ -1,5 +1,15 @@
 //! The loaded plugins, by slug: the bundled five, then any component in the plugins
-//! directory (which replaces a bundled plugin of the same slug).
+//! directory (which replaces a bundled plugin of the same slug), then the versions
+//! installed with `switchboard plugin install` (which replace both while active).
+//!
+//! ## Hot swap
+//! Installed versions live in the database; every process polls the active set
+//! ([`Registry::follow`], once a second) and swaps a slug's entry when its active
+//! digest changes. A swap replaces one map entry under a write lock: calls already
+//! running hold their own handle on the old instance and finish on it, calls that start
+//! after the swap get the new one. The new version is compiled (or read from the
+//! compiled-artifact cache, keyed by digest) before the lock is taken, so the swap
+//! itself never waits on compilation.
 
 use super::bundled::BUNDLED;
 use super::runtime::{Grants, Plugin, PluginRuntime};
@@ -15,6 +25,11 @@ pub enum Source {
     Bundled,
     /// A file in the plugins directory.
     Directory(PathBuf),
+    /// Installed with `switchboard plugin install` (stored in the database).
+    Installed {
+        /// Who installed it.
+        by: String,
+    },
 }
 
 /// A loaded plugin and its origin.
@@ -30,6 +45,10 @@ pub struct Entry {
 pub struct Registry {
     runtime: PluginRuntime,
     entries: RwLock<BTreeMap<String, Entry>>,
+    /// Bundled and directory plugins, what a slug falls back to when its installed
+    /// version is deactivated.
+    base: BTreeMap<String, Entry>,
+    grants: BTreeMap<String, Vec<String>>,
 }
 
 impl Registry {
@@ -90,8 +109,115 @@ impl Registry {
         }
         Ok(Self {
             runtime,
+            base: entries.clone(),
             entries: RwLock::new(entries),
+            grants: config.grants.clone(),
         })
+    }
+
+    /// The bundled or directory plugin of `slug` (what it falls back to).
+    pub fn base(&self, slug: &str) -> Option<Plugin> {
+        self.base.get(slug).map(|e| e.plugin.clone())
+    }
+
+    /// Brings the loaded plugins in line with the installed versions active in
+    /// `store`: each slug whose active digest differs from the loaded one is loaded
+    /// and swapped in; a slug whose installed version is no longer active goes back to
+    /// its base plugin. Returns the slugs swapped. A version that fails to load is
+    /// logged and skipped (the slug keeps what it had), and tried again next time.
+    pub async fn sync(&self, store: &dyn crate::store::Store) -> anyhow::Result<Vec<String>> {
+        let active: BTreeMap<String, String> =
+            store.active_plugin_versions().await?.into_iter().collect();
+        let loaded: Vec<(String, String, bool)> = self
+            .entries
+            .read()
+            .unwrap()
+            .iter()
+            .map(|(slug, e)| {
+                (
+                    slug.clone(),
+                    e.plugin.digest().to_string(),
+                    matches!(e.source, Source::Installed { .. }),
+                )
+            })
+            .collect();
+        let mut swapped = Vec::new();
+        for (slug, digest) in &active {
+            let current = loaded.iter().find(|(s, _, _)| s == slug);
+            if current.is_some_and(|(_, d, installed)| d == digest && *installed) {
+                continue;
+            }
+            let Some(wasm) = store.plugin_wasm(slug, digest).await? else {
+                continue;
+            };
+            let by = store
+                .plugin_versions(Some(slug))
+                .await?
+                .into_iter()
+                .find(|v| &v.digest == digest)
+                .map(|v| v.installed_by)
+                .unwrap_or_default();
+            match self.runtime.load(&wasm, Grants::BySlug(&self.grants)).await {
+                Ok(plugin) if &plugin.info().slug == slug => {
+                    self.swap(slug, plugin, Source::Installed { by });
+                    swapped.push(slug.clone());
+                }
+                Ok(plugin) => tracing::error!(
+                    %slug, other = %plugin.info().slug,
+                    "installed version reports another slug; not loaded"
+                ),
+                Err(e) => {
+                    tracing::error!(%slug, %digest, error = %e, "installed version failed to load")
+                }
+            }
+        }
+        for (slug, _, installed) in &loaded {
+            if *installed && !active.contains_key(slug) {
+                let mut entries = self.entries.write().unwrap();
+                match self.base.get(slug) {
+                    Some(base) => {
+                        entries.insert(slug.clone(), base.clone());
+                    }
+                    None => {
+                        entries.remove(slug);
+                    }
+                }
+                tracing::info!(%slug, "installed version deactivated; back to the base plugin");
+                swapped.push(slug.clone());
+            }
+        }
+        Ok(swapped)
+    }
+
+    /// Replaces `slug`'s entry: calls in flight finish on the old instance.
+    pub fn swap(&self, slug: &str, plugin: Plugin, source: Source) {
+        let version = plugin.info().version.clone();
+        let digest = plugin.digest().to_string();
+        self.entries
+            .write()
+            .unwrap()
+            .insert(slug.to_string(), Entry { plugin, source });
+        tracing::info!(%slug, %version, digest = %&digest[..16], "plugin swapped in");
+    }
+
+    /// Follows the store's active versions every `every` until `stop` turns true.
+    pub async fn follow(
+        self: std::sync::Arc<Self>,
+        store: std::sync::Arc<dyn crate::store::Store>,
+        every: std::time::Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if let Err(e) = self.sync(&*store).await {
+                tracing::warn!(error = %e, "cannot read the installed plugin versions");
+            }
+        }
     }
 
     /// The runtime plugins run in.

@@ -1255,36 +1255,143 @@ impl Store for PgStore {
 
     async fn insert_plugin_version(
         &self,
-        _version: &super::NewPluginVersion,
+        version: &super::NewPluginVersion,
     ) -> Result<bool, StoreError> {
-        todo!("plugin registry store")
+        check_new_plugin_state(version)?;
+        let inserted = sqlx::query(
+            "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, report, \
+             installed_by, installed_at, wasm) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9) \
+             ON CONFLICT (slug, digest) DO NOTHING",
+        )
+        .bind(&version.slug)
+        .bind(&version.version)
+        .bind(&version.digest)
+        .bind(encode_json(&version.outbound_hosts)?)
+        .bind(version.state.as_str())
+        .bind(version.report.as_deref())
+        .bind(&version.installed_by)
+        .bind(version.installed_at)
+        .bind(version.wasm.as_slice())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
     }
 
     async fn plugin_versions(
         &self,
-        _slug: Option<&str>,
+        slug: Option<&str>,
     ) -> Result<Vec<super::PluginVersion>, StoreError> {
-        todo!("plugin registry store")
+        // Two statements rather than `$1 IS NULL OR ...`, so that one slug's listing
+        // goes through the primary key.
+        let sql = format!(
+            "SELECT slug, version, digest, outbound_hosts::text AS outbound_hosts, state, report, \
+             installed_by, installed_at, activated_at FROM plugin_versions {} \
+             ORDER BY installed_at DESC, digest, slug",
+            if slug.is_some() {
+                "WHERE slug = $1"
+            } else {
+                ""
+            }
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some(slug) = slug {
+            query = query.bind(slug);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?
+            .iter()
+            .map(decode_plugin_version)
+            .collect::<Result<_, _>>()
+            .map_err(map_err)
     }
 
-    async fn plugin_wasm(&self, _slug: &str, _digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        todo!("plugin registry store")
+    async fn plugin_wasm(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        sqlx::query_scalar("SELECT wasm FROM plugin_versions WHERE slug = $1 AND digest = $2")
+            .bind(slug)
+            .bind(digest)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)
     }
 
-    async fn activate_plugin_version(
-        &self,
-        _slug: &str,
-        _digest: &str,
-    ) -> Result<bool, StoreError> {
-        todo!("plugin registry store")
+    async fn activate_plugin_version(&self, slug: &str, digest: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // Every version of the slug, locked (in digest order, the same for every caller,
+        // so two activations cannot deadlock): activations and deactivations of one slug
+        // run one at a time, and each reads the states the one before it committed.
+        let states: Vec<(String, String)> = sqlx::query_as(
+            "SELECT digest, state FROM plugin_versions WHERE slug = $1 \
+             ORDER BY digest FOR UPDATE",
+        )
+        .bind(slug)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let changed = match states.iter().find(|(d, _)| d == digest) {
+            None => false,
+            Some((_, state)) => match decode_plugin_state(state).map_err(map_err)? {
+                super::PluginState::Rejected => false,
+                // Already serving: nothing to change (not even `activated_at`).
+                super::PluginState::Active => {
+                    tx.rollback().await.map_err(map_err)?;
+                    return Ok(true);
+                }
+                super::PluginState::Standby => {
+                    // The old active version first: the unique index on active rows is
+                    // checked row by row.
+                    sqlx::query(
+                        "UPDATE plugin_versions SET state = 'standby' \
+                         WHERE slug = $1 AND state = 'active'",
+                    )
+                    .bind(slug)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                    sqlx::query(
+                        "UPDATE plugin_versions SET state = 'active', activated_at = now() \
+                         WHERE slug = $1 AND digest = $2",
+                    )
+                    .bind(slug)
+                    .bind(digest)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                    true
+                }
+            },
+        };
+        if changed {
+            tx.commit().await.map_err(map_err)?;
+        } else {
+            tx.rollback().await.map_err(map_err)?;
+        }
+        Ok(changed)
     }
 
-    async fn deactivate_plugin(&self, _slug: &str) -> Result<bool, StoreError> {
-        todo!("plugin registry store")
+    async fn deactivate_plugin(&self, slug: &str) -> Result<bool, StoreError> {
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
+        )
+        .bind(slug)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(changed > 0)
     }
 
     async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError> {
-        todo!("plugin registry store")
+        // Served by the partial index `plugin_versions_active` (see 0004_plugins.sql).
+        sqlx::query_as(
+            "SELECT slug, digest FROM plugin_versions WHERE state = 'active' ORDER BY slug",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)
     }
 }
 
@@ -1535,6 +1642,38 @@ fn decode_webhook_secret(row: &PgRow) -> Result<super::WebhookSecret, sqlx::Erro
     })
 }
 
+/// Refuses to insert a version as active: activation is `activate_plugin_version`'s
+/// (which demotes the slug's other active version and sets `activated_at`).
+fn check_new_plugin_state(version: &super::NewPluginVersion) -> Result<(), StoreError> {
+    match version.state {
+        super::PluginState::Active => Err(StoreError::Other(format!(
+            "plugin version {}@{} must be inserted standby or rejected, then activated",
+            version.slug, version.digest
+        ))),
+        super::PluginState::Standby | super::PluginState::Rejected => Ok(()),
+    }
+}
+
+fn decode_plugin_state(state: &str) -> Result<super::PluginState, sqlx::Error> {
+    super::PluginState::parse(state)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown plugin state {state:?}").into()))
+}
+
+/// A `plugin_versions` row without `wasm`, `outbound_hosts` selected as text.
+fn decode_plugin_version(row: &PgRow) -> Result<super::PluginVersion, sqlx::Error> {
+    Ok(super::PluginVersion {
+        slug: row.try_get("slug")?,
+        version: row.try_get("version")?,
+        digest: row.try_get("digest")?,
+        outbound_hosts: decode_json(row, "outbound_hosts")?,
+        state: decode_plugin_state(row.try_get("state")?)?,
+        report: row.try_get("report")?,
+        installed_by: row.try_get("installed_by")?,
+        installed_at: row.try_get("installed_at")?,
+        activated_at: row.try_get("activated_at")?,
+    })
+}
+
 fn decode_receipt(row: &PgRow) -> Result<ReceiptWrite, sqlx::Error> {
     let workspace: Option<&str> = row.try_get("workspace_id")?;
     let step: &str = row.try_get("timeline_status")?;
@@ -1738,6 +1877,10 @@ mod tests {
         concurrent_receipts,
         receipts_race_the_provider_id,
         receipts_prune,
+        plugin_versions_insert_and_list,
+        plugin_wasm_round_trip,
+        plugin_activation,
+        concurrent_plugin_activations,
     );
 
     /// What the trait does not show: subscriber rows (contacts, then the tombstone,

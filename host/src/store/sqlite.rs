@@ -1319,36 +1319,130 @@ impl Store for SqliteStore {
 
     async fn insert_plugin_version(
         &self,
-        _version: &super::NewPluginVersion,
+        version: &super::NewPluginVersion,
     ) -> Result<bool, StoreError> {
-        todo!("plugin registry store")
+        check_new_plugin_state(version)?;
+        let hosts = serde_json::to_string(&version.outbound_hosts)
+            .map_err(|e| StoreError::Other(format!("encoding outbound hosts: {e}")))?;
+        let inserted = sqlx::query(
+            "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, report, \
+             installed_by, installed_at, wasm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (slug, digest) DO NOTHING",
+        )
+        .bind(version.slug.as_str())
+        .bind(version.version.as_str())
+        .bind(version.digest.as_str())
+        .bind(hosts)
+        .bind(version.state.as_str())
+        .bind(version.report.as_deref())
+        .bind(version.installed_by.as_str())
+        .bind(encode_timestamp(&version.installed_at))
+        .bind(version.wasm.as_slice())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
     }
 
     async fn plugin_versions(
         &self,
-        _slug: Option<&str>,
+        slug: Option<&str>,
     ) -> Result<Vec<super::PluginVersion>, StoreError> {
-        todo!("plugin registry store")
+        // Two statements rather than `? IS NULL OR ...`, so that one slug's listing goes
+        // through the primary key.
+        let sql = format!(
+            "SELECT slug, version, digest, outbound_hosts, state, report, installed_by, \
+             installed_at, activated_at FROM plugin_versions {} \
+             ORDER BY installed_at DESC, digest, slug",
+            if slug.is_some() { "WHERE slug = ?" } else { "" }
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some(slug) = slug {
+            query = query.bind(slug);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?
+            .iter()
+            .map(decode_plugin_version)
+            .collect()
     }
 
-    async fn plugin_wasm(&self, _slug: &str, _digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        todo!("plugin registry store")
+    async fn plugin_wasm(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        sqlx::query_scalar("SELECT wasm FROM plugin_versions WHERE slug = ? AND digest = ?")
+            .bind(slug)
+            .bind(digest)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)
     }
 
-    async fn activate_plugin_version(
-        &self,
-        _slug: &str,
-        _digest: &str,
-    ) -> Result<bool, StoreError> {
-        todo!("plugin registry store")
+    async fn activate_plugin_version(&self, slug: &str, digest: &str) -> Result<bool, StoreError> {
+        let now = encode_timestamp(&now_micros());
+        // The first statement writes, so BEGIN (deferred) takes the write lock through
+        // the busy handler and activations run one at a time. The slug's other active
+        // version goes standby first (the unique index on active rows is checked row
+        // by row), and only when this version is standby, i.e. can be activated.
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' \
+             WHERE slug = ?1 AND state = 'active' AND digest <> ?2 AND EXISTS ( \
+             SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 AND state = 'standby')",
+        )
+        .bind(slug)
+        .bind(digest)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let activated = sqlx::query(
+            "UPDATE plugin_versions SET state = 'active', activated_at = ?3 \
+             WHERE slug = ?1 AND digest = ?2 AND state = 'standby'",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(now.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        if activated == 1 {
+            tx.commit().await.map_err(map_err)?;
+            return Ok(true);
+        }
+        // Nothing was written: missing, rejected, or already active (left as it is).
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM plugin_versions WHERE slug = ? AND digest = ?")
+                .bind(slug)
+                .bind(digest)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        tx.rollback().await.map_err(map_err)?;
+        Ok(state.as_deref() == Some(super::PluginState::Active.as_str()))
     }
 
-    async fn deactivate_plugin(&self, _slug: &str) -> Result<bool, StoreError> {
-        todo!("plugin registry store")
+    async fn deactivate_plugin(&self, slug: &str) -> Result<bool, StoreError> {
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' WHERE slug = ? AND state = 'active'",
+        )
+        .bind(slug)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(changed > 0)
     }
 
     async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError> {
-        todo!("plugin registry store")
+        // Served by the partial index `plugin_versions_active` (see 0004_plugins.sql).
+        sqlx::query_as(
+            "SELECT slug, digest FROM plugin_versions WHERE state = 'active' ORDER BY slug",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)
     }
 }
 
@@ -1625,6 +1719,39 @@ fn decode_timeline_entry(row: &SqliteRow) -> Result<TimelineEntry, StoreError> {
     })
 }
 
+/// Refuses to insert a version as active: activation is `activate_plugin_version`'s
+/// (which demotes the slug's other active version and sets `activated_at`).
+fn check_new_plugin_state(version: &super::NewPluginVersion) -> Result<(), StoreError> {
+    match version.state {
+        super::PluginState::Active => Err(StoreError::Other(format!(
+            "plugin version {}@{} must be inserted standby or rejected, then activated",
+            version.slug, version.digest
+        ))),
+        super::PluginState::Standby | super::PluginState::Rejected => Ok(()),
+    }
+}
+
+/// A `plugin_versions` row without `wasm`.
+fn decode_plugin_version(row: &SqliteRow) -> Result<super::PluginVersion, StoreError> {
+    let state: &str = row.try_get("state").map_err(map_err)?;
+    let activated_at: Option<&str> = row.try_get("activated_at").map_err(map_err)?;
+    Ok(super::PluginVersion {
+        slug: row.try_get("slug").map_err(map_err)?,
+        version: row.try_get("version").map_err(map_err)?,
+        digest: row.try_get("digest").map_err(map_err)?,
+        outbound_hosts: decode_json(
+            row.try_get("outbound_hosts").map_err(map_err)?,
+            "outbound_hosts",
+        )?,
+        state: super::PluginState::parse(state)
+            .ok_or_else(|| StoreError::Other(format!("unknown plugin state {state:?}")))?,
+        report: row.try_get("report").map_err(map_err)?,
+        installed_by: row.try_get("installed_by").map_err(map_err)?,
+        installed_at: decode_timestamp(row.try_get("installed_at").map_err(map_err)?)?,
+        activated_at: activated_at.map(decode_timestamp).transpose()?,
+    })
+}
+
 fn decode_workspace(row: &SqliteRow) -> Result<Workspace, StoreError> {
     Ok(Workspace {
         id: WorkspaceId::parse(row.try_get("id").map_err(map_err)?).map_err(corrupt)?,
@@ -1750,6 +1877,10 @@ mod tests {
         concurrent_receipts,
         receipts_race_the_provider_id,
         receipts_prune,
+        plugin_versions_insert_and_list,
+        plugin_wasm_round_trip,
+        plugin_activation,
+        concurrent_plugin_activations,
     );
 
     #[tokio::test]

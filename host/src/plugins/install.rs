@@ -1,0 +1,212 @@
+//! Installing, upgrading and rolling back plugin versions (`switchboard plugin
+//! install|rollback`). A version is stored in the database and becomes active only
+//! after it passes the conformance kit (a failing version is kept as `rejected` with
+//! its report) and, if it asks for outbound hosts the slug's current version does not
+//! have, with the operator's approval (without it nothing is stored; install again
+//! with `--approve-hosts`). Either way a refused version leaves the current one active. Every
+//! process follows the active set ([`super::registry::Registry::follow`]).
+
+use super::conformance::{self, KitOptions};
+use super::runtime::{Grants, PluginRuntime};
+use crate::store::{NewPluginVersion, PluginState, Store};
+use sha2::{Digest, Sha256};
+
+/// What an install did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallOutcome {
+    /// The version is now active (`previous`: the version it replaced, if any).
+    Activated {
+        /// Slug.
+        slug: String,
+        /// Version.
+        version: String,
+        /// Digest.
+        digest: String,
+        /// The installed version it replaced (`None`: the bundled or directory plugin,
+        /// or a new slug).
+        previous: Option<String>,
+    },
+    /// Refused; the current version stays active.
+    Rejected {
+        /// Slug.
+        slug: String,
+        /// Version.
+        version: String,
+        /// Why: the conformance report, or the hosts needing approval.
+        reason: String,
+    },
+}
+
+/// Checks and installs `wasm`, then activates it. `runtime` runs the conformance kit
+/// (give it short outbound timeouts); `kit` is the kit's provider config.
+pub async fn install(
+    store: &dyn Store,
+    runtime: &PluginRuntime,
+    wasm: &[u8],
+    installed_by: &str,
+    approve_hosts: bool,
+    kit: &KitOptions,
+) -> anyhow::Result<InstallOutcome> {
+    let digest = hex::encode(Sha256::digest(wasm));
+    let plugin = runtime
+        .load(wasm, Grants::Declared)
+        .await
+        .map_err(|e| anyhow::anyhow!("not a valid provider plugin: {e}"))?;
+    let info = plugin.info().clone();
+    let (slug, version) = (info.slug.clone(), info.version.clone());
+    let versions = store.plugin_versions(Some(&slug)).await?;
+    let current = versions.iter().find(|v| v.state == PluginState::Active);
+    if let Some(same) = versions.iter().find(|v| v.digest == digest) {
+        // Installing a stored version again activates it (or repeats its rejection).
+        if same.state == PluginState::Rejected {
+            return Ok(InstallOutcome::Rejected {
+                slug,
+                version,
+                reason: same.report.clone().unwrap_or_default(),
+            });
+        }
+        let previous = current
+            .filter(|c| c.digest != digest)
+            .map(|c| c.version.clone());
+        store.activate_plugin_version(&slug, &digest).await?;
+        return Ok(InstallOutcome::Activated {
+            slug,
+            version,
+            digest,
+            previous,
+        });
+    }
+
+    let report = conformance::check(runtime, wasm, &format!("{slug} {version}"), kit).await;
+    let reason = (!report.passed()).then(|| report.render());
+    if reason.is_none() {
+        let before: Vec<String> = match current {
+            Some(c) => c.outbound_hosts.clone(),
+            None => match super::bundled::find(&slug) {
+                Some(b) => runtime
+                    .load(b.wasm, Grants::Declared)
+                    .await
+                    .map(|p| p.info().outbound_hosts.clone())
+                    .unwrap_or_default(),
+                // A new slug: there is nothing to widen.
+                None => info.outbound_hosts.clone(),
+            },
+        };
+        let widened: Vec<&String> = info
+            .outbound_hosts
+            .iter()
+            .filter(|h| !before.contains(h))
+            .collect();
+        if !widened.is_empty() && !approve_hosts {
+            // Not stored: the operator's answer is to install it again, approved.
+            return Ok(InstallOutcome::Rejected {
+                slug: slug.clone(),
+                version: version.clone(),
+                reason: format!(
+                    "{slug} {version} asks for outbound hosts the active version does not \
+                     have: {}; install again with --approve-hosts to allow them\n",
+                    widened
+                        .iter()
+                        .map(|h| h.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+    }
+    let state = if reason.is_some() {
+        PluginState::Rejected
+    } else {
+        PluginState::Standby
+    };
+    store
+        .insert_plugin_version(&NewPluginVersion {
+            slug: slug.clone(),
+            version: version.clone(),
+            digest: digest.clone(),
+            wasm: wasm.to_vec(),
+            outbound_hosts: info.outbound_hosts.clone(),
+            state,
+            report: reason.clone(),
+            installed_by: installed_by.to_string(),
+            installed_at: chrono::Utc::now(),
+        })
+        .await?;
+    if let Some(reason) = reason {
+        return Ok(InstallOutcome::Rejected {
+            slug,
+            version,
+            reason,
+        });
+    }
+    let previous = current.map(|c| c.version.clone());
+    anyhow::ensure!(
+        store.activate_plugin_version(&slug, &digest).await?,
+        "{slug} {version} could not be activated"
+    );
+    Ok(InstallOutcome::Activated {
+        slug,
+        version,
+        digest,
+        previous,
+    })
+}
+
+/// Rolls `slug` back: to the standby version that was active most recently, or, when
+/// there is none, to its bundled or directory plugin. Returns what happened, in a line.
+pub async fn rollback(store: &dyn Store, slug: &str) -> anyhow::Result<String> {
+    let versions = store.plugin_versions(Some(slug)).await?;
+    let current = versions.iter().find(|v| v.state == PluginState::Active);
+    let target = versions
+        .iter()
+        .filter(|v| v.state == PluginState::Standby && v.activated_at.is_some())
+        .max_by_key(|v| v.activated_at);
+    match (current, target) {
+        (Some(c), Some(t)) => {
+            store.activate_plugin_version(slug, &t.digest).await?;
+            Ok(format!(
+                "{slug}: rolled back from {} ({}) to {} ({})\n",
+                c.version,
+                &c.digest[..12],
+                t.version,
+                &t.digest[..12]
+            ))
+        }
+        (Some(c), None) => {
+            store.deactivate_plugin(slug).await?;
+            Ok(format!(
+                "{slug}: {} ({}) deactivated; the bundled or directory plugin serves {slug} again\n",
+                c.version,
+                &c.digest[..12]
+            ))
+        }
+        (None, _) => anyhow::bail!(
+            "{slug} has no active installed version to roll back (see `switchboard plugin list`)"
+        ),
+    }
+}
+
+/// The installed versions, one line each, newest first.
+pub async fn listing(store: &dyn Store) -> anyhow::Result<String> {
+    let versions = store.plugin_versions(None).await?;
+    if versions.is_empty() {
+        return Ok("no installed versions (`switchboard plugin install <file.wasm>`)\n".into());
+    }
+    let mut out = format!(
+        "{:<10} {:<9} {:<14} {:<9} {:<21} {}\n",
+        "slug", "version", "digest", "state", "installed", "by"
+    );
+    for v in versions {
+        out.push_str(&format!(
+            "{:<10} {:<9} {:<14} {:<9} {:<21} {}\n",
+            v.slug,
+            v.version,
+            &v.digest[..12],
+            v.state.as_str(),
+            v.installed_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            v.installed_by
+        ));
+    }
+    Ok(out)
+}
