@@ -268,6 +268,7 @@ both!(
     tampered_replayed_and_unknown_callbacks_are_refused,
     a_receipt_consumer_restart_loses_no_receipt,
     unsigned_voice_callbacks_only_when_allowed,
+    hot_swapping_a_provider_under_load_loses_nothing,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -768,4 +769,141 @@ async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
     config.webhooks.allow_unsigned_voice = true;
     let err = config.validate().unwrap_err().to_string();
     assert!(err.contains("webhooks.allow_unsigned_voice"), "{err}");
+}
+
+/// `wasm` with a custom section appended: the same plugin, another digest (a second
+/// "version" to swap to).
+fn with_custom_section(wasm: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb(name.len(), &mut body);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut out = wasm.to_vec();
+    out.push(0);
+    leb(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
+    let lp = Loop::start_with(b, &[], |c| c.plugins.sync_ms = 100, |_| {}).await;
+    let key = lp.key().await;
+    lp.route("sms", &["provc"]).await;
+    let store = lp.state.ingest.store.clone();
+    let runtime = switchboard::plugins::PluginRuntime::new(switchboard::plugins::RuntimeConfig {
+        http_timeout: Duration::from_millis(750),
+        guest_time_budget: Duration::from_secs(5),
+        send_guest_time_budget: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .unwrap();
+    let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
+    let versions = [
+        with_custom_section(bundled, "switchboard-test", b"v1"),
+        with_custom_section(bundled, "switchboard-test", b"v2"),
+    ];
+    let mut digests = Vec::new();
+    for wasm in &versions {
+        let started = Instant::now();
+        let outcome = switchboard::plugins::install::install(
+            &*store,
+            &runtime,
+            wasm,
+            "test",
+            false,
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let switchboard::plugins::install::InstallOutcome::Activated { digest, .. } = outcome
+        else {
+            panic!("install refused: {outcome:?}");
+        };
+        eprintln!("install (conformance kit + store): {:?}", started.elapsed());
+        digests.push(digest);
+    }
+    lp.state.plugins.sync(&*store).await.unwrap();
+
+    // Steady load: triggers every 10 ms while the provider is swapped 20 times.
+    const EVENTS: usize = 150;
+    let load = {
+        let http = lp.http.clone();
+        let url = lp.url.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let mut events = Vec::new();
+            for i in 0..EVENTS {
+                let resp = http
+                    .post(format!("{url}/v1/events/trigger"))
+                    .bearer_auth(&key)
+                    .json(&json!({"name": "otp", "to": {"subscriberId": format!("s{i}"), "phone": "+14155550123"}, "payload": {"code": "1"}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 202, "no failed request");
+                let body: Value = resp.json().await.unwrap();
+                events.push(body["eventId"].as_str().unwrap().to_string());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            events
+        })
+    };
+    let mut swap_times = Vec::new();
+    for i in 0..20 {
+        tokio::time::sleep(Duration::from_millis(70)).await;
+        let digest = &digests[i % 2];
+        let started = Instant::now();
+        assert!(
+            store
+                .activate_plugin_version("provc", digest)
+                .await
+                .unwrap()
+        );
+        lp.state.plugins.sync(&*store).await.unwrap();
+        swap_times.push(started.elapsed());
+        assert_eq!(lp.state.plugins.get("provc").unwrap().digest(), digest);
+    }
+    swap_times.sort();
+    eprintln!(
+        "swap (activate + load + swap in a running gateway): median {:?}, max {:?}",
+        swap_times[swap_times.len() / 2],
+        swap_times.last().unwrap()
+    );
+    let events = load.await.unwrap();
+    let short: Vec<String> = digests.iter().map(|d| d[..16].to_string()).collect();
+    let mut used = std::collections::BTreeSet::new();
+    for event in &events {
+        let dto = lp.until(&key, event, "DELIVERED").await;
+        assert_eq!(
+            timeline(&dto),
+            ["queued:-", "sent:provc", "delivered:provc"],
+            "one attempt, one receipt: {dto:#}"
+        );
+        let digest = dto["events"][1]["detail"]["plugin_digest"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(short.contains(&digest), "{digest} is one of the versions");
+        used.insert(digest);
+    }
+    assert_eq!(used.len(), 2, "deliveries ran on both versions");
+    let stats = lp.sim.as_ref().unwrap().stats().provider("provc");
+    assert_eq!(stats.accepted as usize, EVENTS, "{stats:?}");
+    assert_eq!(stats.duplicates, 0, "nothing sent twice: {stats:?}");
+    assert_eq!(
+        stats.callbacks_failed, 0,
+        "every callback verified: {stats:?}"
+    );
+    lp.cleanup().await;
 }

@@ -437,6 +437,7 @@ impl Run<'_> {
                         a.provider_message_id.clone().unwrap_or_default(),
                         a.cost_micro_usd,
                         false,
+                        None,
                     )
                     .await
                     .map(Some);
@@ -483,8 +484,16 @@ impl Run<'_> {
         };
         let result = self.call(channel, route, content).await;
         match result {
-            Ok((id, cost)) => self
-                .sent(channel, slug, attempt_no, id, cost, resumed.is_some())
+            Ok((id, cost, plugin)) => self
+                .sent(
+                    channel,
+                    slug,
+                    attempt_no,
+                    id,
+                    cost,
+                    resumed.is_some(),
+                    Some(plugin),
+                )
                 .await
                 .map(Some),
             Err((code, detail)) => {
@@ -528,9 +537,12 @@ impl Run<'_> {
         provider_message_id: String,
         cost: i64,
         resumed: bool,
+        plugin: Option<PluginUsed>,
     ) -> Result<Outcome, StoreError> {
         let ch = channel.as_str();
-        let mut detail = json!({"channel": ch, "attempt": attempt_no, "provider_message_id": provider_message_id, "cost_micro_usd": cost});
+        let mut detail = json!({"channel": ch, "attempt": attempt_no, "provider_message_id": provider_message_id, "cost_micro_usd": cost,
+            "plugin_version": plugin.as_ref().map(|p| p.version.as_str()),
+            "plugin_digest": plugin.as_ref().map(|p| p.digest.as_str())});
         if resumed {
             detail["resumed"] = json!(true);
         }
@@ -558,13 +570,14 @@ impl Run<'_> {
         Ok(Outcome::Done(MessageStatus::Sent))
     }
 
-    /// The plugin call: `(provider_message_id, cost)` or `(code, detail)`.
+    /// The plugin call: `(provider_message_id, cost, the plugin version that sent it)`
+    /// or `(code, detail)`.
     async fn call(
         &self,
         channel: Channel,
         route: &ProviderRoute,
         content: &types::Content,
-    ) -> Result<(String, i64), (String, String)> {
+    ) -> Result<(String, i64, PluginUsed), (String, String)> {
         let slug = route.provider.as_str();
         let Some(plugin) = self.d.plugins.get(slug) else {
             return Err((
@@ -615,10 +628,22 @@ impl Run<'_> {
                 } else {
                     a.cost_micro_usd.max(0)
                 };
-                Ok((a.provider_message_id, cost))
+                let used = PluginUsed {
+                    version: plugin.info().version.clone(),
+                    digest: plugin.digest()[..16].to_string(),
+                };
+                Ok((a.provider_message_id, cost, used))
             }
         }
     }
+}
+
+/// The plugin version an attempt ran on (recorded in its timeline entry, so a hot
+/// swap's effect on each delivery is visible).
+struct PluginUsed {
+    version: String,
+    /// The first 16 hex digits of the component's digest.
+    digest: String,
 }
 
 #[cfg(test)]
