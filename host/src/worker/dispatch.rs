@@ -434,10 +434,12 @@ impl Run<'_> {
                         channel,
                         slug,
                         a.attempt_no,
-                        a.provider_message_id.clone().unwrap_or_default(),
-                        a.cost_micro_usd,
+                        Answer {
+                            provider_message_id: a.provider_message_id.clone().unwrap_or_default(),
+                            cost: a.cost_micro_usd,
+                            plugin: None,
+                        },
                         false,
-                        None,
                     )
                     .await
                     .map(Some);
@@ -489,10 +491,12 @@ impl Run<'_> {
                     channel,
                     slug,
                     attempt_no,
-                    id,
-                    cost,
+                    Answer {
+                        provider_message_id: id,
+                        cost,
+                        plugin: Some(plugin),
+                    },
                     resumed.is_some(),
-                    Some(plugin),
                 )
                 .await
                 .map(Some),
@@ -534,11 +538,14 @@ impl Run<'_> {
         channel: Channel,
         slug: &str,
         attempt_no: i32,
-        provider_message_id: String,
-        cost: i64,
+        answer: Answer,
         resumed: bool,
-        plugin: Option<PluginUsed>,
     ) -> Result<Outcome, StoreError> {
+        let Answer {
+            provider_message_id,
+            cost,
+            plugin,
+        } = answer;
         let ch = channel.as_str();
         let mut detail = json!({"channel": ch, "attempt": attempt_no, "provider_message_id": provider_message_id, "cost_micro_usd": cost,
             "plugin_version": plugin.as_ref().map(|p| p.version.as_str()),
@@ -636,6 +643,14 @@ impl Run<'_> {
             }
         }
     }
+}
+
+/// A provider's acceptance of an attempt.
+struct Answer {
+    provider_message_id: String,
+    cost: i64,
+    /// `None` when it was recorded before (a redelivery finishing the message).
+    plugin: Option<PluginUsed>,
 }
 
 /// The plugin version an attempt ran on (recorded in its timeline entry, so a hot
