@@ -380,7 +380,13 @@ async fn every_bundled_plugin_and_channel_gets_signed_callbacks() {
         assert_eq!(stats.rejected + stats.timed_out + stats.duplicates, 0);
     }
     assert_eq!(sends, 9, "2 + 1 + 2 + 3 + 1 provider channels");
-    // Every callback posted got a 2xx.
+    // Every callback posted got a 2xx (counted once the simulator has read the answer,
+    // just after the gateway recorded it).
+    let deadline = Instant::now() + WAIT;
+    while (sim.stats().total().callbacks_ok as usize) < gateway.received().len() {
+        assert!(Instant::now() < deadline, "callbacks not counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let total = sim.stats().total();
     assert_eq!(total.callbacks_ok as usize, gateway.received().len());
     assert_eq!(total.callbacks_failed, 0);
@@ -777,6 +783,13 @@ async fn callbacks_are_retried_on_5xx_and_never_on_4xx() {
     let got = gateway.wait_for(&id, 1).await;
     assert_eq!(got[0].verified, Some(Ok(())));
     assert_eq!(gateway.state.attempts.load(Ordering::SeqCst), 3);
+    // The simulator counts the callback once it has read the answer, just after the
+    // gateway recorded it.
+    let deadline = Instant::now() + WAIT;
+    while sim.stats().provider("provd").callbacks_ok == 0 {
+        assert!(Instant::now() < deadline, "the callback was not counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(sim.stats().provider("provd").callbacks_ok, 1);
 
     // A 4xx is final: one try, counted failed.
