@@ -269,6 +269,7 @@ both!(
     a_receipt_consumer_restart_loses_no_receipt,
     unsigned_voice_callbacks_only_when_allowed,
     hot_swapping_a_provider_under_load_loses_nothing,
+    the_admin_api_lists_and_installs_plugins_for_admin_keys_only,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -905,5 +906,102 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
         stats.callbacks_failed, 0,
         "every callback verified: {stats:?}"
     );
+    lp.cleanup().await;
+}
+
+async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backends) {
+    let lp = Loop::start(b, &[]).await;
+    let app_key = lp.key().await;
+    let ws = lp.workspace().await;
+    let (admin_key, mut record) = switchboard::auth::generate_key(&ws, KeyMode::Live);
+    record.scopes = vec!["admin".into()];
+    lp.state.ingest.store.insert_api_key(&record).await.unwrap();
+    let get = |key: String| {
+        let http = lp.http.clone();
+        let url = lp.url.clone();
+        async move {
+            let resp = http
+                .get(format!("{url}/v1/admin/plugins"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let post = |key: String, wasm: Vec<u8>| {
+        let http = lp.http.clone();
+        let url = lp.url.clone();
+        async move {
+            let resp = http
+                .post(format!("{url}/v1/admin/plugins"))
+                .bearer_auth(key)
+                .header("content-type", "application/wasm")
+                .body(wasm)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, e) = get(app_key.clone()).await;
+    assert_eq!((s, e["error"].as_str()), (403, Some("FORBIDDEN")), "{e}");
+    let (s, e) = post(app_key, vec![0, 1, 2]).await;
+    assert_eq!(s, 403, "{e}");
+
+    let (s, listing) = get(admin_key.clone()).await;
+    assert_eq!(s, 200, "{listing}");
+    assert_eq!(listing["loaded"].as_array().unwrap().len(), 5, "{listing}");
+    assert!(listing["installed"].as_array().unwrap().is_empty());
+
+    let (s, e) = post(admin_key.clone(), b"not a component".to_vec()).await;
+    assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");
+    let broken = std::path::Path::new(switchboard::plugins::bundled::WASM_DIR)
+        .join("switchboard_fixture_broken_signature.wasm");
+    let (s, e) = post(admin_key.clone(), std::fs::read(broken).unwrap()).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (422, Some("PLUGIN_REJECTED")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("FAIL"), "{e}");
+
+    let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
+    let v2 = with_custom_section(bundled, "switchboard-test", b"admin-api");
+    let (s, body) = post(admin_key.clone(), v2).await;
+    assert_eq!(s, 201, "{body}");
+    assert_eq!(
+        (body["status"].as_str(), body["slug"].as_str()),
+        (Some("ACTIVE"), Some("provc"))
+    );
+    let digest = body["digest"].as_str().unwrap().to_string();
+    let (_, listing) = get(admin_key).await;
+    let provc = listing["loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["slug"] == "provc")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (provc["digest"].as_str(), provc["source"].as_str()),
+        (Some(digest.as_str()), Some("installed"))
+    );
+    let states: Vec<(String, String)> = listing["installed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["slug"].as_str().unwrap().to_string(),
+                v["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        states.contains(&("provc".into(), "active".into())),
+        "{states:?}"
+    );
+    assert!(states.iter().any(|(_, st)| st == "rejected"), "{states:?}");
     lp.cleanup().await;
 }

@@ -26,6 +26,13 @@ pub const LIVE_PREFIX: &str = "svc_sk_live_";
 /// Prefix of test keys.
 pub const TEST_PREFIX: &str = "svc_sk_test_";
 
+/// The scope of operator keys: `/v1/admin/*` (plugin registry). A key without scopes
+/// is an application key: every other `/v1/` route, never `/v1/admin/*`.
+pub const SCOPE_ADMIN: &str = "admin";
+
+/// Every scope a key may carry.
+pub const SCOPES: &[&str] = &[SCOPE_ADMIN];
+
 /// A new raw key (`svc_sk_live_` or `svc_sk_test_` and 48 hex digits) and what to store.
 pub fn generate_key(workspace: &crate::ids::WorkspaceId, mode: KeyMode) -> (String, NewApiKey) {
     let mut secret = [0u8; 24];
@@ -42,6 +49,7 @@ pub fn generate_key(workspace: &crate::ids::WorkspaceId, mode: KeyMode) -> (Stri
         hash: digest(&raw),
         hint: format!("{prefix}…{}", &raw[raw.len() - 4..]),
         created_at: chrono::Utc::now(),
+        scopes: Vec::new(),
     };
     (raw, record)
 }

@@ -139,6 +139,10 @@ enum KeysCommand {
         /// `paid` (100 requests/s) or `free` (1 request/s); sets the workspace's tier.
         #[arg(long, value_parser = ["paid", "free"])]
         tier: Option<String>,
+        /// Extra scope: `admin` grants `/v1/admin/*` (the plugin registry). Without it
+        /// the key is an application key.
+        #[arg(long = "scope", value_parser = ["admin"])]
+        scopes: Vec<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -641,13 +645,15 @@ async fn keys(command: KeysCommand, config: Config) -> anyhow::Result<ExitCode> 
             workspace,
             mode,
             tier,
+            scopes,
             target,
         } => {
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;
             let tier = tier.as_deref().and_then(Tier::parse);
             let ws = store.ensure_workspace(&workspace, tier).await?;
             let mode = KeyMode::parse(&mode).expect("clap checked the value");
-            let (raw, record) = switchboard::auth::generate_key(&ws.id, mode);
+            let (raw, mut record) = switchboard::auth::generate_key(&ws.id, mode);
+            record.scopes = scopes;
             store.insert_api_key(&record).await?;
             eprintln!(
                 "created {} key {} for workspace {} ({}); it is shown once:",

@@ -98,6 +98,8 @@ pub struct NewApiKey {
     pub hint: String,
     /// Creation time.
     pub created_at: DateTime<Utc>,
+    /// Scopes beyond an application key's (`admin`); see [`crate::auth::SCOPE_ADMIN`].
+    pub scopes: Vec<String>,
 }
 
 /// A stored API key with its workspace.
@@ -117,6 +119,8 @@ pub struct ApiKeyRecord {
     pub created_at: DateTime<Utc>,
     /// Revocation time, if revoked.
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Scopes beyond an application key's.
+    pub scopes: Vec<String>,
 }
 
 /// A message record written before the 202 (status `QUEUED`).

@@ -24,6 +24,13 @@ pub enum ApiError {
     /// stale, or the callback was a replay.
     #[error("{0}")]
     InvalidSignature(String),
+    /// 403 `FORBIDDEN`: the key lacks the scope the route needs.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 422 `PLUGIN_REJECTED`: an uploaded plugin failed the conformance kit or asked
+    /// for hosts without approval; the message is the report.
+    #[error("{0}")]
+    PluginRejected(String),
     /// 429 `RATE_LIMIT_EXCEEDED`.
     #[error("{0}")]
     RateLimited(String),
@@ -62,6 +69,8 @@ impl ApiError {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
             ApiError::InvalidSignature(_) => (StatusCode::UNAUTHORIZED, "INVALID_SIGNATURE"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "FORBIDDEN"),
+            ApiError::PluginRejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "PLUGIN_REJECTED"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE"),
             ApiError::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UNSUPPORTED_MEDIA_TYPE")

@@ -1,5 +1,6 @@
 //! The HTTP API: one router per resource, one error type.
 
+pub mod admin;
 pub mod error;
 pub mod events;
 pub mod extract;
@@ -33,6 +34,7 @@ pub fn router(state: AppState) -> Router {
         .merge(messages::router())
         .merge(subscribers::router())
         .merge(webhooks::router())
+        .merge(admin::router())
         .merge(mcp::router())
         .merge(openapi::router())
         .fallback(|| async { ApiError::NotFound })

@@ -22,6 +22,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::health::health,
         super::mcp::mcp,
         super::webhooks::receive,
+        super::admin::list_plugins,
+        super::admin::install_plugin,
     ),
     modifiers(&BearerAuth),
     tags(
@@ -31,6 +33,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         (name = "health", description = "Liveness"),
         (name = "mcp", description = "Operator tools for AI agents"),
         (name = "webhooks", description = "Provider delivery receipts, authenticated by the provider's signature"),
+        (name = "admin", description = "The plugin registry; keys with the `admin` scope"),
     )
 )]
 pub struct ApiDoc;

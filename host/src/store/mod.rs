@@ -406,3 +406,12 @@ impl std::fmt::Debug for WebhookSecret {
             .finish()
     }
 }
+
+/// Scopes as stored: comma-separated, empty for none.
+pub(crate) fn split_scopes(stored: &str) -> Vec<String> {
+    stored
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}

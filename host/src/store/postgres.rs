@@ -47,7 +47,7 @@ const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, st
 /// push `now() ± interval` out of PostgreSQL's timestamp range.
 const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
 
-const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at \
+const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at, k.scopes \
      FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id";
 
 /// The PostgreSQL store: a connection pool.
@@ -151,8 +151,8 @@ impl Store for PgStore {
 
     async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO api_keys (id, workspace_id, mode, hash, hint, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO api_keys (id, workspace_id, mode, hash, hint, created_at, scopes) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(key.id.as_str())
         .bind(key.workspace.as_str())
@@ -160,6 +160,7 @@ impl Store for PgStore {
         .bind(&key.hash[..])
         .bind(&key.hint)
         .bind(key.created_at)
+        .bind(key.scopes.join(","))
         .execute(&self.pool)
         .await
         .map_err(map_err)?;
@@ -1722,6 +1723,7 @@ fn decode_api_key(row: &PgRow) -> Result<ApiKeyRecord, sqlx::Error> {
         hint: row.try_get("hint")?,
         created_at: row.try_get("created_at")?,
         revoked_at: row.try_get::<Option<DateTime<Utc>>, _>("revoked_at")?,
+        scopes: super::split_scopes(row.try_get("scopes")?),
     })
 }
 

@@ -53,7 +53,7 @@ const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, st
 const ATTEMPT_COLUMNS: &str =
     "attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, detail";
 
-const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at \
+const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at, k.scopes \
      FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id";
 
 /// The stored form of a timestamp: UTC, microseconds, `Z`, e.g.
@@ -172,7 +172,7 @@ impl Store for SqliteStore {
 
     async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO api_keys (id, workspace_id, mode, hash, hint, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO api_keys (id, workspace_id, mode, hash, hint, created_at, scopes) VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(key.id.as_str())
         .bind(key.workspace.as_str())
@@ -180,6 +180,7 @@ impl Store for SqliteStore {
         .bind(&key.hash[..])
         .bind(&key.hint)
         .bind(encode_timestamp(&key.created_at))
+        .bind(key.scopes.join(","))
         .execute(&self.pool)
         .await
         .map_err(map_err)?;
@@ -1774,6 +1775,7 @@ fn decode_api_key(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
         hint: row.try_get("hint").map_err(map_err)?,
         created_at: decode_timestamp(row.try_get("created_at").map_err(map_err)?)?,
         revoked_at: revoked_at.map(decode_timestamp).transpose()?,
+        scopes: super::split_scopes(row.try_get("scopes").map_err(map_err)?),
     })
 }
 

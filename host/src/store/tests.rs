@@ -33,6 +33,7 @@ fn new_key(workspace: &WorkspaceId, n: u8, mode: KeyMode, created_at: DateTime<U
         hash: key_hash(n),
         hint: format!("svc_sk_{}_…{n:04}", mode.as_str()),
         created_at,
+        scopes: if n == 2 { vec!["admin".into()] } else { vec![] },
     }
 }
 
@@ -72,6 +73,7 @@ fn record(key: &NewApiKey, tier: Tier, revoked_at: Option<DateTime<Utc>>) -> Api
         hint: key.hint.clone(),
         created_at: key.created_at,
         revoked_at,
+        scopes: key.scopes.clone(),
     }
 }
 

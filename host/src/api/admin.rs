@@ -1,0 +1,255 @@
+//! `/v1/admin/plugins`: the plugin registry over HTTP, for keys with the `admin` scope
+//! (`switchboard keys create --scope admin`). Application keys get 403 `FORBIDDEN`.
+
+use super::ApiError;
+use super::extract::Caller;
+use crate::AppState;
+use crate::plugins::install::{self, InstallOutcome};
+use crate::plugins::registry::Source;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+/// A plugin serving a slug right now, in this process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LoadedPlugin {
+    /// Slug.
+    pub slug: String,
+    /// Version from `info()`.
+    pub version: String,
+    /// Hex SHA-256 of the component.
+    pub digest: String,
+    /// `bundled`, `directory` or `installed`.
+    pub source: String,
+    /// Channels served.
+    pub channels: Vec<String>,
+}
+
+/// An installed version (stored in the database).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct InstalledVersion {
+    /// Slug.
+    pub slug: String,
+    /// Version.
+    pub version: String,
+    /// Hex SHA-256 of the component.
+    pub digest: String,
+    /// `active`, `standby` or `rejected`.
+    pub state: String,
+    /// Who installed it (`cli:<user>`, `api:<key id>`).
+    pub installed_by: String,
+    /// When (RFC 3339).
+    pub installed_at: String,
+    /// Hosts it declares.
+    pub outbound_hosts: Vec<String>,
+}
+
+/// `GET /v1/admin/plugins`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PluginListing {
+    /// What serves each slug in this process.
+    pub loaded: Vec<LoadedPlugin>,
+    /// Every installed version, newest first.
+    pub installed: Vec<InstalledVersion>,
+}
+
+/// `POST /v1/admin/plugins` success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct InstallResponse {
+    /// Always `ACTIVE`: every process switches within `plugins.sync_ms`.
+    pub status: String,
+    /// Slug.
+    pub slug: String,
+    /// Version.
+    pub version: String,
+    /// Hex SHA-256 of the component.
+    pub digest: String,
+    /// The installed version it replaced, if any.
+    pub previous: Option<String>,
+}
+
+/// `POST /v1/admin/plugins` query.
+#[derive(Debug, Default, Deserialize)]
+pub struct InstallQuery {
+    /// Allow outbound hosts the active version does not declare.
+    #[serde(default)]
+    pub approve_hosts: bool,
+}
+
+/// Routes of this resource.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/admin/plugins", get(list_plugins).post(install_plugin))
+}
+
+fn require_admin(caller: &Caller) -> Result<(), ApiError> {
+    if caller
+        .key
+        .scopes
+        .iter()
+        .any(|s| s == crate::auth::SCOPE_ADMIN)
+    {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(
+            "this route needs a key with the `admin` scope (switchboard keys create --scope admin)"
+                .into(),
+        ))
+    }
+}
+
+/// Lists the loaded plugins and the installed versions.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/plugins",
+    tag = "admin",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Loaded plugins and installed versions", body = PluginListing),
+        (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
+        (status = 403, description = "The key lacks the `admin` scope", body = super::error::ErrorBody),
+        (status = 503, description = "Database unavailable", body = super::error::ErrorBody),
+    )
+)]
+pub async fn list_plugins(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<axum::Json<PluginListing>, ApiError> {
+    require_admin(&caller)?;
+    let loaded = state
+        .plugins
+        .list()
+        .into_iter()
+        .map(|e| LoadedPlugin {
+            slug: e.plugin.info().slug.clone(),
+            version: e.plugin.info().version.clone(),
+            digest: e.plugin.digest().to_string(),
+            source: match e.source {
+                Source::Bundled => "bundled",
+                Source::Directory(_) => "directory",
+                Source::Installed { .. } => "installed",
+            }
+            .into(),
+            channels: e
+                .plugin
+                .info()
+                .channels
+                .iter()
+                .map(|c| crate::plugins::channel_name(c).to_string())
+                .collect(),
+        })
+        .collect();
+    let installed = state
+        .ingest
+        .store
+        .plugin_versions(None)
+        .await
+        .map_err(ApiError::from_store_read)?
+        .into_iter()
+        .map(|v| InstalledVersion {
+            slug: v.slug,
+            version: v.version,
+            digest: v.digest,
+            state: v.state.as_str().into(),
+            installed_by: v.installed_by,
+            installed_at: v
+                .installed_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            outbound_hosts: v.outbound_hosts,
+        })
+        .collect();
+    Ok(axum::Json(PluginListing { loaded, installed }))
+}
+
+/// Installs (or upgrades to) the component in the body and activates it once it
+/// passes the conformance kit.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/plugins",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("approve_hosts" = Option<bool>, Query, description = "Allow outbound hosts the active version does not declare")),
+    request_body(content = Vec<u8>, description = "The component (`.wasm`)", content_type = "application/wasm"),
+    responses(
+        (status = 201, description = "Installed and active", body = InstallResponse),
+        (status = 400, description = "Not a provider component", body = super::error::ErrorBody),
+        (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
+        (status = 403, description = "The key lacks the `admin` scope", body = super::error::ErrorBody),
+        (status = 422, description = "`PLUGIN_REJECTED`: failed the conformance kit, or new hosts without approval; the message is the report", body = super::error::ErrorBody),
+    )
+)]
+pub async fn install_plugin(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<InstallQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<InstallResponse>), ApiError> {
+    require_admin(&caller)?;
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
+    let wasm = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(state.config.max_body_bytes)
+        } else {
+            ApiError::BadRequest(format!("could not read the request body: {e}"))
+        }
+    })?;
+    // The kit runs in its own runtime with short outbound timeouts, as `plugin check`.
+    let mut rt = state
+        .config
+        .plugins
+        .runtime_config_in(&state.config.data_dir);
+    rt.http_timeout = std::time::Duration::from_millis(750);
+    rt.cache_dir = None;
+    let runtime = crate::plugins::PluginRuntime::new(rt).map_err(ApiError::Internal)?;
+    let by = format!("api:{}", caller.key.id);
+    let outcome = install::install(
+        &*state.ingest.store,
+        &runtime,
+        &wasm,
+        &by,
+        query.approve_hosts,
+        &Default::default(),
+    )
+    .await
+    .map_err(|e| {
+        let text = e.to_string();
+        if text.starts_with("not a valid provider plugin") {
+            ApiError::BadRequest(text)
+        } else {
+            ApiError::Internal(e)
+        }
+    })?;
+    match outcome {
+        InstallOutcome::Activated {
+            slug,
+            version,
+            digest,
+            previous,
+        } => {
+            // This process switches now; the others within `plugins.sync_ms`.
+            if let Err(e) = state.plugins.sync(&*state.ingest.store).await {
+                tracing::warn!(error = %e, "plugin sync after install failed");
+            }
+            Ok((
+                StatusCode::CREATED,
+                axum::Json(InstallResponse {
+                    status: "ACTIVE".into(),
+                    slug,
+                    version,
+                    digest,
+                    previous,
+                }),
+            ))
+        }
+        InstallOutcome::Rejected {
+            slug,
+            version,
+            reason,
+        } => Err(ApiError::PluginRejected(format!(
+            "{slug} {version} rejected; the current version stays active\n{reason}"
+        ))),
+    }
+}
