@@ -270,6 +270,7 @@ both!(
     unsigned_voice_callbacks_only_when_allowed,
     hot_swapping_a_provider_under_load_loses_nothing,
     the_admin_api_lists_and_installs_plugins_for_admin_keys_only,
+    a_file_dropped_into_the_watched_directory_is_installed,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -1003,5 +1004,58 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
         "{states:?}"
     );
     assert!(states.iter().any(|(_, st)| st == "rejected"), "{states:?}");
+    lp.cleanup().await;
+}
+
+async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
+    let dropbox = tempfile::tempdir().unwrap();
+    let watch = dropbox.path().to_path_buf();
+    let lp = Loop::start_with(
+        b,
+        &[],
+        |c| {
+            c.plugins.watch_dir = Some(watch);
+            c.plugins.sync_ms = 100;
+            c.plugins.guest_time_ms = 5_000;
+        },
+        |_| {},
+    )
+    .await;
+    let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
+    let v2 = with_custom_section(bundled, "switchboard-test", b"dropped");
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&v2));
+    // Written under another name, then renamed: the watcher never sees half a file.
+    std::fs::write(dropbox.path().join("provc-v2.part"), &v2).unwrap();
+    std::fs::rename(
+        dropbox.path().join("provc-v2.part"),
+        dropbox.path().join("provc-v2.wasm"),
+    )
+    .unwrap();
+    let broken = std::path::Path::new(switchboard::plugins::bundled::WASM_DIR)
+        .join("switchboard_fixture_broken_signature.wasm");
+    std::fs::copy(broken, dropbox.path().join("broken.wasm")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let swapped = lp.state.plugins.get("provc").unwrap().digest() == digest;
+        let reported = dropbox.path().join("broken.wasm.rejected.txt").exists();
+        if swapped && reported {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "swapped {swapped}, rejection reported {reported}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = std::fs::read_to_string(dropbox.path().join("broken.wasm.rejected.txt")).unwrap();
+    assert!(report.contains("FAIL"), "{report}");
+    let versions = lp
+        .state
+        .ingest
+        .store
+        .plugin_versions(Some("provc"))
+        .await
+        .unwrap();
+    assert_eq!(versions[0].installed_by, "dir:provc-v2.wasm");
     lp.cleanup().await;
 }

@@ -233,6 +233,11 @@ pub struct PluginsConfig {
     /// How often every process checks the database for plugin versions installed,
     /// upgraded or rolled back (`switchboard plugin install|rollback`), milliseconds.
     pub sync_ms: u64,
+    /// A drop box watched by `serve` and `dev`: a `*.wasm` file with a new digest that
+    /// appears there is installed as `switchboard plugin install` would (conformance
+    /// kit, no new hosts without approval); a refused one gets `<file>.rejected.txt`.
+    #[serde(default)]
+    pub watch_dir: Option<PathBuf>,
 }
 
 impl PluginsConfig {
@@ -258,6 +263,7 @@ impl Default for Config {
                 max_instances: 128,
                 grants: BTreeMap::new(),
                 sync_ms: 1_000,
+                watch_dir: None,
             },
             store: StoreConfig {
                 backend: StoreBackend::Postgres,

@@ -285,6 +285,26 @@ pub async fn serve(
         state.config.plugins.sync_every(),
         workers_stopped.clone(),
     ));
+    let dropbox = match &state.config.plugins.watch_dir {
+        Some(dir) => {
+            // The kit's runtime: short outbound timeouts, as `plugin check`.
+            let mut rt = state
+                .config
+                .plugins
+                .runtime_config_in(&state.config.data_dir);
+            rt.http_timeout = Duration::from_millis(750);
+            rt.cache_dir = None;
+            Some(tokio::spawn(plugins::install::watch_dir(
+                dir.clone(),
+                state.ingest.store.clone(),
+                state.plugins.clone(),
+                plugins::PluginRuntime::new(rt)?,
+                state.config.plugins.sync_every(),
+                workers_stopped.clone(),
+            )))
+        }
+        None => None,
+    };
     let workers = state
         .config
         .worker
@@ -311,6 +331,9 @@ pub async fn serve(
         let _ = w.await;
     }
     let _ = follower.await;
+    if let Some(d) = dropbox {
+        d.abort();
+    }
     watcher.abort();
     drainer.abort();
     if let Some(m) = metrics_server {

@@ -210,3 +210,84 @@ pub async fn listing(store: &dyn Store) -> anyhow::Result<String> {
     }
     Ok(out)
 }
+
+/// Installs each `*.wasm` that appears in `dir` with a digest the store does not hold
+/// yet (a file already installed, rolled back or rejected is left alone, so a restart
+/// never undoes a rollback), checking every `every` until `stop` turns true. Each
+/// activation is swapped into `registry` at once; a refused file gets
+/// `<file>.rejected.txt` beside it with the reason.
+pub async fn watch_dir(
+    dir: std::path::PathBuf,
+    store: std::sync::Arc<dyn Store>,
+    registry: std::sync::Arc<super::registry::Registry>,
+    runtime: PluginRuntime,
+    every: std::time::Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut seen = std::collections::HashSet::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            tracing::warn!(dir = %dir.display(), "cannot read plugins.watch_dir");
+            continue;
+        };
+        let mut files: Vec<std::path::PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+            .collect();
+        files.sort();
+        for path in files {
+            let Ok(wasm) = std::fs::read(&path) else {
+                continue;
+            };
+            let digest = hex::encode(Sha256::digest(&wasm));
+            if !seen.insert(digest.clone()) {
+                continue;
+            }
+            match store.plugin_versions(None).await {
+                Ok(versions) if versions.iter().any(|v| v.digest == digest) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    // Try again next time.
+                    seen.remove(&digest);
+                    tracing::warn!(error = %e, "cannot read installed plugin versions");
+                    continue;
+                }
+            }
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let by = format!("dir:{name}");
+            match install(&*store, &runtime, &wasm, &by, false, &KitOptions::default()).await {
+                Ok(InstallOutcome::Activated { slug, version, .. }) => {
+                    tracing::info!(file = %name, %slug, %version, "plugin installed from the watched directory");
+                    if let Err(e) = registry.sync(&*store).await {
+                        tracing::warn!(error = %e, "plugin sync after install failed");
+                    }
+                }
+                Ok(InstallOutcome::Rejected {
+                    slug,
+                    version,
+                    reason,
+                }) => {
+                    tracing::warn!(file = %name, %slug, %version, "plugin from the watched directory rejected");
+                    let report = path.with_file_name(format!("{name}.rejected.txt"));
+                    if let Err(e) = std::fs::write(&report, &reason) {
+                        tracing::warn!(path = %report.display(), error = %e, "cannot write the rejection report");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(file = %name, error = %e, "plugin from the watched directory not installed");
+                    let report = path.with_file_name(format!("{name}.rejected.txt"));
+                    let _ = std::fs::write(&report, format!("{e}\n"));
+                }
+            }
+        }
+    }
+}
