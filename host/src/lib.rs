@@ -286,23 +286,14 @@ pub async fn serve(
         workers_stopped.clone(),
     ));
     let dropbox = match &state.config.plugins.watch_dir {
-        Some(dir) => {
-            // The kit's runtime: short outbound timeouts, as `plugin check`.
-            let mut rt = state
-                .config
-                .plugins
-                .runtime_config_in(&state.config.data_dir);
-            rt.http_timeout = Duration::from_millis(750);
-            rt.cache_dir = None;
-            Some(tokio::spawn(plugins::install::watch_dir(
-                dir.clone(),
-                state.ingest.store.clone(),
-                state.plugins.clone(),
-                plugins::PluginRuntime::new(rt)?,
-                state.config.plugins.sync_every(),
-                workers_stopped.clone(),
-            )))
-        }
+        Some(dir) => Some(tokio::spawn(plugins::install::watch_dir(
+            dir.clone(),
+            state.ingest.store.clone(),
+            state.plugins.clone(),
+            plugins::PluginRuntime::new(plugins::install::kit_runtime_config(&state.config))?,
+            state.config.plugins.sync_every(),
+            workers_stopped.clone(),
+        ))),
         None => None,
     };
     let workers = state

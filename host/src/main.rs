@@ -526,7 +526,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let kit = kit_options(provider_config.as_deref())?;
             let config = target.apply(config);
             let (store, _) = switchboard::open_store(&config).await?;
-            let runtime = PluginRuntime::new(kit_runtime_config(&config))?;
+            let runtime =
+                PluginRuntime::new(switchboard::plugins::install::kit_runtime_config(&config))?;
             let by = format!(
                 "cli:{}",
                 std::env::var("USER").unwrap_or_else(|_| "unknown".into())
@@ -597,7 +598,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 (None, None) => unreachable!("clap requires one of them"),
             };
             let options = kit_options(provider_config.as_deref())?;
-            let runtime = PluginRuntime::new(kit_runtime_config(&config))?;
+            let runtime =
+                PluginRuntime::new(switchboard::plugins::install::kit_runtime_config(&config))?;
             let report = conformance::check(&runtime, &wasm, &name, &options).await;
             print!("{}", report.render());
             Ok(if report.passed() {
@@ -620,14 +622,6 @@ fn kit_options(path: Option<&std::path::Path>) -> anyhow::Result<KitOptions> {
         }
         None => KitOptions::default(),
     })
-}
-
-/// The runtime the kit runs in: short outbound timeouts keep its timeout check quick.
-fn kit_runtime_config(config: &Config) -> switchboard::plugins::RuntimeConfig {
-    let mut rt_config = config.plugins.runtime_config_in(&config.data_dir);
-    rt_config.http_timeout = std::time::Duration::from_millis(750);
-    rt_config.cache_dir = None;
-    rt_config
 }
 
 impl Target {

@@ -196,14 +196,8 @@ pub async fn install_plugin(
             ApiError::BadRequest(format!("could not read the request body: {e}"))
         }
     })?;
-    // The kit runs in its own runtime with short outbound timeouts, as `plugin check`.
-    let mut rt = state
-        .config
-        .plugins
-        .runtime_config_in(&state.config.data_dir);
-    rt.http_timeout = std::time::Duration::from_millis(750);
-    rt.cache_dir = None;
-    let runtime = crate::plugins::PluginRuntime::new(rt).map_err(ApiError::Internal)?;
+    let runtime = crate::plugins::PluginRuntime::new(install::kit_runtime_config(&state.config))
+        .map_err(ApiError::Internal)?;
     let by = format!("api:{}", caller.key.id);
     let outcome = install::install(
         &*state.ingest.store,

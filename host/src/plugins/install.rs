@@ -11,6 +11,16 @@ use super::runtime::{Grants, PluginRuntime};
 use crate::store::{NewPluginVersion, PluginState, Store};
 use sha2::{Digest, Sha256};
 
+/// The runtime the conformance kit runs in before an install (and for `plugin
+/// check`): the configured limits, short outbound timeouts so the kit's timeout check
+/// is quick, and no compiled-artifact cache for components not yet accepted.
+pub fn kit_runtime_config(config: &crate::config::Config) -> super::RuntimeConfig {
+    let mut rt = config.plugins.runtime_config_in(&config.data_dir);
+    rt.http_timeout = std::time::Duration::from_millis(750);
+    rt.cache_dir = None;
+    rt
+}
+
 /// What an install did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InstallOutcome {
