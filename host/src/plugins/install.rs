@@ -13,10 +13,15 @@ use sha2::{Digest, Sha256};
 
 /// The runtime the conformance kit runs in before an install (and for `plugin
 /// check`): the configured limits, short outbound timeouts so the kit's timeout check
-/// is quick, and no compiled-artifact cache for components not yet accepted.
+/// is quick, no compiled-artifact cache for components not yet accepted, and at least
+/// a second of guest time per call, so a busy machine descheduling a call cannot fail
+/// a good plugin (the configured budget still applies once it serves).
 pub fn kit_runtime_config(config: &crate::config::Config) -> super::RuntimeConfig {
+    let floor = std::time::Duration::from_secs(1);
     let mut rt = config.plugins.runtime_config_in(&config.data_dir);
     rt.http_timeout = std::time::Duration::from_millis(750);
+    rt.guest_time_budget = rt.guest_time_budget.max(floor);
+    rt.send_guest_time_budget = rt.send_guest_time_budget.max(floor);
     rt.cache_dir = None;
     rt
 }
