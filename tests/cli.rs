@@ -1094,24 +1094,7 @@ fn a_live_key_in_dev_reaches_delivered_through_the_simulator() {
         events.push(accepted["eventId"].as_str().unwrap().to_string());
     }
     for event in events {
-        let started = std::time::Instant::now();
-        let dto = loop {
-            let dto: serde_json::Value = http
-                .get(format!("{url}/v1/events/{event}"))
-                .bearer_auth(&live)
-                .send()
-                .unwrap()
-                .json()
-                .unwrap();
-            if dto["status"] == "DELIVERED" {
-                break dto;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "{event} never reached DELIVERED: {dto:#}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let dto = wait_for_status(&http, &url, &live, &event, "DELIVERED");
         let steps: Vec<&str> = dto["events"]
             .as_array()
             .unwrap()
@@ -1390,26 +1373,7 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
         .as_str()
         .unwrap()
         .to_string();
-    let wait_for = |want: &str| {
-        let started = std::time::Instant::now();
-        loop {
-            let dto: serde_json::Value = http
-                .get(format!("{url}/v1/events/{event}"))
-                .bearer_auth(&live)
-                .send()
-                .unwrap()
-                .json()
-                .unwrap();
-            if dto["status"] == want {
-                return dto;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "{event} never reached {want}: {dto:#}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let wait_for = |want: &str| wait_for_status(&http, &url, &live, &event, want);
     let dto = wait_for("SENT");
     assert_eq!(dto["provider"], "acmesms", "{dto:#}");
     assert_eq!(dto["provider_message_id"], "acme-1");
@@ -1498,4 +1462,32 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
     assert!(state(&list(), "0.1.0").unwrap().contains("active"));
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `GET /v1/events/{event}` until the message reaches `want` (20 s at most).
+fn wait_for_status(
+    http: &reqwest::blocking::Client,
+    url: &str,
+    key: &str,
+    event: &str,
+    want: &str,
+) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    loop {
+        let dto: serde_json::Value = http
+            .get(format!("{url}/v1/events/{event}"))
+            .bearer_auth(key)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if dto["status"] == want {
+            return dto;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{event} never reached {want}: {dto:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
