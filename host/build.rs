@@ -20,6 +20,18 @@ const CRATES: &[&str] = &[
 ];
 const TARGET: &str = "wasm32-wasip2";
 const PROFILE: &str = "plugin";
+/// Built for the host too, as trusted native plugins (`--features native`), for the
+/// native loader's tests and the wasm-vs-native benchmark; plus a library that speaks
+/// another native ABI version.
+const NATIVE_CRATES: &[&str] = &[
+    "switchboard-plugin-prova",
+    "switchboard-plugin-provb",
+    "switchboard-plugin-provc",
+    "switchboard-plugin-provd",
+    "switchboard-plugin-prove",
+    "switchboard-fixture-native-abi-mismatch",
+];
+const NATIVE_PROFILE: &str = "native-plugin";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -42,17 +54,58 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| outer_target_dir().join("wasm-plugins"));
 
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(&workspace)
-        .arg("build")
-        .arg("--locked")
-        .args(["--target", TARGET, "--profile", PROFILE])
-        .arg("--target-dir")
-        .arg(&target_dir);
+    let mut cmd = nested_cargo(&workspace, &target_dir);
+    cmd.args(["--target", TARGET, "--profile", PROFILE]);
     for krate in CRATES {
         cmd.args(["-p", krate]);
     }
+    run(
+        cmd,
+        &format!(
+            "building the bundled plugins for {TARGET} failed (is the target installed? \
+         `rustup target add {TARGET}`)"
+        ),
+    );
+    let out = target_dir.join(TARGET).join(PROFILE);
+    for krate in CRATES {
+        let file = out.join(format!("{}.wasm", krate.replace('-', "_")));
+        assert!(file.exists(), "missing build output {}", file.display());
+    }
+    println!("cargo:rustc-env=SWITCHBOARD_WASM_DIR={}", out.display());
+
+    // Native builds land in `<wasm-plugins>/native-plugin/` (no `--target`: the host's).
+    let mut cmd = nested_cargo(&workspace, &target_dir);
+    cmd.args(["--profile", NATIVE_PROFILE]);
+    for krate in NATIVE_CRATES {
+        cmd.args(["-p", krate]);
+        if krate.starts_with("switchboard-plugin-") {
+            cmd.args(["--features", &format!("{krate}/native")]);
+        }
+    }
+    run(cmd, "building the native plugin libraries failed");
+    let out = target_dir.join(NATIVE_PROFILE);
+    for krate in NATIVE_CRATES {
+        let file = out.join(format!(
+            "{}{}{}",
+            env::consts::DLL_PREFIX,
+            krate.replace('-', "_"),
+            env::consts::DLL_SUFFIX
+        ));
+        assert!(file.exists(), "missing build output {}", file.display());
+    }
+    println!("cargo:rustc-env=SWITCHBOARD_NATIVE_DIR={}", out.display());
+}
+
+/// `cargo build --locked --target-dir <dir>` in the workspace, with the outer build's
+/// environment removed.
+fn nested_cargo(workspace: &Path, target_dir: &Path) -> Command {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace)
+        .arg("build")
+        .arg("--locked")
+        .arg("--target-dir")
+        .arg(target_dir);
     // Drop what the outer build set for itself: flags, wrappers (clippy), the
     // jobserver and the build-script variables must not leak into the wasm build.
     for (key, _) in env::vars_os() {
@@ -86,22 +139,16 @@ fn main() {
     ] {
         cmd.env_remove(key);
     }
+    cmd
+}
 
+fn run(mut cmd: Command, failure: &str) {
     let status = cmd
         .status()
-        .unwrap_or_else(|e| panic!("could not run cargo to build the wasm plugins: {e}"));
+        .unwrap_or_else(|e| panic!("could not run cargo to build the plugins: {e}"));
     if !status.success() {
-        panic!(
-            "building the bundled plugins for {TARGET} failed (is the target installed? \
-             `rustup target add {TARGET}`)"
-        );
+        panic!("{failure}");
     }
-    let out = target_dir.join(TARGET).join(PROFILE);
-    for krate in CRATES {
-        let file = out.join(format!("{}.wasm", krate.replace('-', "_")));
-        assert!(file.exists(), "missing build output {}", file.display());
-    }
-    println!("cargo:rustc-env=SWITCHBOARD_WASM_DIR={}", out.display());
 }
 
 /// `<target>` from `<target>/<profile>/build/<pkg>/out` (or with a `<triple>/` level).

@@ -1277,20 +1277,22 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
     std::fs::write(
         &config,
         format!(
-            "[plugins]\nsync_ms = 200\n[plugins.grants]\nacmesms = [\"{}\"]\n",
+            "[plugins]\nsync_ms = 200\nnative_trusted = [\"acmesms\"]\n[plugins.grants]\nacmesms = [\"{}\"]\n",
             provider.host_port()
         ),
     )
     .unwrap();
-    let mut child = switchboard()
-        .args(["dev", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .arg("--data-dir")
-        .arg(&data)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut child = KillOnDrop(
+        switchboard()
+            .args(["dev", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let mut live = None;
     let url = loop {
         let line = lines.next().expect("dev exited before listening").unwrap();
@@ -1362,17 +1364,20 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
     std::thread::sleep(Duration::from_millis(1_000));
 
     let http = reqwest::blocking::Client::new();
-    let resp = http
-        .post(format!("{url}/v1/events/trigger"))
-        .bearer_auth(&live)
-        .json(&serde_json::json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}}))
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 202);
-    let event = resp.json::<serde_json::Value>().unwrap()["eventId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let trigger_otp = |subscriber: &str| {
+        let resp = http
+            .post(format!("{url}/v1/events/trigger"))
+            .bearer_auth(&live)
+            .json(&serde_json::json!({"name": "otp", "to": {"subscriberId": subscriber, "phone": "+14155550123"}, "payload": {"code": "1234"}}))
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        resp.json::<serde_json::Value>().unwrap()["eventId"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let event = trigger_otp("u1");
     let wait_for = |want: &str| wait_for_status(&http, &url, &live, &event, want);
     let dto = wait_for("SENT");
     assert_eq!(dto["provider"], "acmesms", "{dto:#}");
@@ -1427,8 +1432,10 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
         "{out}"
     );
     let list = || on_data(&["plugin", "list"]).1;
+    // The installed-versions table: after the loaded plugins and a blank line.
     let state = |list: &str, version: &str| {
         list.lines()
+            .skip_while(|l| !l.is_empty())
             .find(|l| l.starts_with("acmesms") && l.contains(version))
             .map(str::to_string)
     };
@@ -1460,8 +1467,104 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("rejected") && out.contains("FAIL"), "{out}");
     assert!(state(&list(), "0.1.0").unwrap().contains("active"));
-    let _ = child.kill();
-    let _ = child.wait();
+
+    // Guide step 9: the same crate as a trusted native library (this configuration
+    // trusts `acmesms`), installed and live in the running gateway.
+    let status = Command::new(&cargo)
+        .args(["build", "--release", "--features", "native", "--quiet"])
+        .current_dir(&crate_dir)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .status()
+        .unwrap();
+    assert!(status.success(), "native build of the scaffold");
+    let library = target.join(format!(
+        "release/{}switchboard_plugin_acmesms{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    let (code, out, err) = on_data(&[
+        "plugin",
+        "install",
+        library.to_str().unwrap(),
+        "--native",
+        "acmesms",
+        "--approve-hosts",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("acmesms 0.2.0") && out.contains("active"),
+        "{out}"
+    );
+    let (_, out, _) = on_data(&["plugin", "list"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("acmesms") && l.contains("(native, unsandboxed)")),
+        "{out}"
+    );
+    // Until the running gateway serves it (it polls every 200 ms).
+    let (code, admin, err) = on_data(&[
+        "keys",
+        "create",
+        "--workspace",
+        "default",
+        "--mode",
+        "live",
+        "--scope",
+        "admin",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let admin = admin
+        .split_whitespace()
+        .find(|w| w.starts_with("svc_sk_live_"))
+        .unwrap_or_else(|| panic!("{admin}"))
+        .to_string();
+    let started = std::time::Instant::now();
+    loop {
+        let listing: serde_json::Value = http
+            .get(format!("{url}/v1/admin/plugins"))
+            .bearer_auth(&admin)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let serving = listing["loaded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["slug"] == "acmesms" && p["kind"] == "native");
+        if serving {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{listing:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let event = trigger_otp("u2");
+    let dto = wait_for_status(&http, &url, &live, &event, "SENT");
+    let sent = dto["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["status"] == "sent")
+        .unwrap_or_else(|| panic!("{dto:#}"))
+        .clone();
+    assert_eq!(sent["detail"]["plugin_version"], "0.2.0", "{dto:#}");
+    assert_eq!(
+        provider.take_requests().len(),
+        1,
+        "sent by the native build"
+    );
+    drop(child);
+}
+
+/// A child process killed when the test ends, passed or failed.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `GET /v1/events/{event}` until the message reaches `want` (20 s at most).
@@ -1490,4 +1593,64 @@ fn wait_for_status(
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn a_native_library_is_installed_only_where_its_slug_is_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = switchboard::plugins::bundled::native_library("switchboard-plugin-provc");
+    let run = |trusted: Option<&str>, args: &[&str]| {
+        let mut cmd = switchboard();
+        cmd.args(args)
+            .arg("--dev")
+            .arg("--data-dir")
+            .arg(dir.path());
+        if let Some(trusted) = trusted {
+            cmd.env("SWITCHBOARD_PLUGINS__NATIVE_TRUSTED", trusted);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let install = [
+        "plugin",
+        "install",
+        library.to_str().unwrap(),
+        "--native",
+        "provc",
+    ];
+    let (code, out, err) = run(None, &install);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("native plugins are off") && err.contains("plugins.native_trusted"),
+        "{err}"
+    );
+    let (code, _, err) = run(Some("[provd]"), &install);
+    assert_ne!(code, 0);
+    assert!(err.contains("\"provc\" is not trusted"), "{err}");
+    // Without --native a library is never opened, trusted or not.
+    let (code, _, err) = run(Some("[provc]"), &install[..3]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--native <slug>"), "{err}");
+
+    let (code, out, err) = run(Some("[provc]"), &install);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("provc 0.1.0") && out.contains("active"),
+        "{out}"
+    );
+    let provc_line = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("provc "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (_, out, _) = run(Some("[provc]"), &["plugin", "list"]);
+    assert!(provc_line(&out).contains("(native, unsandboxed)"), "{out}");
+    // A process that does not trust it keeps serving the component.
+    let (_, out, _) = run(None, &["plugin", "list"]);
+    assert!(provc_line(&out).ends_with("bundled"), "{out}");
 }

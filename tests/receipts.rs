@@ -271,6 +271,8 @@ both!(
     hot_swapping_a_provider_under_load_loses_nothing,
     the_admin_api_lists_and_installs_plugins_for_admin_keys_only,
     a_file_dropped_into_the_watched_directory_is_installed,
+    a_trusted_native_build_swaps_and_rolls_back_like_a_component,
+    an_announced_swap_is_followed_at_once,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -834,16 +836,23 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
         digests.push(digest);
     }
     lp.state.plugins.sync(&*store).await.unwrap();
+    swap_under_load(&lp, &key, &digests, 150, 20).await;
+    lp.cleanup().await;
+}
 
-    // Steady load: triggers every 10 ms while the provider is swapped 20 times.
-    const EVENTS: usize = 150;
+/// Keeps a steady load of SMS triggers (every 10 ms, `events` in all) running while
+/// provC's active version alternates between `digests` `swaps` times. Asserts zero
+/// failed requests, one attempt and one receipt per message, nothing sent twice, and
+/// each delivery recorded against one of the versions, both versions used.
+async fn swap_under_load(lp: &Loop, key: &str, digests: &[String], events: usize, swaps: usize) {
+    let store = lp.state.ingest.store.clone();
     let load = {
         let http = lp.http.clone();
         let url = lp.url.clone();
-        let key = key.clone();
+        let key = key.to_string();
         tokio::spawn(async move {
-            let mut events = Vec::new();
-            for i in 0..EVENTS {
+            let mut events_sent = Vec::new();
+            for i in 0..events {
                 let resp = http
                     .post(format!("{url}/v1/events/trigger"))
                     .bearer_auth(&key)
@@ -853,15 +862,15 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
                     .unwrap();
                 assert_eq!(resp.status(), 202, "no failed request");
                 let body: Value = resp.json().await.unwrap();
-                events.push(body["eventId"].as_str().unwrap().to_string());
+                events_sent.push(body["eventId"].as_str().unwrap().to_string());
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            events
+            events_sent
         })
     };
-    for i in 0..20 {
+    for i in 0..swaps {
         tokio::time::sleep(Duration::from_millis(70)).await;
-        let digest = &digests[i % 2];
+        let digest = &digests[i % digests.len()];
         assert!(
             store
                 .activate_plugin_version("provc", digest)
@@ -871,11 +880,11 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
         lp.state.plugins.sync(&*store).await.unwrap();
         assert_eq!(lp.state.plugins.get("provc").unwrap().digest(), digest);
     }
-    let events = load.await.unwrap();
+    let sent = load.await.unwrap();
     let short: Vec<String> = digests.iter().map(|d| d[..16].to_string()).collect();
     let mut used = std::collections::BTreeSet::new();
-    for event in &events {
-        let dto = lp.until(&key, event, "DELIVERED").await;
+    for event in &sent {
+        let dto = lp.until(key, event, "DELIVERED").await;
         assert_eq!(
             timeline(&dto),
             ["queued:-", "sent:provc", "delivered:provc"],
@@ -888,13 +897,89 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
         assert!(short.contains(&digest), "{digest} is one of the versions");
         used.insert(digest);
     }
-    assert_eq!(used.len(), 2, "deliveries ran on both versions");
+    assert_eq!(used.len(), digests.len(), "deliveries ran on every version");
     let stats = lp.sim.as_ref().unwrap().stats().provider("provc");
-    assert_eq!(stats.accepted as usize, EVENTS, "{stats:?}");
+    assert_eq!(stats.accepted as usize, sent.len(), "{stats:?}");
     assert_eq!(stats.duplicates, 0, "nothing sent twice: {stats:?}");
     assert_eq!(
         stats.callbacks_failed, 0,
         "every callback verified: {stats:?}"
+    );
+}
+
+/// A trusted native build of provC follows the component rules: installed through the
+/// kit, swapped in and out under load, rolled back; a process that does not trust it
+/// never opens it.
+async fn a_trusted_native_build_swaps_and_rolls_back_like_a_component(b: Backends) {
+    use switchboard::plugins::install::{self, InstallOutcome};
+    use switchboard::plugins::{PluginKind, PluginRuntime, bundled};
+    let lp = Loop::start_with(
+        b,
+        &[],
+        |c| {
+            c.plugins.sync_ms = 100;
+            c.plugins.native_trusted = vec!["provc".into()];
+        },
+        |_| {},
+    )
+    .await;
+    let key = lp.key().await;
+    lp.route("sms", &["provc"]).await;
+    let store = lp.state.ingest.store.clone();
+    let kit = PluginRuntime::new(install::kit_runtime_config(&lp.config)).unwrap();
+    let mut digests = Vec::new();
+    let component = with_custom_section(
+        bundled::find("provc").unwrap().wasm,
+        "switchboard-test",
+        b"beside-native",
+    );
+    let library = std::fs::read(bundled::native_library("switchboard-plugin-provc")).unwrap();
+    let as_native = switchboard::plugins::conformance::KitOptions {
+        native_slug: Some("provc".into()),
+        ..Default::default()
+    };
+    for bytes in [&component, &library] {
+        let outcome = install::install(&*store, &kit, bytes, "test", false, &as_native)
+            .await
+            .unwrap();
+        let InstallOutcome::Activated { digest, .. } = outcome else {
+            panic!("install refused: {outcome:?}");
+        };
+        digests.push(digest);
+    }
+    lp.state.plugins.sync(&*store).await.unwrap();
+    let loaded = lp.state.plugins.get("provc").unwrap();
+    assert_eq!(
+        (loaded.kind(), loaded.digest()),
+        (PluginKind::Native, digests[1].as_str())
+    );
+
+    // A process whose configuration does not trust native provC keeps its component.
+    let mut untrusting = lp.config.plugins.clone();
+    untrusting.native_trusted.clear();
+    let runtime = PluginRuntime::new(untrusting.runtime_config_in(&lp.config.data_dir)).unwrap();
+    let other = switchboard::plugins::registry::Registry::load(runtime, &untrusting)
+        .await
+        .unwrap();
+    other.sync(&*store).await.unwrap();
+    assert_eq!(other.get("provc").unwrap().kind(), PluginKind::Wasm);
+
+    swap_under_load(&lp, &key, &digests, 60, 8).await;
+
+    // Native active again, then rolled back to the component that preceded it.
+    assert!(
+        store
+            .activate_plugin_version("provc", &digests[1])
+            .await
+            .unwrap()
+    );
+    let line = install::rollback(&*store, "provc").await.unwrap();
+    assert!(line.contains("rolled back"), "{line}");
+    lp.state.plugins.sync(&*store).await.unwrap();
+    let loaded = lp.state.plugins.get("provc").unwrap();
+    assert_eq!(
+        (loaded.kind(), loaded.digest()),
+        (PluginKind::Wasm, digests[0].as_str())
     );
     lp.cleanup().await;
 }
@@ -946,6 +1031,18 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
 
     let (s, e) = post(admin_key.clone(), b"not a component".to_vec()).await;
     assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");
+    // An API key never gets to run unsandboxed code, trusted slug or not.
+    let library = switchboard::plugins::bundled::native_library("switchboard-plugin-provc");
+    let (s, e) = post(admin_key.clone(), std::fs::read(library).unwrap()).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (422, Some("PLUGIN_REJECTED")),
+        "{e}"
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("native library"),
+        "{e}"
+    );
     let broken = std::path::Path::new(switchboard::plugins::bundled::WASM_DIR)
         .join("switchboard_fixture_broken_signature.wasm");
     let (s, e) = post(admin_key.clone(), std::fs::read(broken).unwrap()).await;
@@ -1046,5 +1143,62 @@ async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
         .await
         .unwrap();
     assert_eq!(versions[0].installed_by, "dir:provc-v2.wasm");
+    lp.cleanup().await;
+}
+
+/// With polling all but off, a swap reaches the serving process only through its
+/// announcement: over NATS from another connection (another process, as the CLI
+/// does) in production, in-process with the embedded broker.
+async fn an_announced_swap_is_followed_at_once(b: Backends) {
+    use switchboard::plugins::announce::Announcer;
+    use switchboard::plugins::install::{self, InstallOutcome};
+    let production = b == Backends::Production;
+    let lp = Loop::start_with(b, &[], |c| c.plugins.sync_ms = 600_000, |_| {}).await;
+    let store = lp.state.ingest.store.clone();
+    let kit =
+        switchboard::plugins::PluginRuntime::new(install::kit_runtime_config(&lp.config)).unwrap();
+    let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
+    let install_version = async |tag: &[u8]| {
+        let wasm = with_custom_section(bundled, "switchboard-test", tag);
+        match install::install(&*store, &kit, &wasm, "test", false, &Default::default())
+            .await
+            .unwrap()
+        {
+            InstallOutcome::Activated { digest, .. } => digest,
+            other => panic!("install refused: {other:?}"),
+        }
+    };
+    let loaded = || lp.state.plugins.get("provc").unwrap().digest().to_string();
+    let before = loaded();
+
+    // Not announced: nothing changes (the next poll is ten minutes away).
+    let quiet = install_version(b"unannounced").await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        loaded(),
+        before,
+        "no swap without an announcement or a poll"
+    );
+
+    let announced = install_version(b"announced").await;
+    assert_ne!(announced, quiet);
+    let announcer = if production {
+        Announcer::connect(&lp.config)
+            .await
+            .expect("NATS reachable")
+    } else {
+        lp.state.announcer.clone()
+    };
+    let started = Instant::now();
+    announcer.announce("provc").await;
+    // Generous for a loaded machine (the new version is compiled on the way); the next
+    // poll is ten minutes away, so only the announcement can be what moved it.
+    while loaded() != announced {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "announced swap not followed within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     lp.cleanup().await;
 }

@@ -2,17 +2,22 @@
 //!
 //! `cargo bench -p switchboard --bench plugins`. Groups:
 //! - `verify_1k/*`: provC `verify-signature` on a 1 KiB body;
-//! - `normalize/*`: provC `normalize-call-state("No-Answer")`.
+//! - `normalize/*`: provC `normalize-call-state("No-Answer")`;
+//! - `send/*`: provC `send` of one SMS to a local capture server (HTTP included).
 //!
-//! Each group measures `native` (the plugin crate linked into the bench, SDK native
-//! shim), `wasm_call` (a warm sandboxed instance: the call alone) and
-//! `wasm_instantiate_call` (a fresh instance per call, as the gateway runs them).
+//! Cases: `linked` (the plugin crate linked into the bench and called directly, SDK
+//! native shim: the floor), `native_lib` (the same crate built as a trusted native
+//! library, loaded and called through the native ABI as the gateway calls it),
+//! `wasm_call` (a warm sandboxed instance: the call alone) and `wasm_instantiate_call`
+//! (a fresh instance per call, as the gateway runs components).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+use switchboard::plugins::capture::{CaptureServer, Reply};
 use switchboard::plugins::runtime::CallKind;
-use switchboard::plugins::{Grants, PluginRuntime, RuntimeConfig, bundled};
+use switchboard::plugins::types::{Content, Message, SendOutcome, SmsMessage};
+use switchboard::plugins::{Grants, PluginKind, PluginRuntime, RuntimeConfig, bundled};
 use switchboard_plugin_provc::ProvC;
 use switchboard_sdk::{Headers, Provider};
 
@@ -22,10 +27,28 @@ fn benches(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let runtime = PluginRuntime::new(RuntimeConfig::default()).unwrap();
+    let runtime = PluginRuntime::new(RuntimeConfig {
+        native_trusted: vec!["provc".into()],
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let capture = rt.block_on(CaptureServer::start()).unwrap();
+    capture.reply_with(Reply::Respond {
+        status: 200,
+        body: r#"{"sid":"SM1","status":"queued"}"#.into(),
+    });
+    let grants = vec![capture.host_port()];
     let plugin = rt
-        .block_on(runtime.load(bundled::find("provc").unwrap().wasm, Grants::Declared))
+        .block_on(runtime.load(
+            bundled::find("provc").unwrap().wasm,
+            Grants::Exactly(&grants),
+        ))
         .unwrap();
+    let library = std::fs::read(bundled::native_library("switchboard-plugin-provc")).unwrap();
+    let native = rt
+        .block_on(runtime.load_as(&library, Grants::Exactly(&grants), Some("provc")))
+        .unwrap();
+    assert_eq!(native.kind(), PluginKind::Native);
 
     let body: Vec<u8> = (0..1024).map(|i| b'a' + (i % 26) as u8).collect();
     let secret = "whsec_bench";
@@ -35,7 +58,7 @@ fn benches(c: &mut Criterion) {
     assert!(ProvC::verify_signature(secret, &native_headers, &body, 0).is_ok());
 
     let mut group = c.benchmark_group("verify_1k");
-    group.bench_function("native", |b| {
+    group.bench_function("linked", |b| {
         b.iter(|| {
             ProvC::verify_signature(
                 black_box(secret),
@@ -65,10 +88,16 @@ fn benches(c: &mut Criterion) {
             assert_eq!(r, Ok(Ok(())));
         })
     });
+    group.bench_function("native_lib", |b| {
+        b.to_async(&rt).iter(|| async {
+            let r = native.verify_signature(secret, &headers, &body, 0).await;
+            assert_eq!(r, Ok(Ok(())));
+        })
+    });
     group.finish();
 
     let mut group = c.benchmark_group("normalize");
-    group.bench_function("native", |b| {
+    group.bench_function("linked", |b| {
         b.iter(|| ProvC::normalize_call_state(black_box("No-Answer")))
     });
     group.bench_function("wasm_call", |b| {
@@ -88,6 +117,39 @@ fn benches(c: &mut Criterion) {
         b.to_async(&rt)
             .iter(|| async { black_box(plugin.normalize_call_state("No-Answer").await.unwrap()) })
     });
+    group.bench_function("native_lib", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(native.normalize_call_state("No-Answer").await.unwrap()) })
+    });
+    group.finish();
+
+    // A whole send: building the request, the HTTP round trip to a local server,
+    // reading the answer. What a worker pays per message.
+    let config = vec![
+        ("base_url".to_string(), capture.url()),
+        ("account_sid".to_string(), "AC1".to_string()),
+        ("auth_token".to_string(), "t".to_string()),
+    ];
+    let message = Message {
+        event_id: "evt_bench".into(),
+        subscriber_id: "s".into(),
+        content: Content::Sms(SmsMessage {
+            to: "+14155550100".into(),
+            sender: None,
+            text: "Your code is 123456".into(),
+        }),
+        extra_params: vec![],
+    };
+    let mut group = c.benchmark_group("send");
+    for (name, p) in [("wasm_instantiate_call", &plugin), ("native_lib", &native)] {
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| async {
+                let outcome = p.send(&config, &message).await.unwrap();
+                assert!(matches!(outcome, SendOutcome::Accepted(_)), "{outcome:?}");
+                capture.take_requests();
+            })
+        });
+    }
     group.finish();
 }
 

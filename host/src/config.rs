@@ -238,6 +238,12 @@ pub struct PluginsConfig {
     /// kit, no new hosts without approval); a refused one gets `<file>.rejected.txt`.
     #[serde(default)]
     pub watch_dir: Option<PathBuf>,
+    /// Slugs whose native builds (a `cdylib` of the same SDK `Provider`, built with
+    /// the SDK's `native` feature) this process may load, unsandboxed. Empty (the
+    /// default): native plugins are off, and a native library is refused before it
+    /// is opened.
+    #[serde(default)]
+    pub native_trusted: Vec<String>,
 }
 
 impl PluginsConfig {
@@ -264,6 +270,7 @@ impl Default for Config {
                 grants: BTreeMap::new(),
                 sync_ms: 1_000,
                 watch_dir: None,
+                native_trusted: Vec::new(),
             },
             store: StoreConfig {
                 backend: StoreBackend::Postgres,
@@ -471,6 +478,7 @@ impl PluginsConfig {
                     .clone()
                     .unwrap_or_else(|| data_dir.join("plugin-cache")),
             ),
+            native_trusted: self.native_trusted.clone(),
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct AppState {
     pub queue: Arc<dyn broker::WorkQueue>,
     /// Provider callbacks.
     pub webhooks: Arc<webhooks::Webhooks>,
+    /// Where plugin swaps are announced and heard.
+    pub announcer: plugins::announce::Announcer,
 }
 
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
@@ -89,10 +91,11 @@ pub async fn open_store(
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let (store, sqlite) = open_store(&config).await?;
     let streams = config.broker.streams.clone();
-    let (broker, queue): (Arc<dyn broker::Broker>, Arc<dyn broker::WorkQueue>) = match config
-        .broker
-        .backend
-    {
+    let (broker, queue, announcer): (
+        Arc<dyn broker::Broker>,
+        Arc<dyn broker::WorkQueue>,
+        plugins::announce::Announcer,
+    ) = match config.broker.backend {
         BrokerBackend::Nats => {
             let b = Arc::new(
                 broker::jetstream::JetStreamBroker::connect(&config.broker.url, streams.clone())
@@ -101,7 +104,11 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                         anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url))
                     })?,
             );
-            (b.clone(), b)
+            let announcer = plugins::announce::Announcer::Nats {
+                client: b.client(),
+                subject: streams.plugins_subject.clone(),
+            };
+            (b.clone(), b, announcer)
         }
         BrokerBackend::Embedded => {
             let pool = match sqlite.clone() {
@@ -115,7 +122,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                     .await
                     .map_err(|e| anyhow::anyhow!("embedded queue: {e}"))?,
             );
-            (b.clone(), b)
+            (b.clone(), b, plugins::announce::Announcer::local())
         }
     };
     broker
@@ -184,6 +191,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         auth,
         draining: Arc::new(AtomicBool::new(false)),
         queue,
+        announcer,
     })
 }
 
@@ -242,6 +250,7 @@ pub async fn run_worker(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let follower = tokio::spawn(state.plugins.clone().follow(
         state.ingest.store.clone(),
+        state.announcer.clone(),
         state.config.plugins.sync_every(),
         stopped.clone(),
     ));
@@ -282,6 +291,7 @@ pub async fn serve(
     let (stop_workers, workers_stopped) = tokio::sync::watch::channel(false);
     let follower = tokio::spawn(state.plugins.clone().follow(
         state.ingest.store.clone(),
+        state.announcer.clone(),
         state.config.plugins.sync_every(),
         workers_stopped.clone(),
     ));
@@ -290,6 +300,7 @@ pub async fn serve(
             dir.clone(),
             state.ingest.store.clone(),
             state.plugins.clone(),
+            state.announcer.clone(),
             plugins::PluginRuntime::new(plugins::install::kit_runtime_config(&state.config))?,
             state.config.plugins.sync_every(),
             workers_stopped.clone(),

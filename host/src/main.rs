@@ -251,13 +251,18 @@ enum PluginCommand {
     },
     /// Install (or upgrade to) a plugin version: it must pass the conformance kit, and
     /// may not ask for new outbound hosts without --approve-hosts. Every running
-    /// gateway and worker switches to it within `plugins.sync_ms`.
+    /// gateway and worker switches to it when the swap is announced over NATS, and
+    /// within `plugins.sync_ms` in any case.
     Install {
-        /// The component (`.wasm`).
+        /// The component (`.wasm`), or a trusted native library with --native.
         component: PathBuf,
         /// Allow outbound hosts the current version does not declare.
         #[arg(long)]
         approve_hosts: bool,
+        /// The file is a native library (no sandbox) for this slug, which
+        /// `plugins.native_trusted` must list; checked before the library is opened.
+        #[arg(long, value_name = "SLUG")]
+        native: Option<String>,
         /// TOML with `[config]` and `[success]` for the conformance kit (as for `check`).
         #[arg(long)]
         provider_config: Option<PathBuf>,
@@ -292,6 +297,9 @@ enum PluginCommand {
         /// Check a bundled plugin by slug instead of a file.
         #[arg(long, conflicts_with = "component")]
         bundled: Option<String>,
+        /// The file is a native library for this slug (see `install --native`).
+        #[arg(long, value_name = "SLUG", conflicts_with = "bundled")]
+        native: Option<String>,
         /// TOML with `[config]` (provider config for send) and optional `[success]`
         /// (`status`, `body`, `message_id`: the provider API's success answer).
         #[arg(long)]
@@ -505,25 +513,33 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
             let registry =
                 switchboard::plugins::registry::Registry::load(runtime, &config.plugins).await?;
-            print_plugins(&registry);
             match switchboard::open_store(&config).await {
                 Ok((store, _)) => {
+                    // What a serving process with this configuration runs: the active
+                    // installed versions over the bundled and directory plugins.
+                    registry.sync(&*store).await?;
+                    print_plugins(&registry);
                     println!();
                     print!("{}", switchboard::plugins::install::listing(&*store).await?);
                 }
-                Err(e) => println!("\ninstalled versions: database unavailable ({e})"),
+                Err(e) => {
+                    print_plugins(&registry);
+                    println!("\ninstalled versions: database unavailable ({e})");
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::Install {
             component,
             approve_hosts,
+            native,
             provider_config,
             target,
         }) => {
             let wasm = std::fs::read(&component)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", component.display()))?;
-            let kit = kit_options(provider_config.as_deref())?;
+            let mut kit = kit_options(provider_config.as_deref())?;
+            kit.native_slug = native;
             let config = target.apply(config);
             let (store, _) = switchboard::open_store(&config).await?;
             let runtime =
@@ -550,13 +566,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     previous,
                 } => {
                     println!(
-                        "{slug} {version} ({}) active{} in {} ms; running processes switch within {} ms",
+                        "{slug} {version} ({}) active{} in {} ms; {}",
                         &digest[..12],
                         previous
                             .map(|p| format!(", replacing {p}"))
                             .unwrap_or_default(),
                         started.elapsed().as_millis(),
-                        config.plugins.sync_ms
+                        announce_swap(&config, &slug).await
                     );
                     Ok(ExitCode::SUCCESS)
                 }
@@ -572,16 +588,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Plugin(PluginCommand::Rollback { slug, target }) => {
-            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let config = target.apply(config);
+            let (store, _) = switchboard::open_store(&config).await?;
             print!(
                 "{}",
                 switchboard::plugins::install::rollback(&*store, &slug).await?
             );
+            println!("{}", announce_swap(&config, &slug).await);
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::Check {
             component,
             bundled: slug,
+            native,
             provider_config,
         }) => {
             let (wasm, name) = match (component, slug) {
@@ -597,7 +616,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => unreachable!("clap requires one of them"),
             };
-            let options = kit_options(provider_config.as_deref())?;
+            let mut options = kit_options(provider_config.as_deref())?;
+            options.native_slug = native;
             let runtime =
                 PluginRuntime::new(switchboard::plugins::install::kit_runtime_config(&config))?;
             let report = conformance::check(&runtime, &wasm, &name, &options).await;
@@ -841,6 +861,20 @@ fn terminate() -> impl std::future::Future<Output = ()> + Send + 'static {
     }
 }
 
+/// Announces a swap to running processes; says how they will follow it.
+async fn announce_swap(config: &Config, slug: &str) -> String {
+    match switchboard::plugins::announce::Announcer::connect(config).await {
+        Some(announcer) => {
+            announcer.announce(slug).await;
+            "announced to running processes over NATS".into()
+        }
+        None => format!(
+            "running processes switch within {} ms (plugins.sync_ms)",
+            config.plugins.sync_ms
+        ),
+    }
+}
+
 fn print_plugins(registry: &switchboard::plugins::registry::Registry) {
     println!(
         "{:<8} {:<8} {:<26} {:<18} {:<30} source",
@@ -853,13 +887,16 @@ fn print_plugins(registry: &switchboard::plugins::registry::Registry) {
             .iter()
             .map(switchboard::plugins::channel_name)
             .collect();
-        let source = match &entry.source {
+        let mut source = match &entry.source {
             switchboard::plugins::registry::Source::Bundled => "bundled".to_string(),
             switchboard::plugins::registry::Source::Directory(p) => p.display().to_string(),
             switchboard::plugins::registry::Source::Installed { by } => {
                 format!("installed by {by}")
             }
         };
+        if entry.plugin.kind() == switchboard::plugins::PluginKind::Native {
+            source.push_str(" (native, unsandboxed)");
+        }
         println!(
             "{:<8} {:<8} {:<26} {:<18} {:<30} {}",
             info.slug,

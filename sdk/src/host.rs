@@ -2,9 +2,10 @@
 //! a clock, structured logging and native-speed HMAC-SHA256.
 //!
 //! Inside the sandbox these call the `switchboard:provider/host` imports. On a native
-//! target they are served by a shim: HMAC and the clock are computed locally, and
-//! HTTP goes to the handler a test installed with [`crate::testing::with_http`]
-//! (with none installed, every request fails with a transport error).
+//! target HMAC and the clock are computed locally; HTTP and logs go to the host when
+//! the plugin was loaded as a native plugin ([`crate::native`]), and otherwise to the
+//! handler a test installed with [`crate::testing::with_http`] (with none installed,
+//! every request fails with a transport error).
 
 use crate::{HttpError, LogLevel, OutboundRequest, OutboundResponse};
 
@@ -91,13 +92,17 @@ mod imp {
     use hmac::{Hmac, Mac};
 
     pub fn http_request(request: &OutboundRequest) -> Result<OutboundResponse, HttpError> {
-        crate::testing::dispatch_http(request)
+        // Loaded by a host as a native plugin: the host performs it.
+        crate::native::guest::http_request(request)
+            .unwrap_or_else(|| crate::testing::dispatch_http(request))
     }
     pub fn now_millis() -> u64 {
         crate::testing::now_millis()
     }
     pub fn log(level: LogLevel, message: &str, fields: &[(String, String)]) {
-        crate::testing::record_log(level, message, fields)
+        if !crate::native::guest::log(level, message, fields) {
+            crate::testing::record_log(level, message, fields)
+        }
     }
     pub fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
         let mut mac =

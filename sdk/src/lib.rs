@@ -58,6 +58,7 @@
 
 pub mod host;
 pub mod http;
+pub mod native;
 pub mod receipt;
 pub mod signature;
 #[cfg(not(target_arch = "wasm32"))]
@@ -73,7 +74,8 @@ pub mod bindings {
         pub_export_macro: true,
         export_macro_name: "export_bindings",
         default_bindings_module: "switchboard_sdk::__private::bindings",
-        additional_derives: [Clone, PartialEq],
+        // Serde: the native ABI passes these types in postcard form (see [`crate::native`]).
+        additional_derives: [Clone, PartialEq, serde::Serialize, serde::Deserialize],
     });
 }
 
@@ -133,7 +135,8 @@ pub trait Provider {
 /// Exports a [`Provider`] implementation as the component's `provider` world.
 ///
 /// Call it once, at the crate root of a `cdylib` crate. On non-wasm targets it
-/// expands to nothing, so the same crate can be unit-tested natively.
+/// exports the native plugin ABI ([`native`]) when the SDK's `native` feature is on,
+/// and nothing otherwise, so the same crate can be unit-tested natively.
 ///
 /// ```
 /// # use switchboard_sdk::prelude::*;
@@ -154,6 +157,9 @@ pub trait Provider {
 #[macro_export]
 macro_rules! export_provider {
     ($provider:ty) => {
+        #[cfg(not(target_arch = "wasm32"))]
+        $crate::__export_native!($provider);
+
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             struct __SwitchboardExport;

@@ -25,6 +25,8 @@ pub struct LoadedPlugin {
     pub digest: String,
     /// `bundled`, `directory` or `installed`.
     pub source: String,
+    /// `wasm` (a sandboxed component) or `native` (a trusted native library).
+    pub kind: String,
     /// Channels served.
     pub channels: Vec<String>,
 }
@@ -60,7 +62,8 @@ pub struct PluginListing {
 /// `POST /v1/admin/plugins` success.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InstallResponse {
-    /// Always `ACTIVE`: every process switches within `plugins.sync_ms`.
+    /// Always `ACTIVE`: every process switches when it hears the swap announced, and
+    /// within `plugins.sync_ms` in any case.
     pub status: String,
     /// Slug.
     pub slug: String,
@@ -133,6 +136,7 @@ pub async fn list_plugins(
                 Source::Installed { .. } => "installed",
             }
             .into(),
+            kind: e.plugin.kind().as_str().into(),
             channels: e
                 .plugin
                 .info()
@@ -178,7 +182,7 @@ pub async fn list_plugins(
         (status = 400, description = "Not a provider component", body = super::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
         (status = 403, description = "The key lacks the `admin` scope", body = super::error::ErrorBody),
-        (status = 422, description = "`PLUGIN_REJECTED`: failed the conformance kit, or new hosts without approval; the message is the report", body = super::error::ErrorBody),
+        (status = 422, description = "`PLUGIN_REJECTED`: failed the conformance kit, new hosts without approval (the message is the report), or a native library (installed only with the CLI)", body = super::error::ErrorBody),
     )
 )]
 pub async fn install_plugin(
@@ -196,6 +200,15 @@ pub async fn install_plugin(
             ApiError::BadRequest(format!("could not read the request body: {e}"))
         }
     })?;
+    if crate::plugins::artifact_kind(&wasm) == crate::plugins::ArtifactKind::Native {
+        // An API key must never be a way to run unsandboxed code in the gateway.
+        return Err(ApiError::PluginRejected(
+            "this is a native library: native plugins run unsandboxed, so only an operator \
+             on the host installs them (`switchboard plugin install`, with the slug in \
+             `plugins.native_trusted`); the admin API accepts WebAssembly components"
+                .into(),
+        ));
+    }
     let runtime = crate::plugins::PluginRuntime::new(install::kit_runtime_config(&state.config))
         .map_err(ApiError::Internal)?;
     let by = format!("api:{}", caller.key.id);
@@ -223,10 +236,12 @@ pub async fn install_plugin(
             digest,
             previous,
         } => {
-            // This process switches now; the others within `plugins.sync_ms`.
+            // This process switches now; the others when they hear the announcement
+            // (or within `plugins.sync_ms`).
             if let Err(e) = state.plugins.sync(&*state.ingest.store).await {
                 tracing::warn!(error = %e, "plugin sync after install failed");
             }
+            state.announcer.announce(&slug).await;
             Ok((
                 StatusCode::CREATED,
                 axum::Json(InstallResponse {

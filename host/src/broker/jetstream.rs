@@ -83,6 +83,11 @@ impl std::fmt::Debug for JetStreamBroker {
 }
 
 impl JetStreamBroker {
+    /// The NATS connection (for core pub/sub beside JetStream, e.g. plugin swaps).
+    pub fn client(&self) -> async_nats::Client {
+        self.client.clone()
+    }
+
     /// Connects to NATS at `url` (a server URL such as `nats://127.0.0.1:4222`, or
     /// several separated by commas).
     ///
@@ -90,32 +95,7 @@ impl JetStreamBroker {
     /// reached: start-up should not hang on a missing NATS. Once connected, lost
     /// connections are re-established automatically and indefinitely.
     pub async fn connect(url: &str, names: StreamNames) -> Result<Self, BrokerError> {
-        let shown = redact_url(url);
-        let servers = parse_servers(url)
-            .map_err(|err| BrokerError(format!("invalid NATS URL {shown}: {err}")))?;
-
-        // Defaults kept on purpose: `retry_on_initial_connect` stays off, so the first
-        // connect fails fast instead of retrying in the background, and `max_reconnects`
-        // stays unlimited, so the client reconnects forever once it is up.
-        let options = ConnectOptions::new()
-            .name("switchboard")
-            .connection_timeout(CONNECTION_TIMEOUT);
-        let client =
-            match tokio::time::timeout(STARTUP_CONNECT_DEADLINE, options.connect(servers)).await {
-                Ok(Ok(client)) => client,
-                Ok(Err(err)) => {
-                    return Err(BrokerError(format!(
-                        "cannot connect to NATS at {shown}: {err}"
-                    )));
-                }
-                Err(_elapsed) => {
-                    return Err(BrokerError(format!(
-                        "cannot connect to NATS at {shown}: no connection within {}s",
-                        STARTUP_CONNECT_DEADLINE.as_secs()
-                    )));
-                }
-            };
-
+        let client = connect_client(url, "switchboard").await?;
         let js = jetstream::ContextBuilder::new()
             .timeout(API_TIMEOUT)
             // Our own semaphore enforces MAX_IN_FLIGHT; the context's limit only has to
@@ -602,6 +582,34 @@ fn await_ack<'a>(
 }
 
 /// Parses one server URL or a comma-separated list of them.
+/// Connects a NATS client named `name` to `url`, failing within a few seconds, with an
+/// error naming the (redacted) URL, when no server can be reached.
+pub(crate) async fn connect_client(
+    url: &str,
+    name: &str,
+) -> Result<async_nats::Client, BrokerError> {
+    let shown = redact_url(url);
+    let servers = parse_servers(url)
+        .map_err(|err| BrokerError(format!("invalid NATS URL {shown}: {err}")))?;
+
+    // Defaults kept on purpose: `retry_on_initial_connect` stays off, so the first
+    // connect fails fast instead of retrying in the background, and `max_reconnects`
+    // stays unlimited, so the client reconnects forever once it is up.
+    let options = ConnectOptions::new()
+        .name(name)
+        .connection_timeout(CONNECTION_TIMEOUT);
+    match tokio::time::timeout(STARTUP_CONNECT_DEADLINE, options.connect(servers)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(err)) => Err(BrokerError(format!(
+            "cannot connect to NATS at {shown}: {err}"
+        ))),
+        Err(_elapsed) => Err(BrokerError(format!(
+            "cannot connect to NATS at {shown}: no connection within {}s",
+            STARTUP_CONNECT_DEADLINE.as_secs()
+        ))),
+    }
+}
+
 fn parse_servers(url: &str) -> Result<Vec<ServerAddr>, String> {
     let servers = url
         .split(',')

@@ -30,6 +30,14 @@ pub struct StreamNames {
     /// Default `telemetry.receipts`: the one subject of the receipts stream.
     #[serde(default = "default_telemetry_subject")]
     pub telemetry_subject: String,
+    /// Default `switchboard.plugins.changed`: core NATS subject on which plugin swaps
+    /// are announced (`plugins::announce`).
+    #[serde(default = "default_plugins_subject")]
+    pub plugins_subject: String,
+}
+
+fn default_plugins_subject() -> String {
+    "switchboard.plugins.changed".into()
 }
 
 fn default_telemetry() -> String {
@@ -48,6 +56,7 @@ impl Default for StreamNames {
             subject_prefix: "notify".into(),
             telemetry: default_telemetry(),
             telemetry_subject: default_telemetry_subject(),
+            plugins_subject: default_plugins_subject(),
         }
     }
 }
@@ -84,6 +93,7 @@ impl StreamNames {
             subject_prefix: format!("{tag}.notify"),
             telemetry: format!("{upper}_TELEMETRY"),
             telemetry_subject: format!("{tag}.telemetry.receipts"),
+            plugins_subject: format!("{tag}.plugins.changed"),
         }
     }
 }

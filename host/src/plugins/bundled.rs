@@ -56,3 +56,18 @@ pub fn find(slug: &str) -> Option<&'static BundledPlugin> {
 
 /// Directory holding every component the build produced, test fixtures included.
 pub const WASM_DIR: &str = env!("SWITCHBOARD_WASM_DIR");
+
+/// Where the build script put the native builds of the bundled plugins (and of the
+/// native test fixtures): the same providers as trusted native libraries, for tests
+/// and the wasm-versus-native benchmark. Not embedded in the binary.
+pub const NATIVE_DIR: &str = env!("SWITCHBOARD_NATIVE_DIR");
+
+/// The native library built from crate `krate` (e.g. `switchboard-plugin-provc`).
+pub fn native_library(krate: &str) -> std::path::PathBuf {
+    std::path::Path::new(NATIVE_DIR).join(format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        krate.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    ))
+}

@@ -94,6 +94,10 @@ pub struct KitOptions {
     /// How the capture server answers a successful send.
     #[serde(default)]
     pub success: Option<SuccessReply>,
+    /// The slug a native library is checked as (`--native`); it must be trusted
+    /// (`plugins.native_trusted`). Not read from the file.
+    #[serde(skip)]
+    pub native_slug: Option<String>,
 }
 
 /// A provider API's success answer, for plugins whose API the kit does not know.
@@ -140,7 +144,14 @@ pub async fn check(
     };
     // The operator grant for the check: the capture server only.
     let grants = vec![capture.host_port()];
-    let plugin = match runtime.load(wasm, Grants::Exactly(&grants)).await {
+    let plugin = match runtime
+        .load_as(
+            wasm,
+            Grants::Exactly(&grants),
+            options.native_slug.as_deref(),
+        )
+        .await
+    {
         Ok(p) => p,
         Err(e) => {
             return Report {
@@ -159,12 +170,13 @@ pub async fn check(
             .map(|d| d.as_secs())
             .unwrap_or(0),
     };
+    let loaded = match plugin.kind() {
+        super::PluginKind::Wasm => "instantiated; imports only what the host offers",
+        super::PluginKind::Native => "opened as a trusted native library (ABI 1, no sandbox)",
+    };
     kit.pass(
         "load",
-        format!(
-            "instantiated; imports only what the host offers; slug {}, version {}",
-            info.slug, info.version
-        ),
+        format!("{loaded}; slug {}, version {}", info.slug, info.version),
     );
     kit.info().await;
     kit.signatures().await;

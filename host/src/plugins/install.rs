@@ -64,7 +64,7 @@ pub async fn install(
 ) -> anyhow::Result<InstallOutcome> {
     let digest = hex::encode(Sha256::digest(wasm));
     let plugin = runtime
-        .load(wasm, Grants::Declared)
+        .load_as(wasm, Grants::Declared, kit.native_slug.as_deref())
         .await
         .map_err(|e| anyhow::anyhow!("not a valid provider plugin: {e}"))?;
     let info = plugin.info().clone();
@@ -235,6 +235,7 @@ pub async fn watch_dir(
     dir: std::path::PathBuf,
     store: std::sync::Arc<dyn Store>,
     registry: std::sync::Arc<super::registry::Registry>,
+    announcer: super::announce::Announcer,
     runtime: PluginRuntime,
     every: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -260,6 +261,23 @@ pub async fn watch_dir(
             let Ok(wasm) = std::fs::read(&path) else {
                 continue;
             };
+            if super::artifact_kind(&wasm) == super::ArtifactKind::Native {
+                // Unsandboxed code is installed by an operator, never by dropping a file.
+                if seen.insert(hex::encode(Sha256::digest(&wasm))) {
+                    let name = path.display().to_string();
+                    tracing::warn!(file = %name, "native library in the watched directory refused");
+                    let report = path.with_file_name(format!(
+                        "{}.rejected.txt",
+                        path.file_name().unwrap_or_default().to_string_lossy()
+                    ));
+                    let _ = std::fs::write(
+                        &report,
+                        "a native library: the drop box takes WebAssembly components only; \
+                         install a trusted native plugin with `switchboard plugin install`\n",
+                    );
+                }
+                continue;
+            }
             let digest = hex::encode(Sha256::digest(&wasm));
             if !seen.insert(digest.clone()) {
                 continue;
@@ -285,6 +303,7 @@ pub async fn watch_dir(
                     if let Err(e) = registry.sync(&*store).await {
                         tracing::warn!(error = %e, "plugin sync after install failed");
                     }
+                    announcer.announce(&slug).await;
                 }
                 Ok(InstallOutcome::Rejected {
                     slug,

@@ -4,18 +4,23 @@
 //! - [`runtime`]: one wasmtime engine, a fresh sandboxed store per call with memory and
 //!   guest-time limits, the host imports.
 //! - [`egress`]: the operator's outbound-host grants.
+//! - [`announce`]: swaps announced to every running process (NATS in production).
 //! - [`cache`]: compiled components cached on disk by digest.
+//! - [`native`]: trusted native plugins (`libloading`), off unless the operator lists
+//!   the slug in `plugins.native_trusted`.
 //! - [`bundled`]: the five provider plugins embedded in the binary.
 //! - [`conformance`]: the contract suite behind `switchboard plugin check`.
 //! - [`capture`]: a local HTTP server that records what a plugin sends.
 //! - [`scaffold`]: `switchboard plugin new`, a plugin crate to start from.
 
+pub mod announce;
 pub mod bundled;
 pub mod cache;
 pub mod capture;
 pub mod conformance;
 pub mod egress;
 pub mod install;
+pub mod native;
 pub mod registry;
 pub mod runtime;
 pub mod scaffold;
@@ -30,7 +35,8 @@ pub mod bindings {
             default: trappable,
         },
         exports: { default: async },
-        additional_derives: [Clone, PartialEq],
+        // Serde: native plugins exchange these types in postcard form (`plugins::native`).
+        additional_derives: [Clone, PartialEq, serde::Serialize, serde::Deserialize],
     });
 }
 
@@ -39,7 +45,8 @@ pub mod types {
     pub use super::bindings::switchboard::provider::types::*;
 }
 
-pub use runtime::{Grants, Plugin, PluginError, PluginRuntime, RuntimeConfig};
+pub use native::{ArtifactKind, artifact_kind};
+pub use runtime::{Grants, Plugin, PluginError, PluginKind, PluginRuntime, RuntimeConfig};
 
 /// The spec's lower-case channel name.
 pub fn channel_name(channel: &types::Channel) -> &'static str {

@@ -1,11 +1,14 @@
 //! The loaded plugins, by slug: the bundled five, then any component in the plugins
 //! directory (which replaces a bundled plugin of the same slug), then the versions
 //! installed with `switchboard plugin install` (which replace both while active).
+//! Trusted native libraries (see [`super::native`]) follow the same rules: a process
+//! opens one only for a slug in its `plugins.native_trusted`.
 //!
 //! ## Hot swap
-//! Installed versions live in the database; every process polls the active set
-//! ([`Registry::follow`], once a second) and swaps a slug's entry when its active
-//! digest changes. A swap replaces one map entry under a write lock: calls already
+//! Installed versions live in the database. Every process re-reads the active set
+//! ([`Registry::follow`]) when a swap is announced (over NATS in production, see
+//! [`super::announce`]) and at least every `plugins.sync_ms`, and swaps a slug's entry
+//! when its active digest changes. A swap replaces one map entry under a write lock: calls already
 //! running hold their own handle on the old instance and finish on it, calls that start
 //! after the swap get the new one. The new version is compiled (or read from the
 //! compiled-artifact cache, keyed by digest) before the lock is taken, so the swap
@@ -49,6 +52,11 @@ pub struct Registry {
     /// version is deactivated.
     base: BTreeMap<String, Entry>,
     grants: BTreeMap<String, Vec<String>>,
+    /// Native versions this process will not open (not trusted), already reported.
+    refused: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// One sync at a time: a slow load from an earlier sync must not swap in a version
+    /// a later one has already replaced.
+    syncing: tokio::sync::Mutex<()>,
 }
 
 impl Registry {
@@ -74,14 +82,31 @@ impl Registry {
         if let Some(dir) = &config.dir {
             let read = std::fs::read_dir(dir)
                 .map_err(|e| anyhow::anyhow!("plugins.dir {}: {e}", dir.display()))?;
+            // Native libraries only where the operator trusts some native plugin; the
+            // runtime still refuses one whose slug is not trusted.
+            let native = !config.native_trusted.is_empty();
             let mut files: Vec<PathBuf> = read
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+                .filter(|p| {
+                    p.extension().is_some_and(|x| {
+                        x == "wasm" || (native && x == std::env::consts::DLL_EXTENSION)
+                    })
+                })
                 .collect();
             files.sort();
             for path in files {
+                // A native library is opened only as the slug its file is named for
+                // (`<slug>.so`), and only if that slug is trusted.
+                let named = path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .filter(|_| path.extension().is_some_and(|x| x != "wasm"));
                 let loaded = match std::fs::read(&path) {
-                    Ok(bytes) => runtime.load(&bytes, Grants::BySlug(&config.grants)).await,
+                    Ok(bytes) => {
+                        runtime
+                            .load_as(&bytes, Grants::BySlug(&config.grants), named.as_deref())
+                            .await
+                    }
                     Err(e) => {
                         tracing::error!(path = %path.display(), error = %e, "cannot read plugin");
                         continue;
@@ -112,6 +137,8 @@ impl Registry {
             base: entries.clone(),
             entries: RwLock::new(entries),
             grants: config.grants.clone(),
+            refused: Default::default(),
+            syncing: Default::default(),
         })
     }
 
@@ -126,6 +153,7 @@ impl Registry {
     /// its base plugin. Returns the slugs swapped. A version that fails to load is
     /// logged and skipped (the slug keeps what it had), and tried again next time.
     pub async fn sync(&self, store: &dyn crate::store::Store) -> anyhow::Result<Vec<String>> {
+        let _one_at_a_time = self.syncing.lock().await;
         let active: BTreeMap<String, String> =
             store.active_plugin_versions().await?.into_iter().collect();
         let loaded: Vec<(String, String, bool)> = self
@@ -147,9 +175,25 @@ impl Registry {
             if current.is_some_and(|(_, d, installed)| d == digest && *installed) {
                 continue;
             }
+            if self.refused.lock().unwrap().contains(digest) {
+                continue;
+            }
             let Some(wasm) = store.plugin_wasm(slug, digest).await? else {
                 continue;
             };
+            if super::artifact_kind(&wasm) == super::ArtifactKind::Native
+                && !self.runtime.trusts_native(slug)
+            {
+                // Checked before the library is opened. Logged once per version.
+                if self.refused.lock().unwrap().insert(digest.clone()) {
+                    tracing::error!(
+                        %slug, %digest,
+                        "the active version is a native library and this process does not \
+                         trust native {slug} (plugins.native_trusted); keeping the loaded one"
+                    );
+                }
+                continue;
+            }
             let by = store
                 .plugin_versions(Some(slug))
                 .await?
@@ -157,7 +201,11 @@ impl Registry {
                 .find(|v| &v.digest == digest)
                 .map(|v| v.installed_by)
                 .unwrap_or_default();
-            match self.runtime.load(&wasm, Grants::BySlug(&self.grants)).await {
+            match self
+                .runtime
+                .load_as(&wasm, Grants::BySlug(&self.grants), Some(slug))
+                .await
+            {
                 Ok(plugin) if &plugin.info().slug == slug => {
                     self.swap(slug, plugin, Source::Installed { by });
                     swapped.push(slug.clone());
@@ -200,18 +248,34 @@ impl Registry {
         tracing::info!(%slug, %version, digest = %&digest[..16], "plugin swapped in");
     }
 
-    /// Follows the store's active versions every `every` until `stop` turns true.
+    /// Follows the store's active versions until `stop` turns true: at once when a
+    /// swap is announced, and every `every` in any case (announcements are best
+    /// effort; polling is the safety net).
     pub async fn follow(
         self: std::sync::Arc<Self>,
         store: std::sync::Arc<dyn crate::store::Store>,
+        announcer: super::announce::Announcer,
         every: std::time::Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
+        use futures::StreamExt;
+        let mut heard = match announcer.subscribe().await {
+            Ok(stream) => stream.fuse(),
+            Err(e) => {
+                tracing::warn!(error = %e, "plugin swaps will be followed by polling only");
+                futures::stream::pending().boxed().fuse()
+            }
+        };
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                Some(slug) = heard.next() => {
+                    tracing::debug!(%slug, "plugin swap announced");
+                    // The next poll is a full period away again.
+                    tick.reset();
+                }
                 _ = stop.changed() => return,
             }
             if let Err(e) = self.sync(&*store).await {

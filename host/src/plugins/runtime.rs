@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use switchboard_sdk::native::op;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{
@@ -25,7 +26,7 @@ const EPOCH_TICK: Duration = Duration::from_millis(2);
 /// Largest response body handed back to a plugin.
 const MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Log lines kept from one call; a chatty plugin cannot flood the host's logs.
-const MAX_LOG_LINES_PER_CALL: u32 = 64;
+pub(super) const MAX_LOG_LINES_PER_CALL: u32 = 64;
 const MAX_LOG_LINE_BYTES: usize = 2048;
 
 /// Limits and sizes for the runtime. The defaults suit a gateway; tests shrink them.
@@ -44,6 +45,8 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// Where compiled components are cached; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
+    /// Slugs whose native (unsandboxed) builds may be loaded. Empty: none.
+    pub native_trusted: Vec<String>,
 }
 
 impl Default for RuntimeConfig {
@@ -55,6 +58,7 @@ impl Default for RuntimeConfig {
             http_timeout: Duration::from_secs(10),
             max_instances: 128,
             cache_dir: None,
+            native_trusted: Vec::new(),
         }
     }
 }
@@ -105,7 +109,7 @@ struct Shared {
     linker: Linker<HostState>,
     config: RuntimeConfig,
     http: reqwest::Client,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -170,7 +174,7 @@ impl PluginRuntime {
             shared: Arc::new(Shared {
                 engine,
                 linker,
-                slots: Semaphore::new(n as usize),
+                slots: Arc::new(Semaphore::new(n as usize)),
                 config,
                 http,
                 stop_ticker,
@@ -183,12 +187,86 @@ impl PluginRuntime {
         &self.shared.config
     }
 
-    /// Compiles (or loads from the cache) a component, checks that it implements the
-    /// provider world with nothing but the imports the host offers, calls `info()` and
-    /// validates the answer.
+    /// Whether a native build of `slug` may be loaded (`plugins.native_trusted`).
+    pub fn trusts_native(&self, slug: &str) -> bool {
+        self.shared.config.native_trusted.iter().any(|s| s == slug)
+    }
+
+    /// Loads a plugin file: a WebAssembly component, or a native library when the
+    /// operator trusts native plugins (see [`super::native`]).
+    ///
+    /// A component is compiled (or read from the cache), checked to implement the
+    /// provider world with nothing but the imports the host offers; then `info()` is
+    /// called and validated. A native library is refused before it is opened when no
+    /// slug is trusted, and after `info()` when its slug is not one of them.
     ///
     /// `grants` are the operator's outbound-host grants (see [`Grants`]).
-    pub async fn load(&self, wasm: &[u8], grants: Grants<'_>) -> Result<Plugin, PluginError> {
+    pub async fn load(&self, bytes: &[u8], grants: Grants<'_>) -> Result<Plugin, PluginError> {
+        self.load_as(bytes, grants, None).await
+    }
+
+    /// [`PluginRuntime::load`], for a plugin expected to be `slug`. A native library is
+    /// opened only this way: `slug` must be one the operator trusts, checked before the
+    /// library is opened (opening runs its code), and the library's `info()` must then
+    /// report that slug.
+    pub async fn load_as(
+        &self,
+        bytes: &[u8],
+        grants: Grants<'_>,
+        slug: Option<&str>,
+    ) -> Result<Plugin, PluginError> {
+        match super::native::artifact_kind(bytes) {
+            super::native::ArtifactKind::Wasm => self.load_wasm(bytes, grants).await,
+            super::native::ArtifactKind::Native => self.load_native(bytes, grants, slug).await,
+        }
+    }
+
+    async fn load_native(
+        &self,
+        bytes: &[u8],
+        grants: Grants<'_>,
+        slug: Option<&str>,
+    ) -> Result<Plugin, PluginError> {
+        let trusted = &self.shared.config.native_trusted;
+        let refuse = |why: String| Err(PluginError::Invalid(why));
+        if trusted.is_empty() {
+            return refuse(
+                "this is a native library, and native plugins are off: list the slug in \
+                 `plugins.native_trusted` to run it unsandboxed"
+                    .into(),
+            );
+        }
+        let Some(slug) = slug else {
+            return refuse(
+                "this is a native library: it is opened only for a slug named in advance \
+                 (`--native <slug>` on the command line) that `plugins.native_trusted` lists"
+                    .into(),
+            );
+        };
+        if !self.trusts_native(slug) {
+            return refuse(format!(
+                "native plugin {slug:?} is not trusted: `plugins.native_trusted` lists {}",
+                trusted.join(", ")
+            ));
+        }
+        let digest = hex::encode(Sha256::digest(bytes));
+        let (owned, key) = (bytes.to_vec(), digest.clone());
+        let library = tokio::task::spawn_blocking(move || super::native::open_bytes(&owned, &key))
+            .await
+            .map_err(|e| PluginError::Invalid(format!("loading task failed: {e}")))??;
+        let plugin = self
+            .finish_load(Backend::Native(library), digest, grants)
+            .await?;
+        if plugin.info().slug != slug {
+            return refuse(format!(
+                "the native library reports slug {:?}, not the {slug:?} it was loaded as",
+                plugin.info().slug
+            ));
+        }
+        Ok(plugin)
+    }
+
+    async fn load_wasm(&self, wasm: &[u8], grants: Grants<'_>) -> Result<Plugin, PluginError> {
         let digest = hex::encode(Sha256::digest(wasm));
         let engine = self.shared.engine.clone();
         let cache_dir = self.shared.config.cache_dir.clone();
@@ -212,10 +290,20 @@ impl PluginRuntime {
             PluginError::Invalid(format!("does not export the provider world: {e}"))
         })?;
 
+        self.finish_load(Backend::Wasm(pre), digest, grants).await
+    }
+
+    /// Asks the plugin for its `info()`, validates it and resolves its grants.
+    async fn finish_load(
+        &self,
+        backend: Backend,
+        digest: String,
+        grants: Grants<'_>,
+    ) -> Result<Plugin, PluginError> {
         let mut plugin = Plugin {
             inner: Arc::new(PluginInner {
                 shared: self.shared.clone(),
-                pre,
+                backend,
                 info: placeholder_info(),
                 digest,
                 allow: AllowList::deny_all(),
@@ -265,11 +353,38 @@ pub struct Plugin {
 
 struct PluginInner {
     shared: Arc<Shared>,
-    pre: ProviderPre<HostState>,
+    backend: Backend,
     info: types::ProviderInfo,
     digest: String,
     allow: AllowList,
     stats: Arc<PluginStats>,
+}
+
+/// How a plugin's code runs.
+enum Backend {
+    /// A WebAssembly component, one sandboxed instance per call.
+    Wasm(ProviderPre<HostState>),
+    /// A trusted native library, called in-process on a blocking thread.
+    Native(Arc<super::native::Library>),
+}
+
+/// How a plugin's code runs, for listings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    /// A sandboxed WebAssembly component.
+    Wasm,
+    /// A trusted native library (no sandbox).
+    Native,
+}
+
+impl PluginKind {
+    /// `wasm` or `native`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginKind::Wasm => "wasm",
+            PluginKind::Native => "native",
+        }
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -293,6 +408,62 @@ impl Plugin {
         &self.inner.digest
     }
 
+    /// A sandboxed component or a trusted native library.
+    pub fn kind(&self) -> PluginKind {
+        match self.inner.backend {
+            Backend::Wasm(_) => PluginKind::Wasm,
+            Backend::Native(_) => PluginKind::Native,
+        }
+    }
+
+    /// The native library behind this plugin, if it is one, and what a call lends it.
+    fn native(&self) -> Option<(&Arc<super::native::Library>, super::native::HostCtx)> {
+        let Backend::Native(lib) = &self.inner.backend else {
+            return None;
+        };
+        let shared = &self.inner.shared;
+        let ctx = super::native::HostCtx {
+            slug: self.inner.info.slug.clone(),
+            allow: self.inner.allow.clone(),
+            http: shared.http.clone(),
+            http_timeout: shared.config.http_timeout,
+            stats: self.inner.stats.clone(),
+            handle: tokio::runtime::Handle::current(),
+            inline: false,
+            cancel: Default::default(),
+            log_lines: Default::default(),
+        };
+        Some((lib, ctx))
+    }
+
+    /// Runs `op` on the native library, holding an instance slot like a sandboxed call.
+    async fn call_native<A, R>(
+        &self,
+        lib: &Arc<super::native::Library>,
+        ctx: super::native::HostCtx,
+        op: u32,
+        args: &A,
+    ) -> Result<R, PluginError>
+    where
+        A: serde::Serialize + ?Sized,
+        R: serde::de::DeserializeOwned,
+    {
+        let slot = self
+            .inner
+            .shared
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
+        self.inner.stats.calls.fetch_add(1, Ordering::Relaxed);
+        let result = super::native::call(lib, ctx, slot, op, args).await;
+        if result.is_err() {
+            self.inner.stats.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
     /// The hosts this plugin may reach.
     pub fn allowed_hosts(&self) -> Vec<String> {
         self.inner.allow.entries()
@@ -305,6 +476,9 @@ impl Plugin {
 
     /// Calls `info()` in a fresh instance (load-time answer: [`Plugin::info`]).
     pub async fn call_info(&self) -> Result<types::ProviderInfo, PluginError> {
+        if let Some((lib, ctx)) = self.native() {
+            return self.call_native(lib, ctx, op::INFO, &[0u8; 0]).await;
+        }
         self.session(CallKind::Quick).await?.info().await
     }
 
@@ -314,6 +488,11 @@ impl Plugin {
         config: &[(String, String)],
         message: &types::Message,
     ) -> Result<types::SendOutcome, PluginError> {
+        if let Some((lib, ctx)) = self.native() {
+            return self
+                .call_native(lib, ctx, op::SEND, &(config, message))
+                .await;
+        }
         self.session(CallKind::Send)
             .await?
             .send(config, message)
@@ -328,6 +507,12 @@ impl Plugin {
         body: &[u8],
         now: u64,
     ) -> Result<Result<(), types::SignatureError>, PluginError> {
+        if let Some((lib, ctx)) = self.native() {
+            let args = (secret, headers, body, now);
+            return self
+                .call_native(lib, ctx, op::VERIFY_SIGNATURE, &args)
+                .await;
+        }
         self.session(CallKind::Quick)
             .await?
             .verify_signature(secret, headers, body, now)
@@ -341,6 +526,10 @@ impl Plugin {
         body: &[u8],
         timestamp: u64,
     ) -> Result<Vec<(String, String)>, PluginError> {
+        if let Some((lib, ctx)) = self.native() {
+            let args = (secret, body, timestamp);
+            return self.call_native(lib, ctx, op::SIGN_WEBHOOK, &args).await;
+        }
         self.session(CallKind::Quick)
             .await?
             .sign_webhook(secret, body, timestamp)
@@ -353,6 +542,10 @@ impl Plugin {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
+        if let Some((lib, ctx)) = self.native() {
+            let args = (headers, body);
+            return self.call_native(lib, ctx, op::PARSE_RECEIPT, &args).await;
+        }
         self.session(CallKind::Quick)
             .await?
             .parse_receipt(headers, body)
@@ -364,6 +557,11 @@ impl Plugin {
         &self,
         state: &str,
     ) -> Result<types::DeliveryStatus, PluginError> {
+        if let Some((lib, ctx)) = self.native() {
+            return self
+                .call_native(lib, ctx, op::NORMALIZE_CALL_STATE, &(state,))
+                .await;
+        }
         self.session(CallKind::Quick)
             .await?
             .normalize_call_state(state)
@@ -371,8 +569,14 @@ impl Plugin {
     }
 
     /// A fresh sandboxed instance for one or more calls. Each call gets the full
-    /// budget of `kind`; after a failed call the instance is discarded.
+    /// budget of `kind`; after a failed call the instance is discarded. A native plugin
+    /// has no sandbox, hence no session.
     pub async fn session(&self, kind: CallKind) -> Result<Session<'_>, PluginError> {
+        let Backend::Wasm(pre) = &self.inner.backend else {
+            return Err(PluginError::Invalid(
+                "a native plugin has no sandboxed session".into(),
+            ));
+        };
         let shared = &self.inner.shared;
         let budget = match kind {
             CallKind::Quick => shared.config.guest_time_budget,
@@ -420,7 +624,7 @@ impl Plugin {
             _slot: slot,
         };
         session.begin()?;
-        let instance = self.inner.pre.instantiate_async(&mut session.store).await;
+        let instance = pre.instantiate_async(&mut session.store).await;
         session.guest = Some(session.end(instance)?);
         Ok(session)
     }
@@ -742,9 +946,25 @@ impl host::Host for HostState {
         fields: Vec<(String, String)>,
     ) -> wasmtime::Result<()> {
         self.log_lines += 1;
-        if self.log_lines > MAX_LOG_LINES_PER_CALL {
-            return Ok(());
+        if self.log_lines <= MAX_LOG_LINES_PER_CALL {
+            write_log(&self.slug, level, message, fields);
         }
+        Ok(())
+    }
+
+    fn hmac_sha256(&mut self, key: Vec<u8>, data: Vec<u8>) -> wasmtime::Result<Vec<u8>> {
+        Ok(crate::crypto::hmac_sha256(&key, &data).to_vec())
+    }
+}
+
+/// One plugin log line, attributed to the plugin and capped in size.
+pub(super) fn write_log(
+    slug: &str,
+    level: types::LogLevel,
+    message: String,
+    fields: Vec<(String, String)>,
+) {
+    {
         let mut line = message;
         for (k, v) in fields {
             line.push_str(&format!(" {k}={v}"));
@@ -756,7 +976,6 @@ impl host::Host for HostState {
             }
             line.truncate(cut);
         }
-        let slug = self.slug.as_str();
         match level {
             types::LogLevel::Trace => tracing::trace!(target: "plugin", plugin = slug, "{line}"),
             types::LogLevel::Debug => tracing::debug!(target: "plugin", plugin = slug, "{line}"),
@@ -764,11 +983,6 @@ impl host::Host for HostState {
             types::LogLevel::Warn => tracing::warn!(target: "plugin", plugin = slug, "{line}"),
             types::LogLevel::Error => tracing::error!(target: "plugin", plugin = slug, "{line}"),
         }
-        Ok(())
-    }
-
-    fn hmac_sha256(&mut self, key: Vec<u8>, data: Vec<u8>) -> wasmtime::Result<Vec<u8>> {
-        Ok(crate::crypto::hmac_sha256(&key, &data).to_vec())
     }
 }
 
@@ -777,21 +991,44 @@ impl HostState {
         &mut self,
         request: types::OutboundRequest,
     ) -> Result<types::OutboundResponse, types::HttpError> {
+        perform_http(
+            &self.slug,
+            &self.allow,
+            &self.http,
+            self.http_timeout,
+            &self.stats,
+            request,
+        )
+        .await
+    }
+}
+
+/// An outbound request for plugin `slug`, through its allow-list, with the host's
+/// timeout cap and response size limit.
+pub(super) async fn perform_http(
+    slug: &str,
+    allow: &AllowList,
+    http: &reqwest::Client,
+    http_timeout: Duration,
+    stats: &PluginStats,
+    request: types::OutboundRequest,
+) -> Result<types::OutboundResponse, types::HttpError> {
+    {
         use types::HttpError;
-        let url = match self.allow.check(&request.url) {
+        let url = match allow.check(&request.url) {
             Ok(url) => url,
             Err(refused) => {
-                self.stats.egress_denied.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut hosts) = self.stats.denied_hosts.lock()
+                stats.egress_denied.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut hosts) = stats.denied_hosts.lock()
                     && hosts.len() < 32
                 {
                     hosts.push(refused.clone());
                 }
-                tracing::warn!(plugin = %self.slug, host = %refused, "outbound request denied: host not granted");
+                tracing::warn!(plugin = %slug, host = %refused, "outbound request denied: host not granted");
                 return Err(HttpError::Denied(refused));
             }
         };
-        self.stats.http_requests.fetch_add(1, Ordering::Relaxed);
+        stats.http_requests.fetch_add(1, Ordering::Relaxed);
         let method = match request.method {
             types::HttpMethod::Get => reqwest::Method::GET,
             types::HttpMethod::Post => reqwest::Method::POST,
@@ -802,10 +1039,9 @@ impl HostState {
         let timeout = request
             .timeout_ms
             .map(|ms| Duration::from_millis(ms.into()))
-            .unwrap_or(self.http_timeout)
-            .min(self.http_timeout);
-        let mut builder = self
-            .http
+            .unwrap_or(http_timeout)
+            .min(http_timeout);
+        let mut builder = http
             .request(method, url)
             .timeout(timeout)
             .body(request.body);
