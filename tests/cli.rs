@@ -1650,7 +1650,20 @@ fn a_native_library_is_installed_only_where_its_slug_is_trusted() {
     };
     let (_, out, _) = run(Some("[provc]"), &["plugin", "list"]);
     assert!(provc_line(&out).contains("(native, unsandboxed)"), "{out}");
-    // A process that does not trust it keeps serving the component.
+    // A process that does not trust it keeps serving the component, and its listing of
+    // installed versions (after the blank line) still says what the stored one is.
     let (_, out, _) = run(None, &["plugin", "list"]);
     assert!(provc_line(&out).ends_with("bundled"), "{out}");
+    let installed: Vec<&str> = out
+        .split("\n\n")
+        .nth(1)
+        .and_then(|table| table.lines().find(|l| l.starts_with("provc ")))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        installed.get(3..5),
+        Some(&["native", "active"][..]),
+        "{out}"
+    );
 }

@@ -1090,6 +1090,15 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
         "{states:?}"
     );
     assert!(states.iter().any(|(_, st)| st == "rejected"), "{states:?}");
+    // The API installs components only, and says so of each.
+    assert!(
+        listing["installed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["kind"] == "wasm"),
+        "{listing}"
+    );
     lp.cleanup().await;
 }
 

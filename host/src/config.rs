@@ -219,7 +219,8 @@ pub struct PluginsConfig {
     pub cache_dir: Option<PathBuf>,
     /// Linear-memory limit per instance, MiB.
     pub memory_limit_mib: u32,
-    /// Guest-time budget for verify/parse/normalize/info, milliseconds.
+    /// Guest-time budget for verify/parse/normalize/sign, milliseconds (`info`, once
+    /// per load, gets at least a second).
     pub guest_time_ms: u64,
     /// Guest-time budget for send (outbound HTTP time not counted), milliseconds.
     pub send_guest_time_ms: u64,

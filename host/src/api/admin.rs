@@ -40,6 +40,8 @@ pub struct InstalledVersion {
     pub version: String,
     /// Hex SHA-256 of the component.
     pub digest: String,
+    /// `wasm` (a sandboxed component) or `native` (a trusted native library).
+    pub kind: String,
     /// `active`, `standby` or `rejected`.
     pub state: String,
     /// Who installed it (`cli:<user>`, `api:<key id>`).
@@ -157,6 +159,7 @@ pub async fn list_plugins(
             slug: v.slug,
             version: v.version,
             digest: v.digest,
+            kind: v.kind.as_str().into(),
             state: v.state.as_str().into(),
             installed_by: v.installed_by,
             installed_at: v

@@ -139,6 +139,7 @@ pub async fn install(
             slug: slug.clone(),
             version: version.clone(),
             digest: digest.clone(),
+            kind: plugin.kind(),
             wasm: wasm.to_vec(),
             outbound_hosts: info.outbound_hosts.clone(),
             state,
@@ -208,15 +209,16 @@ pub async fn listing(store: &dyn Store) -> anyhow::Result<String> {
         return Ok("no installed versions (`switchboard plugin install <file.wasm>`)\n".into());
     }
     let mut out = format!(
-        "{:<10} {:<9} {:<14} {:<9} {:<21} {}\n",
-        "slug", "version", "digest", "state", "installed", "by"
+        "{:<10} {:<9} {:<14} {:<7} {:<9} {:<21} {}\n",
+        "slug", "version", "digest", "kind", "state", "installed", "by"
     );
     for v in versions {
         out.push_str(&format!(
-            "{:<10} {:<9} {:<14} {:<9} {:<21} {}\n",
+            "{:<10} {:<9} {:<14} {:<7} {:<9} {:<21} {}\n",
             v.slug,
             v.version,
             &v.digest[..12],
+            v.kind.as_str(),
             v.state.as_str(),
             v.installed_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

@@ -28,14 +28,18 @@ const MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Log lines kept from one call; a chatty plugin cannot flood the host's logs.
 pub(super) const MAX_LOG_LINES_PER_CALL: u32 = 64;
 const MAX_LOG_LINE_BYTES: usize = 2048;
+/// Least guest time `info` gets: it runs once per load, and a start on a busy machine
+/// (the thread descheduled mid-call) must not fail a plugin that would serve fine.
+const LOAD_GUEST_TIME_FLOOR: Duration = Duration::from_secs(1);
 
 /// Limits and sizes for the runtime. The defaults suit a gateway; tests shrink them.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// Linear-memory limit per plugin instance.
     pub memory_limit_bytes: usize,
-    /// Guest time allowed for `info`, `verify-signature`, `parse-receipt`,
-    /// `normalize-call-state` and `sign-webhook`.
+    /// Guest time allowed for `verify-signature`, `parse-receipt`,
+    /// `normalize-call-state` and `sign-webhook`; `info`, called once per load, gets at
+    /// least a second.
     pub guest_time_budget: Duration,
     /// Guest time allowed for `send`; time spent waiting on outbound HTTP is not counted.
     pub send_guest_time_budget: Duration,
@@ -385,6 +389,13 @@ impl PluginKind {
             PluginKind::Native => "native",
         }
     }
+
+    /// Parses the name [`as_str`](Self::as_str) gives.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Wasm, Self::Native]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -479,7 +490,7 @@ impl Plugin {
         if let Some((lib, ctx)) = self.native() {
             return self.call_native(lib, ctx, op::INFO, &[0u8; 0]).await;
         }
-        self.session(CallKind::Quick).await?.info().await
+        self.session(CallKind::Load).await?.info().await
     }
 
     /// Sends one message through the provider.
@@ -578,10 +589,7 @@ impl Plugin {
             ));
         };
         let shared = &self.inner.shared;
-        let budget = match kind {
-            CallKind::Quick => shared.config.guest_time_budget,
-            CallKind::Send => shared.config.send_guest_time_budget,
-        };
+        let budget = kind.budget(&shared.config);
         let slot = shared
             .slots
             .acquire()
@@ -633,10 +641,23 @@ impl Plugin {
 /// Which guest-time budget a call gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallKind {
-    /// `info`, `verify-signature`, `sign-webhook`, `parse-receipt`, `normalize-call-state`.
+    /// `verify-signature`, `sign-webhook`, `parse-receipt`, `normalize-call-state`.
     Quick,
+    /// `info`, once per load: the quick budget, but at least a second.
+    Load,
     /// `send`: a longer budget; time waiting on outbound HTTP is not counted.
     Send,
+}
+
+impl CallKind {
+    /// The guest time a call of this kind gets under `config`.
+    pub fn budget(self, config: &RuntimeConfig) -> Duration {
+        match self {
+            CallKind::Quick => config.guest_time_budget,
+            CallKind::Send => config.send_guest_time_budget,
+            CallKind::Load => config.guest_time_budget.max(LOAD_GUEST_TIME_FLOOR),
+        }
+    }
 }
 
 /// One live sandboxed instance. Dropping it frees the instance and its slot.
@@ -1081,5 +1102,27 @@ pub(super) async fn perform_http(
             headers,
             body,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_at_load_gets_at_least_a_second_and_other_calls_their_budget() {
+        let config = RuntimeConfig {
+            guest_time_budget: Duration::from_millis(5),
+            send_guest_time_budget: Duration::from_millis(7),
+            ..RuntimeConfig::default()
+        };
+        assert_eq!(CallKind::Quick.budget(&config), Duration::from_millis(5));
+        assert_eq!(CallKind::Send.budget(&config), Duration::from_millis(7));
+        assert_eq!(CallKind::Load.budget(&config), Duration::from_secs(1));
+        let generous = RuntimeConfig {
+            guest_time_budget: Duration::from_secs(3),
+            ..config
+        };
+        assert_eq!(CallKind::Load.budget(&generous), Duration::from_secs(3));
     }
 }

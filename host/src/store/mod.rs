@@ -8,6 +8,7 @@ use crate::model::{
     NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
     ProviderRoute, Step, SubscriberContacts, Tier, Workspace,
 };
+use crate::plugins::PluginKind;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
@@ -333,7 +334,9 @@ pub struct NewPluginVersion {
     pub version: String,
     /// Hex SHA-256 of the component.
     pub digest: String,
-    /// The component.
+    /// A component or a trusted native library, as the loaded plugin says.
+    pub kind: PluginKind,
+    /// The component (or native library).
     pub wasm: Vec<u8>,
     /// Hosts the version declares.
     pub outbound_hosts: Vec<String>,
@@ -356,6 +359,8 @@ pub struct PluginVersion {
     pub version: String,
     /// Hex SHA-256 of the component.
     pub digest: String,
+    /// A component or a trusted native library.
+    pub kind: PluginKind,
     /// Hosts it declares.
     pub outbound_hosts: Vec<String>,
     /// State.

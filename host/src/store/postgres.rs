@@ -1260,13 +1260,15 @@ impl Store for PgStore {
     ) -> Result<bool, StoreError> {
         check_new_plugin_state(version)?;
         let inserted = sqlx::query(
-            "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, report, \
-             installed_by, installed_at, wasm) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9) \
+            "INSERT INTO plugin_versions (slug, version, digest, kind, outbound_hosts, state, \
+             report, installed_by, installed_at, wasm) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10) \
              ON CONFLICT (slug, digest) DO NOTHING",
         )
         .bind(&version.slug)
         .bind(&version.version)
         .bind(&version.digest)
+        .bind(version.kind.as_str())
         .bind(encode_json(&version.outbound_hosts)?)
         .bind(version.state.as_str())
         .bind(version.report.as_deref())
@@ -1287,8 +1289,8 @@ impl Store for PgStore {
         // Two statements rather than `$1 IS NULL OR ...`, so that one slug's listing
         // goes through the primary key.
         let sql = format!(
-            "SELECT slug, version, digest, outbound_hosts::text AS outbound_hosts, state, report, \
-             installed_by, installed_at, activated_at FROM plugin_versions {} \
+            "SELECT slug, version, digest, kind, outbound_hosts::text AS outbound_hosts, state, \
+             report, installed_by, installed_at, activated_at FROM plugin_versions {} \
              ORDER BY installed_at DESC, digest, slug",
             if slug.is_some() {
                 "WHERE slug = $1"
@@ -1660,12 +1662,18 @@ fn decode_plugin_state(state: &str) -> Result<super::PluginState, sqlx::Error> {
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown plugin state {state:?}").into()))
 }
 
+fn decode_plugin_kind(kind: &str) -> Result<crate::plugins::PluginKind, sqlx::Error> {
+    crate::plugins::PluginKind::parse(kind)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown plugin kind {kind:?}").into()))
+}
+
 /// A `plugin_versions` row without `wasm`, `outbound_hosts` selected as text.
 fn decode_plugin_version(row: &PgRow) -> Result<super::PluginVersion, sqlx::Error> {
     Ok(super::PluginVersion {
         slug: row.try_get("slug")?,
         version: row.try_get("version")?,
         digest: row.try_get("digest")?,
+        kind: decode_plugin_kind(row.try_get("kind")?)?,
         outbound_hosts: decode_json(row, "outbound_hosts")?,
         state: decode_plugin_state(row.try_get("state")?)?,
         report: row.try_get("report")?,

@@ -1326,13 +1326,14 @@ impl Store for SqliteStore {
         let hosts = serde_json::to_string(&version.outbound_hosts)
             .map_err(|e| StoreError::Other(format!("encoding outbound hosts: {e}")))?;
         let inserted = sqlx::query(
-            "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, report, \
-             installed_by, installed_at, wasm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+            "INSERT INTO plugin_versions (slug, version, digest, kind, outbound_hosts, state, \
+             report, installed_by, installed_at, wasm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (slug, digest) DO NOTHING",
         )
         .bind(version.slug.as_str())
         .bind(version.version.as_str())
         .bind(version.digest.as_str())
+        .bind(version.kind.as_str())
         .bind(hosts)
         .bind(version.state.as_str())
         .bind(version.report.as_deref())
@@ -1353,7 +1354,7 @@ impl Store for SqliteStore {
         // Two statements rather than `? IS NULL OR ...`, so that one slug's listing goes
         // through the primary key.
         let sql = format!(
-            "SELECT slug, version, digest, outbound_hosts, state, report, installed_by, \
+            "SELECT slug, version, digest, kind, outbound_hosts, state, report, installed_by, \
              installed_at, activated_at FROM plugin_versions {} \
              ORDER BY installed_at DESC, digest, slug",
             if slug.is_some() { "WHERE slug = ?" } else { "" }
@@ -1735,11 +1736,14 @@ fn check_new_plugin_state(version: &super::NewPluginVersion) -> Result<(), Store
 /// A `plugin_versions` row without `wasm`.
 fn decode_plugin_version(row: &SqliteRow) -> Result<super::PluginVersion, StoreError> {
     let state: &str = row.try_get("state").map_err(map_err)?;
+    let kind: &str = row.try_get("kind").map_err(map_err)?;
     let activated_at: Option<&str> = row.try_get("activated_at").map_err(map_err)?;
     Ok(super::PluginVersion {
         slug: row.try_get("slug").map_err(map_err)?,
         version: row.try_get("version").map_err(map_err)?,
         digest: row.try_get("digest").map_err(map_err)?,
+        kind: crate::plugins::PluginKind::parse(kind)
+            .ok_or_else(|| StoreError::Other(format!("unknown plugin kind {kind:?}")))?,
         outbound_hosts: decode_json(
             row.try_get("outbound_hosts").map_err(map_err)?,
             "outbound_hosts",

@@ -2842,6 +2842,7 @@ fn plugin_version(
         slug: slug.into(),
         version: version.into(),
         digest: hex::encode(sha2::Sha256::digest(&wasm)),
+        kind: crate::plugins::PluginKind::Wasm,
         wasm,
         outbound_hosts: vec![format!("api.{slug}.example"), "*.cdn.example".into()],
         report: (state == super::PluginState::Rejected)
@@ -2865,6 +2866,7 @@ fn listed(version: &super::NewPluginVersion) -> super::PluginVersion {
         slug: version.slug.clone(),
         version: version.version.clone(),
         digest: version.digest.clone(),
+        kind: version.kind,
         outbound_hosts: version.outbound_hosts.clone(),
         state: version.state,
         report: version.report.clone(),
@@ -2888,7 +2890,7 @@ async fn plugin_state(
     (v.state, v.activated_at)
 }
 
-/// Inserting stores every field (not the bytes, in listings); a second insert of a
+/// Inserting stores every field (not the bytes, in listings; the kind too); a second insert of a
 /// slug's digest is refused and changes nothing; the same digest may serve two slugs;
 /// listings are newest install first (ties by digest), of one slug or all; a version
 /// cannot be inserted active.
@@ -2907,7 +2909,11 @@ pub(crate) async fn plugin_versions_insert_and_list(store: Arc<dyn Store>) {
     let t0 = now() - Duration::minutes(10);
     let t1 = t0 + Duration::minutes(1);
     let x1 = plugin_version("provx", "1.0.0", component("x1"), Standby, t0);
-    let x2 = plugin_version("provx", "1.1.0", component("x2"), Standby, t1);
+    // A trusted native build: its kind is stored and listed.
+    let x2 = super::NewPluginVersion {
+        kind: crate::plugins::PluginKind::Native,
+        ..plugin_version("provx", "1.1.0", b"\x7fELF x2".to_vec(), Standby, t1)
+    };
     let x3 = plugin_version("provx", "2.0.0", component("x3"), Rejected, t1);
     // Another slug with x1's very bytes, installed last.
     let y1 = plugin_version(
