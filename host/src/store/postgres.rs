@@ -1797,6 +1797,13 @@ mod tests {
 
     impl TestDb {
         async fn create() -> Self {
+            let db = Self::unmigrated().await;
+            db.store.migrate().await.expect("migrate");
+            db
+        }
+
+        /// A fresh database with no schema yet.
+        async fn unmigrated() -> Self {
             let admin = PgStore::connect(ADMIN_URL, 1)
                 .await
                 .expect("PostgreSQL must be running at 127.0.0.1:5432 (user postgres, trust auth)");
@@ -1809,7 +1816,6 @@ mod tests {
             let store = PgStore::connect(&format!("postgres://postgres@127.0.0.1:5432/{name}"), 32)
                 .await
                 .expect("connect to test database");
-            store.migrate().await.expect("migrate");
             Self { store, name }
         }
     }
@@ -1840,6 +1846,42 @@ mod tests {
                 eprintln!("could not drop test database: {e}");
             }
         }
+    }
+
+    /// 0006 adds `plugin_versions.kind`: rows written before it keep everything and
+    /// get their kind from the bytes; the column has no default afterwards.
+    #[tokio::test]
+    async fn the_plugin_kind_migration_keeps_rows_and_tells_their_kinds() {
+        let db = TestDb::unmigrated().await;
+        let before = tempfile::tempdir().unwrap();
+        crate::store::tests::migrator_before("postgres", 6, before.path())
+            .await
+            .run(db.store.pool())
+            .await
+            .unwrap();
+        for (digest, state, bytes) in crate::store::tests::ROWS_BEFORE_0006 {
+            sqlx::query(
+                "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, \
+                 installed_by, installed_at, wasm) VALUES ('provx', '1.0.0', $1, \
+                 '[\"api.provx.example\"]'::jsonb, $2, 'cli:t', '2026-01-01T00:00:00Z', $3)",
+            )
+            .bind(digest)
+            .bind(state)
+            .bind(bytes)
+            .execute(db.store.pool())
+            .await
+            .unwrap();
+        }
+        db.store.migrate().await.unwrap();
+        crate::store::tests::plugin_kinds_after_0006(&db.store).await;
+        let default: Option<String> = sqlx::query_scalar(
+            "SELECT column_default FROM information_schema.columns \
+             WHERE table_name = 'plugin_versions' AND column_name = 'kind'",
+        )
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(default, None);
     }
 
     #[tokio::test]

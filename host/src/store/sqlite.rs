@@ -1845,6 +1845,49 @@ mod tests {
         crate::store::tests::conformance_suite(&store).await;
     }
 
+    /// 0006 rebuilds `plugin_versions`: rows written before it keep everything and get
+    /// their kind; `wasm` is still the last column; the one-active-per-slug index is back.
+    #[tokio::test]
+    async fn the_plugin_kind_migration_keeps_rows_and_tells_their_kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("switchboard.db"))
+            .await
+            .unwrap();
+        let before = tempfile::tempdir().unwrap();
+        crate::store::tests::migrator_before("sqlite", 6, before.path())
+            .await
+            .run(store.pool())
+            .await
+            .unwrap();
+        for (digest, state, bytes) in crate::store::tests::ROWS_BEFORE_0006 {
+            sqlx::query(
+                "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, \
+                 installed_by, installed_at, wasm) VALUES ('provx', '1.0.0', ?, \
+                 '[\"api.provx.example\"]', ?, 'cli:t', '2026-01-01T00:00:00.000000Z', ?)",
+            )
+            .bind(digest)
+            .bind(state)
+            .bind(bytes)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+        store.migrate().await.unwrap();
+        crate::store::tests::plugin_kinds_after_0006(&store).await;
+        let last: String = sqlx::query_scalar(
+            "SELECT name FROM pragma_table_info('plugin_versions') ORDER BY cid DESC LIMIT 1",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(last, "wasm");
+        let second_active =
+            sqlx::query("UPDATE plugin_versions SET state = 'active' WHERE digest = 'bb'")
+                .execute(store.pool())
+                .await;
+        assert!(second_active.is_err(), "{second_active:?}");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_ensure_workspace() {
         let (_dir, store) = open_temp().await;

@@ -2860,6 +2860,65 @@ fn component(tag: &str) -> Vec<u8> {
     wasm
 }
 
+/// The migrations of `dialect` (`postgres` or `sqlite`) numbered below `version`,
+/// copied into `dir`: to write rows under the schema a migration starts from.
+pub(crate) async fn migrator_before(
+    dialect: &str,
+    version: u32,
+    dir: &std::path::Path,
+) -> sqlx::migrate::Migrator {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../migrations")
+        .join(dialect);
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let number: Option<u32> = name.split('_').next().and_then(|n| n.parse().ok());
+        if number.is_some_and(|n| n < version) {
+            std::fs::copy(&path, dir.join(&name)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(dir).await.unwrap()
+}
+
+/// Bytes of the two kinds, as stored before 0006 by [`plugin_kinds_after_0006`]'s
+/// callers: digest, state and bytes.
+pub(crate) const ROWS_BEFORE_0006: [(&str, &str, &[u8]); 2] = [
+    ("aa", "active", b"\0asm\x0d\0\x01\0component"),
+    ("bb", "standby", b"\x7fELF\x02\x01\x01library"),
+];
+
+/// After 0006, the rows written before it (slug `provx`, [`ROWS_BEFORE_0006`]) keep
+/// their columns and bytes, and get their kind from the bytes.
+pub(crate) async fn plugin_kinds_after_0006(store: &dyn Store) {
+    use crate::plugins::PluginKind::{Native, Wasm};
+    let listed: Vec<_> = store
+        .plugin_versions(Some("provx"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| (v.digest, v.kind, v.state.as_str(), v.outbound_hosts))
+        .collect();
+    let hosts = vec!["api.provx.example".to_string()];
+    assert_eq!(
+        listed,
+        vec![
+            ("aa".into(), Wasm, "active", hosts.clone()),
+            ("bb".into(), Native, "standby", hosts),
+        ]
+    );
+    for (digest, _, bytes) in ROWS_BEFORE_0006 {
+        assert_eq!(
+            store.plugin_wasm("provx", digest).await.unwrap().as_deref(),
+            Some(bytes)
+        );
+    }
+    assert_eq!(
+        store.active_plugin_versions().await.unwrap(),
+        vec![("provx".to_string(), "aa".to_string())]
+    );
+}
+
 /// What `plugin_versions` lists for a version as inserted, before any activation.
 fn listed(version: &super::NewPluginVersion) -> super::PluginVersion {
     super::PluginVersion {
