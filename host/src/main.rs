@@ -317,7 +317,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let outcome = runtime.block_on(dispatch(cli));
+    // Dropping a runtime waits for every blocking task; a trusted native plugin stuck in
+    // `send` (nothing can interrupt native code) must not hold the process open forever.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

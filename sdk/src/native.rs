@@ -16,7 +16,10 @@
 //! generate from the same WIT (records as their fields in WIT order, enums and variants
 //! by case index, lists length-prefixed, `list<u8>` as raw bytes). The arguments are a
 //! tuple in WIT order; the result is the function's return value. The format is not
-//! self-describing: the WIT package version and [`ABI_VERSION`] pin it. Nothing
+//! self-describing, so [`ABI_VERSION`] names the WIT package too: version 1 is
+//! `switchboard:provider@0.1.0`, and an SDK built on a newer WIT package speaks a new
+//! ABI version (with its own `switchboard_native_call_vN`), which a host that does not
+//! know it refuses at the version check instead of misreading its values. Nothing
 //! allocated on one side is freed on the other: output is handed to a [`Sink`]
 //! callback, which copies it before returning.
 //!
@@ -100,18 +103,27 @@ pub unsafe fn write(sink: Sink, sink_ctx: *mut c_void, bytes: &[u8]) {
     unsafe { sink(sink_ctx, bytes.as_ptr(), bytes.len()) }
 }
 
+/// The bytes a peer passed as a pointer and a length. An empty buffer may come as a
+/// null or dangling pointer, which `slice::from_raw_parts` must never see.
+///
+/// # Safety
+/// Unless `len` is 0, `ptr` must be readable for `len` bytes for `'a`.
+pub unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> &'a [u8] {
+    if len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller guarantees `ptr` is readable for `len` bytes.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+}
+
 /// A [`Sink`] that appends to the `Vec<u8>` behind `sink_ctx`.
 ///
 /// # Safety
 /// `sink_ctx` must point to a live `Vec<u8>` and `ptr`/`len` to readable bytes.
 pub unsafe extern "C" fn vec_sink(sink_ctx: *mut c_void, ptr: *const u8, len: usize) {
     // SAFETY: the caller guarantees both pointers.
-    unsafe {
-        let out = &mut *(sink_ctx as *mut Vec<u8>);
-        if len > 0 {
-            out.extend_from_slice(std::slice::from_raw_parts(ptr, len));
-        }
-    }
+    unsafe { (*(sink_ctx as *mut Vec<u8>)).extend_from_slice(bytes(ptr, len)) }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -230,12 +242,8 @@ pub(crate) mod guest {
         sink: Sink,
         sink_ctx: *mut c_void,
     ) -> u32 {
-        let input: &[u8] = if input_len == 0 {
-            &[]
-        } else {
-            // SAFETY: the caller guarantees `input` is readable for `input_len` bytes.
-            unsafe { std::slice::from_raw_parts(input, input_len) }
-        };
+        // SAFETY: the caller guarantees `input` is readable for `input_len` bytes.
+        let input = unsafe { bytes(input, input_len) };
         struct Lent(*const HostV1);
         impl Drop for Lent {
             fn drop(&mut self) {

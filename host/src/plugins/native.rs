@@ -25,7 +25,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,19 +71,24 @@ impl std::fmt::Debug for Library {
 }
 
 /// Libraries opened by this process, by digest: each is opened once (and never
-/// closed), so swapping back and forth maps nothing new.
-static OPENED: Mutex<BTreeMap<String, Arc<Library>>> = Mutex::new(BTreeMap::new());
+/// closed), so swapping back and forth maps nothing new. A library that was mapped but
+/// then refused (wrong ABI version, no entry point) is remembered with its reason: it
+/// stays mapped like any other, and its initialisers never run a second time however
+/// often a sync meets its digest again.
+static OPENED: Mutex<BTreeMap<String, Result<Arc<Library>, String>>> = Mutex::new(BTreeMap::new());
 
 /// Opens the library whose bytes are `bytes` (digest `digest`), or returns the one
-/// this process already opened.
+/// this process already opened (or the reason it was refused).
 ///
 /// The bytes are written to a fresh private directory (mode 0700, made for this load)
 /// and opened from there, so nobody else can plant or swap the file between the write
 /// and the open, and what is opened is exactly what was hashed. The file is removed
 /// once the library is mapped.
 pub(crate) fn open_bytes(bytes: &[u8], digest: &str) -> Result<Arc<Library>, PluginError> {
-    if let Some(lib) = OPENED.lock().unwrap().get(digest) {
-        return Ok(lib.clone());
+    // Held across the open: two loads of one digest never both run its initialisers.
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(known) = opened.get(digest) {
+        return known.clone().map_err(PluginError::Invalid);
     }
     let staged = tempfile::Builder::new()
         .prefix("switchboard-native-")
@@ -98,52 +102,44 @@ pub(crate) fn open_bytes(bytes: &[u8], digest: &str) -> Result<Arc<Library>, Plu
         });
     let (dir, path) = staged
         .map_err(|e| PluginError::Invalid(format!("cannot stage the native library: {e}")))?;
-    let lib = Arc::new(open(&path, digest)?);
-    drop(dir);
-    Ok(OPENED
-        .lock()
-        .unwrap()
-        .entry(digest.to_string())
-        .or_insert(lib)
-        .clone())
-}
-
-/// Opens a native plugin library and checks its ABI version.
-fn open(path: &Path, digest: &str) -> Result<Library, PluginError> {
-    let invalid = |why: String| PluginError::Invalid(why);
     // SAFETY: loading runs the library's initialisers; the caller has established that
     // the operator trusts it (`plugins.native_trusted`).
-    let lib = unsafe { libloading::Library::new(path) }
-        .map_err(|e| invalid(format!("cannot load native library: {e}")))?;
+    let lib = unsafe { libloading::Library::new(&path) }
+        .map_err(|e| PluginError::Invalid(format!("cannot load native library: {e}")))?;
+    drop(dir);
+    // Mapped from here on, and never unmapped (see the module docs), refused or not.
+    let lib: &'static libloading::Library = Box::leak(Box::new(lib));
+    let checked = check_abi(lib, digest).map(Arc::new);
+    opened.insert(digest.to_string(), checked.clone());
+    checked.map_err(PluginError::Invalid)
+}
+
+/// Checks a mapped library's ABI version and finds its entry point.
+fn check_abi(lib: &'static libloading::Library, digest: &str) -> Result<Library, String> {
     // SAFETY: the symbol's type is the one the ABI fixes for every version.
     let version =
         unsafe { lib.get::<AbiVersion>(b"switchboard_native_abi_version\0") }.map_err(|_| {
-            invalid(
-                "not a Switchboard native plugin: the library exports no \
-                 `switchboard_native_abi_version` (was it built with the SDK's `native` \
-                 feature?)"
-                    .into(),
-            )
+            "not a Switchboard native plugin: the library exports no \
+             `switchboard_native_abi_version` (was it built with the SDK's `native` \
+             feature?)"
+                .to_string()
         })?;
     // SAFETY: as above; the function takes nothing and returns a u32.
     let version = unsafe { version() };
     if version != ABI_VERSION {
-        return Err(invalid(format!(
+        return Err(format!(
             "native plugin ABI version mismatch: the library speaks version {version}, this \
              host speaks version {ABI_VERSION}; rebuild the plugin against a switchboard-sdk \
              with native ABI {ABI_VERSION}"
-        )));
+        ));
     }
-    // SAFETY: ABI version 1 fixes this symbol's type.
+    // SAFETY: ABI version 1 fixes this symbol's type; the library is never unmapped, so
+    // the function pointer stays valid for the process.
     let call = unsafe { lib.get::<CallV1>(b"switchboard_native_call_v1\0") }
         .map(|symbol| *symbol)
         .map_err(|_| {
-            invalid(
-                "native plugin reports ABI 1 but exports no `switchboard_native_call_v1`".into(),
-            )
+            "native plugin reports ABI 1 but exports no `switchboard_native_call_v1`".to_string()
         })?;
-    // Never unloaded (see the module docs): `call` stays valid for the process.
-    std::mem::forget(lib);
     Ok(Library {
         call,
         digest: digest.to_string(),
@@ -293,12 +289,8 @@ unsafe extern "C" fn host_http_request(
     let answer = std::panic::catch_unwind(|| {
         // SAFETY: `ctx` is the `HostCtx` `call` lent for this call; the plugin passes a
         // readable request buffer.
-        let (ctx, request) = unsafe {
-            (
-                &*(ctx as *const HostCtx),
-                std::slice::from_raw_parts(request, request_len),
-            )
-        };
+        let (ctx, request) =
+            unsafe { (&*(ctx as *const HostCtx), abi::bytes(request, request_len)) };
         let result: Result<types::OutboundResponse, types::HttpError> =
             match postcard::from_bytes::<types::OutboundRequest>(request) {
                 Ok(request) => {
@@ -349,12 +341,7 @@ unsafe extern "C" fn host_http_request(
 unsafe extern "C" fn host_log(ctx: *mut c_void, line: *const u8, line_len: usize) {
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: as in `host_http_request`.
-        let (ctx, line) = unsafe {
-            (
-                &*(ctx as *const HostCtx),
-                std::slice::from_raw_parts(line, line_len),
-            )
-        };
+        let (ctx, line) = unsafe { (&*(ctx as *const HostCtx), abi::bytes(line, line_len)) };
         if ctx.log_lines.fetch_add(1, Ordering::Relaxed) >= super::runtime::MAX_LOG_LINES_PER_CALL {
             return;
         }
@@ -417,6 +404,28 @@ mod tests {
             })
             .count();
         assert_eq!(staged, 0, "the staged file is removed once mapped");
+    }
+
+    /// A library refused after it was mapped (here: another ABI version) is remembered:
+    /// meeting its digest again answers the same refusal without opening anything, so
+    /// its initialisers run once per process however often a sync meets it.
+    #[test]
+    fn a_refused_library_is_not_opened_again() {
+        use sha2::Digest;
+        let bytes = std::fs::read(super::super::bundled::native_library(
+            "switchboard-fixture-native-abi-mismatch",
+        ))
+        .unwrap();
+        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        let first = open_bytes(&bytes, &digest).unwrap_err();
+        assert!(
+            first.to_string().contains("ABI version mismatch"),
+            "{first}"
+        );
+        // Bytes that could not even be loaded: only the remembered answer explains a
+        // version mismatch.
+        let again = open_bytes(b"\x7fELF not really", &digest).unwrap_err();
+        assert_eq!(again, first);
     }
 
     /// The ABI's wire form is the serde form of the generated types on both sides: what
