@@ -840,19 +840,27 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
     lp.cleanup().await;
 }
 
-/// Keeps a steady load of SMS triggers (every 10 ms, `events` in all) running while
-/// provC's active version alternates between `digests` `swaps` times. Asserts zero
-/// failed requests, one attempt and one receipt per message, nothing sent twice, and
-/// each delivery recorded against one of the versions, both versions used.
+/// Keeps a steady load of SMS triggers (one every 10 ms, at least `events`, until the
+/// last swap) running while provC's active version alternates between `digests`
+/// `swaps` times. Each swap waits until the simulator has taken a few more sends since
+/// the last one, so every version serves traffic however slow the machine is. Asserts
+/// zero failed requests, one attempt and one receipt per message, nothing sent twice,
+/// and each delivery recorded against one of the versions, both versions used.
 async fn swap_under_load(lp: &Loop, key: &str, digests: &[String], events: usize, swaps: usize) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
     let store = lp.state.ingest.store.clone();
+    let sim = lp.sim.as_ref().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let http = lp.http.clone();
         let url = lp.url.clone();
         let key = key.to_string();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let mut events_sent = Vec::new();
-            for i in 0..events {
+            while events_sent.len() < events || !stop.load(Ordering::SeqCst) {
+                let i = events_sent.len();
                 let resp = http
                     .post(format!("{url}/v1/events/trigger"))
                     .bearer_auth(&key)
@@ -868,8 +876,19 @@ async fn swap_under_load(lp: &Loop, key: &str, digests: &[String], events: usize
             events_sent
         })
     };
+    // Sends a version must see before the next swap: more than could have been in
+    // flight on the old instance at the swap.
+    const SENDS_PER_VERSION: u64 = 3;
+    let mut seen = sim.stats().provider("provc").accepted;
     for i in 0..swaps {
-        tokio::time::sleep(Duration::from_millis(70)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while sim.stats().provider("provc").accepted < seen + SENDS_PER_VERSION {
+            assert!(
+                tokio::time::Instant::now() < deadline && !load.is_finished(),
+                "no progress under version {i} of the swap loop"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let digest = &digests[i % digests.len()];
         assert!(
             store
@@ -879,7 +898,9 @@ async fn swap_under_load(lp: &Loop, key: &str, digests: &[String], events: usize
         );
         lp.state.plugins.sync(&*store).await.unwrap();
         assert_eq!(lp.state.plugins.get("provc").unwrap().digest(), digest);
+        seen = sim.stats().provider("provc").accepted;
     }
+    stop.store(true, Ordering::SeqCst);
     let sent = load.await.unwrap();
     let short: Vec<String> = digests.iter().map(|d| d[..16].to_string()).collect();
     let mut used = std::collections::BTreeSet::new();
