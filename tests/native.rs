@@ -102,6 +102,15 @@ async fn native_and_sandboxed_builds_answer_alike() {
             lib.parse_receipt(&headers, b"{not json").await,
             wasm.parse_receipt(&headers, b"{not json").await,
         );
+        let batch = br#"[{"message_id":"a","status":"SENT","recipient":"+14155550100","channel":"sms","cost":0.015},{"message_id":"b","status":"BOUNCED_HARD","recipient":"kit@example.com","latency_ms":120}]"#;
+        let parsed = lib.parse_receipt(&headers, batch).await.unwrap().unwrap();
+        assert_eq!(parsed.len(), 2, "{slug}: {parsed:?}");
+        assert_eq!(parsed[0].cost_micro_usd, Some(15_000), "{slug}");
+        assert_eq!(
+            Ok(Ok(parsed)),
+            wasm.parse_receipt(&headers, batch).await,
+            "{slug} parses alike"
+        );
         for state in ["completed", "busy", "no-answer", "ANSWERED", "???"] {
             assert_eq!(
                 lib.normalize_call_state(state).await,
@@ -277,9 +286,13 @@ async fn a_send_the_caller_gives_up_on_is_abandoned_and_frees_its_slot() {
         ("auth_token".to_string(), "t".to_string()),
     ];
     let started = std::time::Instant::now();
-    let gave_up =
-        tokio::time::timeout(Duration::from_millis(300), plugin.send(&config, &sms())).await;
+    let gave_up = tokio::time::timeout(Duration::from_secs(1), plugin.send(&config, &sms())).await;
     assert!(gave_up.is_err(), "the provider answers only after 5 s");
+    assert_eq!(
+        capture.take_requests().len(),
+        1,
+        "the request was in flight when the caller gave up"
+    );
     let state = plugin.normalize_call_state("busy").await.unwrap();
     assert_eq!(state, switchboard::plugins::types::DeliveryStatus::Failed);
     assert!(
