@@ -378,14 +378,17 @@ mod tests {
         );
     }
 
+    /// A native library the build script built, with its digest.
+    fn built(krate: &str) -> (Vec<u8>, String) {
+        use sha2::Digest;
+        let bytes = std::fs::read(super::super::bundled::native_library(krate)).unwrap();
+        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        (bytes, digest)
+    }
+
     #[test]
     fn a_digest_is_opened_once_per_process_and_its_staging_removed() {
-        use sha2::Digest;
-        let bytes = std::fs::read(super::super::bundled::native_library(
-            "switchboard-plugin-provd",
-        ))
-        .unwrap();
-        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        let (bytes, digest) = built("switchboard-plugin-provd");
         let first = open_bytes(&bytes, &digest).unwrap();
         let again = open_bytes(&bytes, &digest).unwrap();
         assert!(Arc::ptr_eq(&first, &again));
@@ -411,12 +414,7 @@ mod tests {
     /// its initialisers run once per process however often a sync meets it.
     #[test]
     fn a_refused_library_is_not_opened_again() {
-        use sha2::Digest;
-        let bytes = std::fs::read(super::super::bundled::native_library(
-            "switchboard-fixture-native-abi-mismatch",
-        ))
-        .unwrap();
-        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        let (bytes, digest) = built("switchboard-fixture-native-abi-mismatch");
         let first = open_bytes(&bytes, &digest).unwrap_err();
         assert!(
             first.to_string().contains("ABI version mismatch"),
