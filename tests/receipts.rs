@@ -852,7 +852,7 @@ async fn swap_under_load(lp: &Loop, key: &str, digests: &[String], events: usize
     let store = lp.state.ingest.store.clone();
     let sim = lp.sim.as_ref().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let load = {
+    let mut load = {
         let http = lp.http.clone();
         let url = lp.url.clone();
         let key = key.to_string();
@@ -876,15 +876,21 @@ async fn swap_under_load(lp: &Loop, key: &str, digests: &[String], events: usize
             events_sent
         })
     };
-    // Sends a version must see before the next swap: more than could have been in
-    // flight on the old instance at the swap.
+    // Sends a version must see before the next swap. A send reaches the simulator
+    // microseconds after it takes its instance, so of a few sends counted after a swap
+    // some ran on the new version.
     const SENDS_PER_VERSION: u64 = 3;
     let mut seen = sim.stats().provider("provc").accepted;
     for i in 0..swaps {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while sim.stats().provider("provc").accepted < seen + SENDS_PER_VERSION {
+            if load.is_finished() {
+                // It stops only when told to, or on a failed request: show that failure.
+                (&mut load).await.unwrap();
+                panic!("the load ended before the swaps did");
+            }
             assert!(
-                tokio::time::Instant::now() < deadline && !load.is_finished(),
+                tokio::time::Instant::now() < deadline,
                 "no progress under version {i} of the swap loop"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
