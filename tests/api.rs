@@ -234,6 +234,8 @@ both!(
     preferences_validate_and_merge,
     concurrent_preference_updates_all_survive,
     erasure_is_accepted_for_known_and_unknown_subscribers,
+    typos_are_refused_where_they_are_and_aliases_kept,
+    every_answer_carries_a_request_id,
 );
 
 async fn trigger_is_accepted_published_and_recorded(b: Backends) {
@@ -1967,5 +1969,135 @@ async fn production_database_outage_is_503_on_reads_and_500_on_writes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status, 200, "reads recover with the database");
+    gw.cleanup().await;
+}
+
+/// An unknown field is a typo, never silently dropped: 400 naming the field and where
+/// it was (in bulk: that item FAILED, the others queued). The documented aliases and
+/// the free-form maps stay open.
+async fn typos_are_refused_where_they_are_and_aliases_kept(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let base = || trigger_body("typo");
+    let mut cases = Vec::new();
+    let mut body = base();
+    body["paylaod"] = json!({});
+    cases.push((body, "paylaod", None));
+    let mut body = base();
+    body["to"]["Email"] = json!("ada@example.com");
+    cases.push((body, "Email", Some("`to`")));
+    let mut body = base();
+    body["overrides"] = json!({"emial": {}});
+    cases.push((body, "emial", Some("`overrides`")));
+    let mut body = base();
+    body["overrides"] = json!({"email": {"sendr": "x@y.z"}});
+    cases.push((body, "sendr", Some("`overrides.email`")));
+    let mut body = voice_body("typo");
+    body["overrides"]["voice"]["langauge"] = json!("en");
+    cases.push((body, "langauge", Some("`overrides.voice`")));
+    for (body, field, at) in &cases {
+        let (s, e) = gw.post("/v1/events/trigger", &key, body, &[]).await;
+        assert_error(s, &e, 400, "BAD_REQUEST");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains(field), "{message}");
+        if let Some(at) = at {
+            assert!(message.contains(at), "{message}");
+        }
+    }
+    // Preferences: `channel` for `channels`.
+    let (s, e) = gw
+        .put(
+            "/v1/users/ada/preferences",
+            &key,
+            &json!({"channel": {"sms": false}}),
+        )
+        .await;
+    assert_error(s, &e, 400, "BAD_REQUEST");
+    assert!(e["message"].as_str().unwrap().contains("channel"), "{e}");
+    // Bulk: the item with the typo fails alone, naming the field.
+    let mut bad = base();
+    bad["to"]["Email"] = json!("ada@example.com");
+    let (s, r) = gw
+        .post(
+            "/v1/events/bulk",
+            &key,
+            &json!({"events": [base(), bad, base()]}),
+            &[],
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!((r["count"].as_u64(), r["failedCount"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(r["events"][1]["status"], "FAILED");
+    assert!(r["events"][1]["error"].as_str().unwrap().contains("Email"), "{r}");
+    let (s, e) = gw
+        .post("/v1/events/bulk", &key, &json!({"events": [base()], "evnts": []}), &[])
+        .await;
+    assert_error(s, &e, 400, "BAD_REQUEST");
+    // Aliases and free-form maps: `voiceId`, payload keys, extraParams, customHeaders;
+    // the preferred provider as the spec writes it is kept lower-case.
+    let mut body = voice_body("alias");
+    body["overrides"]["extraParams"] = json!({"anything": "goes"});
+    body["overrides"]["email"] = json!({"provider": "provB", "customHeaders": {"Reply-To": "r@x.y"}});
+    body["payload"]["whatever_key"] = json!({"nested": [1, 2]});
+    let (s, r) = gw.post("/v1/events/trigger", &key, &body, &[]).await;
+    assert_eq!(s, 202, "{r}");
+    let published = gw.published().await;
+    let envelope = &published.last().unwrap().3;
+    assert_eq!(envelope["request"]["overrides"]["email"]["provider"], "provb");
+    assert_eq!(envelope["request"]["overrides"]["voice"]["voice_id"], "alloy");
+    // The list query: `to=` is a mistake, not "no filter".
+    let (s, e) = gw.get("/v1/messages?to=", &key).await;
+    assert_error(s, &e, 400, "BAD_REQUEST");
+    let (s, _) = gw.get("/v1/messages?subscriber=typo", &key).await;
+    assert_eq!(s, 200, "the `subscriber` alias stays");
+    gw.cleanup().await;
+}
+
+/// `X-Request-Id` on every answer, errors included: the caller's own when it is safe to
+/// log, else a fresh one. Error bodies stay exactly `{error, message, status_code}`.
+async fn every_answer_carries_a_request_id(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let id_of = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let r = gw
+        .http
+        .post(format!("{}/v1/events/trigger", gw.url))
+        .bearer_auth(&key)
+        .header("X-Request-Id", "client-req-42")
+        .json(&trigger_body("rid"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    assert_eq!(id_of(&r).as_deref(), Some("client-req-42"));
+    let mut seen = std::collections::BTreeSet::new();
+    for (path, auth, incoming) in [
+        ("/v1/health", false, None),
+        ("/v1/messages", false, None),
+        ("/v1/nowhere", true, Some("has spaces in it")),
+        ("/v1/events/not-an-id", true, Some(&*"x".repeat(200))),
+    ] {
+        let mut req = gw.http.get(format!("{}{path}", gw.url));
+        if auth {
+            req = req.bearer_auth(&key);
+        }
+        if let Some(v) = incoming {
+            req = req.header("X-Request-Id", v);
+        }
+        let r = req.send().await.unwrap();
+        let id = id_of(&r).unwrap_or_else(|| panic!("{path}: no X-Request-Id"));
+        assert!(Some(id.as_str()) != incoming, "{path}: an unsafe id is replaced");
+        assert!(seen.insert(id), "ids are fresh");
+        if r.status().as_u16() >= 400 {
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body.as_object().unwrap().len(), 3, "{body}");
+            assert_eq!(body["status_code"], status);
+        }
+    }
     gw.cleanup().await;
 }

@@ -277,6 +277,7 @@ both!(
     voice_rules_pacing_language_cost_and_masking,
     voice_missing_placeholder_and_promotional_dnd,
     test_keys_never_reach_a_provider,
+    test_keys_refuse_bad_contacts_as_live_keys_do,
     workflow_errors_fail_with_their_codes,
 );
 
@@ -742,6 +743,57 @@ async fn test_keys_never_reach_a_provider(b: Backends) {
         good.take_requests().is_empty(),
         "a test key reached a provider"
     );
+    gw.cleanup().await;
+}
+
+/// A test key goes through the same contact checks, rendering and routing as a live
+/// key, and ends with the same status and error code; only the provider call is left
+/// out.
+async fn test_keys_refuse_bad_contacts_as_live_keys_do(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[good.host_port()]).await;
+    gw.workflows().await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    gw.route("sms", &[("provc", &good.url())]).await;
+    let cases = [
+        ("welcome", json!({"email": "not-an-email"}), "FAILED"),
+        ("otp", json!({"phone": "415 555 0123"}), "FAILED"),
+        ("welcome", json!({"email": "ada@acme.test"}), "DELIVERED"),
+    ];
+    for mode in [KeyMode::Test, KeyMode::Live] {
+        let key = gw.key(mode).await;
+        for (i, (name, to, want)) in cases.iter().enumerate() {
+            let mut to = to.clone();
+            to["subscriberId"] = json!(format!("{}-{i}", mode.as_str()));
+            let event = gw
+                .trigger(
+                    &key,
+                    json!({"name": name, "to": to, "payload": {"code": "123456", "name": "Ada"}}),
+                    "NORMAL",
+                )
+                .await;
+            let m = gw.settled(&event).await;
+            let m = if *want == "DELIVERED" && mode == KeyMode::Live {
+                // A live send stops at SENT until a receipt arrives.
+                assert_eq!(m.status, MessageStatus::Sent, "{mode:?} {to}");
+                continue;
+            } else {
+                m
+            };
+            assert_eq!(m.status.as_str(), *want, "{mode:?} {to}: {m:?}");
+            if *want == "FAILED" {
+                assert_eq!(m.error_code.as_deref(), Some("DISPATCH_FAILED"), "{mode:?}");
+                let detail = m.error_detail.unwrap_or_default();
+                assert!(
+                    !detail.contains("not-an-email") && !detail.contains("555 0123"),
+                    "the detail never repeats the address: {detail}"
+                );
+            }
+        }
+    }
+    // Only the live, valid email reached the provider.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(good.take_requests().len(), 1);
     gw.cleanup().await;
 }
 

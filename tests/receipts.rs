@@ -273,6 +273,7 @@ both!(
     a_file_dropped_into_the_watched_directory_is_installed,
     a_trusted_native_build_swaps_and_rolls_back_like_a_component,
     an_announced_swap_is_followed_at_once,
+    the_spec_provider_names_reach_their_plugins_in_any_case,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -643,6 +644,38 @@ async fn tampered_replayed_and_unknown_callbacks_are_refused(b: Backends) {
         "globex's secret cannot move acme's message"
     );
     let _ = key;
+    lp.cleanup().await;
+}
+
+/// `provA`..`provE`, as the spec and a provider's integration guide write them, reach
+/// the same plugin as the lower-case slug; the answer names the slug as sent.
+async fn the_spec_provider_names_reach_their_plugins_in_any_case(b: Backends) {
+    let lp = Loop::start(b, &[]).await;
+    let ws = lp.workspace().await;
+    let now = now_secs();
+    let mut events = Vec::new();
+    for slug in SLUGS {
+        let spelled = format!("prov{}", slug[4..].to_ascii_uppercase());
+        for (n, path) in [spelled.as_str(), slug].into_iter().enumerate() {
+            let pmid = format!("{slug}-case-{n}");
+            let event = sent_message(&lp, slug, &pmid).await;
+            let body = format!(r#"{{"message_id":"{pmid}","status":"DELIVERED"}}"#);
+            // Signed as the provider signs (the scheme is the plugin's, whatever the
+            // path's case).
+            let headers = native::sign(slug, &lp.secrets[slug], body.as_bytes(), now).unwrap();
+            let (s, answer) = lp.post(path, &headers, body.as_bytes()).await;
+            assert_eq!(s, 200, "{path}: {answer}");
+            assert_eq!(answer["provider"], path, "the slug from the path, as sent");
+            events.push(event);
+        }
+    }
+    for event in &events {
+        let m = wait_status(&lp, &ws, event, MessageStatus::Delivered).await;
+        assert_eq!(m.status, MessageStatus::Delivered);
+    }
+    // Still a clear 404 for a slug no case makes known.
+    let (s, e) = lp.post("provZ", &[], b"{}").await;
+    assert_eq!((s, e["error"].as_str()), (404, Some("NOT_FOUND")), "{e}");
     lp.cleanup().await;
 }
 

@@ -253,13 +253,13 @@ fn parse_entry(
         ));
     }
     let slug = match fields.get("provider") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s.as_str(),
+        Some(Value::String(s)) if !s.trim().is_empty() => crate::ids::canonical_slug(s),
         _ => {
             problems.push(format!("{at}: `provider` (a plugin slug) is missing"));
             return Err(problems);
         }
     };
-    let Some(info) = plugins.get(slug) else {
+    let Some(info) = plugins.get(&slug) else {
         problems.push(format!(
             "{at}: unknown provider {slug:?} (loaded plugins: {})",
             plugins.keys().cloned().collect::<Vec<_>>().join(", ")

@@ -89,9 +89,23 @@ prefixed_id!(
     ReceiptId, "dlr_"
 );
 
+/// A provider slug in its canonical form. Slugs are lower-case (`prova`), but callers
+/// and operators type them as the spec writes them (`provA`): every place that takes a
+/// typed slug (webhook path, CLI, overrides, route files) matches it through this.
+pub fn canonical_slug(slug: &str) -> String {
+    slug.to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slugs_are_matched_without_case() {
+        assert_eq!(canonical_slug("provA"), "prova");
+        assert_eq!(canonical_slug("PROVE"), "prove");
+        assert_eq!(canonical_slug("my-plugin2"), "my-plugin2");
+    }
 
     #[test]
     fn generate_parse_roundtrip() {

@@ -29,9 +29,10 @@ pub const MAX_BULK: usize = 5_000;
 
 /// The spec's TriggerRequest.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TriggerRequest {
-    /// Workflow name.
+    /// Workflow name: 1 to 200 letters, digits and `._:-/`.
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9._:/-]+$", example = "welcome")]
     pub name: String,
     /// Recipient.
     pub to: Recipient,
@@ -49,9 +50,11 @@ pub struct TriggerRequest {
 
 /// The spec's RecipientDto.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Recipient {
-    /// The caller's stable id for the person; the rate-limit bucket.
+    /// The caller's stable id for the person; the rate-limit bucket. 1 to 256
+    /// characters, not only white space, no control characters.
+    #[schema(example = "user-42")]
     pub subscriber_id: String,
     /// Email address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,7 +69,7 @@ pub struct Recipient {
 
 /// The spec's ProviderOverrides.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProviderOverrides {
     /// Email overrides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,21 +90,30 @@ pub struct ProviderOverrides {
 
 /// Email overrides.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EmailOverride {
     /// Extra SMTP headers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_headers: Option<BTreeMap<String, String>>,
-    /// Preferred provider.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Preferred provider (any case; kept lower-case).
+    #[serde(
+        default,
+        deserialize_with = "canonical_slug",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub provider: Option<String>,
     /// From address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender: Option<String>,
 }
 
+fn canonical_slug<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|s| crate::ids::canonical_slug(&s)))
+}
+
 /// SMS overrides.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SmsOverride {
     /// Sender ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,6 +122,7 @@ pub struct SmsOverride {
 
 /// Voice overrides (snake_case on the wire; `voiceId` accepted).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct VoiceOverride {
     /// Spoken script.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,6 +137,7 @@ pub struct VoiceOverride {
 
 /// WhatsApp overrides.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WhatsAppOverride {
     /// Template language.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,6 +307,62 @@ const MAX_GROUP: usize = 512;
 /// next group forms and commits.
 const COMMITTERS: usize = 4;
 
+/// Decodes a request body (or one bulk item), naming where a problem is: an unknown
+/// field (a typo such as `paylaod` or `to.Email`) is refused, never dropped.
+pub fn parse_json<'de, T, D>(input: D) -> Result<T, String>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+{
+    serde_path_to_error::deserialize(input).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("at `{path}`: {inner}")
+        }
+    })
+}
+
+/// A JSON request body. serde would also read a JSON array as a struct (`"to": ["u1"]`),
+/// which the API document forbids: each body names where its objects are, and
+/// [`parse_body`] refuses an array there.
+pub trait JsonBody: serde::de::DeserializeOwned {
+    /// Dotted paths of the body's objects (`""` is the body itself).
+    const OBJECTS: &'static [&'static str] = &[""];
+}
+
+impl JsonBody for TriggerRequest {
+    const OBJECTS: &'static [&'static str] = &[
+        "",
+        "to",
+        "overrides",
+        "overrides.email",
+        "overrides.sms",
+        "overrides.voice",
+        "overrides.whatsapp",
+    ];
+}
+
+/// Decodes a request body (or one bulk item) of type `T`, naming where a problem is.
+pub fn parse_body<T: JsonBody>(value: serde_json::Value) -> Result<T, String> {
+    for path in T::OBJECTS {
+        let mut at = Some(&value);
+        for part in path.split('.').filter(|p| !p.is_empty()) {
+            at = at.and_then(|v| v.get(part));
+        }
+        if at.is_some_and(serde_json::Value::is_array) {
+            return Err(if path.is_empty() {
+                "expected a JSON object, not an array".into()
+            } else {
+                format!("at `{path}`: expected an object, not an array")
+            });
+        }
+    }
+    parse_json(value)
+}
+
 /// Checks the fields the spec leaves to us. Limits: `name` 1-200 characters of
 /// letters, digits and `._:-/`; `subscriberId` 1-256 characters, no control characters.
 pub fn validate(request: &TriggerRequest) -> Result<(), String> {
@@ -306,17 +376,23 @@ pub fn validate(request: &TriggerRequest) -> Result<(), String> {
     {
         return Err("name may contain only letters, digits and . _ : - /".into());
     }
-    let sub = request.to.subscriber_id.as_str();
-    if sub.trim().is_empty() || sub.chars().count() > MAX_SUBSCRIBER_LEN {
-        return Err(format!(
-            "to.subscriberId must be 1 to {MAX_SUBSCRIBER_LEN} characters"
-        ));
+    validate_subscriber_id(&request.to.subscriber_id).map_err(|e| format!("to.subscriberId {e}"))
+}
+
+/// A subscriber id, wherever one is given (`to.subscriberId`, paths, filters): 1 to 256
+/// characters, not only white space, no control characters ([`SUBSCRIBER_ID_PATTERN`]).
+pub fn validate_subscriber_id(s: &str) -> Result<(), String> {
+    if s.trim().is_empty() || s.chars().count() > MAX_SUBSCRIBER_LEN {
+        return Err(format!("must be 1 to {MAX_SUBSCRIBER_LEN} characters"));
     }
-    if sub.chars().any(char::is_control) {
-        return Err("to.subscriberId must not contain control characters".into());
+    if s.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
     }
     Ok(())
 }
+
+/// [`validate_subscriber_id`] as the OpenAPI document states it (with `maxLength`).
+pub const SUBSCRIBER_ID_PATTERN: &str = r"^[^\u0000-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u001F\u007F-\u009F]*$";
 
 /// The channel order for a request, or the 400 message.
 pub fn route(request: &TriggerRequest, priority: Priority) -> Result<Vec<Channel>, String> {
@@ -669,8 +745,8 @@ impl Ingest {
         let mut results: Vec<Option<BulkEventResult>> = vec![None; events.len()];
         let mut routed = Vec::new();
         for (index, raw) in events.into_iter().enumerate() {
-            let parsed: Result<TriggerRequest, String> =
-                serde_json::from_value(raw).map_err(|e| format!("invalid event: {e}"));
+            let parsed =
+                parse_body::<TriggerRequest>(raw).map_err(|e| format!("invalid event: {e}"));
             match parsed.and_then(|r| route(&r, Priority::Normal).map(|c| (r, c))) {
                 Ok((request, channels)) => routed.push((index, request, channels)),
                 Err(error) => results[index] = Some(failed(index, error)),

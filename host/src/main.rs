@@ -62,8 +62,8 @@ enum Command {
 enum WebhooksCommand {
     /// Set a provider's webhook secret, for one workspace or provider-wide.
     SetSecret {
-        /// Plugin slug, e.g. provc.
-        #[arg(long)]
+        /// Plugin slug, e.g. provc (any case).
+        #[arg(long, value_parser = slug_arg)]
         provider: String,
         /// Workspace name (must exist); omit for the provider-wide secret.
         #[arg(long)]
@@ -77,7 +77,7 @@ enum WebhooksCommand {
     /// List which webhook secrets are set (never the secrets).
     List {
         /// Only this provider.
-        #[arg(long)]
+        #[arg(long, value_parser = slug_arg)]
         provider: Option<String>,
         #[command(flatten)]
         target: Target,
@@ -261,7 +261,7 @@ enum PluginCommand {
         approve_hosts: bool,
         /// The file is a native library (no sandbox) for this slug, which
         /// `plugins.native_trusted` must list; checked before the library is opened.
-        #[arg(long, value_name = "SLUG")]
+        #[arg(long, value_name = "SLUG", value_parser = slug_arg)]
         native: Option<String>,
         /// TOML with `[config]` and `[success]` for the conformance kit (as for `check`).
         #[arg(long)]
@@ -272,6 +272,7 @@ enum PluginCommand {
     /// Go back to the version that was active before (or to the bundled plugin).
     Rollback {
         /// The plugin's slug.
+        #[arg(value_parser = slug_arg)]
         slug: String,
         #[command(flatten)]
         target: Target,
@@ -279,7 +280,8 @@ enum PluginCommand {
     /// Create a plugin crate to start from: a working provider with tests and build
     /// instructions (see docs/plugin-guide.md).
     New {
-        /// The new provider's slug (lower-case letters, digits and -).
+        /// The new provider's slug (letters, digits and -; stored lower-case).
+        #[arg(value_parser = slug_arg)]
         slug: String,
         /// Where to create it (default `./<slug>`; must not exist or be empty).
         #[arg(long)]
@@ -295,16 +297,21 @@ enum PluginCommand {
         #[arg(required_unless_present = "bundled")]
         component: Option<PathBuf>,
         /// Check a bundled plugin by slug instead of a file.
-        #[arg(long, conflicts_with = "component")]
+        #[arg(long, conflicts_with = "component", value_parser = slug_arg)]
         bundled: Option<String>,
         /// The file is a native library for this slug (see `install --native`).
-        #[arg(long, value_name = "SLUG", conflicts_with = "bundled")]
+        #[arg(long, value_name = "SLUG", conflicts_with = "bundled", value_parser = slug_arg)]
         native: Option<String>,
         /// TOML with `[config]` (provider config for send) and optional `[success]`
         /// (`status`, `body`, `message_id`: the provider API's success answer).
         #[arg(long)]
         provider_config: Option<PathBuf>,
     },
+}
+
+/// A slug as the operator typed it (`provA`), in its canonical lower-case form.
+fn slug_arg(s: &str) -> Result<String, std::convert::Infallible> {
+    Ok(switchboard::ids::canonical_slug(s))
 }
 
 fn main() -> ExitCode {

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 /// The spec's TelemetryReceiptEvent, published on `telemetry.receipts`, with the
 /// optional fields voice and cost reporting need (absent when the provider sent none).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TelemetryReceiptEvent {
     /// Provider slug from the webhook path.
     pub provider: String,
@@ -41,6 +41,7 @@ pub struct TelemetryReceiptEvent {
     /// are normalised to `QUEUED`, `SENT`, `DELIVERED`, `FAILED` or `SUPPRESSED`).
     pub status: String,
     /// When the gateway accepted the callback.
+    #[schema(value_type = String, format = DateTime)]
     pub timestamp: DateTime<Utc>,
     /// The callback's `dlr_` id (one per callback, shared by the receipts it carried).
     pub raw_event_id: String,

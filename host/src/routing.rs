@@ -101,6 +101,15 @@ pub enum Channel {
 }
 
 impl Channel {
+    /// Every channel, in the spec's order.
+    pub const ALL: [Channel; 5] = [
+        Channel::Sms,
+        Channel::Email,
+        Channel::Push,
+        Channel::Whatsapp,
+        Channel::Voice,
+    ];
+
     /// The spec's lower-case name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -157,6 +166,33 @@ pub struct NoContact;
 /// E.164 as the spec's voice rule 1 states it: `+`, country code, digits only. The same
 /// check the plugins use, from the SDK.
 pub use switchboard_sdk::validate::is_e164;
+
+/// Why `channel` cannot carry a message to these contact details, if it cannot. The
+/// worker checks this before any provider call, with live and test keys alike, so a test
+/// key ends where a live key would (the bundled plugins refuse the same addresses).
+/// The answer never repeats the address itself.
+pub fn contact_problem(
+    channel: Channel,
+    email: Option<&str>,
+    phone: Option<&str>,
+    device_tokens: Option<&[String]>,
+) -> Option<&'static str> {
+    use switchboard_sdk::validate::is_email;
+    match channel {
+        Channel::Email if !email.is_some_and(is_email) => {
+            Some("to.email is not an email address")
+        }
+        Channel::Sms | Channel::Whatsapp | Channel::Voice if !phone.is_some_and(is_e164) => {
+            Some("to.phone is not an E.164 number (+, country code, digits only)")
+        }
+        Channel::Push
+            if !device_tokens.is_some_and(|t| t.iter().any(|t| !t.trim().is_empty())) =>
+        {
+            Some("to.deviceTokens holds no token")
+        }
+        _ => None,
+    }
+}
 
 /// Channels the contact details make eligible.
 ///
@@ -231,6 +267,21 @@ mod tests {
             voice_override: voice,
             ..Reach::default()
         }
+    }
+
+    #[test]
+    fn contact_problems_are_found_per_channel() {
+        let tokens = vec!["tok".to_string()];
+        let ok = |c, e, p, t| contact_problem(c, e, p, t).is_none();
+        assert!(ok(Channel::Email, Some("a@example.com"), None, None));
+        assert!(!ok(Channel::Email, Some("not-an-email"), None, None));
+        assert!(ok(Channel::Sms, None, Some("+14155550123"), None));
+        assert!(!ok(Channel::Sms, None, Some("415 555 0123"), None));
+        assert!(!ok(Channel::Whatsapp, None, Some("+1 415 555 0123"), None));
+        assert!(ok(Channel::Push, None, None, Some(&tokens)));
+        assert!(!ok(Channel::Push, None, None, Some(&[" ".to_string()])));
+        let problem = contact_problem(Channel::Email, Some("x y@example.com"), None, None);
+        assert!(!problem.unwrap().contains("x y"), "the address is never repeated");
     }
 
     #[test]

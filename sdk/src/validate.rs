@@ -18,3 +18,25 @@ pub fn is_e164(number: &str) -> bool {
         && digits.bytes().all(|b| b.is_ascii_digit())
         && !digits.starts_with('0')
 }
+
+/// True for something shaped like an email address: one `@` with text on both sides and
+/// no white space or control characters. Deliverability is the provider's business;
+/// this refuses only what no provider could send to (`not-an-email`).
+///
+/// ```
+/// use switchboard_sdk::validate::is_email;
+/// assert!(is_email("ada@example.com"));
+/// assert!(!is_email("not-an-email"));
+/// assert!(!is_email("ada@"));
+/// assert!(!is_email("a b@example.com"));
+/// assert!(!is_email("a@b@example.com"));
+/// ```
+pub fn is_email(address: &str) -> bool {
+    let Some((local, domain)) = address.split_once('@') else {
+        return false;
+    };
+    !local.is_empty()
+        && !domain.is_empty()
+        && !domain.contains('@')
+        && !address.chars().any(|c| c.is_whitespace() || c.is_control())
+}

@@ -109,6 +109,7 @@ fn require_admin(caller: &Caller) -> Result<(), ApiError> {
 /// Lists the loaded plugins and the installed versions.
 #[utoipa::path(
     get,
+    operation_id = "listPlugins",
     path = "/v1/admin/plugins",
     tag = "admin",
     security(("bearer" = [])),
@@ -175,6 +176,7 @@ pub async fn list_plugins(
 /// passes the conformance kit.
 #[utoipa::path(
     post,
+    operation_id = "installPlugin",
     path = "/v1/admin/plugins",
     tag = "admin",
     security(("bearer" = [])),

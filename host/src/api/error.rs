@@ -54,13 +54,49 @@ pub enum ApiError {
 
 /// The spec's ErrorResponse.
 #[derive(Debug, Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(example = json!({"error": "BAD_REQUEST", "message": "invalid JSON body: at `to`: unknown field `Email`", "status_code": 400}))]
 pub struct ErrorBody {
-    /// Stable machine code.
+    /// Stable machine code: branch on this.
+    #[schema(value_type = ErrorCode)]
     pub error: String,
     /// Prose; may change.
     pub message: String,
     /// Repeats the HTTP status.
+    #[schema(minimum = 400, maximum = 599)]
     pub status_code: u16,
+}
+
+/// Every `error` code an answer can carry (`IDEMPOTENCY_CONFLICT` is defined by the
+/// contract and never produced: payloads of a reused key are not compared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// 400.
+    BadRequest,
+    /// 401: missing, malformed, unrecognised or revoked key.
+    Unauthorized,
+    /// 401: a webhook signature did not verify.
+    InvalidSignature,
+    /// 403: the key lacks a scope.
+    Forbidden,
+    /// 404.
+    NotFound,
+    /// 405.
+    MethodNotAllowed,
+    /// 409 (never produced).
+    IdempotencyConflict,
+    /// 413.
+    PayloadTooLarge,
+    /// 415.
+    UnsupportedMediaType,
+    /// 422: a plugin failed the conformance kit.
+    PluginRejected,
+    /// 429.
+    RateLimitExceeded,
+    /// 500: retry with the same idempotency key.
+    InternalServerError,
+    /// 503.
+    ServiceUnavailable,
 }
 
 impl ApiError {
@@ -144,6 +180,35 @@ mod tests {
             .await
             .unwrap();
         (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[test]
+    fn every_code_produced_is_documented() {
+        let schema = serde_json::to_value(<ErrorCode as utoipa::PartialSchema>::schema()).unwrap();
+        let codes: Vec<&str> = schema["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let produced = [
+            ApiError::BadRequest(String::new()),
+            ApiError::Unauthorized(String::new()),
+            ApiError::PayloadTooLarge(1),
+            ApiError::UnsupportedMediaType,
+            ApiError::InvalidSignature(String::new()),
+            ApiError::Forbidden(String::new()),
+            ApiError::PluginRejected(String::new()),
+            ApiError::RateLimited(String::new()),
+            ApiError::NotFound,
+            ApiError::ResourceNotFound(String::new()),
+            ApiError::MethodNotAllowed,
+            ApiError::Internal(anyhow::anyhow!("x")),
+            ApiError::Unavailable(anyhow::anyhow!("x")),
+        ];
+        for e in produced {
+            assert!(codes.contains(&e.parts().1), "{} is not documented", e.parts().1);
+        }
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// Triggers one notification.
-#[utoipa::path(post, path = "/v1/events/trigger", tag = "events", request_body = TriggerRequest,
+#[utoipa::path(post, operation_id = "triggerEvent", path = "/v1/events/trigger", tag = "events", request_body = TriggerRequest,
     params(
         ("Idempotency-Key" = Option<String>, Header, description = "Replays within 24 h return the original response with 200"),
         ("X-Priority-Override" = Option<String>, Header, description = "CRITICAL, HIGH, NORMAL or LOW; anything else is NORMAL"),
@@ -75,22 +75,20 @@ pub async fn trigger(
     Ok((status, axum::Json(response)))
 }
 
-/// The bulk body as parsed: items stay raw so one bad event fails alone.
-#[derive(Deserialize)]
-pub struct BulkBody {
+/// The spec's BulkTriggerRequest. Items stay raw JSON when parsed, so one bad event
+/// fails alone (a FAILED item) instead of failing the request.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkTriggerRequest {
+    /// 1 to 5,000 events.
+    #[schema(value_type = Vec<TriggerRequest>, min_items = 1, max_items = 5000)]
     events: Vec<serde_json::Value>,
 }
 
-/// The spec's BulkTriggerRequest (documentation shape of [`BulkBody`]).
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct BulkTriggerRequest {
-    /// 1 to 5,000 events.
-    events: Vec<TriggerRequest>,
-}
+impl crate::ingest::JsonBody for BulkTriggerRequest {}
 
 /// Triggers up to 5,000 notifications; each succeeds or fails on its own.
-#[utoipa::path(post, path = "/v1/events/bulk", tag = "events", request_body = BulkTriggerRequest,
+#[utoipa::path(post, operation_id = "triggerBulk", path = "/v1/events/bulk", tag = "events", request_body = BulkTriggerRequest,
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Per-event outcomes, even if all failed", body = BulkTriggerResponse),
@@ -101,7 +99,7 @@ pub struct BulkTriggerRequest {
 pub async fn bulk(
     State(state): State<AppState>,
     caller: Caller,
-    Json(body): Json<BulkBody>,
+    Json(body): Json<BulkTriggerRequest>,
 ) -> Result<axum::Json<BulkTriggerResponse>, ApiError> {
     let response = state
         .ingest

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
-use serde::de::DeserializeOwned;
+use crate::ingest::JsonBody;
 
 /// An authenticated caller: its key record and raw key (to re-check revocation).
 pub struct Caller {
@@ -53,7 +53,7 @@ impl FromRequestParts<AppState> for Caller {
 /// not parse or lacks a field (the message says which).
 pub struct Json<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
+impl<T: JsonBody> FromRequest<AppState> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
@@ -78,7 +78,9 @@ impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
                 ApiError::BadRequest(format!("could not read the request body: {e}"))
             }
         })?;
-        serde_json::from_slice(&bytes)
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
+        crate::ingest::parse_body(value)
             .map(Json)
             .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
     }

@@ -32,7 +32,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// Liveness and drain state; no authentication.
-#[utoipa::path(get, path = "/v1/health", tag = "health",
+#[utoipa::path(get, operation_id = "getHealth", path = "/v1/health", tag = "health",
     responses(
         (status = 200, description = "Accepting work", body = HealthStatus),
         (status = 503, description = "Draining after a termination signal", body = HealthStatus),

@@ -38,6 +38,8 @@ pub struct McpRequest {
     pub id: Option<Value>,
 }
 
+impl crate::ingest::JsonBody for McpRequest {}
+
 /// The spec's McpResponse.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct McpResponse {

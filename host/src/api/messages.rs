@@ -218,7 +218,7 @@ const LIST_PARAMS: [&str; 8] = [
 
 /// Parses the raw query string of `GET /v1/messages` (or the 400 message).
 ///
-/// Rules: unknown parameters are ignored; an empty value counts as absent; a known
+/// Rules: unknown parameters are ignored; an empty value is an error; a known
 /// parameter given twice is an error (except `subscriber`/`subscriber_id` with one
 /// value); `status` is one of the eleven statuses in upper or lower case; `channel` one
 /// of `sms`, `email`, `whatsapp`, `push`, `voice` (lower or upper case); `from`/`to`
@@ -229,8 +229,10 @@ pub fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, String> {
         let Some(i) = LIST_PARAMS.iter().position(|p| *p == name) else {
             continue;
         };
+        // `to=` is a mistake, not a request for everything: the document says each
+        // parameter has a value, and the server holds to it.
         if value.is_empty() {
-            continue;
+            return Err(format!("query parameter `{name}` is empty: give it a value or leave it out"));
         }
         if values[i].is_some() {
             return Err(format!("query parameter `{name}` given more than once"));
@@ -349,16 +351,8 @@ fn parse_time(name: &str, v: &str) -> Result<DateTime<Utc>, String> {
 
 /// The ingestion limits on a subscriber id: 1-256 characters, not only whitespace, no
 /// control characters. The error completes "subscriberId ...".
-pub fn validate_subscriber_id(s: &str) -> Result<(), String> {
-    let max = crate::ingest::MAX_SUBSCRIBER_LEN;
-    if s.trim().is_empty() || s.chars().count() > max {
-        return Err(format!("must be 1 to {max} characters"));
-    }
-    if s.chars().any(char::is_control) {
-        return Err("must not contain control characters".into());
-    }
-    Ok(())
-}
+
+pub use crate::ingest::validate_subscriber_id;
 
 // ---------------------------------------------------------------------------------------
 // Cursor
@@ -495,7 +489,7 @@ pub fn page(mut rows: Vec<MessageRecord>, limit: u32, digest: [u8; 8]) -> ListMe
 // ---------------------------------------------------------------------------------------
 
 /// One message of the caller's workspace, with its timeline.
-#[utoipa::path(get, path = "/v1/events/{eventId}", tag = "messages",
+#[utoipa::path(get, operation_id = "getEvent", path = "/v1/events/{eventId}", tag = "messages",
     params(("eventId" = String, Path, description = "`evt_<hex>`, or a UUID (read as `evt_` + its 32 simple hex digits)")),
     security(("bearer" = [])),
     responses(
@@ -526,7 +520,7 @@ pub async fn get_event(
 }
 
 /// Messages of the caller's workspace, newest first, with cursor pagination.
-#[utoipa::path(get, path = "/v1/messages", tag = "messages",
+#[utoipa::path(get, operation_id = "listMessages", path = "/v1/messages", tag = "messages",
     params(
         ("status" = Option<String>, Query, description = "Exact status, upper or lower case (`SENT`, `bounced_hard`, ...)"),
         ("channel" = Option<String>, Query, description = "`sms`, `email`, `whatsapp`, `push` or `voice`"),
@@ -674,8 +668,7 @@ mod tests {
                 .as_deref(),
             Some("a")
         );
-        // Empty values count as absent.
-        let q = parse_list_query(Some("status=&limit=&cursor=")).unwrap();
+        let q = parse_list_query(Some("")).unwrap();
         assert_eq!((q.filter.status, q.limit, q.cursor), (None, 50, None));
         assert_eq!(parse_list_query(Some("limit=0")).unwrap().limit, 0);
         assert_eq!(parse_list_query(Some("limit=100")).unwrap().limit, 100);
@@ -703,6 +696,9 @@ mod tests {
             "status=SENT&status=FAILED",
             "subscriber_id=%01",
             "subscriber_id=%20%20",
+            "to=",
+            "status=&limit=10",
+            "cursor=",
         ] {
             assert!(parse_list_query(Some(bad)).is_err(), "{bad}");
         }

@@ -15,6 +15,7 @@ use crate::AppState;
 use crate::metrics::{RequestLabels, RouteLabels};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
@@ -41,14 +42,59 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), record))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(|r: &Request| {
+                let id = r.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok());
+                tracing::info_span!("request", method = %r.method(), uri = %r.uri(),
+                    request_id = id.unwrap_or_default())
+            }),
+        )
+        .layer(middleware::from_fn(request_id))
         .with_state(state)
+}
+
+/// The header that names a request in logs and answers.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// A caller's own request id, if it is one we can log safely: 1 to 128 characters of
+/// letters, digits and `-_.:/+=@`.
+fn sane_request_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(&b))
+}
+
+/// Every answer carries `X-Request-Id`: the caller's own when it sent a sane one, else
+/// a new one; the request's log span carries the same id.
+async fn request_id(mut request: Request, next: Next) -> Response {
+    let id = match request.headers().get(REQUEST_ID).map(|v| v.to_str()) {
+        Some(Ok(id)) if sane_request_id(id) => id.to_string(),
+        _ => uuid::Uuid::new_v4().to_string(),
+    };
+    let value = HeaderValue::from_str(&id).expect("a sane id is a valid header value");
+    request.headers_mut().insert(REQUEST_ID, value.clone());
+    let mut response = next.run(request).await;
+    response.headers_mut().insert(REQUEST_ID, value);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_echoed_only_when_safe_to_log() {
+        use super::sane_request_id as ok;
+        assert!(ok("req-123") && ok("3f1c9a7e-5e0b-4d8e-9a57-0c1c2f6f7b10") && ok("a/b:c=d@e"));
+        assert!(!ok("") && !ok("has space") && !ok("line\nbreak") && !ok("quote\""));
+        assert!(ok(&"x".repeat(128)) && !ok(&"x".repeat(129)));
+    }
 }
 
 /// `/metrics` alone, for `metrics_listen`.
 pub fn metrics_router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
+        .layer(middleware::from_fn(request_id))
         .with_state(state)
 }
 

@@ -66,6 +66,7 @@ pub struct ChannelPreferences {
 /// The spec's UserPreferencesRequest: at least one of the two, with at least one flag
 /// or category in it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct UserPreferencesRequest {
     /// Channel flags to set; omitted channels keep their stored value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,6 +76,10 @@ pub struct UserPreferencesRequest {
     /// channel flags. A `null` flag is the same as leaving the channel out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub categories: Option<BTreeMap<String, BTreeMap<String, Option<bool>>>>,
+}
+
+impl crate::ingest::JsonBody for UserPreferencesRequest {
+    const OBJECTS: &'static [&'static str] = &["", "channels"];
 }
 
 /// The spec's UserPreferencesResponse.
@@ -102,7 +107,8 @@ pub struct SubscriberErasureResponse {
     pub message: String,
 }
 
-const CHANNELS: [Channel; 5] = [
+/// The preference channels, in the spec's order.
+pub const CHANNELS: [Channel; 5] = [
     Channel::Email,
     Channel::Push,
     Channel::Sms,
@@ -168,7 +174,7 @@ fn subscriber_path(path: Result<Path<String>, PathRejection>) -> Result<String, 
 }
 
 /// Merges preference flags (one level deep) for a subscriber.
-#[utoipa::path(put, path = "/v1/users/{subscriberId}/preferences", tag = "subscribers",
+#[utoipa::path(put, operation_id = "updatePreferences", path = "/v1/users/{subscriberId}/preferences", tag = "subscribers",
     params(("subscriberId" = String, Path, description = "The id sent as `to.subscriberId` (1-256 characters)")),
     request_body = UserPreferencesRequest,
     security(("bearer" = [])),
@@ -204,7 +210,7 @@ pub async fn update_preferences(
 /// Erases a subscriber: contacts and preferences removed, old message identifiers
 /// scrubbed, later deliveries suppressed. An unknown subscriber gets the same 202 (a
 /// tombstone is recorded, so events sent later for that id are suppressed too).
-#[utoipa::path(delete, path = "/v1/subscribers/{subscriberId}", tag = "subscribers",
+#[utoipa::path(delete, operation_id = "eraseSubscriber", path = "/v1/subscribers/{subscriberId}", tag = "subscribers",
     params(("subscriberId" = String, Path, description = "The id sent as `to.subscriberId` (1-256 characters)")),
     security(("bearer" = [])),
     responses(

@@ -24,6 +24,40 @@ pub struct WebhookResponse {
     pub event_id: String,
 }
 
+/// The spec's GenericWebhookPayload: what the bundled providers' callbacks carry. Every
+/// field is optional; which ones a receipt needs is the provider plugin's rule (the
+/// bundled ones need `message_id` and `status`). Documentation only: the body is
+/// verified byte-exact before anything parses it.
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct GenericWebhookPayload {
+    /// `email`, `sms`, `push`, `whatsapp` or `voice`.
+    channel: Option<String>,
+    /// Provider-reported cost in USD.
+    cost: Option<f64>,
+    /// Provider-reported latency.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    latency_ms: Option<i32>,
+    /// The provider's message id.
+    message_id: Option<String>,
+    /// Address or device token.
+    recipient: Option<String>,
+    /// Delivery status (voice providers also send their carrier call states here).
+    #[schema(example = "DELIVERED")]
+    status: Option<String>,
+}
+
+/// One receipt or several in one callback.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum WebhookBody {
+    /// One receipt.
+    One(GenericWebhookPayload),
+    /// Several receipts.
+    Many(Vec<GenericWebhookPayload>),
+}
+
 /// The webhook route.
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/webhooks/{provider}", post(receive))
@@ -32,10 +66,20 @@ pub fn router() -> Router<AppState> {
 /// Receives one provider callback.
 #[utoipa::path(
     post,
+    operation_id = "receiveWebhook",
     path = "/v1/webhooks/{provider}",
     tag = "webhooks",
-    params(("provider" = String, Path, description = "Provider slug: `prova`, `provb`, `provc`, `provd`, `prove`, or an installed plugin's")),
-    request_body(content = String, description = "The provider's callback, byte-exact (GenericWebhookPayload for the bundled providers)", content_type = "application/json"),
+    params(
+        ("provider" = String, Path, description = "Provider slug, any case: `provA` .. `provE` (or `prova` .. `prove`), or an installed plugin's"),
+        ("provA-id" = Option<String>, Header, description = "provA: the callback's id (signed)"),
+        ("provA-timestamp" = Option<String>, Header, description = "provA: epoch seconds (signed; 5 minute window)"),
+        ("provA-signature" = Option<String>, Header, description = "provA: `v1,<base64 HMAC-SHA256 of {id}.{timestamp}.{body}>`, several space-separated allowed"),
+        ("producer-signature" = Option<String>, Header, description = "provB: `ts=<ts>;s=<hex HMAC-SHA256 of {ts}.{body}>;s-algorithm=HmacSHA256`"),
+        ("X-provC-Signature" = Option<String>, Header, description = "provC: hex HMAC-SHA256 of the body"),
+        ("X-provD-Signature" = Option<String>, Header, description = "provD: base64 HMAC-SHA256 of the body"),
+        ("X-Hub-Signature" = Option<String>, Header, description = "provE: `sha256=<hex HMAC-SHA256 of the body>`"),
+    ),
+    request_body(content = WebhookBody, description = "The provider's callback, verified byte-exact before it is parsed: one GenericWebhookPayload or an array of them for the bundled providers", content_type = "application/json"),
     responses(
         (status = 200, description = "Verified and on the telemetry stream", body = WebhookResponse),
         (status = 400, description = "Verified, but not a receipt the provider's plugin understands", body = super::error::ErrorBody),

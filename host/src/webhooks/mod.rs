@@ -103,8 +103,11 @@ impl Webhooks {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Accepted, WebhookError> {
+        // The path names the provider as its integration guide does (`provA`); it is
+        // looked up, stored and reported lower-case.
+        let canonical = crate::ids::canonical_slug(slug);
         let result = match self.in_flight.acquire().await {
-            Ok(_permit) => self.receive_inner(slug, headers, body).await,
+            Ok(_permit) => self.receive_inner(&canonical, headers, body).await,
             Err(_) => Err(WebhookError::Internal(anyhow::anyhow!(
                 "webhook limiter closed"
             ))),

@@ -16,7 +16,7 @@ use crate::model::{
 };
 use crate::plugins::registry::Registry;
 use crate::plugins::types;
-use crate::routing::Channel;
+use crate::routing::{self, Channel};
 use crate::store::{Store, StoreError};
 use crate::voice;
 use crate::workflow::{self, BuildError, Workflow};
@@ -267,6 +267,16 @@ impl Run<'_> {
         let promotional = workflow::is_promotional(workflow.as_ref(), category);
         let mut first = true;
         for channel in channels {
+            let to = &env.request.to;
+            if let Some(problem) = routing::contact_problem(
+                channel,
+                to.email.as_deref(),
+                to.phone.as_deref(),
+                to.device_tokens.as_deref(),
+            ) {
+                self.tried.push(format!("{}: {problem}", channel.as_str()));
+                continue;
+            }
             let content = match workflow::build_content(workflow.as_ref(), channel, env) {
                 Ok(c) => c,
                 // Spec voice rule 5: no call, the event ends FAILED, whatever else remains.
@@ -310,13 +320,16 @@ impl Run<'_> {
                 }
             }
             first = false;
-            if env.key_mode == KeyMode::Test {
-                return self.test_send(channel, &routes).await;
-            }
             let route = self.route_for(channel, &routes);
             if route.is_empty() {
                 self.tried
                     .push(format!("{}: no provider configured", channel.as_str()));
+                continue;
+            }
+            // A test key goes through every check above, as a live key does; only the
+            // provider call is left out.
+            if env.key_mode == KeyMode::Test {
+                return self.test_send(channel, &route[0].provider).await;
             }
             for provider in route {
                 if let Some(outcome) = self.attempt(channel, &provider, &content).await? {
@@ -364,24 +377,16 @@ impl Run<'_> {
     }
 
     /// Test keys: no plugin call, a synthetic id, zero cost, the same timeline shape.
-    async fn test_send(
-        &self,
-        channel: Channel,
-        routes: &BTreeMap<String, Vec<ProviderRoute>>,
-    ) -> Result<Outcome, StoreError> {
-        let provider = self
-            .route_for(channel, routes)
-            .first()
-            .map(|r| r.provider.clone());
+    async fn test_send(&self, channel: Channel, provider: &str) -> Result<Outcome, StoreError> {
         let id = format!("svc_test_{}", self.envelope.event_id);
-        let p = provider.as_deref();
+        let p = Some(provider);
         self.step(Step {
             attempt: None,
             message: MessageUpdate {
                 status: Some(MessageStatus::Delivered),
                 attempts: Some(1),
                 channel: Some(channel.as_str().into()),
-                provider: provider.clone(),
+                provider: Some(provider.to_string()),
                 provider_message_id: Some(id.clone()),
                 release_lease: true,
                 ..Default::default()

@@ -161,7 +161,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
                             .into(),
                     retryable: false,
                 })?;
-            if !email.to.contains('@') {
+            if !validate::is_email(&email.to) {
                 return Err(invalid_recipient(&email.to));
             }
             let headers_obj: serde_json::Map<String, serde_json::Value> = email

@@ -135,7 +135,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
             retryable: false,
         });
     };
-    if !email.to.contains('@') {
+    if !validate::is_email(&email.to) {
         return Err(Rejection {
             code: "invalid-recipient".into(),
             detail: format!("`{}` is not an email address", email.to),

@@ -8,6 +8,8 @@ use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
+mod refine;
+
 /// The document.
 #[derive(OpenApi)]
 #[openapi(
@@ -25,6 +27,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::admin::list_plugins,
         super::admin::install_plugin,
     ),
+    components(schemas(crate::receipts::TelemetryReceiptEvent)),
+    servers((url = "/", description = "This gateway")),
     modifiers(&BearerAuth),
     tags(
         (name = "events", description = "Triggering notifications"),
@@ -59,9 +63,9 @@ impl utoipa::Modify for BearerAuth {
 pub fn document() -> String {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
-    doc.to_pretty_json()
-        .expect("the OpenAPI document serialises")
-        + "\n"
+    let mut doc = serde_json::to_value(doc).expect("the OpenAPI document serialises");
+    refine::refine(&mut doc);
+    serde_json::to_string_pretty(&doc).expect("the OpenAPI document serialises") + "\n"
 }
 
 /// Routes of this resource.
