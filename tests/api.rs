@@ -1985,16 +1985,16 @@ async fn typos_are_refused_where_they_are_and_aliases_kept(b: Backends) {
     cases.push((body, "paylaod", None));
     let mut body = base();
     body["to"]["Email"] = json!("ada@example.com");
-    cases.push((body, "Email", Some("`to`")));
+    cases.push((body, "Email", Some("`to.Email`")));
     let mut body = base();
     body["overrides"] = json!({"emial": {}});
-    cases.push((body, "emial", Some("`overrides`")));
+    cases.push((body, "emial", Some("`overrides.emial`")));
     let mut body = base();
     body["overrides"] = json!({"email": {"sendr": "x@y.z"}});
-    cases.push((body, "sendr", Some("`overrides.email`")));
+    cases.push((body, "sendr", Some("`overrides.email.sendr`")));
     let mut body = voice_body("typo");
     body["overrides"]["voice"]["langauge"] = json!("en");
-    cases.push((body, "langauge", Some("`overrides.voice`")));
+    cases.push((body, "langauge", Some("`overrides.voice.langauge`")));
     for (body, field, at) in &cases {
         let (s, e) = gw.post("/v1/events/trigger", &key, body, &[]).await;
         assert_error(s, &e, 400, "BAD_REQUEST");
