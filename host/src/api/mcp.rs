@@ -4,7 +4,7 @@
 //! - `tools/call` with `params: {name, arguments}` → `result.content` (one text item
 //!   holding the JSON) and `result.structuredContent`:
 //!   - `gateway_status` (no arguments): `{status, version, uptime_seconds, nats_connected, outbox_depth}`;
-//!   - `idempotency_inspect` (no arguments): `{tracked_keys}`;
+//!   - `idempotency_inspect` (no arguments): `{tracked_keys}` of the caller's workspace;
 //!   - an unknown tool answers `result.isError = true` with a text explaining it.
 //! - An unknown method answers 200 with `result.error = {code: -32601, message}`.
 //!
@@ -64,7 +64,7 @@ pub fn router() -> Router<AppState> {
     ))]
 pub async fn mcp(
     State(state): State<AppState>,
-    _caller: Caller,
+    caller: Caller,
     Json(request): Json<McpRequest>,
 ) -> Result<axum::Json<McpResponse>, ApiError> {
     let id = request
@@ -86,7 +86,7 @@ pub async fn mcp(
                 .and_then(|p| p.get("name"))
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            match call(&state, name).await {
+            match call(&state, &caller, name).await {
                 Ok(structured) => {
                     json!({"content": [{"type": "text", "text": structured.to_string()}], "structuredContent": structured, "isError": false})
                 }
@@ -106,7 +106,7 @@ pub async fn mcp(
     }))
 }
 
-async fn call(state: &AppState, tool: &str) -> Result<Value, String> {
+async fn call(state: &AppState, caller: &Caller, tool: &str) -> Result<Value, String> {
     match tool {
         "gateway_status" => {
             let outbox = state
@@ -127,7 +127,7 @@ async fn call(state: &AppState, tool: &str) -> Result<Value, String> {
             let tracked = state
                 .ingest
                 .idempotency
-                .tracked()
+                .tracked(caller.key.workspace.as_str())
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(json!({"tracked_keys": tracked}))
