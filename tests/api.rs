@@ -223,7 +223,6 @@ both!(
     bulk_accepts_items_individually,
     revoked_keys_fail_at_once,
     health_reports_draining,
-    mcp_lists_and_calls_tools,
     metrics_count_requests_decisions_and_publishes,
     get_event_returns_the_message_and_its_timeline,
     get_event_rejects_bad_ids_and_hides_other_workspaces,
@@ -710,84 +709,6 @@ async fn health_reports_draining(b: Backends) {
         .unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.json::<Value>().await.unwrap()["status"], "DRAINING");
-    gw.cleanup().await;
-}
-
-async fn mcp_lists_and_calls_tools(b: Backends) {
-    let gw = Gateway::start(b).await;
-    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
-    let (s, list) = gw
-        .post(
-            "/v1/mcp",
-            &key,
-            &json!({"method": "tools/list", "id": 7}),
-            &[],
-        )
-        .await;
-    assert_eq!(
-        (s, list["jsonrpc"].as_str(), list["id"].as_u64()),
-        (200, Some("2.0"), Some(7))
-    );
-    let names: Vec<&str> = list["result"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, vec!["gateway_status", "idempotency_inspect"]);
-    gw.post(
-        "/v1/events/trigger",
-        &key,
-        &trigger_body("s"),
-        &[("Idempotency-Key", "k1")],
-    )
-    .await;
-    let (_, status) = gw
-        .post(
-            "/v1/mcp",
-            &key,
-            &json!({"method": "tools/call", "params": {"name": "gateway_status"}}),
-            &[],
-        )
-        .await;
-    assert_eq!(
-        status["result"]["structuredContent"]["nats_connected"],
-        true
-    );
-    assert!(status["id"].as_u64().is_some());
-    let (_, idem) = gw
-        .post(
-            "/v1/mcp",
-            &key,
-            &json!({"method": "tools/call", "params": {"name": "idempotency_inspect"}}),
-            &[],
-        )
-        .await;
-    assert_eq!(idem["result"]["structuredContent"]["tracked_keys"], 1);
-    let (_, unknown_tool) = gw
-        .post(
-            "/v1/mcp",
-            &key,
-            &json!({"method": "tools/call", "params": {"name": "rm_rf"}}),
-            &[],
-        )
-        .await;
-    assert_eq!(unknown_tool["result"]["isError"], true);
-    let (s, unknown) = gw
-        .post("/v1/mcp", &key, &json!({"method": "resources/list"}), &[])
-        .await;
-    assert_eq!(
-        (s, unknown["result"]["error"]["code"].as_i64()),
-        (200, Some(-32601))
-    );
-    let resp = gw
-        .http
-        .post(format!("{}/v1/mcp", gw.url))
-        .json(&json!({"method": "tools/list"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 401);
     gw.cleanup().await;
 }
 

@@ -41,6 +41,10 @@ pub enum ApiError {
     /// workspace: the answer does not tell which).
     #[error("{0}")]
     ResourceNotFound(String),
+    /// 406 `NOT_ACCEPTABLE`: the `Accept` header names no media type the route answers
+    /// with.
+    #[error("{0}")]
+    NotAcceptable(String),
     /// 405 `METHOD_NOT_ALLOWED`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
@@ -80,6 +84,7 @@ impl ApiError {
                 (StatusCode::NOT_FOUND, "NOT_FOUND")
             }
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED"),
+            ApiError::NotAcceptable(_) => (StatusCode::NOT_ACCEPTABLE, "NOT_ACCEPTABLE"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_SERVER_ERROR"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
         }
