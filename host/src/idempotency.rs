@@ -44,6 +44,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     ) -> Result<(), IdempotencyError>;
     /// Gives up a claim (the request failed): the key may be used again.
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError>;
-    /// Number of keys tracked (pending or completed), for `idempotency_inspect`.
-    async fn tracked(&self) -> Result<u64, IdempotencyError>;
+    /// Number of `workspace`'s keys tracked (pending or completed), for the MCP tool
+    /// `idempotency_inspect`: never another workspace's.
+    async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError>;
 }

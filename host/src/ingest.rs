@@ -32,7 +32,12 @@ pub const MAX_BULK: usize = 5_000;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TriggerRequest {
     /// Workflow name: 1 to 200 letters, digits and `._:-/`.
-    #[schema(min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9._:/-]+$", example = "welcome")]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[A-Za-z0-9._:/-]+$",
+        example = "welcome"
+    )]
     pub name: String,
     /// Recipient.
     pub to: Recipient,

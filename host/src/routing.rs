@@ -179,15 +179,11 @@ pub fn contact_problem(
 ) -> Option<&'static str> {
     use switchboard_sdk::validate::is_email;
     match channel {
-        Channel::Email if !email.is_some_and(is_email) => {
-            Some("to.email is not an email address")
-        }
+        Channel::Email if !email.is_some_and(is_email) => Some("to.email is not an email address"),
         Channel::Sms | Channel::Whatsapp | Channel::Voice if !phone.is_some_and(is_e164) => {
             Some("to.phone is not an E.164 number (+, country code, digits only)")
         }
-        Channel::Push
-            if !device_tokens.is_some_and(|t| t.iter().any(|t| !t.trim().is_empty())) =>
-        {
+        Channel::Push if !device_tokens.is_some_and(|t| t.iter().any(|t| !t.trim().is_empty())) => {
             Some("to.deviceTokens holds no token")
         }
         _ => None,
@@ -281,7 +277,10 @@ mod tests {
         assert!(ok(Channel::Push, None, None, Some(&tokens)));
         assert!(!ok(Channel::Push, None, None, Some(&[" ".to_string()])));
         let problem = contact_problem(Channel::Email, Some("x y@example.com"), None, None);
-        assert!(!problem.unwrap().contains("x y"), "the address is never repeated");
+        assert!(
+            !problem.unwrap().contains("x y"),
+            "the address is never repeated"
+        );
     }
 
     #[test]

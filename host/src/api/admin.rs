@@ -4,6 +4,7 @@
 use super::ApiError;
 use super::extract::Caller;
 use crate::AppState;
+use crate::model::ApiKeyRecord;
 use crate::plugins::install::{self, InstallOutcome};
 use crate::plugins::registry::Source;
 use axum::Router;
@@ -90,13 +91,13 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/admin/plugins", get(list_plugins).post(install_plugin))
 }
 
+/// Whether a key has the `admin` scope.
+pub fn is_admin(key: &ApiKeyRecord) -> bool {
+    key.scopes.iter().any(|s| s == crate::auth::SCOPE_ADMIN)
+}
+
 fn require_admin(caller: &Caller) -> Result<(), ApiError> {
-    if caller
-        .key
-        .scopes
-        .iter()
-        .any(|s| s == crate::auth::SCOPE_ADMIN)
-    {
+    if is_admin(&caller.key) {
         Ok(())
     } else {
         Err(ApiError::Forbidden(
@@ -125,6 +126,11 @@ pub async fn list_plugins(
     caller: Caller,
 ) -> Result<axum::Json<PluginListing>, ApiError> {
     require_admin(&caller)?;
+    plugin_listing(&state).await.map(axum::Json)
+}
+
+/// What `GET /v1/admin/plugins` lists (the caller's scope is checked before).
+pub async fn plugin_listing(state: &AppState) -> Result<PluginListing, ApiError> {
     let loaded = state
         .plugins
         .list()
@@ -169,7 +175,7 @@ pub async fn list_plugins(
             outbound_hosts: v.outbound_hosts,
         })
         .collect();
-    Ok(axum::Json(PluginListing { loaded, installed }))
+    Ok(PluginListing { loaded, installed })
 }
 
 /// Installs (or upgrades to) the component in the body and activates it once it

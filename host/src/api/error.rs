@@ -41,6 +41,10 @@ pub enum ApiError {
     /// workspace: the answer does not tell which).
     #[error("{0}")]
     ResourceNotFound(String),
+    /// 406 `NOT_ACCEPTABLE`: the `Accept` header names no media type the route answers
+    /// with.
+    #[error("{0}")]
+    NotAcceptable(String),
     /// 405 `METHOD_NOT_ALLOWED`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
@@ -83,6 +87,8 @@ pub enum ErrorCode {
     NotFound,
     /// 405.
     MethodNotAllowed,
+    /// 406: an MCP client that accepts neither JSON nor SSE.
+    NotAcceptable,
     /// 409 (never produced).
     IdempotencyConflict,
     /// 413.
@@ -116,6 +122,7 @@ impl ApiError {
                 (StatusCode::NOT_FOUND, "NOT_FOUND")
             }
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED"),
+            ApiError::NotAcceptable(_) => (StatusCode::NOT_ACCEPTABLE, "NOT_ACCEPTABLE"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_SERVER_ERROR"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
         }
@@ -203,11 +210,16 @@ mod tests {
             ApiError::NotFound,
             ApiError::ResourceNotFound(String::new()),
             ApiError::MethodNotAllowed,
+            ApiError::NotAcceptable(String::new()),
             ApiError::Internal(anyhow::anyhow!("x")),
             ApiError::Unavailable(anyhow::anyhow!("x")),
         ];
         for e in produced {
-            assert!(codes.contains(&e.parts().1), "{} is not documented", e.parts().1);
+            assert!(
+                codes.contains(&e.parts().1),
+                "{} is not documented",
+                e.parts().1
+            );
         }
     }
 

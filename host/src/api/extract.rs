@@ -3,12 +3,12 @@
 use super::ApiError;
 use crate::AppState;
 use crate::auth::{self, AuthError};
+use crate::ingest::JsonBody;
 use crate::model::ApiKeyRecord;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
-use crate::ingest::JsonBody;
 
 /// An authenticated caller: its key record and raw key (to re-check revocation).
 pub struct Caller {
@@ -57,31 +57,36 @@ impl<T: JsonBody> FromRequest<AppState> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let is_json = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|m| {
-                let m = m.trim();
-                m.eq_ignore_ascii_case("application/json")
-                    || m.to_ascii_lowercase().ends_with("+json")
-            });
-        if !is_json {
-            return Err(ApiError::UnsupportedMediaType);
-        }
-        let limit = state.config.max_body_bytes;
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(limit)
-            } else {
-                ApiError::BadRequest(format!("could not read the request body: {e}"))
-            }
-        })?;
+        let bytes = json_bytes(req, state).await?;
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
         crate::ingest::parse_body(value)
             .map(Json)
             .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
     }
+}
+
+/// The body of a JSON request, unparsed, with [`Json`]'s checks (415, 413, 400 when
+/// it cannot be read): for a handler that forwards the bytes.
+pub async fn json_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    let is_json = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| {
+            let m = m.trim();
+            m.eq_ignore_ascii_case("application/json") || m.to_ascii_lowercase().ends_with("+json")
+        });
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let limit = state.config.max_body_bytes;
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(limit)
+        } else {
+            ApiError::BadRequest(format!("could not read the request body: {e}"))
+        }
+    })
 }

@@ -14,6 +14,7 @@ use crate::model::{
     MessageCursor, MessageFilter, MessageRecord, MessageStatus, StepStatus, TimelineEntry,
 };
 use crate::routing::Channel;
+use crate::store::Store;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::routing::get;
@@ -216,13 +217,33 @@ const LIST_PARAMS: [&str; 8] = [
     "cursor",
 ];
 
+/// The filters and paging of a message list as given, before validation: the query
+/// parameters of `GET /v1/messages`, or the arguments of the MCP tool `list_messages`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Exact status, upper or lower case (`SENT`, `bounced_hard`, ...).
+    pub status: Option<String>,
+    /// `sms`, `email`, `whatsapp`, `push` or `voice` (lower or upper case).
+    pub channel: Option<String>,
+    /// Exact subscriber id.
+    pub subscriber_id: Option<String>,
+    /// RFC 3339: created at or after.
+    pub from: Option<String>,
+    /// RFC 3339: created at or before; not before `from`.
+    pub to: Option<String>,
+    /// Page size, 0 to 100 (default 50); 0 returns an empty page.
+    #[schemars(range(max = 100))]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page, with the same filters.
+    pub cursor: Option<String>,
+}
+
 /// Parses the raw query string of `GET /v1/messages` (or the 400 message).
 ///
 /// Rules: unknown parameters are ignored; an empty value is an error; a known
 /// parameter given twice is an error (except `subscriber`/`subscriber_id` with one
-/// value); `status` is one of the eleven statuses in upper or lower case; `channel` one
-/// of `sms`, `email`, `whatsapp`, `push`, `voice` (lower or upper case); `from`/`to`
-/// RFC 3339 with `from` <= `to`; `limit` a decimal integer 0..=100 (default 50).
+/// value); `limit` a decimal integer; then [`ListParams::validate`].
 pub fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, String> {
     let mut values: [Option<String>; LIST_PARAMS.len()] = Default::default();
     for (name, value) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
@@ -232,7 +253,9 @@ pub fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, String> {
         // `to=` is a mistake, not a request for everything: the document says each
         // parameter has a value, and the server holds to it.
         if value.is_empty() {
-            return Err(format!("query parameter `{name}` is empty: give it a value or leave it out"));
+            return Err(format!(
+                "query parameter `{name}` is empty: give it a value or leave it out"
+            ));
         }
         if values[i].is_some() {
             return Err(format!("query parameter `{name}` given more than once"));
@@ -249,60 +272,87 @@ pub fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, String> {
         limit,
         cursor,
     ] = values;
-
-    let status = status
-        .map(|s| {
-            parse_status(&s).ok_or_else(|| {
-                format!(
-                    "invalid status `{s}`: expected one of {}",
-                    MessageStatus::ALL.map(|s| s.as_str()).join(", ")
-                )
-            })
-        })
-        .transpose()?;
-    let channel = channel
-        .map(|c| {
-            parse_channel(&c)
-                .map(|c| c.as_str().to_string())
-                .ok_or_else(|| {
-                    format!("invalid channel `{c}`: expected sms, email, whatsapp, push or voice")
-                })
-        })
-        .transpose()?;
     let subscriber_id = match (subscriber_id, subscriber) {
         (Some(a), Some(b)) if a != b => {
             return Err("`subscriber_id` and its alias `subscriber` differ".into());
         }
         (a, b) => a.or(b),
     };
-    if let Some(s) = &subscriber_id {
-        validate_subscriber_id(s).map_err(|e| format!("subscriber_id {e}"))?;
-    }
-    let from = from.map(|v| parse_time("from", &v)).transpose()?;
-    let to = to.map(|v| parse_time("to", &v)).transpose()?;
-    if let (Some(f), Some(t)) = (from, to)
-        && f > t
-    {
-        return Err("`from` is later than `to`".into());
-    }
     let limit = match limit {
-        None => DEFAULT_LIMIT,
+        None => None,
         Some(l) => match l.parse::<u32>() {
-            Ok(n) if n <= MAX_LIMIT && l.bytes().all(|b| b.is_ascii_digit()) => n,
+            Ok(n) if l.bytes().all(|b| b.is_ascii_digit()) => Some(n),
             _ => return Err(format!("limit must be an integer from 0 to {MAX_LIMIT}")),
         },
     };
-    Ok(ListQuery {
-        filter: MessageFilter {
-            status,
-            channel,
-            subscriber_id,
-            from,
-            to,
-        },
+    ListParams {
+        status,
+        channel,
+        subscriber_id,
+        from,
+        to,
         limit,
         cursor,
-    })
+    }
+    .validate()
+}
+
+impl ListParams {
+    /// Checks the values (or says why not): `status` is one of the eleven statuses in
+    /// upper or lower case; `channel` one of `sms`, `email`, `whatsapp`, `push`,
+    /// `voice` (lower or upper case); `subscriber_id` within the ingestion limits;
+    /// `from`/`to` RFC 3339 with `from` <= `to`; `limit` at most 100 (default 50).
+    pub fn validate(self) -> Result<ListQuery, String> {
+        let status = self
+            .status
+            .map(|s| {
+                parse_status(&s).ok_or_else(|| {
+                    format!(
+                        "invalid status `{s}`: expected one of {}",
+                        MessageStatus::ALL.map(|s| s.as_str()).join(", ")
+                    )
+                })
+            })
+            .transpose()?;
+        let channel = self
+            .channel
+            .map(|c| {
+                parse_channel(&c)
+                    .map(|c| c.as_str().to_string())
+                    .ok_or_else(|| {
+                        format!(
+                            "invalid channel `{c}`: expected sms, email, whatsapp, push or voice"
+                        )
+                    })
+            })
+            .transpose()?;
+        if let Some(s) = &self.subscriber_id {
+            validate_subscriber_id(s).map_err(|e| format!("subscriber_id {e}"))?;
+        }
+        let from = self.from.map(|v| parse_time("from", &v)).transpose()?;
+        let to = self.to.map(|v| parse_time("to", &v)).transpose()?;
+        if let (Some(f), Some(t)) = (from, to)
+            && f > t
+        {
+            return Err("`from` is later than `to`".into());
+        }
+        let limit = match self.limit {
+            None => DEFAULT_LIMIT,
+            Some(n) if n <= MAX_LIMIT => n,
+            Some(_) => return Err(format!("limit must be an integer from 0 to {MAX_LIMIT}")),
+        };
+        Ok(ListQuery {
+            filter: MessageFilter {
+                status,
+                channel,
+                subscriber_id: self.subscriber_id,
+                from,
+                to,
+            },
+            limit,
+            cursor: self.cursor,
+        })
+    }
 }
 
 /// `SENT` or `sent` (all upper or all lower case).
@@ -351,7 +401,6 @@ fn parse_time(name: &str, v: &str) -> Result<DateTime<Utc>, String> {
 
 /// The ingestion limits on a subscriber id: 1-256 characters, not only whitespace, no
 /// control characters. The error completes "subscriberId ...".
-
 pub use crate::ingest::validate_subscriber_id;
 
 // ---------------------------------------------------------------------------------------
@@ -506,17 +555,28 @@ pub async fn get_event(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<MessageDto>, ApiError> {
     let Path(raw) = path.map_err(|e| ApiError::BadRequest(format!("invalid event id: {e}")))?;
-    let id = parse_event_id(&raw).map_err(ApiError::BadRequest)?;
-    let message = state
-        .ingest
-        .store
-        .get_message(&caller.key.workspace, &id)
+    message_with_timeline(&*state.ingest.store, &caller.key.workspace, &raw)
+        .await
+        .map(Json)
+}
+
+/// One message of `workspace` with its timeline (always present, maybe empty), by
+/// the event id as given: 400 for a malformed id, 404 when the workspace has no such
+/// event.
+pub async fn message_with_timeline(
+    store: &dyn Store,
+    workspace: &WorkspaceId,
+    raw_id: &str,
+) -> Result<MessageDto, ApiError> {
+    let id = parse_event_id(raw_id).map_err(ApiError::BadRequest)?;
+    let message = store
+        .get_message(workspace, &id)
         .await
         .map_err(ApiError::from_store_read)?
         .ok_or_else(|| ApiError::ResourceNotFound(format!("no event {id} in this workspace")))?;
     let mut dto = MessageDto::from(message);
     dto.events.get_or_insert_with(Vec::new);
-    Ok(Json(dto))
+    Ok(dto)
 }
 
 /// Messages of the caller's workspace, newest first, with cursor pagination.
@@ -545,7 +605,18 @@ pub async fn list_messages(
     RawQuery(raw): RawQuery,
 ) -> Result<Json<ListMessagesResponse>, ApiError> {
     let query = parse_list_query(raw.as_deref()).map_err(ApiError::BadRequest)?;
-    let workspace = &caller.key.workspace;
+    list_page(&*state.ingest.store, &caller.key.workspace, &query)
+        .await
+        .map(Json)
+}
+
+/// One page of `workspace`'s messages for a validated query: 400 for a cursor that
+/// is malformed or was issued for other filters.
+pub async fn list_page(
+    store: &dyn Store,
+    workspace: &WorkspaceId,
+    query: &ListQuery,
+) -> Result<ListMessagesResponse, ApiError> {
     let digest = filter_digest(workspace, &query.filter);
     let after = query
         .cursor
@@ -554,15 +625,13 @@ pub async fn list_messages(
         .transpose()
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if query.limit == 0 {
-        return Ok(Json(page(Vec::new(), 0, digest)));
+        return Ok(page(Vec::new(), 0, digest));
     }
-    let rows = state
-        .ingest
-        .store
+    let rows = store
         .list_messages(workspace, &query.filter, after.as_ref(), query.limit + 1)
         .await
         .map_err(ApiError::from_store_read)?;
-    Ok(Json(page(rows, query.limit, digest)))
+    Ok(page(rows, query.limit, digest))
 }
 
 #[cfg(test)]

@@ -135,11 +135,15 @@ impl IdempotencyStore for MemoryIdempotency {
         Ok(())
     }
 
-    /// Sweeps expired entries, then counts: O(keys).
-    async fn tracked(&self) -> Result<u64, IdempotencyError> {
+    /// Sweeps expired entries, then counts the workspace's: O(keys).
+    async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError> {
         let mut inner = self.lock();
         inner.sweep(Instant::now());
-        Ok(inner.entries.len() as u64)
+        Ok(inner
+            .entries
+            .keys()
+            .filter(|(ws, _)| ws == workspace)
+            .count() as u64)
     }
 }
 
@@ -234,15 +238,30 @@ pub(crate) mod behaviour {
     }
 
     /// Pending and completed keys count; released ones do not.
+    /// Counts per workspace: another workspace's keys (even one whose id starts
+    /// with this one's) never count.
     pub(crate) async fn tracked_counts_pending_and_completed(s: &dyn IdempotencyStore) {
-        assert_eq!(s.tracked().await.expect("tracked"), 0);
+        let tracked = |ws: &'static str| async move { s.tracked(ws).await.expect("tracked") };
+        assert_eq!(tracked("ws_a").await, 0);
         s.claim("ws_a", "one").await.expect("claim");
         s.claim("ws_a", "two").await.expect("claim");
         s.claim("ws_b", "one").await.expect("claim");
+        s.claim("ws_ab", "x").await.expect("claim");
         s.complete("ws_a", "one", b"{}").await.expect("complete");
-        assert_eq!(s.tracked().await.expect("tracked"), 3);
+        s.complete("ws_c", "direct", b"{}").await.expect("complete");
+        assert_eq!(
+            [
+                tracked("ws_a").await,
+                tracked("ws_b").await,
+                tracked("ws_ab").await
+            ],
+            [2, 1, 1]
+        );
+        assert_eq!((tracked("ws_c").await, tracked("ws_z").await), (1, 0));
         s.release("ws_a", "two").await.expect("release");
-        assert_eq!(s.tracked().await.expect("tracked"), 2);
+        // Releasing a completed key keeps it tracked.
+        s.release("ws_a", "one").await.expect("release");
+        assert_eq!((tracked("ws_a").await, tracked("ws_b").await), (1, 1));
     }
 
     /// Long keys (hashed by Redis) and odd characters stay distinct and work.
@@ -276,7 +295,7 @@ pub(crate) mod behaviour {
                 Claim::Replay(key.as_bytes().to_vec())
             );
         }
-        assert_eq!(s.tracked().await.expect("tracked"), keys.len() as u64);
+        assert_eq!(s.tracked("ws_a").await.expect("tracked"), keys.len() as u64);
     }
 
     /// For a store whose pending timeout was shortened to 200 ms: a crashed
@@ -364,7 +383,7 @@ mod tests {
         };
         store.claim("ws_a", "gone").await.expect("claim");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(store.tracked().await.expect("tracked"), 0);
+        assert_eq!(store.tracked("ws_a").await.expect("tracked"), 0);
         assert!(store.lock().entries.is_empty());
     }
 }

@@ -8,9 +8,15 @@
 //! Keys longer than [`MAX_RAW_KEY_LEN`] bytes or with characters outside
 //! `[A-Za-z0-9._:-]` are stored as `#` and their SHA-256 in hex: `#` never
 //! appears in a stored raw key, so a hashed key cannot collide with one.
+//!
+//! Each workspace also has an index, the sorted set `{prefix}idem-index:{workspace}`:
+//! member = the stored key, score = its expiry (Redis server time, ms). Every write
+//! updates key and index in one script, so counting a workspace's keys
+//! ([`IdempotencyStore::tracked`]) drops the expired members and reads the set's size
+//! instead of walking the keyspace. Both keys of a script live on one server (no
+//! Redis Cluster slot routing here).
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::time::Duration;
 
 use redis::Script;
@@ -33,20 +39,45 @@ const DONE: u8 = b'D';
 
 /// Returns the current value, or sets the pending marker (`ARGV[1]`, for
 /// `ARGV[2]` ms) and returns nil when there is none: claim and check in one step.
+/// A new claim enters the workspace index (`KEYS[2]`, member `ARGV[3]`), which is
+/// kept `ARGV[4]` ms (the retention: longer than any member lives).
 const CLAIM_LUA: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZADD', KEYS[2], now + ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return false
 ";
 
-/// Deletes the key only while it still holds the pending marker, so releasing
-/// never drops a completed response.
+/// Stores the response (`ARGV[1]`) for `ARGV[2]` ms, and the same expiry in the index.
+const COMPLETE_LUA: &str = r"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZADD', KEYS[2], now + ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+";
+
+/// Deletes the key (and its index member) only while it still holds the pending
+/// marker, so releasing never drops a completed response.
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
   return redis.call('DEL', KEYS[1])
 end
 return 0
+";
+
+/// Drops the index members whose key has expired, then counts the rest.
+const TRACKED_LUA: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
 ";
 
 /// Idempotency keys in Redis, shared by every gateway process.
@@ -55,7 +86,9 @@ pub struct RedisIdempotency {
     conn: ConnectionManager,
     prefix: String,
     claim: Script,
+    complete: Script,
     release: Script,
+    tracked: Script,
     /// [`PENDING_TIMEOUT`], shortened by tests.
     pending_timeout: Duration,
 }
@@ -68,7 +101,9 @@ impl RedisIdempotency {
             conn,
             prefix: key_prefix.into(),
             claim: Script::new(CLAIM_LUA),
+            complete: Script::new(COMPLETE_LUA),
             release: Script::new(RELEASE_LUA),
+            tracked: Script::new(TRACKED_LUA),
             pending_timeout: PENDING_TIMEOUT,
         }
     }
@@ -86,6 +121,10 @@ impl RedisIdempotency {
     fn redis_key(&self, workspace: &str, key: &str) -> String {
         format!("{}idem:{workspace}:{}", self.prefix, storage_key(key))
     }
+
+    fn index_key(&self, workspace: &str) -> String {
+        format!("{}idem-index:{workspace}", self.prefix)
+    }
 }
 
 /// The key as stored: itself when short and plain, else `#` + SHA-256 hex.
@@ -101,16 +140,8 @@ fn storage_key(key: &str) -> Cow<'_, str> {
     }
 }
 
-/// Escapes glob metacharacters so a prefix matches only itself in `SCAN MATCH`.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for ch in s.chars() {
-        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(ch);
-    }
-    out
+fn retention_ms() -> u64 {
+    u64::try_from(RETENTION.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runs one Redis round trip under [`OP_TIMEOUT`], mapping both failures.
@@ -133,7 +164,12 @@ impl IdempotencyStore for RedisIdempotency {
         let pending_ms = u64::try_from(self.pending_timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        invocation.arg(PENDING).arg(pending_ms);
+        invocation
+            .key(self.index_key(workspace))
+            .arg(PENDING)
+            .arg(pending_ms)
+            .arg(storage_key(key).as_ref())
+            .arg(retention_ms());
         let current: Option<Vec<u8>> = bounded(invocation.invoke_async(&mut conn)).await?;
         match current {
             None => Ok(Claim::Fresh),
@@ -160,47 +196,34 @@ impl IdempotencyStore for RedisIdempotency {
         let mut value = Vec::with_capacity(response.len() + 1);
         value.push(DONE);
         value.extend_from_slice(response);
-        let retention_ms = u64::try_from(RETENTION.as_millis()).unwrap_or(u64::MAX);
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.redis_key(workspace, key))
+        let mut invocation = self.complete.key(self.redis_key(workspace, key));
+        invocation
+            .key(self.index_key(workspace))
             .arg(value)
-            .arg("PX")
-            .arg(retention_ms);
-        bounded(cmd.query_async::<()>(&mut conn)).await
-    }
-
-    async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
-        let mut conn = self.conn.clone();
-        let mut invocation = self.release.key(self.redis_key(workspace, key));
-        invocation.arg(PENDING);
+            .arg(retention_ms())
+            .arg(storage_key(key).as_ref());
         bounded(invocation.invoke_async::<i64>(&mut conn))
             .await
             .map(drop)
     }
 
-    /// Walks `{prefix}idem:*` with `SCAN`: O(keys) time and memory (SCAN may
-    /// return a key twice, so keys are deduplicated). Meant for inspection, not
-    /// the request path. Each round trip is bounded, the walk as a whole is not.
-    async fn tracked(&self) -> Result<u64, IdempotencyError> {
+    async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
         let mut conn = self.conn.clone();
-        let pattern = format!("{}idem:*", glob_escape(&self.prefix));
-        let mut seen: HashSet<Vec<u8>> = HashSet::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let (next, keys): (u64, Vec<Vec<u8>>) = bounded(cmd.query_async(&mut conn)).await?;
-            seen.extend(keys);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        Ok(seen.len() as u64)
+        let mut invocation = self.release.key(self.redis_key(workspace, key));
+        invocation
+            .key(self.index_key(workspace))
+            .arg(PENDING)
+            .arg(storage_key(key).as_ref());
+        bounded(invocation.invoke_async::<i64>(&mut conn))
+            .await
+            .map(drop)
+    }
+
+    /// One round trip on the workspace's index: O(log n + expired members).
+    async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError> {
+        let mut conn = self.conn.clone();
+        let invocation = self.tracked.key(self.index_key(workspace));
+        bounded(invocation.invoke_async::<u64>(&mut conn)).await
     }
 }
 
@@ -348,6 +371,57 @@ mod tests {
             .await
             .expect("exists");
         assert_eq!(exists, 1);
+
+        // The workspace index holds both stored keys, scored by expiry, for at
+        // least as long as the retention.
+        let index = format!("{prefix}idem-index:ws_a");
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .expect("zrange");
+        let now_ms = chrono::Utc::now().timestamp_millis() as f64;
+        let mut names: Vec<&str> = members.iter().map(|(m, _)| m.as_str()).collect();
+        names.sort_unstable();
+        let hashed_member = format!("#{}", hex::encode(Sha256::digest(&long)));
+        assert_eq!(names, vec![hashed_member.as_str(), "order-1"]);
+        for (member, score) in &members {
+            let ahead = score - now_ms;
+            let expected = if member == "order-1" {
+                86_400_000.0
+            } else {
+                30_000.0
+            };
+            assert!(
+                ahead > expected - 60_000.0 && ahead <= expected + 1_000.0,
+                "{member}: {ahead}"
+            );
+        }
+        let index_ttl: i64 = redis::cmd("TTL")
+            .arg(&index)
+            .query_async(&mut conn)
+            .await
+            .expect("ttl");
+        assert!(index_ttl > 86_000, "index ttl {index_ttl}");
+    }
+
+    /// An expired key leaves the count although nothing removed its index member.
+    #[tokio::test]
+    async fn expired_keys_are_not_tracked() {
+        let (mut store, _cleanup) = store().await;
+        store.pending_timeout = Duration::from_millis(100);
+        store.claim("ws_a", "short").await.expect("claim");
+        store.claim("ws_a", "kept").await.expect("claim");
+        store
+            .complete("ws_a", "kept", b"{}")
+            .await
+            .expect("complete");
+        assert_eq!(store.tracked("ws_a").await.expect("tracked"), 2);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(store.tracked("ws_a").await.expect("tracked"), 1);
     }
 
     #[test]
@@ -368,7 +442,6 @@ mod tests {
                 );
             }
         }
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 
     #[tokio::test]
@@ -393,7 +466,7 @@ mod tests {
         assert!(store.claim("ws_a", "k").await.is_err());
         assert!(store.complete("ws_a", "k", b"{}").await.is_err());
         assert!(store.release("ws_a", "k").await.is_err());
-        assert!(store.tracked().await.is_err());
+        assert!(store.tracked("ws_a").await.is_err());
         assert!(
             started.elapsed() < Duration::from_millis(4500),
             "{:?}",

@@ -126,17 +126,22 @@ impl IdempotencyStore for SqliteIdempotency {
         Ok(())
     }
 
-    async fn tracked(&self) -> Result<u64, IdempotencyError> {
+    /// Drops the workspace's expired keys on the way (nothing else removes a key
+    /// that is never claimed again), then counts the rest.
+    async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError> {
         let now = now_ms();
-        sqlx::query("DELETE FROM idempotency_keys WHERE expires_at_ms <= ?")
+        sqlx::query("DELETE FROM idempotency_keys WHERE workspace = ? AND expires_at_ms <= ?")
+            .bind(workspace)
             .bind(now)
             .execute(&self.pool)
             .await
             .map_err(err)?;
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(err)?;
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys WHERE workspace = ?")
+                .bind(workspace)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(err)?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 }

@@ -5,8 +5,8 @@
 use crate::ids::{ApiKeyId, EventId, WorkspaceId};
 use crate::model::{
     ApiKeyRecord, Claim, DndEntry, ErasureReport, MessageCursor, MessageFilter, MessageRecord,
-    NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
-    ProviderRoute, Step, SubscriberContacts, Tier, Workspace,
+    MessageStatus, NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate,
+    Preferences, ProviderRoute, Step, SubscriberContacts, Tier, Workspace,
 };
 use crate::plugins::PluginKind;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -130,6 +130,15 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&MessageCursor>,
         limit: u32,
     ) -> Result<Vec<MessageRecord>, StoreError>;
+
+    /// Messages of `workspace` created at or after `since`, counted by status, channel
+    /// and provider (groups with no message are absent), in (status, channel,
+    /// provider) order with no provider first.
+    async fn delivery_stats(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DeliveryCount>, StoreError>;
 
     /// Appends timeline entries to a message without a lease (receipts); false when
     /// the message does not exist.
@@ -294,6 +303,50 @@ pub trait Store: Send + Sync + 'static {
     /// `(slug, digest)` of every active installed version: what every process polls to
     /// follow swaps.
     async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError>;
+}
+
+/// How many messages share one status, channel and provider ([`Store::delivery_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryCount {
+    /// Current status.
+    pub status: MessageStatus,
+    /// Channel selected.
+    pub channel: String,
+    /// Provider that handled or attempted delivery; none before the first attempt.
+    pub provider: Option<String>,
+    /// Messages in the group.
+    pub count: u64,
+}
+
+/// One row of the `delivery_stats` query, as both backends select it: status,
+/// channel, provider, count.
+pub(crate) type DeliveryRow = (String, String, Option<String>, i64);
+
+/// Decodes and orders the rows of `delivery_stats`: one decoder for both backends.
+pub(crate) fn decode_delivery_counts(
+    rows: Vec<DeliveryRow>,
+) -> Result<Vec<DeliveryCount>, StoreError> {
+    let mut counts = rows
+        .into_iter()
+        .map(|(status, channel, provider, count)| {
+            Ok(DeliveryCount {
+                status: MessageStatus::parse(&status).ok_or_else(|| {
+                    StoreError::Other(format!("unknown message status {status:?}"))
+                })?,
+                channel,
+                provider,
+                count: u64::try_from(count).unwrap_or(0),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    counts.sort_by(|a, b| {
+        (a.status.as_str(), &a.channel, &a.provider).cmp(&(
+            b.status.as_str(),
+            &b.channel,
+            &b.provider,
+        ))
+    });
+    Ok(counts)
 }
 
 /// Where an installed plugin version stands.

@@ -4,7 +4,7 @@
 //! database at build time). Batches are written with `UNNEST` over array binds: one
 //! statement per chunk whatever the batch size, well clear of the 65,535-bind limit.
 
-use super::{Store, StoreError};
+use super::{DeliveryCount, Store, StoreError};
 use crate::ids::{ApiKeyId, EventId, WorkspaceId};
 use crate::model::{
     ApiKeyRecord, AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport,
@@ -695,6 +695,24 @@ impl Store for PgStore {
             .map(decode_message)
             .collect::<Result<_, _>>()
             .map_err(map_err)
+    }
+
+    async fn delivery_stats(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DeliveryCount>, StoreError> {
+        // The (workspace_id, created_at) index bounds the scan to the window.
+        let rows: Vec<super::DeliveryRow> = sqlx::query_as(
+            "SELECT status, channel, provider, COUNT(*) FROM messages \
+             WHERE workspace_id = $1 AND created_at >= $2 GROUP BY status, channel, provider",
+        )
+        .bind(workspace.as_str())
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        super::decode_delivery_counts(rows)
     }
 
     async fn append_timeline(
@@ -1917,6 +1935,7 @@ mod tests {
         attempts_round_trip,
         get_message_timeline,
         list_messages_filters_and_paging,
+        delivery_stats_by_group,
         preferences_merge,
         concurrent_preference_updates,
         erasure,

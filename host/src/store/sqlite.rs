@@ -6,7 +6,7 @@
 //! a transaction whose first statement writes, so the busy timeout (not an immediate
 //! `SQLITE_BUSY`) governs contention.
 
-use super::{Store, StoreError};
+use super::{DeliveryCount, Store, StoreError};
 use crate::ids::{ApiKeyId, EventId, WorkspaceId};
 use crate::model::{
     ApiKeyRecord, AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport,
@@ -738,6 +738,23 @@ impl Store for SqliteStore {
             .await
             .map_err(map_err)?;
         rows.iter().map(decode_message).collect()
+    }
+
+    async fn delivery_stats(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DeliveryCount>, StoreError> {
+        let rows: Vec<super::DeliveryRow> = sqlx::query_as(
+            "SELECT status, channel, provider, COUNT(*) FROM messages \
+             WHERE workspace_id = ? AND created_at >= ? GROUP BY status, channel, provider",
+        )
+        .bind(workspace.as_str())
+        .bind(encode_timestamp(&since))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        super::decode_delivery_counts(rows)
     }
 
     async fn append_timeline(
@@ -1914,6 +1931,7 @@ mod tests {
         attempts_round_trip,
         get_message_timeline,
         list_messages_filters_and_paging,
+        delivery_stats_by_group,
         preferences_merge,
         concurrent_preference_updates,
         erasure,

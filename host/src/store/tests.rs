@@ -1305,6 +1305,70 @@ pub(crate) async fn get_message_timeline(store: Arc<dyn Store>) {
     );
 }
 
+/// Counts by (status, channel, provider) over a window, of one workspace only, in
+/// the documented order.
+pub(crate) async fn delivery_stats_by_group(store: Arc<dyn Store>) {
+    use super::DeliveryCount;
+    let store = &*store;
+    let ws = store.ensure_workspace("stats", None).await.unwrap();
+    let other = store.ensure_workspace("stats-other", None).await.unwrap();
+    let since = now() - Duration::minutes(30);
+    assert_eq!(store.delivery_stats(&ws.id, since).await.unwrap(), vec![]);
+
+    // In the window: two queued sms, one queued email, two sent through prova and
+    // one through provb (all sms). Before it: one queued sms. Elsewhere: one queued sms.
+    let email = NewMessage {
+        channel: "email".into(),
+        ..message(&ws.id, 3)
+    };
+    let old = NewMessage {
+        created_at: now() - Duration::hours(2),
+        ..message(&ws.id, 4)
+    };
+    let batch = [message(&ws.id, 1), message(&ws.id, 2), email, old];
+    store.insert_messages(&batch, &[]).await.unwrap();
+    store
+        .insert_messages(&[message(&other.id, 1)], &[])
+        .await
+        .unwrap();
+    sent(store, &ws.id, 5, "prova", "p-5").await;
+    sent(store, &ws.id, 6, "prova", "p-6").await;
+    sent(store, &ws.id, 7, "provb", "b-7").await;
+
+    let count = |status, channel: &str, provider: Option<&str>, count| DeliveryCount {
+        status,
+        channel: channel.into(),
+        provider: provider.map(str::to_string),
+        count,
+    };
+    assert_eq!(
+        store.delivery_stats(&ws.id, since).await.unwrap(),
+        vec![
+            count(MessageStatus::Queued, "email", None, 1),
+            count(MessageStatus::Queued, "sms", None, 2),
+            count(MessageStatus::Sent, "sms", Some("prova"), 2),
+            count(MessageStatus::Sent, "sms", Some("provb"), 1),
+        ]
+    );
+    // A wider window takes the older message in; the bound is inclusive.
+    let all = store
+        .delivery_stats(&ws.id, batch[3].created_at)
+        .await
+        .unwrap();
+    assert_eq!(all[1], count(MessageStatus::Queued, "sms", None, 3));
+    assert_eq!(
+        store.delivery_stats(&other.id, since).await.unwrap(),
+        vec![count(MessageStatus::Queued, "sms", None, 1)]
+    );
+    assert_eq!(
+        store
+            .delivery_stats(&WorkspaceId::generate(), since)
+            .await
+            .unwrap(),
+        vec![]
+    );
+}
+
 /// Every row `list_messages` gives for `filter`, `limit` at a time, cursor to cursor.
 async fn page_through(
     store: &dyn Store,

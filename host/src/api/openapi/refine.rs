@@ -32,6 +32,14 @@ pub(super) fn refine(doc: &mut Value) {
         };
         for (method, operation) in item.iter_mut() {
             operation_statuses(operation);
+            if path == "/v1/mcp" {
+                operation["responses"]["200"]["content"]["application/json"]["schema"] = json!({
+                    "anyOf": [
+                        {"$ref": "#/components/schemas/McpResponse"},
+                        {"$ref": "#/components/schemas/JsonRpcResponse"},
+                    ]
+                });
+            }
             parameters(operation);
             // Raw component bytes: a binary string, whatever the declared type.
             if let Some(content) = operation
@@ -81,6 +89,21 @@ fn schemas(schemas: &mut Value) {
          (else 400: no contact details).",
     );
 
+    mcp_request(&mut schemas["McpRequest"]);
+    schemas["JsonRpcResponse"] = json!({
+        "type": "object",
+        "description": "A JSON-RPC 2.0 response of the MCP front: `result`, or `error`.",
+        "required": ["jsonrpc", "id"],
+        "properties": {
+            "jsonrpc": {"type": "string", "enum": ["2.0"]},
+            "id": {"type": ["integer", "string", "null"]},
+            "result": {"type": "object"},
+            "error": {"type": "object", "required": ["code", "message"], "properties": {
+                "code": {"type": "integer"}, "message": {"type": "string"}, "data": {}}},
+        },
+        "anyOf": [{"required": ["result"]}, {"required": ["error"]}],
+    });
+
     // A bulk item that is not a valid TriggerRequest fails alone, in a 200 answer.
     schemas["BulkTriggerRequest"]["properties"]["events"]["items"] = json!({
         "anyOf": [{"$ref": "#/components/schemas/TriggerRequest"}, {}],
@@ -115,8 +138,29 @@ fn schemas(schemas: &mut Value) {
     ]);
 }
 
+/// The two fronts of `/v1/mcp`: a JSON-RPC 2.0 request (what the MCP transport reads:
+/// `params` an object, `id` an integer or a string, none for a notification), or the
+/// legacy `{method, params, id}` without `jsonrpc`, whose `params` and `id` are free.
+fn mcp_request(schema: &mut Value) {
+    schema["properties"]["jsonrpc"] = json!({"type": "string", "enum": ["2.0"],
+        "description": "`2.0` for the MCP front; leave it out for the legacy shape."});
+    schema["properties"]["params"] =
+        json!({"description": "Method parameters; for `tools/call`: `{name, arguments}`."});
+    schema["properties"]["id"] =
+        json!({"description": "Correlation id (legacy: a non-negative integer is echoed)."});
+    schema["anyOf"] = json!([
+        {"required": ["jsonrpc"], "properties": {
+            "id": {"type": ["integer", "string"]},
+            "params": {"type": ["object", "null"]}}},
+        {"not": {"required": ["jsonrpc"]}},
+    ]);
+}
+
 fn append(schema: &mut Value, text: &str) {
-    let description = schema["description"].as_str().unwrap_or_default().to_string();
+    let description = schema["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     schema["description"] = json!(description + text);
 }
 
@@ -143,12 +187,18 @@ fn operation_statuses(operation: &mut Value) {
         ensure("401", "Missing, malformed, unrecognised or revoked key");
     }
     if json_body {
-        ensure("400", "The body is not valid JSON or not the documented shape (the message says where)");
+        ensure(
+            "400",
+            "The body is not valid JSON or not the documented shape (the message says where)",
+        );
         ensure("413", "Body too large");
         ensure("415", "Not JSON: send `Content-Type: application/json`");
     }
     if !liveness {
-        ensure("500", "Internal failure: safe to retry (with the same idempotency key for triggers)");
+        ensure(
+            "500",
+            "Internal failure: safe to retry (with the same idempotency key for triggers)",
+        );
     }
 }
 
