@@ -79,16 +79,6 @@ async fn request_id(mut request: Request, next: Next) -> Response {
     response
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn request_ids_are_echoed_only_when_safe_to_log() {
-        use super::sane_request_id as ok;
-        assert!(ok("req-123") && ok("3f1c9a7e-5e0b-4d8e-9a57-0c1c2f6f7b10") && ok("a/b:c=d@e"));
-        assert!(!ok("") && !ok("has space") && !ok("line\nbreak") && !ok("quote\""));
-        assert!(ok(&"x".repeat(128)) && !ok(&"x".repeat(129)));
-    }
-}
 
 /// `/metrics` alone, for `metrics_listen`.
 pub fn metrics_router(state: AppState) -> Router {
@@ -136,4 +126,15 @@ async fn record(State(state): State<AppState>, request: Request, next: Next) -> 
         })
         .inc();
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_echoed_only_when_safe_to_log() {
+        use super::sane_request_id as ok;
+        assert!(ok("req-123") && ok("3f1c9a7e-5e0b-4d8e-9a57-0c1c2f6f7b10") && ok("a/b:c=d@e"));
+        assert!(!ok("") && !ok("has space") && !ok("line\nbreak") && !ok("quote\""));
+        assert!(ok(&"x".repeat(128)) && !ok(&"x".repeat(129)));
+    }
 }
