@@ -1134,7 +1134,8 @@ fn webhook_secrets_are_set_and_listed_without_being_shown() {
             "webhooks",
             "set-secret",
             "--provider",
-            "provc",
+            // As the spec and the provider's guide write it: the same provider.
+            "provC",
             "--workspace",
             "acme",
             "whsec_acme_only",
@@ -1173,7 +1174,7 @@ fn webhook_secrets_are_set_and_listed_without_being_shown() {
         .write_all(b"whsec_from_stdin\n")
         .unwrap();
     assert!(child.wait_with_output().unwrap().status.success());
-    let (_, listing, _) = on_dev(&data, &["webhooks", "list", "--provider", "prove"]);
+    let (_, listing, _) = on_dev(&data, &["webhooks", "list", "--provider", "provE"]);
     assert_eq!(listing.lines().count(), 1, "{listing}");
     let (code, _, err) = on_dev(
         &data,

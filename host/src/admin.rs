@@ -756,10 +756,12 @@ providers:
         assert_eq!(sms[1].provider, "provd");
         assert_eq!(sms[0].config["auth_token"], "tok-SECRET-1");
         assert_eq!(routes[&Channel::Email][0].config["default_from"], "42");
-        let json = r#"{"providers": {"whatsapp": [{"provider": "provd", "config": {"base_url": "u", "api_token": "t"}}]}}"#;
+        let json = r#"{"providers": {"whatsapp": [{"provider": "provD", "config": {"base_url": "u", "api_token": "t"}}]}}"#;
+        let whatsapp = &parse_providers(json, &plugins()).unwrap()[&Channel::Whatsapp];
+        assert_eq!(whatsapp.len(), 1);
         assert_eq!(
-            parse_providers(json, &plugins()).unwrap()[&Channel::Whatsapp].len(),
-            1
+            whatsapp[0].provider, "provd",
+            "the spec's spelling, stored lower-case"
         );
     }
 

@@ -79,7 +79,6 @@ async fn request_id(mut request: Request, next: Next) -> Response {
     response
 }
 
-
 /// `/metrics` alone, for `metrics_listen`.
 pub fn metrics_router(state: AppState) -> Router {
     Router::new()
