@@ -235,6 +235,10 @@ both!(
     erasure_is_accepted_for_known_and_unknown_subscribers,
     typos_are_refused_where_they_are_and_aliases_kept,
     every_answer_carries_a_request_id,
+    a_client_that_hangs_up_leaves_no_pending_key,
+    an_acknowledged_event_keeps_its_key_when_its_record_fails,
+    stored_strings_refuse_control_characters_and_payloads_have_a_depth,
+    test_and_live_requests_never_share_an_idempotency_key,
 );
 
 async fn trigger_is_accepted_published_and_recorded(b: Backends) {
@@ -1857,8 +1861,12 @@ async fn production_database_outage_is_503_on_reads_and_500_on_writes() {
     // Resolve the key once so it is cached: the outage hits the endpoints, not auth.
     assert_eq!(gw.get(&format!("/v1/events/{id}"), &key).await.0, 200);
     let db = gw.config.store.url.rsplit('/').next().unwrap().to_string();
+    // A key never used before: it must be looked up, and cannot be.
+    let uncached = gw.key("acme", Tier::Paid, KeyMode::Test).await;
     let away = take_database_away(&db).await;
     let outcome = async {
+        let (s, body) = gw.get("/v1/messages", &uncached).await;
+        assert_error(s, &body, 503, "SERVICE_UNAVAILABLE");
         let (s, body) = gw.get(&format!("/v1/events/{id}"), &key).await;
         assert_error(s, &body, 503, "SERVICE_UNAVAILABLE");
         assert!(!body["message"].as_str().unwrap().contains(&db), "{body}");
@@ -2041,5 +2049,193 @@ async fn every_answer_carries_a_request_id(b: Backends) {
             assert_eq!(body["status_code"], status);
         }
     }
+    gw.cleanup().await;
+}
+
+/// A caller that hangs up mid-request leaves no idempotency key pending: the acceptance
+/// it started finishes, so a retry replays (200) or, if nothing was accepted, starts
+/// afresh (202); either way exactly one event per key.
+async fn a_client_that_hangs_up_leaves_no_pending_key(b: Backends) {
+    use tokio::io::AsyncWriteExt;
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let addr = gw.url.trim_start_matches("http://").to_string();
+    let hangups = (0..40).map(|i| {
+        let (addr, key) = (addr.clone(), key.clone());
+        async move {
+            let body = trigger_body(&format!("hang{i}")).to_string();
+            let request = format!(
+                "POST /v1/events/trigger HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Type: application/json\r\nIdempotency-Key: hang-{i}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            socket.write_all(request.as_bytes()).await.unwrap();
+            tokio::task::yield_now().await;
+            drop(socket);
+        }
+    });
+    futures::future::join_all(hangups).await;
+    let retries = (0..40).map(|i| {
+        let gw = &gw;
+        let key = key.clone();
+        async move {
+            let (s, body) = gw
+                .post(
+                    "/v1/events/trigger",
+                    &key,
+                    &trigger_body(&format!("hang{i}")),
+                    &[("Idempotency-Key", &format!("hang-{i}"))],
+                )
+                .await;
+            assert!(s == 200 || s == 202, "retry {i}: {s} {body}");
+        }
+    });
+    futures::future::join_all(retries).await;
+    let ws = gw.workspace_id("acme").await;
+    let all = gw
+        .state
+        .ingest
+        .store
+        .list_messages(&ws, &Default::default(), None, 200)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 40, "exactly one event per idempotency key");
+    gw.cleanup().await;
+}
+
+/// Once the broker has acknowledged an event it is accepted, whatever happens to its
+/// record (a worker records it): its key stays bound to it, and a row the database
+/// refuses fails neither itself nor the requests committed beside it.
+async fn an_acknowledged_event_keeps_its_key_when_its_record_fails(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    common::refuse_messages_for(&gw.config, "poison").await;
+    let headers = [("Idempotency-Key", "poison-1")];
+    let (s, first) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &trigger_body("poison"),
+            &headers,
+        )
+        .await;
+    assert_eq!(s, 202, "{first}");
+    let (s, again) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &trigger_body("poison"),
+            &headers,
+        )
+        .await;
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(again["eventId"], first["eventId"], "the key stays bound");
+    // Neighbours committed in the same group are unaffected.
+    let burst = (0..30).map(|i| {
+        let (gw, key) = (&gw, key.clone());
+        async move {
+            let subscriber = if i % 10 == 0 {
+                "poison".to_string()
+            } else {
+                format!("ok{i}")
+            };
+            gw.post("/v1/events/trigger", &key, &trigger_body(&subscriber), &[])
+                .await
+        }
+    });
+    for (s, body) in futures::future::join_all(burst).await {
+        assert_eq!(s, 202, "{body}");
+    }
+    let published = gw.published().await;
+    assert_eq!(published.len(), 31, "each accepted event published once");
+    gw.cleanup().await;
+}
+
+/// Every stored string refuses control characters (PostgreSQL refuses NUL, so one
+/// would fail its whole commit group), and a payload nests at most 32 levels (the
+/// worker must decode what was accepted).
+async fn stored_strings_refuse_control_characters_and_payloads_have_a_depth(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let nul = "a\u{0}b";
+    let mut cases = Vec::new();
+    let mut body = trigger_body("ctl");
+    body["category"] = json!(nul);
+    cases.push(body);
+    let mut body = trigger_body("ctl");
+    body["payload"][nul] = json!(1);
+    cases.push(body);
+    let mut body = trigger_body("ctl");
+    body["to"]["email"] = json!(format!("ada{nul}@example.com"));
+    cases.push(body);
+    let mut body = trigger_body("ctl");
+    body["to"]["deviceTokens"] = json!([nul]);
+    cases.push(body);
+    let mut body = trigger_body("ctl");
+    body["category"] = json!("  ");
+    cases.push(body);
+    // `levels` objects, one inside the other (the payload itself is the first).
+    let nested = |levels: usize| {
+        let mut v = json!(1);
+        for _ in 0..levels {
+            v = json!({"x": v});
+        }
+        v
+    };
+    let mut body = trigger_body("ctl");
+    body["payload"] = nested(33);
+    cases.push(body);
+    for body in &cases {
+        let (s, e) = gw.post("/v1/events/trigger", &key, body, &[]).await;
+        assert_error(s, &e, 400, "BAD_REQUEST");
+    }
+    let mut body = trigger_body("ctl");
+    body["payload"] = nested(32);
+    let (s, r) = gw.post("/v1/events/trigger", &key, &body, &[]).await;
+    assert_eq!(s, 202, "32 levels are accepted: {r}");
+    // In bulk, the bad item fails alone.
+    let (s, r) = gw
+        .post(
+            "/v1/events/bulk",
+            &key,
+            &json!({"events": [cases[0].clone(), trigger_body("ctl2")]}),
+            &[],
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["failedCount"], 1, "{r}");
+    assert!(
+        r["events"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("category"),
+        "{r}"
+    );
+    gw.cleanup().await;
+}
+
+/// A live request reusing a key first used in test mode is a new request: it sends.
+async fn test_and_live_requests_never_share_an_idempotency_key(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let test = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let live = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    let headers = [("Idempotency-Key", "shared-1")];
+    let (s, first) = gw
+        .post("/v1/events/trigger", &test, &trigger_body("mode"), &headers)
+        .await;
+    assert_eq!(s, 202, "{first}");
+    let (s, second) = gw
+        .post("/v1/events/trigger", &live, &trigger_body("mode"), &headers)
+        .await;
+    assert_eq!(
+        s, 202,
+        "a live request is not a replay of a test one: {second}"
+    );
+    assert_ne!(second["eventId"], first["eventId"]);
+    let (s, again) = gw
+        .post("/v1/events/trigger", &live, &trigger_body("mode"), &headers)
+        .await;
+    assert_eq!((s, &again["eventId"]), (200, &second["eventId"]));
     gw.cleanup().await;
 }

@@ -278,6 +278,8 @@ both!(
     voice_missing_placeholder_and_promotional_dnd,
     test_keys_never_reach_a_provider,
     test_keys_refuse_bad_contacts_as_live_keys_do,
+    an_undecodable_event_ends_failed_not_queued,
+    a_poison_event_is_given_up_after_the_bounded_deliveries,
     workflow_errors_fail_with_their_codes,
 );
 
@@ -1070,5 +1072,87 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
     let c = dispatcher.dispatch(&envelope).await.unwrap();
     assert!(matches!(c, Outcome::AlreadyDone(_)), "{c:?}");
     assert!(slow.take_requests().is_empty());
+    gw.cleanup().await;
+}
+
+/// An event a worker cannot decode is not dropped silently: its message ends FAILED
+/// with a detail saying so, and the event is acknowledged.
+async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
+    let gw = Gateway::start(b, &[]).await;
+    let ws = gw.workspace().await;
+    let store = gw.state.ingest.store.clone();
+    let event = EventId::generate();
+    let message = switchboard::model::NewMessage {
+        event_id: event.clone(),
+        workspace: ws.clone(),
+        event_name: "welcome".into(),
+        subscriber_id: "u-undecodable".into(),
+        category: None,
+        priority: 2,
+        channel: "email".into(),
+        status: "QUEUED".into(),
+        test_mode: false,
+        variables_keys: vec![],
+        created_at: chrono::Utc::now(),
+    };
+    store.insert_messages(&[message], &[]).await.unwrap();
+    // The right id, a wrapper no version of the gateway wrote.
+    let payload =
+        json!({"v": 1, "event_id": event.as_str(), "workspace_id": ws.as_str(), "request": 7});
+    let ingest = &gw.state.ingest;
+    let publish = switchboard::broker::Publish {
+        class: switchboard::broker::StreamClass::Bulk,
+        subject: ingest
+            .streams
+            .subject(switchboard::broker::StreamClass::Bulk, "email"),
+        msg_id: event.to_string(),
+        payload: serde_json::to_vec(&payload).unwrap().into(),
+    };
+    assert!(ingest.broker.publish_batch(&[publish]).await[0].is_ok());
+    let m = gw.settled(event.as_str()).await;
+    assert_eq!(m.status, MessageStatus::Failed);
+    assert_eq!(m.error_code.as_deref(), Some("DISPATCH_FAILED"));
+    assert!(
+        m.error_detail
+            .unwrap_or_default()
+            .contains("could not be decoded"),
+        "the detail says why"
+    );
+    gw.cleanup().await;
+}
+
+/// An event the store keeps refusing is redelivered a bounded number of times, then
+/// given up (acknowledged, counted), never looped over for ever.
+async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
+    let gw = Gateway::start_with(b, &[], |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    common::refuse_messages_for(&gw.config, "poison").await;
+    let key = gw.key(KeyMode::Test).await;
+    gw.trigger(
+        &key,
+        json!({"name": "welcome", "to": {"subscriberId": "poison", "email": "p@acme.test"}, "payload": {"name": "P"}}),
+        "NORMAL",
+    )
+    .await;
+    let metrics = &gw.state.ingest.metrics;
+    let gave_up = || {
+        metrics
+            .render()
+            .lines()
+            .any(|l| l.starts_with("switchboard_deliveries_total{outcome=\"gave_up\"} 1"))
+    };
+    // Three tries back off 0.2 s and 0.4 s; the give-up follows at once.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !gave_up() {
+        assert!(
+            Instant::now() < deadline,
+            "never given up:\n{}",
+            metrics.render()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And never delivered again.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(gave_up(), "given up exactly once:\n{}", metrics.render());
     gw.cleanup().await;
 }

@@ -95,6 +95,11 @@ pub struct WorkerConfig {
     /// Unacknowledged deliveries are redelivered after this long; also the length of
     /// a worker's lease on a message it is dispatching.
     pub ack_wait_ms: u64,
+    /// A delivery that fails this many times for a reason other than the database
+    /// being unreachable is given up: the message ends FAILED (`DISPATCH_FAILED`, the
+    /// detail says why) and the event is acknowledged. An unreachable database never
+    /// gives up: the event waits for it.
+    pub max_deliveries: u64,
 }
 
 impl WorkerConfig {
@@ -296,6 +301,7 @@ impl Default for Config {
                 bulk_concurrency: 32,
                 critical_concurrency: 16,
                 ack_wait_ms: 30_000,
+                max_deliveries: 10,
             },
             erasure: ErasureConfig {
                 audit_window_days: 30,

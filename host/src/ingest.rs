@@ -368,9 +368,82 @@ pub fn parse_body<T: JsonBody>(value: serde_json::Value) -> Result<T, String> {
     parse_json(value)
 }
 
+/// Deepest nesting of `payload` accepted (the object itself is level 1). The broker
+/// message wraps the request, and every reader of it must decode what was accepted.
+pub const MAX_PAYLOAD_DEPTH: usize = 32;
+
 /// Checks the fields the spec leaves to us. Limits: `name` 1-200 characters of
-/// letters, digits and `._:-/`; `subscriberId` 1-256 characters, no control characters.
+/// letters, digits and `._:-/`; `subscriberId` 1-256 characters, no control characters;
+/// `category` like a preference category (1-200 characters, not blank, no control
+/// characters); no control characters in contacts or payload keys (every one of them is
+/// stored, and PostgreSQL refuses NUL); `payload` at most [`MAX_PAYLOAD_DEPTH`] deep.
 pub fn validate(request: &TriggerRequest) -> Result<(), String> {
+    validate_name(request)?;
+    validate_subscriber_id(&request.to.subscriber_id)
+        .map_err(|e| format!("to.subscriberId {e}"))?;
+    if let Some(category) = &request.category {
+        check_text("category", category, MAX_NAME_LEN)?;
+    }
+    let to = &request.to;
+    for (field, value) in [("to.email", &to.email), ("to.phone", &to.phone)] {
+        if value.as_deref().is_some_and(has_control) {
+            return Err(format!("{field} must not contain control characters"));
+        }
+    }
+    if to.device_tokens.iter().flatten().any(|t| has_control(t)) {
+        return Err("to.deviceTokens must not contain control characters".into());
+    }
+    if let Some(payload) = &request.payload {
+        if let Some(key) = payload.keys().find(|k| has_control(k)) {
+            return Err(format!(
+                "payload key {key:?} must not contain control characters"
+            ));
+        }
+        if depth(payload) > MAX_PAYLOAD_DEPTH {
+            return Err(format!(
+                "payload nests deeper than {MAX_PAYLOAD_DEPTH} levels"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn has_control(s: &str) -> bool {
+    s.chars().any(char::is_control)
+}
+
+/// A stored name-like text: 1 to `max` characters, not only white space, no control
+/// characters (the rule of subscriber ids and categories).
+fn check_text(field: &str, s: &str, max: usize) -> Result<(), String> {
+    if s.trim().is_empty() || s.chars().count() > max {
+        return Err(format!("{field} must be 1 to {max} characters"));
+    }
+    if has_control(s) {
+        return Err(format!("{field} must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Nesting depth of a payload (the object itself is 1), without recursion.
+fn depth(payload: &serde_json::Map<String, serde_json::Value>) -> usize {
+    let mut deepest = 1;
+    let mut stack: Vec<(&serde_json::Value, usize)> = payload.values().map(|v| (v, 2)).collect();
+    while let Some((value, level)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Array(a) => Box::new(a.iter()),
+            serde_json::Value::Object(o) => Box::new(o.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(level);
+        if level > MAX_PAYLOAD_DEPTH {
+            return level;
+        }
+        stack.extend(children.map(|c| (c, level + 1)));
+    }
+    deepest
+}
+
+fn validate_name(request: &TriggerRequest) -> Result<(), String> {
     let name = request.name.as_str();
     if name.is_empty() || name.chars().count() > MAX_NAME_LEN {
         return Err(format!("name must be 1 to {MAX_NAME_LEN} characters"));
@@ -381,19 +454,13 @@ pub fn validate(request: &TriggerRequest) -> Result<(), String> {
     {
         return Err("name may contain only letters, digits and . _ : - /".into());
     }
-    validate_subscriber_id(&request.to.subscriber_id).map_err(|e| format!("to.subscriberId {e}"))
+    Ok(())
 }
 
 /// A subscriber id, wherever one is given (`to.subscriberId`, paths, filters): 1 to 256
 /// characters, not only white space, no control characters ([`SUBSCRIBER_ID_PATTERN`]).
 pub fn validate_subscriber_id(s: &str) -> Result<(), String> {
-    if s.trim().is_empty() || s.chars().count() > MAX_SUBSCRIBER_LEN {
-        return Err(format!("must be 1 to {MAX_SUBSCRIBER_LEN} characters"));
-    }
-    if s.chars().any(char::is_control) {
-        return Err("must not contain control characters".into());
-    }
-    Ok(())
+    check_text("", s, MAX_SUBSCRIBER_LEN).map_err(|e| e.trim_start().to_string())
 }
 
 /// [`validate_subscriber_id`] as the OpenAPI document states it (with `maxLength`).
@@ -545,7 +612,12 @@ impl Ingest {
             ));
         }
         let ws = key.workspace.as_str();
-        if let Some(idem) = &idempotency_key
+        // Test and live requests never share a key: a live retry of a key first used in
+        // test mode must send, not replay the test event.
+        let scoped = idempotency_key
+            .as_deref()
+            .map(|k| format!("{}:{k}", key.mode.as_str()));
+        if let Some(idem) = &scoped
             && let Some(body) = self.claim(ws, idem).await?
         {
             let response = serde_json::from_slice(&body).map_err(|e| {
@@ -563,7 +635,7 @@ impl Ingest {
                 &revoked,
             )
             .await;
-        if let Some(idem) = &idempotency_key {
+        if let Some(idem) = &scoped {
             match &result {
                 Ok(response) => {
                     let body = serde_json::to_vec(response)
@@ -682,6 +754,12 @@ impl Ingest {
 
     /// Publishes, then records; what the broker did not acknowledge goes to the outbox
     /// in the same transaction as its message record.
+    ///
+    /// An event the broker acknowledged is accepted whatever happens to its record: it
+    /// is durable and will be delivered (a worker writes the record from the event if
+    /// ingestion could not), so the caller's idempotency key must stay bound to it. A
+    /// group whose transaction fails is recorded event by event, so one row the
+    /// database refuses cannot fail its neighbours.
     async fn commit(
         &self,
         messages: Vec<NewMessage>,
@@ -697,40 +775,68 @@ impl Ingest {
                 .map(|_| Err(crate::broker::BrokerError("broker disconnected".into())))
                 .collect()
         };
-        let outbox: Vec<OutboxItem> = publishes
+        let outbox: Vec<Option<OutboxItem>> = publishes
             .iter()
             .zip(&acks)
-            .filter(|(_, ack)| ack.is_err())
-            .map(|(p, _)| OutboxItem {
-                stream: self.streams.stream(p.class).to_string(),
-                subject: p.subject.clone(),
-                msg_id: p.msg_id.clone(),
-                payload: p.payload.to_vec(),
+            .map(|(p, ack)| {
+                ack.is_err().then(|| OutboxItem {
+                    stream: self.streams.stream(p.class).to_string(),
+                    subject: p.subject.clone(),
+                    msg_id: p.msg_id.clone(),
+                    payload: p.payload.to_vec(),
+                })
             })
             .collect();
-        let acked = (publishes.len() - outbox.len()) as u64;
-        crate::metrics::Metrics::count(&self.metrics.publishes, "acked", acked);
-        if !outbox.is_empty() {
-            crate::metrics::Metrics::count(
-                &self.metrics.publishes,
-                "outboxed",
-                outbox.len() as u64,
-            );
+        let outboxed = outbox.iter().flatten().count() as u64;
+        let count =
+            |outcome, n| crate::metrics::Metrics::count(&self.metrics.publishes, outcome, n);
+        count("acked", publishes.len() as u64 - outboxed);
+        if outboxed > 0 {
+            count("outboxed", outboxed);
             tracing::warn!(
-                count = outbox.len(),
+                count = outboxed,
                 "broker did not acknowledge: holding events in the outbox"
             );
         }
-        match self.store.insert_messages(&messages, &outbox).await {
+        let all: Vec<OutboxItem> = outbox.iter().flatten().cloned().collect();
+        let recorded: Vec<Result<(), String>> = match self
+            .store
+            .insert_messages(&messages, &all)
+            .await
+        {
             Ok(()) => messages.iter().map(|_| Ok(())).collect(),
+            Err(e) if messages.len() == 1 => vec![Err(e.to_string())],
             Err(e) => {
-                let reason = format!("could not record the events: {e}");
-                messages
-                    .iter()
-                    .map(|_| Err(IngestError::Internal(reason.clone())))
-                    .collect()
+                tracing::warn!(error = %e, count = messages.len(), "group insert failed: recording events one by one");
+                let mut one_by_one = Vec::with_capacity(messages.len());
+                for (message, item) in messages.iter().zip(&outbox) {
+                    let items: Vec<OutboxItem> = item.iter().cloned().collect();
+                    let result = self
+                        .store
+                        .insert_messages(std::slice::from_ref(message), &items)
+                        .await;
+                    one_by_one.push(result.map_err(|e| e.to_string()));
+                }
+                one_by_one
             }
-        }
+        };
+        recorded
+            .into_iter()
+            .zip(&acks)
+            .zip(&messages)
+            .map(|((recorded, ack), message)| match (recorded, ack) {
+                (Ok(()), _) => Ok(()),
+                (Err(e), Ok(_)) => {
+                    count("unrecorded", 1);
+                    tracing::error!(event_id = %message.event_id, error = %e,
+                        "acknowledged by the broker but not recorded: accepted, a worker records it");
+                    Ok(())
+                }
+                (Err(e), Err(_)) => Err(IngestError::Internal(format!(
+                    "could not record the event: {e}"
+                ))),
+            })
+            .collect()
     }
 
     /// `POST /v1/events/bulk`: each event validated, rate-limited (per subscriber) and

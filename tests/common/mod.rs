@@ -55,3 +55,39 @@ pub async fn isolate(config: &mut Config, backends: Backends, tag: &str) {
     config.worker.consumer = format!("w{id}");
     config.counters.key_prefix = format!("sbtest:{id}:");
 }
+
+/// Makes the gateway's database refuse to record messages for `subscriber` (a trigger
+/// that raises on insert): a row the database will not take, on either backend.
+#[allow(dead_code)] // not every test binary uses it
+pub async fn refuse_messages_for(config: &Config, subscriber: &str) {
+    use sqlx::Connection;
+    assert!(subscriber.chars().all(|c| c.is_ascii_alphanumeric()));
+    if config.store.backend == switchboard::config::StoreBackend::Postgres {
+        let mut conn = sqlx::PgConnection::connect(&config.store.url)
+            .await
+            .unwrap();
+        for statement in [
+            "CREATE OR REPLACE FUNCTION sb_test_refuse() RETURNS trigger AS $$ \
+             BEGIN RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql"
+                .to_string(),
+            format!(
+                "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages FOR EACH ROW \
+                 WHEN (NEW.subscriber_id = '{subscriber}') EXECUTE FUNCTION sb_test_refuse()"
+            ),
+        ] {
+            sqlx::query(&statement).execute(&mut conn).await.unwrap();
+        }
+    } else {
+        let path = config.data_dir.join("switchboard.db");
+        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages \
+             WHEN NEW.subscriber_id = '{subscriber}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+}

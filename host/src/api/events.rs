@@ -61,12 +61,20 @@ pub async fn trigger(
             Some(key.to_string())
         }
     };
-    let (response, replay) = state
-        .ingest
-        .trigger(&caller.key, request, priority, idempotency_key, || {
-            caller.revoked()
-        })
-        .await?;
+    // A caller that hangs up drops this future; the acceptance it started must finish
+    // anyway, so its idempotency key is always completed or released, never left
+    // pending (a retry then replays the event instead of waiting or duplicating it).
+    let ingest = state.ingest.clone();
+    let accepted = tokio::spawn(async move {
+        ingest
+            .trigger(&caller.key, request, priority, idempotency_key, || {
+                caller.revoked()
+            })
+            .await
+    });
+    let (response, replay) = accepted
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("trigger task failed: {e}")))??;
     let status = if replay {
         StatusCode::OK
     } else {

@@ -2,7 +2,7 @@
 
 use super::ApiError;
 use crate::AppState;
-use crate::auth::{self, AuthError};
+use crate::auth;
 use crate::ingest::JsonBody;
 use crate::model::ApiKeyRecord;
 use axum::body::Bytes;
@@ -41,10 +41,11 @@ impl FromRequestParts<AppState> for Caller {
                 state: state.clone(),
             }),
             Ok(Err(e)) => Err(ApiError::Unauthorized(e.to_string())),
-            Err(e) => {
-                tracing::error!(error = %e, "key lookup failed");
-                Err(ApiError::Unauthorized(AuthError::Unrecognised.to_string()))
-            }
+            // The key could not be checked: not the caller's fault, and a 401 would
+            // never be retried.
+            Err(e) => Err(ApiError::Unavailable(anyhow::anyhow!(
+                "key lookup failed: {e}"
+            ))),
         }
     }
 }

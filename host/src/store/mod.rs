@@ -140,6 +140,17 @@ pub trait Store: Send + Sync + 'static {
         since: DateTime<Utc>,
     ) -> Result<Vec<DeliveryCount>, StoreError>;
 
+    /// Ends a message nothing can dispatch (its broker event cannot be decoded): FAILED
+    /// with `code` and `detail`, and `entries` on its timeline, without a lease. Only a
+    /// message not yet dispatched (QUEUED or TRIGGERED) changes; false otherwise.
+    async fn fail_undispatched(
+        &self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError>;
+
     /// Appends timeline entries to a message without a lease (receipts); false when
     /// the message does not exist.
     async fn append_timeline(

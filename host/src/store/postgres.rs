@@ -715,6 +715,34 @@ impl Store for PgStore {
         super::decode_delivery_counts(rows)
     }
 
+    async fn fail_undispatched(
+        &self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let found = sqlx::query(
+            "UPDATE messages SET status = 'FAILED', error_code = $2, error_detail = $3, \
+             updated_at = now() WHERE event_id = $1 AND status IN ('QUEUED', 'TRIGGERED')",
+        )
+        .bind(event.as_str())
+        .bind(code)
+        .bind(detail)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected()
+            == 1;
+        if !found {
+            return Ok(false);
+        }
+        insert_timeline(&mut tx, event, entries).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
     async fn append_timeline(
         &self,
         event: &EventId,

@@ -757,6 +757,37 @@ impl Store for SqliteStore {
         super::decode_delivery_counts(rows)
     }
 
+    async fn fail_undispatched(
+        &self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError> {
+        let timeline = encode_timeline(entries)?;
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let found = sqlx::query(
+            "UPDATE messages SET status = 'FAILED', error_code = ?, error_detail = ?, \
+             updated_at = ? WHERE event_id = ? AND status IN ('QUEUED', 'TRIGGERED')",
+        )
+        .bind(code)
+        .bind(detail)
+        .bind(encode_timestamp(&now_micros()))
+        .bind(event.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected()
+            == 1;
+        if !found {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(false);
+        }
+        insert_timeline(&mut tx, event, &timeline).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
     async fn append_timeline(
         &self,
         event: &EventId,

@@ -11,17 +11,16 @@
 //! A callback verified by the provider-wide secret carries no workspace, and matches
 //! the message with the provider's message id, whichever workspace it is in.
 //!
-//! ## Replays
+//! ## Replays and retries
 //! A verified callback's id is a digest of the provider, the verifying workspace and
 //! the raw body ([`receipt_id_for`]): the broker's de-duplication id and the store's
-//! receipt key, so it is never processed twice. It is recorded as seen, for
-//! `webhooks.replay_window_secs` (15 minutes by default, at least 10), once its
-//! receipts are on the stream; a callback seen inside the window is refused with 401
-//! `INVALID_SIGNATURE`. The window outlasts provA's and provB's 5-minute timestamp
-//! tolerance on either side, so their replays are refused as seen inside it and as
-//! stale after it. Providers without signed timestamps (provC, provD, provE) get the
-//! same window; a replay after it passes, and is harmless, because a receipt never
-//! moves a message backwards ([`crate::receipts`]).
+//! receipt key, so it is never processed twice. A callback identical to one already
+//! accepted (a provider retrying after our answer was lost, or a replay) is answered
+//! 200 again with the same receipt id and changes nothing; it is counted as
+//! `replayed` while it falls inside `webhooks.replay_window_secs` (15 minutes by
+//! default). Replays of provA and provB callbacks older than their 5-minute timestamp
+//! tolerance are refused as stale by the signature check; for every provider a
+//! receipt never moves a message backwards ([`crate::receipts`]).
 
 pub mod native;
 
@@ -59,6 +58,9 @@ pub enum WebhookError {
 /// An accepted callback.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Accepted {
+    /// An identical callback was accepted before (within the replay window): answered
+    /// the same, processed once.
+    pub replayed: bool,
     /// The callback's `dlr_` id.
     pub receipt_id: ReceiptId,
     /// The receipts published, in order.
@@ -113,9 +115,9 @@ impl Webhooks {
             ))),
         };
         let outcome = match &result {
+            Ok(a) if a.replayed => "replayed",
             Ok(_) => "accepted",
             Err(WebhookError::UnknownProvider(_)) => "unknown_provider",
-            Err(WebhookError::InvalidSignature(m)) if m.starts_with("replayed") => "replayed",
             Err(WebhookError::InvalidSignature(_)) => "invalid_signature",
             Err(WebhookError::BadRequest(_)) => "bad_request",
             Err(WebhookError::Internal(_)) => "error",
@@ -153,14 +155,13 @@ impl Webhooks {
             )
             .await
             .map_err(|e| WebhookError::Internal(e.into()))?;
-        if !fresh {
-            return Err(WebhookError::InvalidSignature(format!(
-                "replayed callback: an identical {slug} callback was accepted in the last {} \
-                 seconds and is not processed twice",
-                self.config.replay_window_secs
-            )));
-        }
-        Ok(accepted)
+        // A provider that lost our answer sends the same callback again: it gets the
+        // same answer. Nothing is processed twice (the receipt id is the broker's
+        // de-duplication id and the store's receipt key).
+        Ok(Accepted {
+            replayed: !fresh,
+            ..accepted
+        })
     }
 
     async fn parse_and_publish(
@@ -232,7 +233,11 @@ impl Webhooks {
         for result in self.broker.publish_batch(&messages).await {
             result.map_err(|e| WebhookError::Internal(e.into()))?;
         }
-        Ok(Accepted { receipt_id, events })
+        Ok(Accepted {
+            replayed: false,
+            receipt_id,
+            events,
+        })
     }
 
     /// Tries each secret of the provider; the first that verifies names the workspace.

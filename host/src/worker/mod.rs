@@ -14,6 +14,7 @@ pub mod receipts;
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
 use crate::config::WorkerConfig;
 use crate::ingest::Envelope;
+use crate::store::StoreError;
 use dispatch::{Dispatcher, Outcome};
 use futures::StreamExt;
 use std::sync::Arc;
@@ -192,14 +193,7 @@ impl Worker {
     async fn handle_inner(&self, delivery: Delivery, class: StreamClass) {
         let envelope: Envelope = match serde_json::from_slice(&delivery.payload) {
             Ok(e) => e,
-            Err(e) => {
-                // Nothing can ever dispatch it; keeping it would block nothing but
-                // would be redelivered forever. Its message row stays QUEUED.
-                tracing::error!(subject = %delivery.subject, error = %e, "undecodable event dropped");
-                self.count("undecodable");
-                let _ = delivery.settle.ack().await;
-                return;
-            }
+            Err(e) => return self.undecodable(delivery, e).await,
         };
         if delivery.delivered == 1 {
             let waited = (chrono::Utc::now() - envelope.accepted_at)
@@ -242,6 +236,16 @@ impl Worker {
                 self.count("busy");
                 delivery.settle.nak(self.config.ack_wait() / 4).await
             }
+            Err(e)
+                if delivery.delivered >= self.config.max_deliveries
+                    && !matches!(e, StoreError::Unavailable(_)) =>
+            {
+                let detail = format!(
+                    "gave up after {} deliveries: the store refused the event ({e})",
+                    delivery.delivered
+                );
+                self.give_up(&envelope.event_id, &detail, &delivery).await
+            }
             Err(e) => {
                 let delay = backoff(delivery.delivered);
                 tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
@@ -253,6 +257,70 @@ impl Worker {
             // Unsettled deliveries come back after the ack wait; the lease and the
             // recorded attempts make that harmless.
             tracing::warn!(event_id = %envelope.event_id, error = %e, "could not settle delivery");
+        }
+    }
+
+    /// An event whose envelope cannot be decoded: nothing can dispatch it, so its
+    /// message (found by the event id, if even that can be read) ends FAILED instead of
+    /// waiting QUEUED for ever, and the event is acknowledged.
+    async fn undecodable(&self, delivery: Delivery, error: serde_json::Error) {
+        #[derive(serde::Deserialize)]
+        struct Head {
+            event_id: crate::ids::EventId,
+        }
+        tracing::error!(subject = %delivery.subject, %error, "undecodable event");
+        self.count("undecodable");
+        match serde_json::from_slice::<Head>(&delivery.payload) {
+            Ok(head) => {
+                let detail =
+                    format!("the queued event could not be decoded ({error}); nothing was sent");
+                if let Err(e) = self.give_up(&head.event_id, &detail, &delivery).await {
+                    tracing::warn!(error = %e, "could not settle an undecodable delivery");
+                }
+            }
+            Err(_) => {
+                let _ = delivery.settle.ack().await;
+            }
+        }
+    }
+
+    /// Ends an event this worker gives up on: its message FAILED with `detail`, then
+    /// the delivery acknowledged. While the database is unreachable the delivery is
+    /// handed back instead, so nothing is dropped unrecorded.
+    async fn give_up(
+        &self,
+        event: &crate::ids::EventId,
+        detail: &str,
+        delivery: &Delivery,
+    ) -> Result<(), crate::broker::BrokerError> {
+        let entry = crate::model::NewTimelineEntry {
+            status: crate::model::StepStatus::Failed,
+            occurred_at: chrono::Utc::now(),
+            provider: None,
+            detail: Some(
+                serde_json::json!({"error_code": dispatch::DISPATCH_FAILED, "reason": detail}),
+            ),
+        };
+        match self
+            .dispatcher
+            .store
+            .fail_undispatched(event, dispatch::DISPATCH_FAILED, detail, &[entry])
+            .await
+        {
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(%event, error = %e, "cannot record giving up: database unavailable");
+                delivery.settle.nak(backoff(delivery.delivered)).await
+            }
+            recorded => {
+                if let Err(e) = &recorded {
+                    // The row itself cannot be written: only the log and the metric
+                    // keep the event visible.
+                    tracing::error!(%event, error = %e, "gave up on an event whose message cannot be stored");
+                }
+                tracing::warn!(%event, detail, "gave up on an event");
+                self.count("gave_up");
+                delivery.settle.ack().await
+            }
         }
     }
 

@@ -5,7 +5,7 @@
 //! read this document, so it must accept exactly what the server accepts.
 
 use crate::api::subscribers::{CHANNELS, MAX_CATEGORIES, MAX_CATEGORY_LEN};
-use crate::ingest::{MAX_SUBSCRIBER_LEN, SUBSCRIBER_ID_PATTERN};
+use crate::ingest::{MAX_NAME_LEN, MAX_PAYLOAD_DEPTH, MAX_SUBSCRIBER_LEN, SUBSCRIBER_ID_PATTERN};
 use crate::model::MessageStatus;
 use crate::routing::Channel;
 use serde_json::{Map, Value, json};
@@ -17,6 +17,9 @@ const EVENT_ID_PATTERN: &str = concat!(
     "|(urn:uuid:)?[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}",
     "|\\{[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}\\})$"
 );
+
+/// Text without control characters (what every stored string must be).
+const NO_CONTROL: &str = r"^[^\u0000-\u001F\u007F-\u009F]*$";
 
 /// Text with at least one character that is not white space.
 const NOT_BLANK: &str = r"\S";
@@ -71,8 +74,27 @@ fn subscriber_id(description: &str) -> Value {
 }
 
 fn schemas(schemas: &mut Value) {
+    // Stored strings refuse control characters; a payload nests at most 32 levels.
+    let trigger = &mut schemas["TriggerRequest"]["properties"];
+    trigger["category"] = json!({
+        "type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_LEN,
+        "pattern": SUBSCRIBER_ID_PATTERN,
+        "description": "Preference category (defaults to `name`): 1 to 200 characters, not \
+            only white space, no control characters.",
+    });
+    trigger["payload"] = json!({
+        "type": ["object", "null"],
+        "propertyNames": {"pattern": NO_CONTROL},
+        "description": format!("Template variables, any JSON object nested at most \
+            {MAX_PAYLOAD_DEPTH} levels deep; keys without control characters. Only the keys \
+            are stored."),
+    });
     // A recipient needs a contact detail some channel can use (else 400).
     let recipient = &mut schemas["Recipient"];
+    for field in ["email", "phone"] {
+        recipient["properties"][field]["pattern"] = json!(NO_CONTROL);
+    }
+    recipient["properties"]["deviceTokens"]["items"]["pattern"] = json!(NO_CONTROL);
     recipient["properties"]["subscriberId"] = subscriber_id(
         "The caller's stable id for the person; the rate-limit bucket. 1 to 256 characters, \
          not only white space, no control characters.",
@@ -185,6 +207,10 @@ fn operation_statuses(operation: &mut Value) {
     };
     if keyed {
         ensure("401", "Missing, malformed, unrecognised or revoked key");
+        ensure(
+            "503",
+            "The key could not be checked (database unavailable): retry with backoff",
+        );
     }
     if json_body {
         ensure(
