@@ -13,6 +13,7 @@ fn switchboard() -> Command {
     cmd.env_remove("SWITCHBOARD_CONFIG")
         .env("SWITCHBOARD_LOG", "warn")
         .env("SWITCHBOARD_SIM__LISTEN", "127.0.0.1:0")
+        .env("SWITCHBOARD_METRICS_LISTEN", "127.0.0.1:0")
         // A loaded CI machine may deschedule a plugin call past the 50 ms default.
         .env("SWITCHBOARD_PLUGINS__GUEST_TIME_MS", "5000");
     cmd

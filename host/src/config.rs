@@ -31,7 +31,9 @@ pub struct Config {
     pub counters: CountersConfig,
     /// Largest request body accepted, bytes (413 beyond).
     pub max_body_bytes: usize,
-    /// Serve `/metrics` on this address instead of the API's (`SWITCHBOARD_METRICS_LISTEN`).
+    /// Where `/metrics` is served (`SWITCHBOARD_METRICS_LISTEN`): a listener of its own,
+    /// `127.0.0.1:9464` by default, because the counts cover every tenant's traffic.
+    /// `None` (only programmatically) serves it on the API's port.
     pub metrics_listen: Option<SocketAddr>,
     /// Delivery workers.
     pub worker: WorkerConfig,
@@ -294,7 +296,8 @@ impl Default for Config {
                 key_prefix: "switchboard:".into(),
             },
             max_body_bytes: 8 << 20,
-            metrics_listen: None,
+            // Loopback only: counts of every tenant's traffic are for the operator.
+            metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
             worker: WorkerConfig {
                 enabled: true,
                 consumer: "switchboard-workers".into(),
@@ -493,6 +496,14 @@ impl PluginsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_have_a_loopback_listener_of_their_own_by_default() {
+        let listen = Config::default()
+            .metrics_listen
+            .expect("not on the API port");
+        assert!(listen.ip().is_loopback(), "{listen}");
+    }
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type

@@ -42,6 +42,9 @@ pub async fn create_database(name: &str) {
 /// worker consumer and counter key prefix of its own (`tag` tells whose they are).
 pub async fn isolate(config: &mut Config, backends: Backends, tag: &str) {
     config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
+    // The tests read `/metrics` on the API port; the default listener of its own
+    // (127.0.0.1:9464) would clash between tests running side by side.
+    config.metrics_listen = None;
     if backends == Backends::Embedded {
         *config = config.clone().embedded();
         return;

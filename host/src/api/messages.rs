@@ -98,7 +98,8 @@ pub struct MessageDto {
 /// The spec's EventItemDto: one timeline step.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct EventItemDto {
-    /// Monotonic sequence number.
+    /// Position in this message's timeline: 1, 2, 3, ... (per message, so it reveals
+    /// nothing of other messages).
     pub seq: i64,
     /// `queued`, `sent`, `delivered` or `failed`.
     pub status: StepStatus,
@@ -129,10 +130,13 @@ pub fn format_time(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
-impl From<TimelineEntry> for EventItemDto {
-    fn from(e: TimelineEntry) -> Self {
+impl EventItemDto {
+    /// The `position`-th entry (1-based) of its message's timeline. The stored sequence
+    /// is global, so it would show how much every other tenant sent in between; the
+    /// answer numbers each message's timeline on its own, in the stored order.
+    fn at(position: usize, e: TimelineEntry) -> Self {
         EventItemDto {
-            seq: e.seq,
+            seq: position as i64,
             status: e.status,
             occurred_at: format_time(&e.occurred_at),
             provider: e.provider,
@@ -161,9 +165,12 @@ impl From<MessageRecord> for MessageDto {
             provider_message_id: m.provider_message_id,
             error_code: m.error_code,
             error_detail: m.error_detail,
-            events: m
-                .timeline
-                .map(|t| t.into_iter().map(EventItemDto::from).collect()),
+            events: m.timeline.map(|t| {
+                t.into_iter()
+                    .enumerate()
+                    .map(|(i, e)| EventItemDto::at(i + 1, e))
+                    .collect()
+            }),
         }
     }
 }
