@@ -1046,8 +1046,15 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
     let lp = Loop::start(b, &[]).await;
     let app_key = lp.key().await;
     let ws = lp.workspace().await;
-    let (admin_key, mut record) = switchboard::auth::generate_key(&ws, KeyMode::Live);
-    record.scopes = vec!["admin".into()];
+    let scoped = |scope: &str| {
+        let (raw, mut record) = switchboard::auth::generate_key(&ws, KeyMode::Live);
+        record.scopes = vec![scope.into()];
+        (raw, record)
+    };
+    let (reader_key, record) = scoped("admin");
+    lp.state.ingest.store.insert_api_key(&record).await.unwrap();
+    // Installing changes a plugin for every tenant: the operator's scope.
+    let (admin_key, record) = scoped("operator");
     lp.state.ingest.store.insert_api_key(&record).await.unwrap();
     let get = |key: String| {
         let http = lp.http.clone();
@@ -1082,10 +1089,27 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
     let (s, e) = post(app_key, vec![0, 1, 2]).await;
     assert_eq!(s, 403, "{e}");
 
-    let (s, listing) = get(admin_key.clone()).await;
+    let (s, listing) = get(reader_key.clone()).await;
     assert_eq!(s, 200, "{listing}");
     assert_eq!(listing["loaded"].as_array().unwrap().len(), 5, "{listing}");
     assert!(listing["installed"].as_array().unwrap().is_empty());
+    let (s, e) = post(reader_key, b"not a component".to_vec()).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (403, Some("FORBIDDEN")),
+        "an `admin` key only reads: {e}"
+    );
+    // No request approves new hosts, not even the operator's.
+    let resp = lp
+        .http
+        .post(format!("{}/v1/admin/plugins?approve_hosts=true", lp.url))
+        .bearer_auth(&admin_key)
+        .header("content-type", "application/wasm")
+        .body(vec![0u8, 1, 2])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 403);
 
     let (s, e) = post(admin_key.clone(), b"not a component".to_vec()).await;
     assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");

@@ -26,12 +26,19 @@ pub const LIVE_PREFIX: &str = "svc_sk_live_";
 /// Prefix of test keys.
 pub const TEST_PREFIX: &str = "svc_sk_test_";
 
-/// The scope of operator keys: `/v1/admin/*` (plugin registry). A key without scopes
-/// is an application key: every other `/v1/` route, never `/v1/admin/*`.
+/// Reads the plugin registry (`GET /v1/admin/plugins`, MCP `list_plugins`). A key
+/// without scopes is an application key: every other `/v1/` route, never `/v1/admin/*`.
 pub const SCOPE_ADMIN: &str = "admin";
 
+/// The gateway operator's authority: installs plugins over the API
+/// (`POST /v1/admin/plugins`). Plugins serve every tenant, so this is never a tenant's
+/// scope; only the CLI on the host mints it, and it includes `admin`. Approving new
+/// outbound hosts is not part of it: only `switchboard plugin install --approve-hosts`
+/// on the host does that.
+pub const SCOPE_OPERATOR: &str = "operator";
+
 /// Every scope a key may carry.
-pub const SCOPES: &[&str] = &[SCOPE_ADMIN];
+pub const SCOPES: &[&str] = &[SCOPE_ADMIN, SCOPE_OPERATOR];
 
 /// A new raw key (`svc_sk_live_` or `svc_sk_test_` and 48 hex digits) and what to store.
 pub fn generate_key(workspace: &crate::ids::WorkspaceId, mode: KeyMode) -> (String, NewApiKey) {

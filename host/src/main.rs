@@ -139,9 +139,11 @@ enum KeysCommand {
         /// `paid` (100 requests/s) or `free` (1 request/s); sets the workspace's tier.
         #[arg(long, value_parser = ["paid", "free"])]
         tier: Option<String>,
-        /// Extra scope: `admin` grants `/v1/admin/*` (the plugin registry). Without it
-        /// the key is an application key.
-        #[arg(long = "scope", value_parser = ["admin"])]
+        /// Extra scope: `admin` reads the plugin registry (`GET /v1/admin/plugins`);
+        /// `operator` also installs plugins over the API, for every tenant (the
+        /// gateway operator's, never a tenant's). Without one the key is an application
+        /// key.
+        #[arg(long = "scope", value_parser = ["admin", "operator"])]
         scopes: Vec<String>,
         #[command(flatten)]
         target: Target,

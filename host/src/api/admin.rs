@@ -93,7 +93,14 @@ pub fn router() -> Router<AppState> {
 
 /// Whether a key has the `admin` scope.
 pub fn is_admin(key: &ApiKeyRecord) -> bool {
-    key.scopes.iter().any(|s| s == crate::auth::SCOPE_ADMIN)
+    key.scopes
+        .iter()
+        .any(|s| s == crate::auth::SCOPE_ADMIN || s == crate::auth::SCOPE_OPERATOR)
+}
+
+/// True for the gateway operator's key (see [`crate::auth::SCOPE_OPERATOR`]).
+pub fn is_operator(key: &ApiKeyRecord) -> bool {
+    key.scopes.iter().any(|s| s == crate::auth::SCOPE_OPERATOR)
 }
 
 fn require_admin(caller: &Caller) -> Result<(), ApiError> {
@@ -186,13 +193,13 @@ pub async fn plugin_listing(state: &AppState) -> Result<PluginListing, ApiError>
     path = "/v1/admin/plugins",
     tag = "admin",
     security(("bearer" = [])),
-    params(("approve_hosts" = Option<bool>, Query, description = "Allow outbound hosts the active version does not declare")),
+    params(("approve_hosts" = Option<bool>, Query, description = "Refused when true (403): new outbound hosts are approved only on the host, with `switchboard plugin install --approve-hosts`")),
     request_body(content = Vec<u8>, description = "The component (`.wasm`)", content_type = "application/wasm"),
     responses(
         (status = 201, description = "Installed and active", body = InstallResponse),
         (status = 400, description = "Not a provider component", body = super::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
-        (status = 403, description = "The key lacks the `admin` scope", body = super::error::ErrorBody),
+        (status = 403, description = "The key lacks the `operator` scope, or `approve_hosts` was asked for", body = super::error::ErrorBody),
         (status = 422, description = "`PLUGIN_REJECTED`: failed the conformance kit, new hosts without approval (the message is the report), or a native library (installed only with the CLI)", body = super::error::ErrorBody),
     )
 )]
@@ -202,8 +209,23 @@ pub async fn install_plugin(
     query: Result<Query<InstallQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<InstallResponse>), ApiError> {
-    require_admin(&caller)?;
+    if !is_operator(&caller.key) {
+        return Err(ApiError::Forbidden(
+            "installing a plugin changes it for every tenant: it needs the operator's key \
+             (switchboard keys create --scope operator, on the host)"
+                .into(),
+        ));
+    }
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
+    if query.approve_hosts {
+        // A key that could both install code and widen where it may send data would
+        // be one stolen secret away from exfiltrating every tenant's credentials.
+        return Err(ApiError::Forbidden(
+            "new outbound hosts are approved only on the host: \
+             switchboard plugin install --approve-hosts"
+                .into(),
+        ));
+    }
     let wasm = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(state.config.max_body_bytes)
@@ -228,7 +250,7 @@ pub async fn install_plugin(
         &runtime,
         &wasm,
         &by,
-        query.approve_hosts,
+        false,
         &Default::default(),
     )
     .await
