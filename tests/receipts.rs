@@ -274,6 +274,7 @@ both!(
     a_trusted_native_build_swaps_and_rolls_back_like_a_component,
     an_announced_swap_is_followed_at_once,
     the_spec_provider_names_reach_their_plugins_in_any_case,
+    callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -674,6 +675,63 @@ async fn the_spec_provider_names_reach_their_plugins_in_any_case(b: Backends) {
     // Still a clear 404 for a slug no case makes known.
     let (s, e) = lp.post("provZ", &[], b"{}").await;
     assert_eq!((s, e["error"].as_str()), (404, Some("NOT_FOUND")), "{e}");
+    lp.cleanup().await;
+}
+
+/// Callback bodies are capped (413); a URL naming its workspace is checked against that
+/// workspace's secret (and the provider-wide one) only; a source sending bad
+/// signatures is refused (429) once past its per-minute budget.
+async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: Backends) {
+    let lp = Loop::start_with(b, &[], |c| c.webhooks.max_failures_per_minute = 3, |_| {}).await;
+    let store = &lp.state.ingest.store;
+    let globex = store
+        .ensure_workspace("globex", Some(Tier::Paid))
+        .await
+        .unwrap();
+    store
+        .put_webhook_secret("provc", Some(&globex.id), "whsec_globex")
+        .await
+        .unwrap();
+    let now = now_secs();
+    let body = br#"{"message_id":"SM-ws-1","status":"DELIVERED"}"#;
+    let signed = native::sign("provc", "whsec_globex", body, now).unwrap();
+    let (s, e) = lp.post("provc/globex", &signed, body).await;
+    assert_eq!(s, 200, "the named workspace's secret verifies: {e}");
+    // Named for acme, globex's signature is not tried: refused.
+    let other = br#"{"message_id":"SM-ws-2","status":"DELIVERED"}"#;
+    let signed = native::sign("provc", "whsec_globex", other, now).unwrap();
+    let (s, e) = lp.post("provC/acme", &signed, other).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (401, Some("INVALID_SIGNATURE")),
+        "{e}"
+    );
+    // 256 KiB at most.
+    let big = vec![b' '; 256 * 1024 + 1];
+    let (s, e) = lp.post("provc", &[], &big).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (413, Some("PAYLOAD_TOO_LARGE")),
+        "{e}"
+    );
+    // Bad signatures from one address: 401 until the budget (3, one spent above) is
+    // used, then 429 without verification.
+    let bad = vec![("X-provC-Signature".to_string(), "00".repeat(32))];
+    for _ in 0..2 {
+        assert_eq!(lp.post("provc", &bad, body).await.0, 401);
+    }
+    let (s, e) = lp.post("provc", &bad, body).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (429, Some("RATE_LIMIT_EXCEEDED")),
+        "{e}"
+    );
+    let signed = native::sign("provc", "whsec_globex", body, now).unwrap();
+    assert_eq!(
+        lp.post("provc/globex", &signed, body).await.0,
+        429,
+        "the source is refused"
+    );
     lp.cleanup().await;
 }
 

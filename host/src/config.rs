@@ -72,6 +72,13 @@ pub struct WebhooksConfig {
     pub verifier: SignatureVerifier,
     /// Receipts the receipt consumer applies at once per process.
     pub receipt_concurrency: usize,
+    /// Largest callback body accepted, bytes (413 beyond). Receipts are small; the
+    /// signature is checked over the whole body in a sandbox, perhaps once per secret.
+    pub max_body_bytes: usize,
+    /// Failed signature checks one source address may cause per minute; past that its
+    /// callbacks get 429 without being verified. 0 turns it off. Behind a proxy every
+    /// callback comes from the proxy's address: raise it, or turn it off there.
+    pub max_failures_per_minute: u32,
 }
 
 impl WebhooksConfig {
@@ -314,6 +321,8 @@ impl Default for Config {
                 replay_window_secs: 900,
                 verifier: SignatureVerifier::Plugin,
                 receipt_concurrency: 16,
+                max_body_bytes: 256 * 1024,
+                max_failures_per_minute: 60,
             },
             sim: crate::sim::SimConfig::default(),
         }

@@ -180,6 +180,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         metrics: metrics.clone(),
         // Half the plugin instances at most, so deliveries always have the rest.
         in_flight: tokio::sync::Semaphore::new((config.plugins.max_instances as usize / 2).max(1)),
+        failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
     Ok(AppState {
@@ -324,7 +325,8 @@ pub async fn serve(
         }
         None => None,
     };
-    let app = api::router(state);
+    // The peer address limits failed webhook signatures per source.
+    let app = api::router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;

@@ -34,7 +34,7 @@ pub fn router(state: AppState) -> Router {
         .merge(events::router())
         .merge(messages::router())
         .merge(subscribers::router())
-        .merge(webhooks::router())
+        .merge(webhooks::router(state.config.webhooks.max_body_bytes))
         .merge(admin::router())
         .merge(mcp::router())
         .merge(openapi::router())

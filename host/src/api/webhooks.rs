@@ -5,13 +5,15 @@
 use super::ApiError;
 use crate::AppState;
 use crate::webhooks::WebhookError;
+use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 
 /// The spec's WebhookResponse.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -59,8 +61,11 @@ pub enum WebhookBody {
 }
 
 /// The webhook route.
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/webhooks/{provider}", post(receive))
+pub fn router(max_body_bytes: usize) -> Router<AppState> {
+    Router::new()
+        .route("/v1/webhooks/{provider}", post(receive))
+        .route("/v1/webhooks/{provider}/{workspace}", post(receive))
+        .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
 }
 
 /// Receives one provider callback.
@@ -85,20 +90,35 @@ pub fn router() -> Router<AppState> {
         (status = 400, description = "Verified, but not a receipt the provider's plugin understands", body = super::error::ErrorBody),
         (status = 401, description = "`INVALID_SIGNATURE`: missing, malformed, wrong or stale signature, or a replay", body = super::error::ErrorBody),
         (status = 404, description = "No such provider", body = super::error::ErrorBody),
+        (status = 413, description = "Body over `webhooks.max_body_bytes` (256 KiB)", body = super::error::ErrorBody),
+        (status = 429, description = "Too many failed signatures from this address in the last minute", body = super::error::ErrorBody),
         (status = 500, description = "Encoding, store or broker failure: retry", body = super::error::ErrorBody),
     )
 )]
 pub async fn receive(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
+    path: Result<Path<Vec<String>>, PathRejection>,
+    // Absent when the router is driven without a socket (in-process tests).
+    source: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<WebhookResponse>, ApiError> {
-    let Path(provider) =
+    let Path(segments) =
         path.map_err(|e| ApiError::BadRequest(format!("invalid provider in the path: {e}")))?;
+    let (provider, workspace) = match segments.as_slice() {
+        [provider] => (provider.clone(), None),
+        [provider, workspace] => (provider.clone(), Some(workspace.clone())),
+        _ => return Err(ApiError::NotFound),
+    };
+    let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
+    if source.is_some_and(|ip| state.webhooks.failures.blocked(ip)) {
+        return Err(ApiError::RateLimited(
+            "too many callbacks with bad signatures from this address: retry later".into(),
+        ));
+    }
     let body = body.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge(state.config.max_body_bytes)
+            ApiError::PayloadTooLarge(state.config.webhooks.max_body_bytes)
         } else {
             ApiError::BadRequest(format!("could not read the request body: {e}"))
         }
@@ -115,15 +135,22 @@ pub async fn receive(
         })
         .collect();
     let span = tracing::info_span!("webhook", provider = %provider);
-    let accepted =
-        tracing::Instrument::instrument(state.webhooks.receive(&provider, &headers, &body), span)
-            .await
-            .map_err(|e| match e {
-                WebhookError::UnknownProvider(_) => ApiError::ResourceNotFound(e.to_string()),
-                WebhookError::InvalidSignature(m) => ApiError::InvalidSignature(m),
-                WebhookError::BadRequest(m) => ApiError::BadRequest(m),
-                WebhookError::Internal(cause) => ApiError::Internal(cause),
-            })?;
+    let received = state
+        .webhooks
+        .receive(&provider, workspace.as_deref(), &headers, &body);
+    let accepted = tracing::Instrument::instrument(received, span)
+        .await
+        .inspect_err(|e| {
+            if let (WebhookError::InvalidSignature(_), Some(ip)) = (e, source) {
+                state.webhooks.failures.failed(ip);
+            }
+        })
+        .map_err(|e| match e {
+            WebhookError::UnknownProvider(_) => ApiError::ResourceNotFound(e.to_string()),
+            WebhookError::InvalidSignature(m) => ApiError::InvalidSignature(m),
+            WebhookError::BadRequest(m) => ApiError::BadRequest(m),
+            WebhookError::Internal(cause) => ApiError::Internal(cause),
+        })?;
     Ok(axum::Json(WebhookResponse {
         status: "ACCEPTED".into(),
         provider,

@@ -86,6 +86,56 @@ pub struct Webhooks {
     /// Callbacks handled at once. Plugin instances are shared with the delivery
     /// workers, so a flood of callbacks (signed or not) may use at most these.
     pub in_flight: tokio::sync::Semaphore,
+    /// Failed signature checks per source.
+    pub failures: FailureLimit,
+}
+
+/// Failed signature checks per source address, in fixed one-minute windows: a source
+/// past `limit` is refused before any verification, so a flood of bad callbacks cannot
+/// keep the plugin sandboxes busy.
+pub struct FailureLimit {
+    limit: u32,
+    windows:
+        std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
+}
+
+impl FailureLimit {
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// At most `limit` failures per source and minute.
+    pub fn new(limit: u32) -> Self {
+        Self {
+            limit,
+            windows: Default::default(),
+        }
+    }
+
+    /// True while `source` is over its limit (never with a limit of 0: off).
+    pub fn blocked(&self, source: std::net::IpAddr) -> bool {
+        if self.limit == 0 {
+            return false;
+        }
+        let windows = self.windows.lock().unwrap();
+        windows
+            .get(&source)
+            .is_some_and(|(start, n)| start.elapsed() < Self::WINDOW && *n >= self.limit)
+    }
+
+    /// Counts one failed check by `source`.
+    pub fn failed(&self, source: std::net::IpAddr) {
+        let mut windows = self.windows.lock().unwrap();
+        // Forget finished windows before the map grows large.
+        if windows.len() >= 10_000 {
+            windows.retain(|_, (start, _)| start.elapsed() < Self::WINDOW);
+        }
+        let entry = windows
+            .entry(source)
+            .or_insert((std::time::Instant::now(), 0));
+        if entry.0.elapsed() >= Self::WINDOW {
+            *entry = (std::time::Instant::now(), 0);
+        }
+        entry.1 += 1;
+    }
 }
 
 /// How a callback was authenticated.
@@ -102,6 +152,7 @@ impl Webhooks {
     pub async fn receive(
         &self,
         slug: &str,
+        workspace: Option<&str>,
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Accepted, WebhookError> {
@@ -109,7 +160,10 @@ impl Webhooks {
         // looked up, stored and reported lower-case.
         let canonical = crate::ids::canonical_slug(slug);
         let result = match self.in_flight.acquire().await {
-            Ok(_permit) => self.receive_inner(&canonical, headers, body).await,
+            Ok(_permit) => {
+                self.receive_inner(&canonical, workspace, headers, body)
+                    .await
+            }
             Err(_) => Err(WebhookError::Internal(anyhow::anyhow!(
                 "webhook limiter closed"
             ))),
@@ -129,6 +183,7 @@ impl Webhooks {
     async fn receive_inner(
         &self,
         slug: &str,
+        workspace: Option<&str>,
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Accepted, WebhookError> {
@@ -136,7 +191,7 @@ impl Webhooks {
             .plugins
             .get(slug)
             .ok_or_else(|| WebhookError::UnknownProvider(slug.to_string()))?;
-        let verified = self.verify(slug, &plugin, headers, body).await?;
+        let verified = self.verify(slug, workspace, &plugin, headers, body).await?;
         // The same callback always gets the same id, so publishing it again (a retry
         // after a lost answer, or a replay) is de-duplicated by the broker and by the
         // store's receipt keys: it is never processed twice.
@@ -244,15 +299,28 @@ impl Webhooks {
     async fn verify(
         &self,
         slug: &str,
+        workspace: Option<&str>,
         plugin: &Plugin,
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Verified, WebhookError> {
-        let secrets = self
+        let mut secrets = self
             .store
             .webhook_secrets(slug)
             .await
             .map_err(|e| WebhookError::Internal(e.into()))?;
+        // A callback URL that names its workspace is checked against that workspace's
+        // secret and the provider-wide one only: one or two sandbox calls, however many
+        // tenants there are. (An unknown name leaves only the provider-wide secret.)
+        if let Some(name) = workspace {
+            let id = self
+                .store
+                .workspace_by_name(name)
+                .await
+                .map_err(|e| WebhookError::Internal(e.into()))?
+                .map(|w| w.id);
+            secrets.retain(|s| s.workspace.is_none() || (id.is_some() && s.workspace == id));
+        }
         let now = now_secs();
         let mut worst: Option<SignatureError> = None;
         for secret in &secrets {
@@ -457,6 +525,18 @@ pub fn to_event(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_source_past_its_failures_is_blocked_others_are_not() {
+        let limit = super::FailureLimit::new(3);
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for _ in 0..3 {
+            assert!(!limit.blocked(a));
+            limit.failed(a);
+        }
+        assert!(limit.blocked(a));
+        assert!(!limit.blocked(b));
+    }
+
     use super::*;
 
     #[test]

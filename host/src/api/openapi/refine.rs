@@ -29,6 +29,25 @@ pub(super) fn refine(doc: &mut Value) {
     let Some(paths) = doc["paths"].as_object_mut() else {
         return;
     };
+    // The same callback route with the workspace named in the URL: one handler, so the
+    // derive documents it once.
+    if let Some(mut item) = paths.get("/v1/webhooks/{provider}").cloned() {
+        let post = &mut item["post"];
+        post["operationId"] = json!("receiveWebhookForWorkspace");
+        post["summary"] = json!(
+            "Receives one provider callback for a named workspace: only \
+            that workspace's secret and the provider-wide one are tried."
+        );
+        if let Some(params) = post["parameters"].as_array_mut() {
+            params.insert(
+                1,
+                json!({"name": "workspace", "in": "path", "required": true,
+                "description": "The workspace's name, as configured in the provider's callback URL",
+                "schema": {"type": "string", "minLength": 1}}),
+            );
+        }
+        paths.insert("/v1/webhooks/{provider}/{workspace}".into(), item);
+    }
     for (path, item) in paths.iter_mut() {
         let Some(item) = item.as_object_mut() else {
             continue;
