@@ -221,6 +221,84 @@ async fn egress_outside_the_grant_is_denied() {
     assert_eq!(granted.stats().http_requests.load(Ordering::Relaxed), 1);
 }
 
+#[tokio::test]
+async fn a_granted_name_resolving_to_loopback_is_denied_unless_opted_in() {
+    let rt = runtime(Duration::from_secs(2));
+    let capture = CaptureServer::start().await.unwrap();
+    let port = capture.host_port().rsplit_once(':').unwrap().1.to_string();
+    // `localhost` resolves to loopback, where the capture server listens.
+    let config = vec![(
+        "target_url".to_string(),
+        format!("http://localhost:{port}/in"),
+    )];
+
+    // Granted by name only: the name resolves to loopback, so the host refuses it.
+    let grant = vec![format!("localhost:{port}")];
+    let named = hostile(&rt, Grants::Exactly(&grant)).await;
+    let outcome = named.send(&config, &sms("evt_1")).await.unwrap();
+    assert!(
+        matches!(&outcome, SendOutcome::Rejected(r) if r.code == "egress-denied" && !r.retryable),
+        "{outcome:?}"
+    );
+    assert!(
+        capture.take_requests().is_empty(),
+        "a name resolving to loopback must not be connected to"
+    );
+    assert_eq!(named.stats().egress_denied.load(Ordering::Relaxed), 1);
+    assert_eq!(named.stats().http_requests.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        named.stats().denied_hosts(),
+        vec![format!("localhost:{port} (a loopback address)")]
+    );
+
+    // The operator opts the name in to private addresses: the request arrives.
+    let grant = vec![format!("private:localhost:{port}")];
+    let opted_in = hostile(&rt, Grants::Exactly(&grant)).await;
+    let outcome = opted_in.send(&config, &sms("evt_2")).await.unwrap();
+    assert!(
+        matches!(&outcome, SendOutcome::Accepted(a) if a.provider_message_id == "got-200"),
+        "{outcome:?}"
+    );
+    assert_eq!(capture.take_requests().len(), 1);
+    assert_eq!(opted_in.stats().egress_denied.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn an_explicitly_granted_private_address_is_reached_and_no_other() {
+    let rt = runtime(Duration::from_secs(2));
+    let capture = CaptureServer::start().await.unwrap();
+    let port = capture.host_port().rsplit_once(':').unwrap().1.to_string();
+    let config = |url: &str| vec![("target_url".to_string(), url.to_string())];
+
+    // The grant names the loopback address: reached, by that address.
+    let grant = vec![capture.host_port()];
+    let plugin = hostile(&rt, Grants::Exactly(&grant)).await;
+    let outcome = plugin
+        .send(&config(&format!("{}/in", capture.url())), &sms("evt_1"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, SendOutcome::Accepted(a) if a.provider_message_id == "got-200"),
+        "{outcome:?}"
+    );
+    assert_eq!(capture.take_requests().len(), 1);
+
+    // Neither the same server by name nor the metadata address comes with it.
+    for url in [
+        format!("http://localhost:{port}/in"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        format!("http://[::ffff:127.0.0.1]:{port}/in"),
+    ] {
+        let outcome = plugin.send(&config(&url), &sms("evt_2")).await.unwrap();
+        assert!(
+            matches!(&outcome, SendOutcome::Rejected(r) if r.code == "egress-denied"),
+            "{url}: {outcome:?}"
+        );
+    }
+    assert!(capture.take_requests().is_empty());
+    assert_eq!(plugin.stats().egress_denied.load(Ordering::Relaxed), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_calls_than_instance_slots_all_complete() {
     let rt = runtime(Duration::from_secs(2));

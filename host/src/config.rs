@@ -243,7 +243,9 @@ pub struct PluginsConfig {
     /// Plugin instances alive at once.
     pub max_instances: u32,
     /// Outbound-host grants per plugin slug (`host` or `host:port`). A slug not listed
-    /// is granted exactly the hosts its `info()` declares.
+    /// is granted exactly the hosts its `info()` declares. A host name reaches only
+    /// public addresses unless written `private:host[:port]`; an IP literal reaches the
+    /// address it names, private or not (see [`crate::plugins::egress`]).
     pub grants: BTreeMap<String, Vec<String>>,
     /// How often every process checks the database for plugin versions installed,
     /// upgraded or rolled back (`switchboard plugin install|rollback`), milliseconds.

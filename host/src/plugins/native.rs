@@ -18,7 +18,7 @@
 //! destructors cannot be unmapped safely, so a swapped-out version stays mapped (it
 //! is small, and swaps are rare) and calls in flight finish on it.
 
-use super::egress::AllowList;
+use super::egress::{AllowList, Egress};
 use super::runtime::{PluginError, PluginStats};
 use super::types;
 use serde::Serialize;
@@ -180,7 +180,7 @@ const INLINE_MAX_INPUT: usize = 64 << 10;
 pub(crate) struct HostCtx {
     pub slug: String,
     pub allow: AllowList,
-    pub http: reqwest::Client,
+    pub egress: Egress,
     pub http_timeout: Duration,
     pub stats: Arc<PluginStats>,
     pub handle: tokio::runtime::Handle,
@@ -306,7 +306,7 @@ unsafe extern "C" fn host_http_request(
                                 answer = super::runtime::perform_http(
                                     &ctx.slug,
                                     &ctx.allow,
-                                    &ctx.http,
+                                    &ctx.egress,
                                     ctx.http_timeout,
                                     &ctx.stats,
                                     request,

@@ -6,7 +6,7 @@
 
 use super::bindings::switchboard::provider::{host, types};
 use super::bindings::{Provider, ProviderPre};
-use super::egress::AllowList;
+use super::egress::{AllowList, Egress, Refusal};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -112,7 +112,7 @@ struct Shared {
     engine: Engine,
     linker: Linker<HostState>,
     config: RuntimeConfig,
-    http: reqwest::Client,
+    egress: Egress,
     slots: Arc<Semaphore>,
     stop_ticker: Arc<AtomicBool>,
 }
@@ -158,10 +158,7 @@ impl PluginRuntime {
         Provider::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("linking host imports: {e}"))?;
 
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(config.http_timeout.min(Duration::from_secs(5)))
-            .build()?;
+        let egress = Egress::new(config.http_timeout.min(Duration::from_secs(5)))?;
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
         let (ticker_engine, stop) = (engine.clone(), stop_ticker.clone());
@@ -180,7 +177,7 @@ impl PluginRuntime {
                 linker,
                 slots: Arc::new(Semaphore::new(n as usize)),
                 config,
-                http,
+                egress,
                 stop_ticker,
             }),
         })
@@ -436,7 +433,7 @@ impl Plugin {
         let ctx = super::native::HostCtx {
             slug: self.inner.info.slug.clone(),
             allow: self.inner.allow.clone(),
-            http: shared.http.clone(),
+            egress: shared.egress.clone(),
             http_timeout: shared.config.http_timeout,
             stats: self.inner.stats.clone(),
             handle: tokio::runtime::Handle::current(),
@@ -607,7 +604,7 @@ impl Plugin {
             log_lines: 0,
             slug: self.inner.info.slug.clone(),
             allow: self.inner.allow.clone(),
-            http: shared.http.clone(),
+            egress: shared.egress.clone(),
             http_timeout: shared.config.http_timeout,
             stats: self.inner.stats.clone(),
         };
@@ -902,7 +899,7 @@ pub struct HostState {
     log_lines: u32,
     slug: String,
     allow: AllowList,
-    http: reqwest::Client,
+    egress: Egress,
     http_timeout: Duration,
     stats: Arc<PluginStats>,
 }
@@ -1015,7 +1012,7 @@ impl HostState {
         perform_http(
             &self.slug,
             &self.allow,
-            &self.http,
+            &self.egress,
             self.http_timeout,
             &self.stats,
             request,
@@ -1024,31 +1021,55 @@ impl HostState {
     }
 }
 
-/// An outbound request for plugin `slug`, through its allow-list, with the host's
-/// timeout cap and response size limit.
+/// An outbound request for plugin `slug`, through its allow-list and the address
+/// check (see [`super::egress`]), with the host's timeout cap and response size limit.
 pub(super) async fn perform_http(
     slug: &str,
     allow: &AllowList,
-    http: &reqwest::Client,
+    egress: &Egress,
     http_timeout: Duration,
     stats: &PluginStats,
     request: types::OutboundRequest,
 ) -> Result<types::OutboundResponse, types::HttpError> {
     {
         use types::HttpError;
-        let url = match allow.check(&request.url) {
-            Ok(url) => url,
-            Err(refused) => {
-                stats.egress_denied.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut hosts) = stats.denied_hosts.lock()
-                    && hosts.len() < 32
-                {
-                    hosts.push(refused.clone());
-                }
-                tracing::warn!(plugin = %slug, host = %refused, "outbound request denied: host not granted");
-                return Err(HttpError::Denied(refused));
+        let deny = |refused: String, why: &str| {
+            stats.egress_denied.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut hosts) = stats.denied_hosts.lock()
+                && hosts.len() < 32
+            {
+                hosts.push(refused.clone());
             }
+            tracing::warn!(plugin = %slug, host = %refused, "outbound request denied: {why}");
+            Err(HttpError::Denied(refused))
         };
+        let permit = match allow.check(&request.url) {
+            Ok(permit) => permit,
+            Err(refused) => return deny(refused, "host not granted"),
+        };
+        let started = Instant::now();
+        let timeout = request
+            .timeout_ms
+            .map(|ms| Duration::from_millis(ms.into()))
+            .unwrap_or(http_timeout)
+            .min(http_timeout);
+        // Resolved once and checked; the client connects to exactly those addresses.
+        let http = match egress.client_for(&permit, timeout).await {
+            Ok(http) => http,
+            Err(Refusal::Denied { addr, kind }) => {
+                let why = format!("{} resolves to {addr}, a {kind} address", permit.shown());
+                return deny(
+                    format!("{} (a {kind} address)", permit.shown()),
+                    &format!("{why} the grant does not allow (grant `private:` to opt in)"),
+                );
+            }
+            Err(Refusal::Timeout) => return Err(HttpError::Timeout),
+            Err(Refusal::Unresolved(e)) => return Err(HttpError::Transport(e)),
+        };
+        let timeout = timeout.saturating_sub(started.elapsed());
+        if timeout.is_zero() {
+            return Err(HttpError::Timeout);
+        }
         stats.http_requests.fetch_add(1, Ordering::Relaxed);
         let method = match request.method {
             types::HttpMethod::Get => reqwest::Method::GET,
@@ -1057,13 +1078,8 @@ pub(super) async fn perform_http(
             types::HttpMethod::Patch => reqwest::Method::PATCH,
             types::HttpMethod::Delete => reqwest::Method::DELETE,
         };
-        let timeout = request
-            .timeout_ms
-            .map(|ms| Duration::from_millis(ms.into()))
-            .unwrap_or(http_timeout)
-            .min(http_timeout);
         let mut builder = http
-            .request(method, url)
+            .request(method, permit.url().clone())
             .timeout(timeout)
             .body(request.body);
         for (name, value) in &request.headers {
