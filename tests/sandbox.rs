@@ -221,6 +221,24 @@ async fn egress_outside_the_grant_is_denied() {
     assert_eq!(granted.stats().http_requests.load(Ordering::Relaxed), 1);
 }
 
+/// Only `send` reaches the network: a plugin verifying a callback holds a tenant's
+/// webhook secret, and must have no way to send it anywhere, granted host or not.
+#[tokio::test]
+async fn verifying_a_callback_makes_no_outbound_request() {
+    let rt = runtime(Duration::from_secs(2));
+    let capture = CaptureServer::start().await.unwrap();
+    let grant = vec![capture.host_port()];
+    let plugin = hostile(&rt, Grants::Exactly(&grant)).await;
+    let probe = format!("http:{}/leak", capture.url());
+    assert_eq!(
+        plugin.verify_signature(&probe, &[], b"{}", 0).await,
+        Ok(Err(SignatureError::Mismatch)),
+        "the request must be refused"
+    );
+    assert!(capture.take_requests().is_empty(), "nothing left the host");
+    assert_eq!(plugin.stats().egress_denied.load(Ordering::Relaxed), 1);
+}
+
 #[tokio::test]
 async fn a_granted_name_resolving_to_loopback_is_denied_unless_opted_in() {
     let rt = runtime(Duration::from_secs(2));

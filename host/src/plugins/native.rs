@@ -190,6 +190,8 @@ pub(crate) struct HostCtx {
     pub cancel: Arc<Cancel>,
     /// Log lines written in this call; past the cap they are dropped.
     pub log_lines: AtomicU32,
+    /// Only `send` may make outbound requests.
+    pub network: bool,
 }
 
 /// Calls `op` with `args` and decodes the answer.
@@ -305,6 +307,7 @@ unsafe extern "C" fn host_http_request(
                             tokio::select! {
                                 answer = super::runtime::perform_http(
                                     &ctx.slug,
+                                    ctx.network,
                                     &ctx.allow,
                                     &ctx.egress,
                                     ctx.http_timeout,

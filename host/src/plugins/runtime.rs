@@ -440,6 +440,7 @@ impl Plugin {
             inline: false,
             cancel: Default::default(),
             log_lines: Default::default(),
+            network: false,
         };
         Some((lib, ctx))
     }
@@ -496,7 +497,8 @@ impl Plugin {
         config: &[(String, String)],
         message: &types::Message,
     ) -> Result<types::SendOutcome, PluginError> {
-        if let Some((lib, ctx)) = self.native() {
+        if let Some((lib, mut ctx)) = self.native() {
+            ctx.network = true;
             return self
                 .call_native(lib, ctx, op::SEND, &(config, message))
                 .await;
@@ -607,6 +609,7 @@ impl Plugin {
             egress: shared.egress.clone(),
             http_timeout: shared.config.http_timeout,
             stats: self.inner.stats.clone(),
+            network: kind == CallKind::Send,
         };
         let mut store = Store::new(&shared.engine, state);
         store.limiter(|s| s);
@@ -902,6 +905,9 @@ pub struct HostState {
     egress: Egress,
     http_timeout: Duration,
     stats: Arc<PluginStats>,
+    /// Only `send` reaches the network: a plugin verifying or parsing a callback (with
+    /// a tenant's webhook secret in hand) gets no outbound request at all.
+    network: bool,
 }
 
 impl WasiView for HostState {
@@ -1011,6 +1017,7 @@ impl HostState {
     ) -> Result<types::OutboundResponse, types::HttpError> {
         perform_http(
             &self.slug,
+            self.network,
             &self.allow,
             &self.egress,
             self.http_timeout,
@@ -1025,6 +1032,7 @@ impl HostState {
 /// check (see [`super::egress`]), with the host's timeout cap and response size limit.
 pub(super) async fn perform_http(
     slug: &str,
+    network: bool,
     allow: &AllowList,
     egress: &Egress,
     http_timeout: Duration,
@@ -1043,6 +1051,12 @@ pub(super) async fn perform_http(
             tracing::warn!(plugin = %slug, host = %refused, "outbound request denied: {why}");
             Err(HttpError::Denied(refused))
         };
+        if !network {
+            return deny(
+                request.url.clone(),
+                "only `send` may make requests (not verify, parse, sign, normalize or info)",
+            );
+        }
         let permit = match allow.check(&request.url) {
             Ok(permit) => permit,
             Err(refused) => return deny(refused, "host not granted"),
