@@ -23,6 +23,16 @@ impl Caller {
     pub fn revoked(&self) -> bool {
         self.state.auth.is_revoked(&self.raw)
     }
+
+    /// 401 if the key was revoked while this request was in flight: every route
+    /// checks just before it writes, so a revoked key changes nothing.
+    pub fn still_valid(&self) -> Result<(), ApiError> {
+        if self.revoked() {
+            Err(ApiError::Unauthorized("API key revoked".into()))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl FromRequestParts<AppState> for Caller {

@@ -194,6 +194,7 @@ pub async fn update_preferences(
 ) -> Result<axum::Json<UserPreferencesResponse>, ApiError> {
     let subscriber = subscriber_path(path)?;
     let update = preference_update(request).map_err(ApiError::BadRequest)?;
+    caller.still_valid()?;
     let updated_at = state
         .ingest
         .store
@@ -225,6 +226,7 @@ pub async fn erase_subscriber(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<(StatusCode, axum::Json<SubscriberErasureResponse>), ApiError> {
     let subscriber = subscriber_path(path)?;
+    caller.still_valid()?;
     let report = state
         .ingest
         .store
