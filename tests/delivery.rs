@@ -274,6 +274,7 @@ both!(
     everything_failing_ends_dispatch_failed,
     preferences_and_category_rules_decide_channels,
     erasure_suppresses_queued_and_later_deliveries,
+    provider_text_echoing_the_address_is_masked,
     voice_rules_pacing_language_cost_and_masking,
     voice_missing_placeholder_and_promotional_dnd,
     test_keys_never_reach_a_provider,
@@ -559,6 +560,78 @@ async fn erasure_suppresses_queued_and_later_deliveries(b: Backends) {
     assert_eq!(gw.settled(&other).await.status, MessageStatus::Sent);
     let _ = stop.send(true);
     worker.await.unwrap();
+    gw.cleanup().await;
+}
+
+/// Every stored detail (attempt, timeline entry, message error detail) of a message
+/// whose provider echoes the recipient: the recipient's contacts kept masked only.
+async fn stored_details(gw: &Gateway, key: &str, event: &str) -> String {
+    let ws = gw.workspace().await;
+    let store = &gw.state.ingest.store;
+    let m = store
+        .get_message(&ws, &EventId::parse(event).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // The lease is released once the message is finished: a claim reads the attempts.
+    let message = switchboard::model::NewMessage {
+        event_id: m.event_id.clone(),
+        workspace: ws.clone(),
+        event_name: m.event_name.clone(),
+        subscriber_id: m.subscriber_id.clone(),
+        category: m.category.clone(),
+        priority: m.priority,
+        channel: m.channel.clone().unwrap_or_default(),
+        status: "QUEUED".into(),
+        test_mode: m.test_mode,
+        variables_keys: m.variables_keys.clone(),
+        created_at: m.created_at,
+    };
+    let attempts = match store
+        .claim_message(
+            &message,
+            &switchboard::model::SubscriberContacts::default(),
+            "inspector",
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap()
+    {
+        switchboard::model::Claim::Claimed(s) => s.attempts,
+        switchboard::model::Claim::Busy => panic!("{event} is still leased"),
+    };
+    assert!(!attempts.is_empty(), "{event} has no attempts");
+    format!(
+        "{:?}\n{:?}\n{}",
+        m.error_detail,
+        attempts,
+        gw.dto(key, event).await
+    )
+}
+
+async fn provider_text_echoing_the_address_is_masked(b: Backends) {
+    let echo = provider(
+        400,
+        r#"{"error":"mailbox Gone.Away@acme.test does not exist","to":"gone.away%40acme.test"}"#,
+    )
+    .await;
+    let gw = Gateway::start(b, &[echo.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("email", &[("prova", &echo.url())]).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "ga", "email": "gone.away@acme.test"}, "payload": {"name": "G"}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Failed);
+    let details = stored_details(&gw, &key, &event).await;
+    assert!(details.contains("g***@acme.test"), "{details}");
+    let lower = details.to_ascii_lowercase();
+    assert!(!lower.contains("gone.away"), "{details}");
     gw.cleanup().await;
 }
 
