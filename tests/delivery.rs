@@ -274,6 +274,8 @@ both!(
     everything_failing_ends_dispatch_failed,
     preferences_and_category_rules_decide_channels,
     erasure_suppresses_queued_and_later_deliveries,
+    provider_text_echoing_the_address_is_masked,
+    erasure_scrubs_kept_messages_once_past_the_window,
     voice_rules_pacing_language_cost_and_masking,
     voice_missing_placeholder_and_promotional_dnd,
     test_keys_never_reach_a_provider,
@@ -561,6 +563,170 @@ async fn erasure_suppresses_queued_and_later_deliveries(b: Backends) {
     assert_eq!(gw.settled(&other).await.status, MessageStatus::Sent);
     let _ = stop.send(true);
     worker.await.unwrap();
+    gw.cleanup().await;
+}
+
+/// Every stored detail (attempt, timeline entry, message error detail) of a message
+/// whose provider echoes the recipient: the recipient's contacts kept masked only.
+async fn stored_details(gw: &Gateway, key: &str, event: &str) -> String {
+    let ws = gw.workspace().await;
+    let store = &gw.state.ingest.store;
+    let m = store
+        .get_message(&ws, &EventId::parse(event).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // The lease is released once the message is finished: a claim reads the attempts.
+    let message = switchboard::model::NewMessage {
+        event_id: m.event_id.clone(),
+        workspace: ws.clone(),
+        event_name: m.event_name.clone(),
+        subscriber_id: m.subscriber_id.clone(),
+        category: m.category.clone(),
+        priority: m.priority,
+        channel: m.channel.clone().unwrap_or_default(),
+        status: "QUEUED".into(),
+        test_mode: m.test_mode,
+        variables_keys: m.variables_keys.clone(),
+        created_at: m.created_at,
+    };
+    let attempts = match store
+        .claim_message(
+            &message,
+            &switchboard::model::SubscriberContacts::default(),
+            "inspector",
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap()
+    {
+        switchboard::model::Claim::Claimed(s) => s.attempts,
+        switchboard::model::Claim::Busy => panic!("{event} is still leased"),
+    };
+    assert!(!attempts.is_empty(), "{event} has no attempts");
+    format!(
+        "{:?}\n{:?}\n{}",
+        m.error_detail,
+        attempts,
+        gw.dto(key, event).await
+    )
+}
+
+async fn provider_text_echoing_the_address_is_masked(b: Backends) {
+    let echo = provider(
+        400,
+        r#"{"error":"mailbox Gone.Away@acme.test does not exist","to":"gone.away%40acme.test"}"#,
+    )
+    .await;
+    let gw = Gateway::start(b, &[echo.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("email", &[("prova", &echo.url())]).await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "ga", "email": "gone.away@acme.test"}, "payload": {"name": "G"}}),
+            "CRITICAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(m.status, MessageStatus::Failed);
+    let details = stored_details(&gw, &key, &event).await;
+    assert!(details.contains("g***@acme.test"), "{details}");
+    let lower = details.to_ascii_lowercase();
+    assert!(!lower.contains("gone.away"), "{details}");
+    gw.cleanup().await;
+}
+
+/// Erasure erases the details at once and keeps identifiers for the audit window;
+/// the periodic scrubber (run here with a one-second window) scrubs them once the
+/// message has passed it, and leaves other subscribers' messages alone.
+async fn erasure_scrubs_kept_messages_once_past_the_window(b: Backends) {
+    let echo = provider(400, r#"{"error":"mailbox gone.away@acme.test is full"}"#).await;
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[echo.host_port(), good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    let ws = gw.workspace().await;
+    let store = gw.state.ingest.store.clone();
+    gw.route("email", &[("prova", &echo.url()), ("provb", &good.url())])
+        .await;
+    let send = |id: &str, email: &str| json!({"name": "welcome", "to": {"subscriberId": id, "email": email}, "payload": {"name": "G"}});
+    let gone = gw
+        .trigger(&key, send("ga", "gone.away@acme.test"), "CRITICAL")
+        .await;
+    let kept = gw
+        .trigger(&key, send("kept", "kept@acme.test"), "CRITICAL")
+        .await;
+    for event in [&gone, &kept] {
+        let m = gw.settled(event).await;
+        assert_eq!((m.status, m.attempts), (MessageStatus::Sent, 2), "{event}");
+    }
+    let details = stored_details(&gw, &key, &gone).await;
+    assert!(details.contains("g***@acme.test"), "{details}");
+
+    let (s, body) = gw
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/subscribers/ga",
+            &key,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    // At once: no free text left in any detail; identifiers kept (30-day window).
+    let details = stored_details(&gw, &key, &gone).await;
+    assert!(!details.contains("g***@acme.test"), "{details}");
+    assert!(details.contains("(erased)"), "{details}");
+    let id = EventId::parse(&gone).unwrap();
+    let m = store.get_message(&ws, &id).await.unwrap().unwrap();
+    assert_eq!(
+        (m.subscriber_id.as_str(), m.provider_message_id.as_deref()),
+        ("ga", Some("pm-1"))
+    );
+
+    // The scrubber, as the worker process runs it, with a one-second window.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let scrubber = tokio::spawn(switchboard::worker::erasure::run(
+        store.clone(),
+        Duration::from_secs(1),
+        Duration::from_millis(100),
+        stopped,
+    ));
+    let pseudonym = switchboard::store::erased_pseudonym(&ws, "ga");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let m = loop {
+        let m = store.get_message(&ws, &id).await.unwrap().unwrap();
+        if m.subscriber_id != "ga" {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not scrubbed once past the window"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(m.subscriber_id, pseudonym);
+    assert_eq!(m.provider_message_id, None);
+    let details = stored_details(&gw, &key, &gone).await;
+    assert!(!details.contains("pm-1"), "{details}");
+    assert!(!details.contains("\"ga\""), "{details}");
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(5), scrubber)
+        .await
+        .expect("the scrubber stops when told")
+        .unwrap();
+    // Someone never erased keeps everything, past the window or not.
+    let k = store
+        .get_message(&ws, &EventId::parse(&kept).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (k.subscriber_id.as_str(), k.provider_message_id.as_deref()),
+        ("kept", Some("pm-1"))
+    );
     gw.cleanup().await;
 }
 

@@ -123,14 +123,22 @@ impl WorkerConfig {
 #[serde(deny_unknown_fields)]
 pub struct ErasureConfig {
     /// Messages newer than this keep their identifiers for audit; older ones are
-    /// scrubbed when the subscriber is erased.
+    /// scrubbed when the subscriber is erased, newer ones as they pass it.
     pub audit_window_days: u32,
+    /// How often every process running workers scrubs erased subscribers' messages
+    /// that have passed the audit window since, seconds.
+    pub scrub_interval_secs: u64,
 }
 
 impl ErasureConfig {
     /// `audit_window_days` as a duration.
     pub fn audit_window(&self) -> Duration {
         Duration::from_secs(u64::from(self.audit_window_days) * 86_400)
+    }
+
+    /// `scrub_interval_secs` as a duration.
+    pub fn scrub_interval(&self) -> Duration {
+        Duration::from_secs(self.scrub_interval_secs)
     }
 }
 
@@ -317,6 +325,7 @@ impl Default for Config {
             },
             erasure: ErasureConfig {
                 audit_window_days: 30,
+                scrub_interval_secs: 300,
             },
             webhooks: WebhooksConfig {
                 allow_unsigned_voice: false,
@@ -462,6 +471,11 @@ impl Config {
             "between 1 and 3650",
         )?;
         ensure(
+            (1..=86_400).contains(&self.erasure.scrub_interval_secs),
+            "erasure.scrub_interval_secs",
+            "between 1 and 86400",
+        )?;
+        ensure(
             !(self.webhooks.allow_unsigned_voice && self.environment == Environment::Production),
             "webhooks.allow_unsigned_voice",
             "false when environment is production (unsigned callbacks are refused there)",
@@ -539,5 +553,15 @@ mod tests {
             Ok(())
         });
         assert!(Config::load(Some(Path::new("/nonexistent.toml"))).is_err());
+    }
+
+    #[test]
+    fn erasure_scrub_interval_is_checked() {
+        let mut c = Config::default();
+        assert_eq!(c.erasure.scrub_interval(), Duration::from_secs(300));
+        c.validate().expect("defaults are valid");
+        c.erasure.scrub_interval_secs = 0;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("erasure.scrub_interval_secs"), "{err}");
     }
 }

@@ -234,14 +234,23 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
     )
 }
 
-/// Delivery workers and the receipt consumer, until `stop` turns true.
+/// Delivery workers, the receipt consumer and the erasure scrubber, until `stop`
+/// turns true.
 async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Receiver<bool>) {
     let receipts = tokio::spawn(receipt_consumer(&state).run(stop.clone()));
+    let scrubber = tokio::spawn(worker::erasure::run(
+        state.ingest.store.clone(),
+        state.config.erasure.audit_window(),
+        state.config.erasure.scrub_interval(),
+        stop.clone(),
+    ));
     worker(&state).run(stop).await;
     let _ = receipts.await;
+    let _ = scrubber.await;
 }
 
-/// Runs only the delivery workers and the receipt consumer (`switchboard worker`)
+/// Runs only the delivery workers, the receipt consumer and the erasure scrubber
+/// (`switchboard worker`)
 /// until `shutdown` resolves, then lets work in flight finish (bounded by the ack
 /// wait).
 pub async fn run_worker(

@@ -528,7 +528,8 @@ pub struct PreferenceUpdate {
 pub struct ErasureReport {
     /// True when the subscriber had a row (was ever seen by a worker).
     pub known: bool,
-    /// Message rows whose identifiers were scrubbed (older than the audit window).
+    /// Message rows whose identifiers were scrubbed now (older than the audit window;
+    /// newer ones are scrubbed by the periodic job as they pass it).
     pub messages_scrubbed: u64,
     /// Preference rows deleted.
     pub preferences_deleted: u64,

@@ -1,5 +1,6 @@
 //! The voice pipeline's pure rules (spec voice rules 3-6): digit pacing, language
-//! normalisation, the script, cost, and the masked recipient kept in receipts.
+//! normalisation, the script, cost, and the masked recipient kept in receipts; also the
+//! one masking rule for contacts (numbers and email addresses) in stored details.
 
 use crate::template::{self, Escape, MissingKeys};
 use serde_json::{Map, Value};
@@ -91,6 +92,70 @@ pub fn mask_phone(number: &str) -> String {
         .collect()
 }
 
+/// An email address as kept wherever provider text echoes it: the first character of
+/// the local part, `***`, then the domain (`ada@example.com` → `a***@example.com`); a
+/// one-character local part keeps none of it, and text without an `@` is all `***`.
+pub fn mask_email(address: &str) -> String {
+    match address.rsplit_once('@') {
+        Some((local, domain)) => {
+            let mut chars = local.chars();
+            match (chars.next(), chars.next()) {
+                (Some(first), Some(_)) => format!("{first}***@{domain}"),
+                _ => format!("***@{domain}"),
+            }
+        }
+        None => "***".into(),
+    }
+}
+
+/// Masks a recipient's contacts wherever `text` (provider-supplied text: error
+/// details, bounce reasons) echoes them, the one rule for every detail the gateway
+/// stores: the email address, plain or URL-encoded and in any letter case, becomes
+/// [`mask_email`]; the number, as `+E.164`, URL-encoded or (seven digits or more) as
+/// bare digits, becomes [`mask_phone`].
+pub fn scrub_contacts(text: &str, email: Option<&str>, phone: Option<&str>) -> String {
+    let mut out = text.to_string();
+    if let Some(e) = email.map(str::trim).filter(|e| !e.is_empty()) {
+        let masked = mask_email(e);
+        let encoded: String = url::form_urlencoded::byte_serialize(e.as_bytes()).collect();
+        for form in [e, encoded.as_str()] {
+            out = replace_ignoring_ascii_case(&out, form, &masked);
+        }
+    }
+    if let Some(p) = phone.filter(|p| !p.is_empty()) {
+        let masked = mask_phone(p);
+        let digits = p.trim_start_matches('+');
+        for form in [p.to_string(), format!("%2B{digits}")] {
+            out = replace_ignoring_ascii_case(&out, &form, &masked);
+        }
+        if digits.len() >= 7 {
+            out = out.replace(digits, masked.trim_start_matches('+'));
+        }
+    }
+    out
+}
+
+/// `text` with every occurrence of `needle`, compared without regard to ASCII case,
+/// replaced by `with`.
+fn replace_ignoring_ascii_case(text: &str, needle: &str, with: &str) -> String {
+    if needle.is_empty() {
+        return text.to_string();
+    }
+    // ASCII lower-casing keeps every byte offset, so matches in the lowered copy are
+    // matches at the same offsets (on character boundaries) in `text`.
+    let lowered = text.to_ascii_lowercase();
+    let needle = needle.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (at, _) in lowered.match_indices(&needle) {
+        out.push_str(&text[last..at]);
+        out.push_str(with);
+        last = at + needle.len();
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +219,55 @@ mod tests {
         assert_eq!(mask_phone("+4915112345678"), "+491********78");
         assert_eq!(mask_phone("+123"), "****");
         assert!(!mask_phone("+14155550123").contains("5550"));
+    }
+
+    #[test]
+    fn masked_emails_keep_the_first_letter_and_the_domain() {
+        assert_eq!(mask_email("ada@example.com"), "a***@example.com");
+        assert_eq!(mask_email("a@example.com"), "***@example.com");
+        assert_eq!(mask_email("Zoë.K@mail.test"), "Z***@mail.test");
+        assert_eq!(mask_email("no-at-sign"), "***");
+        assert_eq!(mask_email(""), "***");
+    }
+
+    #[test]
+    fn contacts_are_masked_in_every_form_providers_echo() {
+        let email = Some("Gone+news@Acme.test");
+        let phone = Some("+14155550123");
+        for text in [
+            "550 mailbox Gone+news@Acme.test unknown",
+            "550 mailbox gone+news@acme.test unknown",
+            "to=Gone%2Bnews%40Acme.test rejected",
+            "to=gone%2bnews%40acme.test rejected",
+            "number +14155550123 invalid",
+            "To=%2B14155550123 rejected",
+            "To=%2b14155550123 rejected",
+            "number 14155550123 unreachable",
+        ] {
+            let out = scrub_contacts(text, email, phone);
+            let lower = out.to_ascii_lowercase();
+            assert!(!lower.contains("gone+news"), "{out}");
+            assert!(!lower.contains("gone%2bnews"), "{out}");
+            assert!(!out.contains("4155550123"), "{out}");
+        }
+        assert_eq!(
+            scrub_contacts(
+                "bounce: ada@example.com is full",
+                Some("ada@example.com"),
+                None
+            ),
+            "bounce: a***@example.com is full"
+        );
+        assert_eq!(
+            scrub_contacts("café ADA@EXAMPLE.COM", Some("ada@example.com"), None),
+            "café a***@example.com"
+        );
+        // Others' addresses and text without contacts are left alone.
+        assert_eq!(
+            scrub_contacts("bob@example.com", Some("ada@example.com"), Some("")),
+            "bob@example.com"
+        );
+        assert_eq!(scrub_contacts("x", None, None), "x");
+        assert_eq!(scrub_contacts("x", Some(" "), None), "x");
     }
 }

@@ -26,9 +26,10 @@ pub const MAX_CATEGORIES: usize = 256;
 
 /// The answer to every accepted erasure, whether or not the subscriber was known.
 pub const ERASURE_MESSAGE: &str = "Erasure accepted: the subscriber's contact details and \
-     preferences are removed, its message identifiers older than the audit window are \
-     scrubbed, and any later notification for this subscriber id is suppressed. The same \
-     answer is given whether or not the subscriber was known.";
+     preferences are removed, the free text of its messages' details is erased, its message \
+     identifiers are scrubbed now for messages older than the audit window and later for \
+     the others as they pass it, and any later notification for this subscriber id is \
+     suppressed. The same answer is given whether or not the subscriber was known.";
 
 /// Routes of this resource.
 pub fn router() -> Router<AppState> {

@@ -180,14 +180,32 @@ pub trait Store: Send + Sync + 'static {
 
     /// Erases a subscriber in one transaction: anonymises (or creates, for an unknown
     /// subscriber) the tombstone row, clears its contacts, sets `deleted_at`, deletes
-    /// its preferences, scrubs `subscriber_id` and `provider_message_id` of its messages
-    /// created before now - `audit_window`, and writes an `erasure_audit` row.
+    /// its preferences, and writes an `erasure_audit` row. Of every message of the
+    /// subscriber in `workspace`, whatever its age, the free text of its details is
+    /// replaced by [`ERASED_DETAIL`] (which details: see there). Its messages created
+    /// before now - `audit_window` are scrubbed of identifiers (see
+    /// [`Store::scrub_erased_messages`]); newer ones are marked to be scrubbed when they
+    /// pass the window.
     async fn erase_subscriber(
         &self,
         workspace: &WorkspaceId,
         subscriber: &str,
         audit_window: Duration,
     ) -> Result<ErasureReport, StoreError>;
+
+    /// Scrubs up to `limit` messages of erased subscribers that were kept for audit
+    /// (newer than the window at erasure, or written for the subscriber since) and are
+    /// now older than `audit_window`, oldest first, in one transaction, exactly as
+    /// `erase_subscriber` scrubs older ones: `subscriber_id` becomes `erased:<digest>`,
+    /// `provider_message_id` is cleared on the message, its attempts and its timeline
+    /// details, and its details are erased again (see [`ERASED_DETAIL`]: a worker that held the
+    /// message during the erasure may have written one since). Returns how many
+    /// messages were scrubbed; a message is scrubbed once.
+    async fn scrub_erased_messages(
+        &self,
+        audit_window: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 
     // ---- workspace configuration ----
 
@@ -457,6 +475,27 @@ pub struct WebhookSecret {
 pub fn subscriber_key(workspace: &WorkspaceId, subscriber: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(format!("{workspace}:{subscriber}")))
+}
+
+/// What erasure leaves in place of the free text of a detail (a message's
+/// `error_detail`, an attempt's detail, the text fields of timeline entry details and
+/// of stored receipts): provider text may echo the recipient's contacts, in forms no
+/// masking can be sure to recognise, so erasure drops it whole.
+///
+/// The details erased: a message's `error_detail`; a delivery attempt's `detail`; in
+/// timeline entry details and stored receipts' timeline details, the values of
+/// [`ERASED_DETAIL_KEYS`]; a stored receipt's `error_detail`. Structured fields (status,
+/// channel, error code, attempt number, cost) stay.
+pub const ERASED_DETAIL: &str = "(erased)";
+
+/// Keys of timeline entry details holding free text: a failure's `reason`, an
+/// attempt's `detail`, a receipt's `bounce_reason` and `provider_state`.
+pub const ERASED_DETAIL_KEYS: &[&str] = &["reason", "detail", "bounce_reason", "provider_state"];
+
+/// The `subscriber_id` an erased subscriber's scrubbed messages carry:
+/// `erased:` and the first 16 hex digits of [`subscriber_key`].
+pub fn erased_pseudonym(workspace: &WorkspaceId, subscriber: &str) -> String {
+    format!("erased:{}", &subscriber_key(workspace, subscriber)[..16])
 }
 
 /// Hex SHA-256 of an E.164 number: the DND list's key.

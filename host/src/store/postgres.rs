@@ -460,6 +460,23 @@ impl Store for PgStore {
         .await
         .map_err(map_err)?;
 
+        if upserted.is_none() {
+            // A message written for an erased subscriber is kept for the audit window,
+            // then scrubbed like those the erasure found.
+            sqlx::query(
+                "UPDATE messages SET erased_as = $2 WHERE event_id = $1 AND subscriber_id = $3",
+            )
+            .bind(message.event_id.as_str())
+            .bind(super::erased_pseudonym(
+                &message.workspace,
+                &message.subscriber_id,
+            ))
+            .bind(&message.subscriber_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+
         let attempts = sqlx::query(
             "SELECT attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, \
              detail FROM delivery_attempts WHERE event_id = $1 ORDER BY attempt_no",
@@ -920,34 +937,33 @@ impl Store for PgStore {
             .rows_affected();
         }
 
-        let messages_scrubbed = sqlx::query(
-            "UPDATE messages SET subscriber_id = $3, provider_message_id = NULL \
-             WHERE workspace_id = $1 AND subscriber_id = $2 AND created_at < now() - $4",
+        // Every message of the subscriber's (scrubbed ones too, which may predate the
+        // erasure of details) loses the free text of its details, whatever its age.
+        let pseudonym = super::erased_pseudonym(workspace, subscriber);
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT event_id FROM messages \
+             WHERE workspace_id = $1 AND subscriber_id IN ($2, $3) ORDER BY event_id",
         )
         .bind(workspace.as_str())
         .bind(subscriber)
-        .bind(format!("erased:{}", &key[..16]))
-        .bind(interval(audit_window))
+        .bind(&pseudonym)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        erase_details(&mut tx, &ids).await?;
+        // Those inside the audit window are kept for it, marked to be scrubbed later;
+        // those past it are scrubbed now, as the periodic job would.
+        sqlx::query(
+            "UPDATE messages SET erased_as = $3 WHERE workspace_id = $1 AND subscriber_id = $2",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .bind(&pseudonym)
         .execute(&mut *tx)
         .await
-        .map_err(map_err)?
-        .rows_affected();
-        // The provider's id also sits in the attempts and the timeline details.
-        for scrub in [
-            "UPDATE delivery_attempts SET provider_message_id = NULL \
-             WHERE provider_message_id IS NOT NULL AND event_id IN \
-             (SELECT event_id FROM messages WHERE workspace_id = $1 AND subscriber_id = $2)",
-            "UPDATE message_events SET detail = detail - 'provider_message_id' \
-             WHERE detail ? 'provider_message_id' AND event_id IN \
-             (SELECT event_id FROM messages WHERE workspace_id = $1 AND subscriber_id = $2)",
-        ] {
-            sqlx::query(scrub)
-                .bind(workspace.as_str())
-                .bind(format!("erased:{}", &key[..16]))
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
+        .map_err(map_err)?;
+        let messages_scrubbed =
+            scrub_due(&mut tx, audit_window, Some((workspace, &pseudonym)), None).await?;
 
         sqlx::query(
             "INSERT INTO erasure_audit (workspace_id, subscriber_key, known_subscriber, \
@@ -968,6 +984,17 @@ impl Store for PgStore {
             messages_scrubbed,
             preferences_deleted,
         })
+    }
+
+    async fn scrub_erased_messages(
+        &self,
+        audit_window: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let scrubbed = scrub_due(&mut tx, audit_window, None, Some(limit)).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(scrubbed)
     }
 
     async fn put_workflow(
@@ -1586,6 +1613,128 @@ async fn insert_timeline(
 
 /// A duration as an SQL interval, exact to the microsecond and capped at
 /// [`MAX_INTERVAL_MICROS`].
+/// Replaces the free text of the details of messages `ids` with
+/// [`super::ERASED_DETAIL`]: stored receipts first (the order receipt writers lock them
+/// in, before the message row), then the messages, their attempts and their timelines
+/// (the order `record_step` writes them in).
+async fn erase_details(conn: &mut PgConnection, ids: &[String]) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<String> = super::ERASED_DETAIL_KEYS
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    // `column || {key: "(erased)" for each listed key it has}`.
+    let erase_keys = |column: &str| {
+        format!(
+            "CASE WHEN jsonb_typeof({column}) = 'object' AND {column} ?| $2 THEN {column} || \
+             (SELECT jsonb_object_agg(k, to_jsonb($3::text)) FROM jsonb_object_keys({column}) AS k \
+             WHERE k = ANY($2)) ELSE {column} END"
+        )
+    };
+    sqlx::query(&format!(
+        "UPDATE receipts SET error_detail = CASE WHEN error_detail IS NULL THEN NULL ELSE $3 END, \
+         timeline_detail = {} WHERE event_id = ANY($1)",
+        erase_keys("timeline_detail")
+    ))
+    .bind(ids)
+    .bind(&keys)
+    .bind(super::ERASED_DETAIL)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    for sql in [
+        "UPDATE messages SET error_detail = $2 WHERE event_id = ANY($1) \
+         AND error_detail IS NOT NULL AND error_detail <> $2",
+        "UPDATE delivery_attempts SET detail = $2 WHERE event_id = ANY($1) \
+         AND detail IS NOT NULL AND detail <> $2",
+    ] {
+        sqlx::query(sql)
+            .bind(ids)
+            .bind(super::ERASED_DETAIL)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    sqlx::query(&format!(
+        "UPDATE message_events SET detail = {} WHERE event_id = ANY($1) \
+         AND jsonb_typeof(detail) = 'object' AND detail ?| $2",
+        erase_keys("detail")
+    ))
+    .bind(ids)
+    .bind(&keys)
+    .bind(super::ERASED_DETAIL)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    Ok(())
+}
+
+/// Scrubs messages marked `erased_as` and created before now - `window` (of one
+/// erased subscriber, `(workspace, pseudonym)`, or any; at most `limit`, oldest first):
+/// `subscriber_id` takes the pseudonym, `provider_message_id` goes from the message,
+/// its attempts and its timeline details, and the details are erased again. Returns
+/// how many messages were scrubbed.
+async fn scrub_due(
+    conn: &mut PgConnection,
+    window: Duration,
+    of: Option<(&WorkspaceId, &str)>,
+    limit: Option<u32>,
+) -> Result<u64, StoreError> {
+    let mut select = QueryBuilder::<Postgres>::new(
+        "SELECT event_id FROM messages WHERE erased_as IS NOT NULL AND created_at < now() - ",
+    );
+    select.push_bind(interval(window));
+    if let Some((workspace, pseudonym)) = of {
+        select.push(" AND workspace_id = ");
+        select.push_bind(workspace.as_str());
+        select.push(" AND erased_as = ");
+        select.push_bind(pseudonym);
+    }
+    select.push(" ORDER BY created_at, event_id");
+    if let Some(limit) = limit {
+        select.push(" LIMIT ");
+        select.push_bind(i64::from(limit));
+        // Several worker processes run the job: each takes rows the others do not hold.
+        select.push(" FOR UPDATE SKIP LOCKED");
+    } else {
+        select.push(" FOR UPDATE");
+    }
+    let ids: Vec<String> = select
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    erase_details(&mut *conn, &ids).await?;
+    let scrubbed = sqlx::query(
+        "UPDATE messages SET subscriber_id = erased_as, erased_as = NULL, \
+         provider_message_id = NULL WHERE event_id = ANY($1) AND erased_as IS NOT NULL",
+    )
+    .bind(&ids)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?
+    .rows_affected();
+    // The provider's id also sits in the attempts and the timeline details.
+    for sql in [
+        "UPDATE delivery_attempts SET provider_message_id = NULL \
+         WHERE provider_message_id IS NOT NULL AND event_id = ANY($1)",
+        "UPDATE message_events SET detail = detail - 'provider_message_id' \
+         WHERE detail ? 'provider_message_id' AND event_id = ANY($1)",
+    ] {
+        sqlx::query(sql)
+            .bind(&ids)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok(scrubbed)
+}
+
 fn interval(d: Duration) -> PgInterval {
     PgInterval {
         months: 0,
@@ -1967,6 +2116,7 @@ mod tests {
         preferences_merge,
         concurrent_preference_updates,
         erasure,
+        erasure_scrubs_kept_messages_as_they_pass_the_window,
         workflows_routes_and_dnd,
         webhook_secrets_order_and_upsert,
         replay_keys,

@@ -17,8 +17,8 @@ use crate::model::{
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite};
 use std::collections::BTreeMap;
@@ -490,7 +490,22 @@ impl Store for SqliteStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(map_err)?;
-        if !erased {
+        if erased {
+            // A message written for an erased subscriber is kept for the audit window,
+            // then scrubbed like those the erasure found.
+            sqlx::query(
+                "UPDATE messages SET erased_as = ? WHERE event_id = ? AND subscriber_id = ?",
+            )
+            .bind(super::erased_pseudonym(
+                &message.workspace,
+                &message.subscriber_id,
+            ))
+            .bind(message.event_id.as_str())
+            .bind(message.subscriber_id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        } else {
             sqlx::query(
                 "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, phone_masked, \
                  device_tokens, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
@@ -917,7 +932,7 @@ impl Store for SqliteStore {
             .and_then(|w| now.checked_sub_signed(w))
             .map(|t| encode_timestamp(&t));
         let key = super::subscriber_key(workspace, subscriber);
-        let pseudonym = format!("erased:{}", &key[..16]);
+        let pseudonym = super::erased_pseudonym(workspace, subscriber);
 
         // The tombstone update writes first (write lock at once) and tells whether the
         // subscriber was known.
@@ -961,37 +976,33 @@ impl Store for SqliteStore {
             .rows_affected();
         }
 
+        // Every message of the subscriber's (scrubbed ones too, which may predate the
+        // erasure of details) loses the free text of its details, whatever its age.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT event_id FROM messages WHERE workspace_id = ? AND subscriber_id IN (?, ?)",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .bind(pseudonym.as_str())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        erase_details(&mut tx, &ids).await?;
+        // Those inside the audit window are kept for it, marked to be scrubbed later;
+        // those past it are scrubbed now, as the periodic job would.
+        sqlx::query(
+            "UPDATE messages SET erased_as = ? WHERE workspace_id = ? AND subscriber_id = ?",
+        )
+        .bind(pseudonym.as_str())
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
         let messages_scrubbed = match &cutoff {
             None => 0,
-            Some(cutoff) => sqlx::query(
-                "UPDATE messages SET subscriber_id = ?, provider_message_id = NULL \
-                 WHERE workspace_id = ? AND subscriber_id = ? AND created_at < ?",
-            )
-            .bind(pseudonym.as_str())
-            .bind(workspace.as_str())
-            .bind(subscriber)
-            .bind(cutoff.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?
-            .rows_affected(),
+            Some(cutoff) => scrub_due(&mut tx, cutoff, Some((workspace, &pseudonym)), None).await?,
         };
-        // The provider's id also sits in the attempts and the timeline details.
-        for scrub in [
-            "UPDATE delivery_attempts SET provider_message_id = NULL \
-             WHERE provider_message_id IS NOT NULL AND event_id IN \
-             (SELECT event_id FROM messages WHERE workspace_id = ? AND subscriber_id = ?)",
-            "UPDATE message_events SET detail = json_remove(detail, '$.provider_message_id') \
-             WHERE json_extract(detail, '$.provider_message_id') IS NOT NULL AND event_id IN \
-             (SELECT event_id FROM messages WHERE workspace_id = ? AND subscriber_id = ?)",
-        ] {
-            sqlx::query(scrub)
-                .bind(workspace.as_str())
-                .bind(pseudonym.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
 
         sqlx::query(
             "INSERT INTO erasure_audit (workspace_id, subscriber_key, known_subscriber, messages_scrubbed, \
@@ -1012,6 +1023,25 @@ impl Store for SqliteStore {
             messages_scrubbed,
             preferences_deleted,
         })
+    }
+
+    async fn scrub_erased_messages(
+        &self,
+        audit_window: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        // A window reaching before the representable past scrubs nothing.
+        let Some(cutoff) = chrono::Duration::from_std(audit_window)
+            .ok()
+            .and_then(|w| now_micros().checked_sub_signed(w))
+            .map(|t| encode_timestamp(&t))
+        else {
+            return Ok(0);
+        };
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let scrubbed = scrub_due(&mut tx, &cutoff, None, Some(limit)).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(scrubbed)
     }
 
     async fn put_workflow(
@@ -1630,6 +1660,111 @@ fn decode_receipt(row: &SqliteRow) -> Result<ReceiptWrite, StoreError> {
     })
 }
 
+/// Replaces the free text of the details of messages `ids` with
+/// [`super::ERASED_DETAIL`]: the messages' error details, their attempts' details, the
+/// listed keys of their timeline entries' details, and the error and timeline details
+/// of the receipts applied to them.
+async fn erase_details(conn: &mut SqliteConnection, ids: &[String]) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let ids = serde_json::to_string(ids)
+        .map_err(|e| StoreError::Other(format!("encoding event ids: {e}")))?;
+    for sql in [
+        "UPDATE messages SET error_detail = ?2 WHERE event_id IN (SELECT value FROM json_each(?1)) \
+         AND error_detail IS NOT NULL AND error_detail <> ?2",
+        "UPDATE delivery_attempts SET detail = ?2 WHERE event_id IN (SELECT value FROM json_each(?1)) \
+         AND detail IS NOT NULL AND detail <> ?2",
+        "UPDATE receipts SET error_detail = ?2 WHERE event_id IN (SELECT value FROM json_each(?1)) \
+         AND error_detail IS NOT NULL AND error_detail <> ?2",
+    ] {
+        sqlx::query(sql)
+            .bind(ids.as_str())
+            .bind(super::ERASED_DETAIL)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    for key in super::ERASED_DETAIL_KEYS {
+        let path = format!("$.{key}");
+        for (table, column) in [
+            ("message_events", "detail"),
+            ("receipts", "timeline_detail"),
+        ] {
+            sqlx::query(&format!(
+                "UPDATE {table} SET {column} = json_set({column}, ?2, ?3) \
+                 WHERE event_id IN (SELECT value FROM json_each(?1)) \
+                 AND json_type({column}) = 'object' AND json_type({column}, ?2) IS NOT NULL"
+            ))
+            .bind(ids.as_str())
+            .bind(path.as_str())
+            .bind(super::ERASED_DETAIL)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Scrubs messages marked `erased_as` and created before `cutoff` (of one erased
+/// subscriber, `(workspace, pseudonym)`, or any; at most `limit`, oldest first):
+/// `subscriber_id` takes the pseudonym, `provider_message_id` goes from the message,
+/// its attempts and its timeline details, and the details are erased again. Returns
+/// how many messages were scrubbed. Its first statement writes, so a deferred
+/// transaction takes the write lock there.
+async fn scrub_due(
+    conn: &mut SqliteConnection,
+    cutoff: &str,
+    of: Option<(&WorkspaceId, &str)>,
+    limit: Option<u32>,
+) -> Result<u64, StoreError> {
+    let mut scrub = QueryBuilder::<Sqlite>::new(
+        "UPDATE messages SET subscriber_id = erased_as, erased_as = NULL, \
+         provider_message_id = NULL WHERE event_id IN (SELECT event_id FROM messages \
+         WHERE erased_as IS NOT NULL AND created_at < ",
+    );
+    scrub.push_bind(cutoff);
+    if let Some((workspace, pseudonym)) = of {
+        scrub.push(" AND workspace_id = ");
+        scrub.push_bind(workspace.as_str());
+        scrub.push(" AND erased_as = ");
+        scrub.push_bind(pseudonym);
+    }
+    scrub.push(" ORDER BY created_at, event_id");
+    if let Some(limit) = limit {
+        scrub.push(" LIMIT ");
+        scrub.push_bind(i64::from(limit));
+    }
+    scrub.push(") RETURNING event_id");
+    let ids: Vec<String> = scrub
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    erase_details(&mut *conn, &ids).await?;
+    let encoded = serde_json::to_string(&ids)
+        .map_err(|e| StoreError::Other(format!("encoding event ids: {e}")))?;
+    // The provider's id also sits in the attempts and the timeline details.
+    for sql in [
+        "UPDATE delivery_attempts SET provider_message_id = NULL \
+         WHERE provider_message_id IS NOT NULL AND event_id IN (SELECT value FROM json_each(?))",
+        "UPDATE message_events SET detail = json_remove(detail, '$.provider_message_id') \
+         WHERE json_type(detail, '$.provider_message_id') IS NOT NULL \
+         AND event_id IN (SELECT value FROM json_each(?))",
+    ] {
+        sqlx::query(sql)
+            .bind(encoded.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok(ids.len() as u64)
+}
+
 /// Now, cut to the microseconds the stored form keeps, so returned times round-trip.
 fn now_micros() -> DateTime<Utc> {
     Utc::now().trunc_subsecs(6)
@@ -1966,6 +2101,7 @@ mod tests {
         preferences_merge,
         concurrent_preference_updates,
         erasure,
+        erasure_scrubs_kept_messages_as_they_pass_the_window,
         workflows_routes_and_dnd,
         webhook_secrets_order_and_upsert,
         replay_keys,

@@ -469,8 +469,9 @@ pub fn receipt_id_for(slug: &str, verified: &Verified, body: &[u8]) -> ReceiptId
 
 /// A receipt as published. Every recipient that is not an email address is masked
 /// (voice numbers above all, also when a voice provider's receipt names no channel),
-/// and the raw recipient is masked in the provider's free text too: no plaintext
-/// number leaves the webhook handler.
+/// and the raw recipient (number or email address) is masked in the provider's free
+/// text too: no plaintext number leaves the webhook handler, and no address echoed in
+/// a bounce reason reaches a stored detail.
 pub fn to_event(
     slug: &str,
     receipt: types::Receipt,
@@ -496,6 +497,11 @@ pub fn to_event(
                 t = t.replace(digits.as_str(), m);
             }
             Some(t)
+        }
+        // An email recipient is masked in the free text (a bounce reason echoing it
+        // lands in the message's error detail and timeline).
+        (None, Some(t)) if !raw.is_empty() => {
+            Some(crate::voice::scrub_contacts(&t, Some(&raw), None))
         }
         (_, t) => t,
     };
@@ -599,6 +605,14 @@ mod tests {
         );
         assert_eq!(email.recipient, "ada@example.test");
         assert_eq!(email.receipt_key(), format!("{id}.2"));
+        // A bounce reason echoing the address keeps only its masked form.
+        let mut bounce = receipt("ada@example.test", Some(types::Channel::Email));
+        bounce.bounce_reason = Some("550 5.1.1 <Ada@Example.test>: no such user".into());
+        let bounce = to_event("prova", bounce, &id, None, now, 3, false);
+        assert_eq!(
+            bounce.bounce_reason.as_deref(),
+            Some("550 5.1.1 <a***@example.test>: no such user")
+        );
     }
 
     #[test]

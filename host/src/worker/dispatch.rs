@@ -67,24 +67,11 @@ pub fn allowed(prefs: &Preferences, category: &str, channel: Channel) -> bool {
 }
 
 /// Masks what provider-supplied text may echo before it is stored: the recipient's
-/// number (as `+E.164`, bare digits or URL-encoded) and the route's config values
-/// (credentials), so error details never keep them.
-fn scrub(text: &str, phone: Option<&str>, secrets: &[&str]) -> String {
-    let mut out = text.to_string();
-    if let Some(p) = phone.filter(|p| !p.is_empty()) {
-        let masked = voice::mask_phone(p);
-        let digits = p.trim_start_matches('+');
-        for form in [
-            p.to_string(),
-            format!("%2B{digits}"),
-            format!("%2b{digits}"),
-        ] {
-            out = out.replace(&form, &masked);
-        }
-        if digits.len() >= 7 {
-            out = out.replace(digits, masked.trim_start_matches('+'));
-        }
-    }
+/// contacts (email address and number, in the forms [`voice::scrub_contacts`] knows)
+/// and the route's config values (credentials), so no stored detail (message error
+/// detail, timeline entry, attempt record) keeps them.
+fn scrub(text: &str, email: Option<&str>, phone: Option<&str>, secrets: &[&str]) -> String {
+    let mut out = voice::scrub_contacts(text, email, phone);
     // Short values (ids like `AC1`, flags) would mask ordinary words.
     for secret in secrets.iter().filter(|s| s.len() >= 6) {
         out = out.replace(secret, "***");
@@ -168,6 +155,12 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// [`scrub`] with this message's recipient.
+    fn scrub(&self, text: &str, secrets: &[&str]) -> String {
+        let to = &self.envelope.request.to;
+        scrub(text, to.email.as_deref(), to.phone.as_deref(), secrets)
+    }
+
     async fn step(&self, step: Step) -> Result<(), StoreError> {
         self.d
             .store
@@ -196,7 +189,7 @@ impl Run<'_> {
         detail: String,
         channel: Option<Channel>,
     ) -> Result<Outcome, StoreError> {
-        let detail = scrub(&detail, self.envelope.request.to.phone.as_deref(), &[]);
+        let detail = self.scrub(&detail, &[]);
         let mut entry = json!({"error_code": code, "reason": detail});
         if let Some(c) = channel {
             entry["channel"] = json!(c.as_str());
@@ -507,7 +500,8 @@ impl Run<'_> {
                 .map(Some),
             Err((code, detail)) => {
                 let secrets: Vec<&str> = route.config.values().map(String::as_str).collect();
-                let detail = scrub(&detail, self.envelope.request.to.phone.as_deref(), &secrets);
+                let code = self.scrub(&code, &secrets);
+                let detail = self.scrub(&detail, &secrets);
                 tracing::info!(
                     provider = slug,
                     channel = ch,
@@ -689,23 +683,34 @@ mod tests {
     }
 
     #[test]
-    fn phone_numbers_and_credentials_are_scrubbed_from_details() {
+    fn contacts_and_credentials_are_scrubbed_from_details() {
         let phone = Some("+14155550123");
         for text in [
             "invalid number +14155550123",
             "To=%2B14155550123 rejected",
             "number 14155550123 unreachable",
         ] {
-            let out = scrub(text, phone, &[]);
+            let out = scrub(text, None, phone, &[]);
             assert!(!out.contains("4155550123"), "{out}");
+        }
+        let email = Some("gone@acme.test");
+        for text in [
+            r#"provider answered 400: {"error":"mailbox gone@acme.test does not exist"}"#,
+            "to=gone%40acme.test rejected",
+            "550 <GONE@ACME.TEST>: user unknown",
+        ] {
+            let out = scrub(text, email, phone, &[]);
+            assert!(!out.to_ascii_lowercase().contains("gone"), "{out}");
+            assert!(out.contains("g***@acme.test"), "{out}");
         }
         let out = scrub(
             "bad key sk_live_abcdef for AC1",
             None,
+            None,
             &["sk_live_abcdef", "AC1"],
         );
         assert_eq!(out, "bad key *** for AC1");
-        assert_eq!(scrub("x", None, &[]), "x");
+        assert_eq!(scrub("x", None, None, &[]), "x");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! leaves it for redelivery with backoff.
 
 pub mod dispatch;
+pub mod erasure;
 pub mod receipts;
 
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
