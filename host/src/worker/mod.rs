@@ -241,8 +241,11 @@ impl Worker {
                 if delivery.delivered >= self.config.max_deliveries
                     && !matches!(e, StoreError::Unavailable(_)) =>
             {
+                // The store's own words stay in the log: they may quote stored values.
+                tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
                 let detail = format!(
-                    "gave up after {} deliveries: the store refused the event ({e})",
+                    "gave up after {} deliveries: the store refused to record this event's \
+                     progress each time (the gateway log has the store's error)",
                     delivery.delivered
                 );
                 self.give_up(&envelope.event_id, &detail, &delivery).await
@@ -273,9 +276,10 @@ impl Worker {
         self.count("undecodable");
         match serde_json::from_slice::<Head>(&delivery.payload) {
             Ok(head) => {
-                let detail =
-                    format!("the queued event could not be decoded ({error}); nothing was sent");
-                if let Err(e) = self.give_up(&head.event_id, &detail, &delivery).await {
+                // serde's words stay in the log: they may quote the event's values.
+                let detail = "the queued event could not be decoded (the gateway log says \
+                              why); nothing was sent";
+                if let Err(e) = self.give_up(&head.event_id, detail, &delivery).await {
                     tracing::warn!(error = %e, "could not settle an undecodable delivery");
                 }
             }
