@@ -262,23 +262,9 @@ fn parameters(operation: &mut Value) {
             "eventId" => json!({"type": "string", "pattern": EVENT_ID_PATTERN,
                 "example": "evt_5b1f0c2a9d8e4f3a8c7b6a5d4e3f2a1b"}),
             "status" if p["in"] == "query" => {
-                let names = MessageStatus::ALL.iter().map(|s| s.as_str());
-                let either_case: Vec<String> = names
-                    .clone()
-                    .map(str::to_string)
-                    .chain(names.map(str::to_ascii_lowercase))
-                    .collect();
-                json!({"type": "string", "enum": either_case})
+                either_case(MessageStatus::ALL.iter().map(|s| s.as_str()))
             }
-            "channel" if p["in"] == "query" => {
-                let names = Channel::ALL.iter().map(|c| c.as_str());
-                let either_case: Vec<String> = names
-                    .clone()
-                    .map(str::to_string)
-                    .chain(names.map(str::to_ascii_uppercase))
-                    .collect();
-                json!({"type": "string", "enum": either_case})
-            }
+            "channel" if p["in"] == "query" => either_case(Channel::ALL.iter().map(|c| c.as_str())),
             "cursor" => json!({"type": "string", "minLength": 1}),
             // What `HeaderValue::to_str` takes, 1 to 255 characters (the ends are
             // trimmed by HTTP itself).
@@ -288,6 +274,16 @@ fn parameters(operation: &mut Value) {
         };
         p["schema"] = schema;
     }
+}
+
+/// A filter value the server reads in all lower or all upper case.
+fn either_case<'a>(names: impl Iterator<Item = &'a str> + Clone) -> Value {
+    let names: Vec<String> = names
+        .clone()
+        .map(str::to_ascii_uppercase)
+        .chain(names.map(str::to_ascii_lowercase))
+        .collect();
+    json!({"type": "string", "enum": names})
 }
 
 /// One example request body per operation that takes one.
