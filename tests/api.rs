@@ -12,7 +12,7 @@ use switchboard::config::Config;
 use switchboard::model::{KeyMode, Preferences, Tier};
 
 mod common;
-use common::{Backends, create_database};
+use common::{Backends, Private, create_database};
 
 struct Gateway {
     url: String,
@@ -30,6 +30,29 @@ impl Gateway {
         Self::start_with(backends, |_| {}).await
     }
 
+    /// Another gateway process on the same backends (production), or this one again
+    /// (embedded: one process serves, and it is the only instance).
+    async fn instance(&self) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        if self.config.broker.backend == switchboard::config::BrokerBackend::Embedded {
+            return Self {
+                url: self.url.clone(),
+                state: self.state.clone(),
+                config: self.config.clone(),
+                _dir: dir,
+                http: reqwest::Client::new(),
+            };
+        }
+        let (url, state) = common::serve(self.config.clone()).await;
+        Self {
+            url,
+            state,
+            config: self.config.clone(),
+            _dir: dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
     /// Starts with a config adjusted by `adjust` (after the isolation settings).
     async fn start_with(backends: Backends, adjust: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -43,16 +66,7 @@ impl Gateway {
         // them.)
         config.worker.enabled = false;
         adjust(&mut config);
-        let state = switchboard::build_state(config.clone())
-            .await
-            .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(switchboard::serve(
-            state.clone(),
-            listener,
-            std::future::pending(),
-        ));
+        let (url, state) = common::serve(config.clone()).await;
         Self {
             url,
             state,
@@ -673,25 +687,80 @@ async fn bulk_accepts_items_individually(b: Backends) {
     gw.cleanup().await;
 }
 
+/// A key revoked through one instance is refused by the very next request on any
+/// other, with no wait: the revocation is announced, not left to the 200 ms poll (five
+/// keys in a row, so a poll that happens to fall in between cannot pass for it). Writes
+/// other than triggers re-read the key from the store.
 async fn revoked_keys_fail_at_once(b: Backends) {
-    let gw = Gateway::start(b).await;
-    let key = gw.key("acme", Tier::Paid, KeyMode::Test).await;
+    let a = Gateway::start(b).await;
+    let other = a.instance().await;
+    let store = &a.state.ingest.store;
+    let ws = store
+        .ensure_workspace("acme", Some(Tier::Paid))
+        .await
+        .unwrap();
+    for round in 0..5 {
+        let (raw, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+        store.insert_api_key(&record).await.unwrap();
+        // Both instances have resolved (and cached) the key.
+        for gw in [&a, &other] {
+            assert_eq!(gw.get("/v1/messages?limit=1", &raw).await.0, 200);
+        }
+        assert!(
+            a.state
+                .auth
+                .revoke(&record.id, &a.state.revocations)
+                .await
+                .unwrap()
+        );
+        let (s, body) = other
+            .post("/v1/events/trigger", &raw, &trigger_body("s"), &[])
+            .await;
+        assert_eq!(
+            (s, body["error"].as_str()),
+            (401, Some("UNAUTHORIZED")),
+            "round {round}: the next trigger on the other instance"
+        );
+        let (s, _) = other
+            .put(
+                "/v1/users/ada/preferences",
+                &raw,
+                &json!({"channels": {"sms": false}}),
+            )
+            .await;
+        assert_eq!(
+            s, 401,
+            "round {round}: the next write on the other instance"
+        );
+    }
+    // A revocation the store has but nobody announced (made with the database alone)
+    // is checked by every write other than a trigger before it changes anything.
+    let (raw, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+    store.insert_api_key(&record).await.unwrap();
+    assert_eq!(other.get("/v1/messages?limit=1", &raw).await.0, 200);
+    assert!(
+        switchboard::auth::revoke(&**store, &record.id, None)
+            .await
+            .unwrap()
+    );
+    let (s, _) = other
+        .put(
+            "/v1/users/ada/preferences",
+            &raw,
+            &json!({"channels": {"sms": false}}),
+        )
+        .await;
+    assert_eq!(s, 401, "preferences re-read the key");
+    // And the poll catches up for triggers.
+    tokio::time::sleep(switchboard::auth::REVOCATION_POLL * 3).await;
     assert_eq!(
-        gw.post("/v1/events/trigger", &key, &trigger_body("s"), &[])
+        other
+            .post("/v1/events/trigger", &raw, &trigger_body("s"), &[])
             .await
             .0,
-        202
+        401
     );
-    let store = &gw.state.ingest.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let id = store.list_api_keys(&ws.id).await.unwrap()[0].id.clone();
-    assert!(store.revoke_api_key(&id).await.unwrap());
-    tokio::time::sleep(switchboard::auth::REVOCATION_POLL * 3).await;
-    let (s, body) = gw
-        .post("/v1/events/trigger", &key, &trigger_body("s"), &[])
-        .await;
-    assert_eq!((s, body["error"].as_str()), (401, Some("UNAUTHORIZED")));
-    gw.cleanup().await;
+    a.cleanup().await;
 }
 
 async fn health_reports_draining(b: Backends) {
@@ -716,80 +785,6 @@ async fn health_reports_draining(b: Backends) {
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.json::<Value>().await.unwrap()["status"], "DRAINING");
     gw.cleanup().await;
-}
-
-/// A private server process on a free port, killed on drop.
-struct Private {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Private {
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
-    async fn nats(port: u16, store_dir: &std::path::Path) -> Self {
-        let child = std::process::Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store_dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("nats-server must be installed");
-        Self::wait(child, port).await
-    }
-
-    async fn redis(port: u16) -> Self {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed");
-        Self::wait(child, port).await
-    }
-
-    async fn wait(child: std::process::Child, port: u16) -> Self {
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Self { child, port };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("private server on port {port} did not start");
-    }
-
-    /// Stops the server with SIGTERM, as an orderly outage would (SIGKILL could lose
-    /// acknowledged messages still in NATS' own write buffer: not ours to test).
-    fn stop(mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Private {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

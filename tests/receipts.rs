@@ -1299,7 +1299,7 @@ async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
 /// announcement: over NATS from another connection (another process, as the CLI
 /// does) in production, in-process with the embedded broker.
 async fn an_announced_swap_is_followed_at_once(b: Backends) {
-    use switchboard::plugins::announce::Announcer;
+    use switchboard::announce::Announcer;
     use switchboard::plugins::install::{self, InstallOutcome};
     let production = b == Backends::Production;
     let lp = Loop::start_with(b, &[], |c| c.plugins.sync_ms = 600_000, |_| {}).await;
@@ -1332,7 +1332,7 @@ async fn an_announced_swap_is_followed_at_once(b: Backends) {
     let announced = install_version(b"announced").await;
     assert_ne!(announced, quiet);
     let announcer = if production {
-        Announcer::connect(&lp.config)
+        Announcer::connect(&lp.config, &lp.config.broker.streams.plugins_subject)
             .await
             .expect("NATS reachable")
     } else {

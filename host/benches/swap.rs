@@ -124,9 +124,10 @@ async fn main() {
         Duration::from_secs(600),
         stopped,
     ));
-    let elsewhere = switchboard::plugins::announce::Announcer::connect(&config)
-        .await
-        .expect("NATS reachable");
+    let elsewhere =
+        switchboard::announce::Announcer::connect(&config, &config.broker.streams.plugins_subject)
+            .await
+            .expect("NATS reachable");
     // Let the follower subscribe and finish its first sync.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut announced_times = Vec::new();
@@ -139,12 +140,16 @@ async fn main() {
                 .await
                 .unwrap()
         );
-        elsewhere.announce("provc").await;
+        // Measured until the gateway serves the new version; the announcer itself
+        // goes on waiting for the listeners' answers, in the background.
+        let announcer = elsewhere.clone();
+        let announced = tokio::spawn(async move { announcer.announce("provc").await });
         while state.plugins.get("provc").unwrap().digest() != digest.as_str() {
             assert!(started.elapsed() < Duration::from_secs(10), "not followed");
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         announced_times.push(started.elapsed());
+        announced.await.unwrap();
     }
     let _ = stop.send(true);
     let _ = follower.await;

@@ -1,11 +1,18 @@
 //! API keys: generation, hashing, bearer parsing and the resolved-key cache.
 //!
 //! Only the SHA-256 of a key is stored; the raw key is printed once at creation. The
-//! cache is keyed by that digest (never the key). Revocation reaches every process
-//! through the store: each process polls `revocations_since` every
-//! [`REVOCATION_POLL`] and evicts revoked digests, and a request re-checks its key
-//! right before it commits, so an in-flight request with a revoked key fails with 401.
+//! cache is keyed by that digest (never the key).
+//!
+//! Revocation reaches every process at once: [`revoke`] marks the key in the store and
+//! announces its digest ([`crate::announce`]: a NATS subject in production, an
+//! in-process channel when embedded); every serving process hears it and refuses the
+//! key from its next request on. The store stays the source of truth: each process
+//! also polls `revocations_since` every [`REVOCATION_POLL`] (a missed announcement, a
+//! revocation made from the embedded CLI). A trigger re-checks its key right before it
+//! commits, and the other writes (preferences, erasure, plugin installs) re-read it
+//! from the store, so an in-flight request with a revoked key fails with 401.
 
+use crate::announce::Announcer;
 use crate::crypto::constant_time_eq;
 use crate::ids::ApiKeyId;
 use crate::model::{ApiKeyRecord, KeyMode, NewApiKey};
@@ -147,38 +154,108 @@ impl Authenticator {
         Ok(Ok(record))
     }
 
-    /// True if the key was revoked since it was resolved (checked before committing).
+    /// True if the key was revoked since it was resolved, as far as this process
+    /// has heard (checked right before a trigger commits).
     pub fn is_revoked(&self, raw: &str) -> bool {
         self.revoked.lock().unwrap().contains(&digest(raw))
+    }
+
+    /// True if the store says the key is revoked (or gone): the check before a write
+    /// that is not on the trigger path, where a query per request costs nothing.
+    pub async fn is_revoked_in_store(&self, raw: &str) -> Result<bool, StoreError> {
+        let hash = digest(raw);
+        let revoked = match self.store.api_key_by_hash(&hash).await? {
+            Some(record) => record.revoked_at.is_some(),
+            None => true,
+        };
+        if revoked {
+            self.forget(&[hash]);
+        }
+        Ok(revoked)
+    }
+
+    /// Revokes a key from a serving process: refused here at once, and announced to
+    /// every other process. False when there is no such active key.
+    pub async fn revoke(&self, id: &ApiKeyId, announcer: &Announcer) -> Result<bool, StoreError> {
+        let hash = self.store.revoke_api_key(id).await?;
+        if let Some(hash) = hash {
+            self.forget(&[hash]);
+            announcer.announce(&hex::encode(hash)).await;
+        }
+        Ok(hash.is_some())
+    }
+
+    /// Refuses these digests from now on.
+    fn forget(&self, hashes: &[[u8; 32]]) {
+        let mut cache = self.cache.lock().unwrap();
+        let mut revoked = self.revoked.lock().unwrap();
+        for h in hashes {
+            cache.remove(h);
+            revoked.insert(*h);
+        }
     }
 
     /// Pulls new revocations from the store and evicts them from the cache.
     pub async fn poll_revocations(&self) -> Result<usize, StoreError> {
         let since = *self.revocation_cursor.lock().unwrap();
         let (hashes, cursor) = self.store.revocations_since(since).await?;
-        {
-            let mut cache = self.cache.lock().unwrap();
-            let mut revoked = self.revoked.lock().unwrap();
-            for h in &hashes {
-                cache.remove(h);
-                revoked.insert(*h);
-            }
-        }
-        *self.revocation_cursor.lock().unwrap() = cursor;
+        self.forget(&hashes);
+        let mut newest = self.revocation_cursor.lock().unwrap();
+        *newest = (*newest).max(cursor);
         Ok(hashes.len())
     }
 
-    /// Runs [`Authenticator::poll_revocations`] forever (spawn it).
-    pub async fn watch_revocations(self: Arc<Self>) {
+    /// Follows revocations forever (spawn it): a digest announced on `announcer` is
+    /// refused at once, then the store is polled; the store is also polled every
+    /// [`REVOCATION_POLL`] in any case.
+    pub async fn follow_revocations(self: Arc<Self>, announcer: Announcer) {
+        use futures::StreamExt;
+        let mut heard = match announcer.subscribe().await {
+            Ok(stream) => stream.fuse(),
+            Err(e) => {
+                tracing::warn!(error = %e, "key revocations will be followed by polling only");
+                futures::stream::pending().boxed().fuse()
+            }
+        };
         let mut tick = tokio::time::interval(REVOCATION_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(heard) = heard.next() => {
+                    // Refused before anything else runs; anything that is not a digest
+                    // (a gap in the in-process channel) just triggers the poll.
+                    if let Some(hash) = parse_digest(&heard.what) {
+                        self.forget(&[hash]);
+                    }
+                    heard.applied().await;
+                }
+            }
             if let Err(e) = self.poll_revocations().await {
                 tracing::warn!(error = %e, "cannot poll key revocations");
             }
         }
     }
+}
+
+/// Revokes a key and announces it to every serving process (when there is an
+/// announcer; otherwise they follow within [`REVOCATION_POLL`]). False when there is
+/// no such active key. A serving process revokes through
+/// [`Authenticator::revoke`], which also refuses the key itself at once.
+pub async fn revoke(
+    store: &dyn Store,
+    id: &ApiKeyId,
+    announcer: Option<&Announcer>,
+) -> Result<bool, StoreError> {
+    let hash = store.revoke_api_key(id).await?;
+    if let (Some(hash), Some(announcer)) = (hash, announcer) {
+        announcer.announce(&hex::encode(hash)).await;
+    }
+    Ok(hash.is_some())
+}
+
+fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
+    hex::decode(hex_digest).ok()?.try_into().ok()
 }
 
 /// Constant-time check that a stored hash belongs to a raw key.

@@ -5,6 +5,7 @@
 //! listener, so tests can bind port 0. `main.rs` only parses the command line.
 
 pub mod admin;
+pub mod announce;
 pub mod api;
 pub mod auth;
 pub mod broker;
@@ -52,7 +53,9 @@ pub struct AppState {
     /// Provider callbacks.
     pub webhooks: Arc<webhooks::Webhooks>,
     /// Where plugin swaps are announced and heard.
-    pub announcer: plugins::announce::Announcer,
+    pub announcer: announce::Announcer,
+    /// Where key revocations are announced and heard.
+    pub revocations: announce::Announcer,
 }
 
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
@@ -91,10 +94,11 @@ pub async fn open_store(
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let (store, sqlite) = open_store(&config).await?;
     let streams = config.broker.streams.clone();
-    let (broker, queue, announcer): (
+    let (broker, queue, announcer, revocations): (
         Arc<dyn broker::Broker>,
         Arc<dyn broker::WorkQueue>,
-        plugins::announce::Announcer,
+        announce::Announcer,
+        announce::Announcer,
     ) = match config.broker.backend {
         BrokerBackend::Nats => {
             let b = Arc::new(
@@ -104,11 +108,15 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                         anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url))
                     })?,
             );
-            let announcer = plugins::announce::Announcer::Nats {
+            let announcer = announce::Announcer::Nats {
                 client: b.client(),
                 subject: streams.plugins_subject.clone(),
             };
-            (b.clone(), b, announcer)
+            let revocations = announce::Announcer::Nats {
+                client: b.client(),
+                subject: streams.revocations_subject.clone(),
+            };
+            (b.clone(), b, announcer, revocations)
         }
         BrokerBackend::Embedded => {
             let pool = match sqlite.clone() {
@@ -122,7 +130,12 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                     .await
                     .map_err(|e| anyhow::anyhow!("embedded queue: {e}"))?,
             );
-            (b.clone(), b, plugins::announce::Announcer::local())
+            (
+                b.clone(),
+                b,
+                announce::Announcer::local(),
+                announce::Announcer::local(),
+            )
         }
     };
     broker
@@ -193,6 +206,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         draining: Arc::new(AtomicBool::new(false)),
         queue,
         announcer,
+        revocations,
     })
 }
 
@@ -296,7 +310,12 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let watcher = tokio::spawn(state.auth.clone().watch_revocations());
+    let watcher = tokio::spawn(
+        state
+            .auth
+            .clone()
+            .follow_revocations(state.revocations.clone()),
+    );
     let drainer = tokio::spawn(drain_outbox_forever(state.ingest.clone()));
     let (stop_workers, workers_stopped) = tokio::sync::watch::channel(false);
     let follower = tokio::spawn(state.plugins.clone().follow(

@@ -718,11 +718,23 @@ async fn keys(command: KeysCommand, config: Config) -> anyhow::Result<ExitCode> 
         KeysCommand::Revoke { key_id, target } => {
             let id = switchboard::ids::ApiKeyId::parse(&key_id)
                 .map_err(|e| anyhow::anyhow!("{key_id:?}: {e}"))?;
-            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
-            if !store.revoke_api_key(&id).await? {
+            let config = target.apply(config);
+            let (store, _) = switchboard::open_store(&config).await?;
+            let announcer = switchboard::announce::Announcer::connect(
+                &config,
+                &config.broker.streams.revocations_subject,
+            )
+            .await;
+            if !switchboard::auth::revoke(&*store, &id, announcer.as_ref()).await? {
                 anyhow::bail!("no active key {id}");
             }
-            println!("revoked {id}");
+            match announcer {
+                Some(_) => println!("revoked {id} (announced to running processes over NATS)"),
+                None => println!(
+                    "revoked {id} (running processes refuse it within {} ms)",
+                    switchboard::auth::REVOCATION_POLL.as_millis()
+                ),
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -876,7 +888,9 @@ fn terminate() -> impl std::future::Future<Output = ()> + Send + 'static {
 
 /// Announces a swap to running processes; says how they will follow it.
 async fn announce_swap(config: &Config, slug: &str) -> String {
-    match switchboard::plugins::announce::Announcer::connect(config).await {
+    match switchboard::announce::Announcer::connect(config, &config.broker.streams.plugins_subject)
+        .await
+    {
         Some(announcer) => {
             announcer.announce(slug).await;
             "announced to running processes over NATS".into()

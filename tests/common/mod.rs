@@ -26,6 +26,22 @@ macro_rules! both {
     };
 }
 
+/// Builds a gateway on `config` and serves it on a free port: its URL and state.
+#[allow(dead_code)]
+pub async fn serve(config: Config) -> (String, switchboard::AppState) {
+    let state = switchboard::build_state(config)
+        .await
+        .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(switchboard::serve(
+        state.clone(),
+        listener,
+        std::future::pending(),
+    ));
+    (url, state)
+}
+
 /// Creates a fresh PostgreSQL database.
 pub async fn create_database(name: &str) {
     use sqlx::Connection;
@@ -63,34 +79,153 @@ pub async fn isolate(config: &mut Config, backends: Backends, tag: &str) {
 /// that raises on insert): a row the database will not take, on either backend.
 #[allow(dead_code)] // not every test binary uses it
 pub async fn refuse_messages_for(config: &Config, subscriber: &str) {
-    use sqlx::Connection;
     assert!(subscriber.chars().all(|c| c.is_ascii_alphanumeric()));
+    refuse_messages_when(config, &format!("NEW.subscriber_id = '{subscriber}'")).await;
+}
+
+/// Makes the gateway's database refuse every message insert until
+/// [`accept_messages`]: a store failing whole batches.
+#[allow(dead_code)]
+pub async fn refuse_all_messages(config: &Config) {
+    refuse_messages_when(config, "1 = 1").await;
+}
+
+/// Undoes [`refuse_messages_for`] and [`refuse_all_messages`].
+#[allow(dead_code)]
+pub async fn accept_messages(config: &Config) {
+    let statement = if config.store.backend == switchboard::config::StoreBackend::Postgres {
+        "DROP TRIGGER IF EXISTS sb_test_refuse ON messages"
+    } else {
+        "DROP TRIGGER IF EXISTS sb_test_refuse"
+    };
+    execute(config, &[statement.to_string()]).await;
+}
+
+async fn refuse_messages_when(config: &Config, condition: &str) {
+    if config.store.backend == switchboard::config::StoreBackend::Postgres {
+        execute(
+            config,
+            &[
+                "CREATE OR REPLACE FUNCTION sb_test_refuse() RETURNS trigger AS $$ \
+                 BEGIN RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql"
+                    .to_string(),
+                format!(
+                    "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages FOR EACH ROW \
+                     WHEN ({condition}) EXECUTE FUNCTION sb_test_refuse()"
+                ),
+            ],
+        )
+        .await;
+    } else {
+        execute(
+            config,
+            &[format!(
+                "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages \
+                 WHEN {condition} BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            )],
+        )
+        .await;
+    }
+}
+
+/// Runs statements on the gateway's own database, over a connection of the test's.
+async fn execute(config: &Config, statements: &[String]) {
+    use sqlx::Connection;
     if config.store.backend == switchboard::config::StoreBackend::Postgres {
         let mut conn = sqlx::PgConnection::connect(&config.store.url)
             .await
             .unwrap();
-        for statement in [
-            "CREATE OR REPLACE FUNCTION sb_test_refuse() RETURNS trigger AS $$ \
-             BEGIN RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql"
-                .to_string(),
-            format!(
-                "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages FOR EACH ROW \
-                 WHEN (NEW.subscriber_id = '{subscriber}') EXECUTE FUNCTION sb_test_refuse()"
-            ),
-        ] {
-            sqlx::query(&statement).execute(&mut conn).await.unwrap();
+        for statement in statements {
+            sqlx::query(statement).execute(&mut conn).await.unwrap();
         }
     } else {
         let path = config.data_dir.join("switchboard.db");
         let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
             .await
             .unwrap();
-        sqlx::query(&format!(
-            "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages \
-             WHEN NEW.subscriber_id = '{subscriber}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        for statement in statements {
+            sqlx::query(statement).execute(&mut conn).await.unwrap();
+        }
+    }
+}
+
+/// A private server process on a free port, killed on drop.
+#[allow(dead_code)]
+pub struct Private {
+    child: std::process::Child,
+    /// Where it listens.
+    pub port: u16,
+}
+
+#[allow(dead_code)]
+impl Private {
+    /// A port nothing listens on right now.
+    pub fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// NATS with JetStream storing in `store_dir` (a restart on the same directory
+    /// keeps the streams).
+    pub async fn nats(port: u16, store_dir: &std::path::Path) -> Self {
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store_dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server must be installed");
+        Self::wait(child, port).await
+    }
+
+    /// Redis without persistence.
+    pub async fn redis(port: u16) -> Self {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        Self::wait(child, port).await
+    }
+
+    async fn wait(child: std::process::Child, port: u16) -> Self {
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Self { child, port };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("private server on port {port} did not start");
+    }
+
+    /// Stops the server with SIGTERM, as an orderly outage would (SIGKILL could lose
+    /// acknowledged messages still in NATS' own write buffer: not ours to test).
+    pub fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

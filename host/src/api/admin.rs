@@ -245,7 +245,7 @@ pub async fn install_plugin(
     let runtime = crate::plugins::PluginRuntime::new(install::kit_runtime_config(&state.config))
         .map_err(ApiError::Internal)?;
     let by = format!("api:{}", caller.key.id);
-    caller.still_valid()?;
+    caller.still_valid().await?;
     let outcome = install::install(
         &*state.ingest.store,
         &runtime,

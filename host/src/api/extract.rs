@@ -24,13 +24,15 @@ impl Caller {
         self.state.auth.is_revoked(&self.raw)
     }
 
-    /// 401 if the key was revoked while this request was in flight: every route
-    /// checks just before it writes, so a revoked key changes nothing.
-    pub fn still_valid(&self) -> Result<(), ApiError> {
-        if self.revoked() {
-            Err(ApiError::Unauthorized("API key revoked".into()))
-        } else {
-            Ok(())
+    /// 401 if the key was revoked while this request was in flight, by the store's
+    /// word: every write route but the trigger path checks just before it writes, so a
+    /// revoked key changes nothing. A store that cannot be asked is a failed write
+    /// (500, as the spec lists for these routes; nothing was written).
+    pub async fn still_valid(&self) -> Result<(), ApiError> {
+        match self.state.auth.is_revoked_in_store(&self.raw).await {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(ApiError::Unauthorized("API key revoked".into())),
+            Err(e) => Err(ApiError::from_store_write(e)),
         }
     }
 }

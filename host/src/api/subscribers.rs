@@ -195,7 +195,7 @@ pub async fn update_preferences(
 ) -> Result<axum::Json<UserPreferencesResponse>, ApiError> {
     let subscriber = subscriber_path(path)?;
     let update = preference_update(request).map_err(ApiError::BadRequest)?;
-    caller.still_valid()?;
+    caller.still_valid().await?;
     let updated_at = state
         .ingest
         .store
@@ -227,7 +227,7 @@ pub async fn erase_subscriber(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<(StatusCode, axum::Json<SubscriberErasureResponse>), ApiError> {
     let subscriber = subscriber_path(path)?;
-    caller.still_valid()?;
+    caller.still_valid().await?;
     let report = state
         .ingest
         .store

@@ -34,10 +34,18 @@ pub struct StreamNames {
     /// are announced (`plugins::announce`).
     #[serde(default = "default_plugins_subject")]
     pub plugins_subject: String,
+    /// Default `switchboard.keys.revoked`: core NATS subject on which key revocations
+    /// are announced (`announce`; the payload is the key's SHA-256, never the key).
+    #[serde(default = "default_revocations_subject")]
+    pub revocations_subject: String,
 }
 
 fn default_plugins_subject() -> String {
     "switchboard.plugins.changed".into()
+}
+
+fn default_revocations_subject() -> String {
+    "switchboard.keys.revoked".into()
 }
 
 fn default_telemetry() -> String {
@@ -57,6 +65,7 @@ impl Default for StreamNames {
             telemetry: default_telemetry(),
             telemetry_subject: default_telemetry_subject(),
             plugins_subject: default_plugins_subject(),
+            revocations_subject: default_revocations_subject(),
         }
     }
 }
@@ -94,6 +103,7 @@ impl StreamNames {
             telemetry: format!("{upper}_TELEMETRY"),
             telemetry_subject: format!("{tag}.telemetry.receipts"),
             plugins_subject: format!("{tag}.plugins.changed"),
+            revocations_subject: format!("{tag}.keys.revoked"),
         }
     }
 }

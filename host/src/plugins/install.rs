@@ -237,7 +237,7 @@ pub async fn watch_dir(
     dir: std::path::PathBuf,
     store: std::sync::Arc<dyn Store>,
     registry: std::sync::Arc<super::registry::Registry>,
-    announcer: super::announce::Announcer,
+    announcer: crate::announce::Announcer,
     runtime: PluginRuntime,
     every: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,

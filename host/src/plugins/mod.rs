@@ -13,7 +13,6 @@
 //! - [`capture`]: a local HTTP server that records what a plugin sends.
 //! - [`scaffold`]: `switchboard plugin new`, a plugin crate to start from.
 
-pub mod announce;
 pub mod bundled;
 pub mod cache;
 pub mod capture;

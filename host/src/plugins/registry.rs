@@ -254,7 +254,7 @@ impl Registry {
     pub async fn follow(
         self: std::sync::Arc<Self>,
         store: std::sync::Arc<dyn crate::store::Store>,
-        announcer: super::announce::Announcer,
+        announcer: crate::announce::Announcer,
         every: std::time::Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
@@ -269,17 +269,21 @@ impl Registry {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                Some(slug) = heard.next() => {
-                    tracing::debug!(%slug, "plugin swap announced");
+            let announced = tokio::select! {
+                _ = tick.tick() => None,
+                Some(heard) = heard.next() => {
+                    tracing::debug!(slug = %heard.what, "plugin swap announced");
                     // The next poll is a full period away again.
                     tick.reset();
+                    Some(heard)
                 }
                 _ = stop.changed() => return,
-            }
+            };
             if let Err(e) = self.sync(&*store).await {
                 tracing::warn!(error = %e, "cannot read the installed plugin versions");
+            }
+            if let Some(heard) = announced {
+                heard.applied().await;
             }
         }
     }

@@ -58,8 +58,9 @@ pub trait Store: Send + Sync + 'static {
     /// Every key of a workspace, newest first.
     async fn list_api_keys(&self, workspace: &WorkspaceId)
     -> Result<Vec<ApiKeyRecord>, StoreError>;
-    /// Marks a key revoked; false when there is no such key or it was already revoked.
-    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<bool, StoreError>;
+    /// Marks a key revoked and returns its hash (to announce); `None` when there is no
+    /// such key or it was already revoked.
+    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<Option<[u8; 32]>, StoreError>;
     /// Hashes of keys revoked after `since` (a revocation sequence number), and the
     /// newest sequence number: lets every process evict revoked keys from its cache.
     async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError>;
@@ -496,6 +497,13 @@ pub const ERASED_DETAIL_KEYS: &[&str] = &["reason", "detail", "bounce_reason", "
 /// `erased:` and the first 16 hex digits of [`subscriber_key`].
 pub fn erased_pseudonym(workspace: &WorkspaceId, subscriber: &str) -> String {
     format!("erased:{}", &subscriber_key(workspace, subscriber)[..16])
+}
+
+/// A stored key hash, which must be a SHA-256.
+pub(crate) fn key_hash(bytes: Vec<u8>) -> Result<[u8; 32], StoreError> {
+    bytes
+        .try_into()
+        .map_err(|_| StoreError::Other("stored key hash is not 32 bytes".into()))
 }
 
 /// Hex SHA-256 of an E.164 number: the DND list's key.

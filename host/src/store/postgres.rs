@@ -196,25 +196,24 @@ impl Store for PgStore {
             .map_err(map_err)
     }
 
-    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<bool, StoreError> {
+    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<Option<[u8; 32]>, StoreError> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(REVOCATION_LOCK)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        let updated = sqlx::query(
+        let hash: Option<Vec<u8>> = sqlx::query_scalar(
             "UPDATE api_keys SET revoked_at = $2, revoked_seq = nextval('api_key_revocation_seq') \
-             WHERE id = $1 AND revoked_at IS NULL",
+             WHERE id = $1 AND revoked_at IS NULL RETURNING hash",
         )
         .bind(id.as_str())
         .bind(Utc::now())
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(map_err)?
-        .rows_affected();
+        .map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
-        Ok(updated == 1)
+        hash.map(super::key_hash).transpose()
     }
 
     async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError> {
@@ -228,11 +227,7 @@ impl Store for PgStore {
         let mut hashes = Vec::with_capacity(rows.len());
         let mut newest = since;
         for row in &rows {
-            let hash: Vec<u8> = row.try_get("hash").map_err(map_err)?;
-            let hash: [u8; 32] = hash
-                .try_into()
-                .map_err(|_| StoreError::Other("stored key hash is not 32 bytes".into()))?;
-            hashes.push(hash);
+            hashes.push(super::key_hash(row.try_get("hash").map_err(map_err)?)?);
             newest = newest.max(row.try_get::<i64, _>("revoked_seq").map_err(map_err)?);
         }
         Ok((hashes, newest))

@@ -210,21 +210,20 @@ impl Store for SqliteStore {
         rows.iter().map(decode_api_key).collect()
     }
 
-    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<bool, StoreError> {
+    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<Option<[u8; 32]>, StoreError> {
         // One statement: it holds the write lock from start to commit, so MAX + 1 is
         // unique and numbers increase in commit order.
-        let updated = sqlx::query(
+        let hash: Option<Vec<u8>> = sqlx::query_scalar(
             "UPDATE api_keys SET revoked_at = ?, \
              revoked_seq = (SELECT COALESCE(MAX(revoked_seq), 0) + 1 FROM api_keys) \
-             WHERE id = ? AND revoked_at IS NULL",
+             WHERE id = ? AND revoked_at IS NULL RETURNING hash",
         )
         .bind(encode_timestamp(&Utc::now()))
         .bind(id.as_str())
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(updated == 1)
+        .map_err(map_err)?;
+        hash.map(super::key_hash).transpose()
     }
 
     async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError> {
@@ -238,11 +237,7 @@ impl Store for SqliteStore {
         let mut hashes = Vec::with_capacity(rows.len());
         let mut newest = since;
         for row in &rows {
-            let hash: Vec<u8> = row.try_get("hash").map_err(map_err)?;
-            let hash: [u8; 32] = hash
-                .try_into()
-                .map_err(|_| StoreError::Other("stored key hash is not 32 bytes".into()))?;
-            hashes.push(hash);
+            hashes.push(super::key_hash(row.try_get("hash").map_err(map_err)?)?);
             newest = newest.max(row.try_get::<i64, _>("revoked_seq").map_err(map_err)?);
         }
         Ok((hashes, newest))
