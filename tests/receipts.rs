@@ -1268,7 +1268,14 @@ async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
     .unwrap();
     let broken = std::path::Path::new(switchboard::plugins::bundled::WASM_DIR)
         .join("switchboard_fixture_broken_signature.wasm");
-    std::fs::copy(broken, dropbox.path().join("broken.wasm")).unwrap();
+    // Also renamed into place: a copy is not atomic, and a watcher reading it half
+    // written would reject it as unparsable before the kit could run.
+    std::fs::copy(broken, dropbox.path().join("broken.part")).unwrap();
+    std::fs::rename(
+        dropbox.path().join("broken.part"),
+        dropbox.path().join("broken.wasm"),
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let swapped = lp.state.plugins.get("provc").unwrap().digest() == digest;

@@ -2,11 +2,11 @@
 //! pass the same tests. Migrations live in `migrations/{postgres,sqlite}/` at the top
 //! of the repository and run at start-up.
 
-use crate::ids::{ApiKeyId, EventId, WorkspaceId};
+use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    ApiKeyRecord, Claim, DndEntry, ErasureReport, MessageCursor, MessageFilter, MessageRecord,
-    MessageStatus, NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate,
-    Preferences, ProviderRoute, Step, SubscriberContacts, Tier, Workspace,
+    Claim, DndEntry, ErasureReport, MessageCursor, MessageFilter, MessageRecord, MessageStatus,
+    NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step,
+    SubscriberContacts,
 };
 use crate::plugins::PluginKind;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -16,6 +16,9 @@ use std::time::Duration;
 
 pub mod postgres;
 pub mod sqlite;
+pub mod tenancy;
+
+pub use tenancy::Tenancy;
 #[cfg(test)]
 mod tests;
 
@@ -33,37 +36,15 @@ pub enum StoreError {
     Other(String),
 }
 
-/// What the gateway needs from its database.
+/// What the gateway needs from its database: every aggregate's trait (callers that
+/// need one aggregate take its trait), and what the rest of this trait still holds
+/// while it is split by aggregate.
 #[async_trait::async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: Tenancy + Send + Sync + 'static {
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Cheap round trip, for health.
     async fn ping(&self) -> Result<(), StoreError>;
-
-    /// The workspace named `name`, created (with `tier`, default paid) if new; an
-    /// existing workspace's tier is changed only when `tier` is given.
-    async fn ensure_workspace(
-        &self,
-        name: &str,
-        tier: Option<Tier>,
-    ) -> Result<Workspace, StoreError>;
-    /// The workspace named `name`.
-    async fn workspace_by_name(&self, name: &str) -> Result<Option<Workspace>, StoreError>;
-
-    /// Stores a key (its hash only).
-    async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError>;
-    /// The key whose SHA-256 is `hash`, revoked or not.
-    async fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<ApiKeyRecord>, StoreError>;
-    /// Every key of a workspace, newest first.
-    async fn list_api_keys(&self, workspace: &WorkspaceId)
-    -> Result<Vec<ApiKeyRecord>, StoreError>;
-    /// Marks a key revoked and returns its hash (to announce); `None` when there is no
-    /// such key or it was already revoked.
-    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<Option<[u8; 32]>, StoreError>;
-    /// Hashes of keys revoked after `since` (a revocation sequence number), and the
-    /// newest sequence number: lets every process evict revoked keys from its cache.
-    async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError>;
 
     /// Writes message records, each with its `queued` timeline entry (at its
     /// `created_at`, no provider, detail `{"channel": <channel>}`), and, in the same
@@ -499,11 +480,9 @@ pub fn erased_pseudonym(workspace: &WorkspaceId, subscriber: &str) -> String {
     format!("erased:{}", &subscriber_key(workspace, subscriber)[..16])
 }
 
-/// A stored key hash, which must be a SHA-256.
-pub(crate) fn key_hash(bytes: Vec<u8>) -> Result<[u8; 32], StoreError> {
-    bytes
-        .try_into()
-        .map_err(|_| StoreError::Other("stored key hash is not 32 bytes".into()))
+/// A stored id that does not parse: the row was not written by this code.
+pub(crate) fn corrupt(e: crate::ids::InvalidId) -> StoreError {
+    StoreError::Other(format!("stored id is malformed: {e}"))
 }
 
 /// Hex SHA-256 of an E.164 number: the DND list's key.
@@ -521,13 +500,4 @@ impl std::fmt::Debug for WebhookSecret {
             .field("updated_at", &self.updated_at)
             .finish()
     }
-}
-
-/// Scopes as stored: comma-separated, empty for none.
-pub(crate) fn split_scopes(stored: &str) -> Vec<String> {
-    stored
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
 }

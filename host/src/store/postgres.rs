@@ -5,12 +5,12 @@
 //! statement per chunk whatever the batch size, well clear of the 65,535-bind limit.
 
 use super::{DeliveryCount, Store, StoreError};
-use crate::ids::{ApiKeyId, EventId, WorkspaceId};
+use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    ApiKeyRecord, AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport,
-    KeyMode, MessageCursor, MessageFilter, MessageRecord, MessageSnapshot, MessageStatus,
-    NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
-    ProviderRoute, Step, StepStatus, SubscriberContacts, Tier, TimelineEntry, Workspace,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport, MessageCursor,
+    MessageFilter, MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry,
+    OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step, StepStatus, SubscriberContacts,
+    TimelineEntry,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
@@ -27,16 +27,9 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Rows per `UNNEST` insert: bounds the size of one statement's arrays.
 const INSERT_CHUNK: usize = 5_000;
 
-/// Advisory-lock key held while revoking a key ("SWBREVK1"). It makes revocation
-/// sequence numbers commit in order, so a poller that has seen number `n` has also
-/// seen every number below it (a bare sequence can commit out of order).
-const REVOCATION_LOCK: i64 = 0x5357_4252_4556_4b31;
-
 /// First key of the advisory lock of a (provider, provider message id) ("RCPT"); see
 /// `lock_provider_message`.
 const RECEIPT_LOCK: i32 = 0x5243_5054;
-
-const WORKSPACE_COLUMNS: &str = "id, name, tier, created_at";
 
 /// Columns of a [`MessageRecord`] (without its timeline), in `messages`.
 const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, status, attempts, \
@@ -46,9 +39,6 @@ const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, st
 /// Longest interval bound in SQL (1,000 years): a larger lease or audit window would
 /// push `now() ± interval` out of PostgreSQL's timestamp range.
 const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
-
-const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at, k.scopes \
-     FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id";
 
 /// The PostgreSQL store: a connection pool.
 #[derive(Debug, Clone)]
@@ -98,139 +88,6 @@ impl Store for PgStore {
             .await
             .map_err(map_err)?;
         Ok(())
-    }
-
-    async fn ensure_workspace(
-        &self,
-        name: &str,
-        tier: Option<Tier>,
-    ) -> Result<Workspace, StoreError> {
-        // Insert-or-nothing, then read: concurrent callers with the same new name all
-        // end up reading the one row the winner inserted (ON CONFLICT waits for it).
-        let inserted = sqlx::query(&format!(
-            "INSERT INTO workspaces (id, name, tier, created_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (name) DO NOTHING RETURNING {WORKSPACE_COLUMNS}"
-        ))
-        .bind(WorkspaceId::generate().as_str())
-        .bind(name)
-        .bind(tier.unwrap_or(Tier::Paid).as_str())
-        .bind(Utc::now())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        if let Some(row) = inserted {
-            return decode_workspace(&row).map_err(map_err);
-        }
-        if let Some(tier) = tier {
-            // Skips the write (and its dead tuple) when the tier is already right.
-            sqlx::query("UPDATE workspaces SET tier = $2 WHERE name = $1 AND tier <> $2")
-                .bind(name)
-                .bind(tier.as_str())
-                .execute(&self.pool)
-                .await
-                .map_err(map_err)?;
-        }
-        self.workspace_by_name(name)
-            .await?
-            .ok_or_else(|| StoreError::Other("workspace disappeared while being ensured".into()))
-    }
-
-    async fn workspace_by_name(&self, name: &str) -> Result<Option<Workspace>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {WORKSPACE_COLUMNS} FROM workspaces WHERE name = $1"
-        ))
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        row.as_ref()
-            .map(decode_workspace)
-            .transpose()
-            .map_err(map_err)
-    }
-
-    async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO api_keys (id, workspace_id, mode, hash, hint, created_at, scopes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(key.id.as_str())
-        .bind(key.workspace.as_str())
-        .bind(key.mode.as_str())
-        .bind(&key.hash[..])
-        .bind(&key.hint)
-        .bind(key.created_at)
-        .bind(key.scopes.join(","))
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let row = sqlx::query(&format!("{API_KEY_SELECT} WHERE k.hash = $1"))
-            .bind(&hash[..])
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        row.as_ref()
-            .map(decode_api_key)
-            .transpose()
-            .map_err(map_err)
-    }
-
-    async fn list_api_keys(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "{API_KEY_SELECT} WHERE k.workspace_id = $1 ORDER BY k.created_at DESC, k.id DESC"
-        ))
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(decode_api_key)
-            .collect::<Result<_, _>>()
-            .map_err(map_err)
-    }
-
-    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<Option<[u8; 32]>, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(REVOCATION_LOCK)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        let hash: Option<Vec<u8>> = sqlx::query_scalar(
-            "UPDATE api_keys SET revoked_at = $2, revoked_seq = nextval('api_key_revocation_seq') \
-             WHERE id = $1 AND revoked_at IS NULL RETURNING hash",
-        )
-        .bind(id.as_str())
-        .bind(Utc::now())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        hash.map(super::key_hash).transpose()
-    }
-
-    async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError> {
-        let rows = sqlx::query(
-            "SELECT hash, revoked_seq FROM api_keys WHERE revoked_seq > $1 ORDER BY revoked_seq",
-        )
-        .bind(since)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        let mut hashes = Vec::with_capacity(rows.len());
-        let mut newest = since;
-        for row in &rows {
-            hashes.push(super::key_hash(row.try_get("hash").map_err(map_err)?)?);
-            newest = newest.max(row.try_get::<i64, _>("revoked_seq").map_err(map_err)?);
-        }
-        Ok((hashes, newest))
     }
 
     async fn insert_messages(
@@ -1477,7 +1334,7 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
 /// step commits the id while the step looks for pending receipts just before the
 /// receipt commits, and the receipt would stay pending for ever. A hash collision only
 /// serialises two unrelated ids. (The two-key form is a key space of its own, apart
-/// from [`REVOCATION_LOCK`].)
+/// from [`super::tenancy`]'s revocation lock.)
 async fn lock_provider_message(
     conn: &mut PgConnection,
     provider: &str,
@@ -1900,38 +1757,9 @@ fn decode_receipt(row: &PgRow) -> Result<ReceiptWrite, sqlx::Error> {
     })
 }
 
-fn decode_workspace(row: &PgRow) -> Result<Workspace, sqlx::Error> {
-    Ok(Workspace {
-        id: WorkspaceId::parse(row.try_get("id")?).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-        name: row.try_get("name")?,
-        tier: decode_tier(row.try_get("tier")?)?,
-        created_at: row.try_get("created_at")?,
-    })
-}
-
-fn decode_api_key(row: &PgRow) -> Result<ApiKeyRecord, sqlx::Error> {
-    let mode: &str = row.try_get("mode")?;
-    Ok(ApiKeyRecord {
-        id: ApiKeyId::parse(row.try_get("id")?).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-        workspace: WorkspaceId::parse(row.try_get("workspace_id")?)
-            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-        tier: decode_tier(row.try_get("tier")?)?,
-        mode: KeyMode::parse(mode)
-            .ok_or_else(|| sqlx::Error::Decode(format!("unknown key mode {mode:?}").into()))?,
-        hint: row.try_get("hint")?,
-        created_at: row.try_get("created_at")?,
-        revoked_at: row.try_get::<Option<DateTime<Utc>>, _>("revoked_at")?,
-        scopes: super::split_scopes(row.try_get("scopes")?),
-    })
-}
-
-fn decode_tier(tier: &str) -> Result<Tier, sqlx::Error> {
-    Tier::parse(tier).ok_or_else(|| sqlx::Error::Decode(format!("unknown tier {tier:?}").into()))
-}
-
 /// Sorts a sqlx error into the store's three kinds. Messages come from sqlx or the
 /// server's primary message, which carry no URL, password or row values.
-fn map_err(e: sqlx::Error) -> StoreError {
+pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -1973,6 +1801,7 @@ fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Tenancy as _;
     use std::time::Instant;
 
     /// The server the tests run against (trust auth). A missing server fails them.
@@ -2084,7 +1913,7 @@ mod tests {
     async fn concurrent_ensure_workspace() {
         let db = TestDb::create().await;
         let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(db.store.clone());
-        crate::store::tests::concurrent_ensure_workspace(store).await;
+        crate::store::tenancy::tests::concurrent_ensure_workspace(store).await;
     }
 
     /// One test per shared delivery test function, each in a fresh database; multi-
@@ -2334,7 +2163,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_revocations() {
         let db = TestDb::create().await;
-        crate::store::tests::concurrent_revocations(std::sync::Arc::new(db.store.clone())).await;
+        crate::store::tenancy::tests::concurrent_revocations(std::sync::Arc::new(db.store.clone()))
+            .await;
     }
 
     #[tokio::test]

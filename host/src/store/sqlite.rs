@@ -7,12 +7,12 @@
 //! `SQLITE_BUSY`) governs contention.
 
 use super::{DeliveryCount, Store, StoreError};
-use crate::ids::{ApiKeyId, EventId, WorkspaceId};
+use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    ApiKeyRecord, AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport,
-    KeyMode, MessageCursor, MessageFilter, MessageRecord, MessageSnapshot, MessageStatus,
-    NewApiKey, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences,
-    ProviderRoute, Step, StepStatus, SubscriberContacts, Tier, TimelineEntry, Workspace,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport, MessageCursor,
+    MessageFilter, MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry,
+    OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step, StepStatus, SubscriberContacts,
+    TimelineEntry,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
@@ -44,17 +44,12 @@ const MESSAGE_BINDS: usize = 12;
 /// Bound columns per `outbox` row in [`SqliteStore::insert_messages`].
 const OUTBOX_BINDS: usize = 5;
 
-const WORKSPACE_COLUMNS: &str = "id, name, tier, created_at";
-
 const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, status, attempts, \
      cost_micro_usd, test_mode, variables_keys, created_at, updated_at, category, channel, provider, \
      provider_message_id, error_code, error_detail";
 
 const ATTEMPT_COLUMNS: &str =
     "attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, detail";
-
-const API_KEY_SELECT: &str = "SELECT k.id, k.workspace_id, w.tier, k.mode, k.hint, k.created_at, k.revoked_at, k.scopes \
-     FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id";
 
 /// The stored form of a timestamp: UTC, microseconds, `Z`, e.g.
 /// `2024-05-01T12:00:00.000000Z`. Every column of this schema holds this form; any
@@ -123,124 +118,6 @@ impl Store for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(())
-    }
-
-    async fn ensure_workspace(
-        &self,
-        name: &str,
-        tier: Option<Tier>,
-    ) -> Result<Workspace, StoreError> {
-        // Insert-or-nothing, then read: the single writer lock serialises concurrent
-        // callers, exactly one inserts and the others read its row.
-        let inserted = sqlx::query(&format!(
-            "INSERT INTO workspaces (id, name, tier, created_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (name) DO NOTHING RETURNING {WORKSPACE_COLUMNS}"
-        ))
-        .bind(WorkspaceId::generate().as_str())
-        .bind(name)
-        .bind(tier.unwrap_or(Tier::Paid).as_str())
-        .bind(encode_timestamp(&Utc::now()))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        if let Some(row) = inserted {
-            return decode_workspace(&row);
-        }
-        if let Some(tier) = tier {
-            sqlx::query("UPDATE workspaces SET tier = ?2 WHERE name = ?1 AND tier <> ?2")
-                .bind(name)
-                .bind(tier.as_str())
-                .execute(&self.pool)
-                .await
-                .map_err(map_err)?;
-        }
-        self.workspace_by_name(name)
-            .await?
-            .ok_or_else(|| StoreError::Other("workspace disappeared while being ensured".into()))
-    }
-
-    async fn workspace_by_name(&self, name: &str) -> Result<Option<Workspace>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {WORKSPACE_COLUMNS} FROM workspaces WHERE name = ?"
-        ))
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(decode_workspace).transpose()
-    }
-
-    async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO api_keys (id, workspace_id, mode, hash, hint, created_at, scopes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(key.id.as_str())
-        .bind(key.workspace.as_str())
-        .bind(key.mode.as_str())
-        .bind(&key.hash[..])
-        .bind(&key.hint)
-        .bind(encode_timestamp(&key.created_at))
-        .bind(key.scopes.join(","))
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn api_key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let row = sqlx::query(&format!("{API_KEY_SELECT} WHERE k.hash = ?"))
-            .bind(&hash[..])
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        row.as_ref().map(decode_api_key).transpose()
-    }
-
-    async fn list_api_keys(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "{API_KEY_SELECT} WHERE k.workspace_id = ? ORDER BY k.created_at DESC, k.id DESC"
-        ))
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter().map(decode_api_key).collect()
-    }
-
-    async fn revoke_api_key(&self, id: &ApiKeyId) -> Result<Option<[u8; 32]>, StoreError> {
-        // One statement: it holds the write lock from start to commit, so MAX + 1 is
-        // unique and numbers increase in commit order.
-        let hash: Option<Vec<u8>> = sqlx::query_scalar(
-            "UPDATE api_keys SET revoked_at = ?, \
-             revoked_seq = (SELECT COALESCE(MAX(revoked_seq), 0) + 1 FROM api_keys) \
-             WHERE id = ? AND revoked_at IS NULL RETURNING hash",
-        )
-        .bind(encode_timestamp(&Utc::now()))
-        .bind(id.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        hash.map(super::key_hash).transpose()
-    }
-
-    async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError> {
-        let rows = sqlx::query(
-            "SELECT hash, revoked_seq FROM api_keys WHERE revoked_seq > ? ORDER BY revoked_seq",
-        )
-        .bind(since)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        let mut hashes = Vec::with_capacity(rows.len());
-        let mut newest = since;
-        for row in &rows {
-            hashes.push(super::key_hash(row.try_get("hash").map_err(map_err)?)?);
-            newest = newest.max(row.try_get::<i64, _>("revoked_seq").map_err(map_err)?);
-        }
-        Ok((hashes, newest))
     }
 
     async fn insert_messages(
@@ -1263,7 +1140,7 @@ impl Store for SqliteStore {
                     provider: row.try_get("provider").map_err(map_err)?,
                     workspace: match workspace {
                         "" => None,
-                        ws => Some(WorkspaceId::parse(ws).map_err(corrupt)?),
+                        ws => Some(WorkspaceId::parse(ws).map_err(super::corrupt)?),
                     },
                     secret: row.try_get("secret").map_err(map_err)?,
                     updated_at: decode_timestamp(row.try_get("updated_at").map_err(map_err)?)?,
@@ -1362,8 +1239,8 @@ impl Store for SqliteStore {
         let outcome = match message {
             None => ReceiptOutcome::Pending,
             Some(row) => {
-                let event =
-                    EventId::parse(row.try_get("event_id").map_err(map_err)?).map_err(corrupt)?;
+                let event = EventId::parse(row.try_get("event_id").map_err(map_err)?)
+                    .map_err(super::corrupt)?;
                 let status = decode_status(row.try_get("status").map_err(map_err)?)?;
                 settle_receipt(&mut tx, &event, status, receipt, &now_text)
                     .await?
@@ -1637,7 +1514,7 @@ fn decode_receipt(row: &SqliteRow) -> Result<ReceiptWrite, StoreError> {
         workspace: workspace
             .map(WorkspaceId::parse)
             .transpose()
-            .map_err(corrupt)?,
+            .map_err(super::corrupt)?,
         status: decode_status(row.try_get("status").map_err(map_err)?)?,
         occurred_at: decode_timestamp(row.try_get("occurred_at").map_err(map_err)?)?,
         cost_micro_usd: row.try_get("cost_micro_usd").map_err(map_err)?,
@@ -1846,7 +1723,8 @@ fn decode_status(status: &str) -> Result<MessageStatus, StoreError> {
 
 fn decode_message(row: &SqliteRow) -> Result<MessageRecord, StoreError> {
     Ok(MessageRecord {
-        event_id: EventId::parse(row.try_get("event_id").map_err(map_err)?).map_err(corrupt)?,
+        event_id: EventId::parse(row.try_get("event_id").map_err(map_err)?)
+            .map_err(super::corrupt)?,
         event_name: row.try_get("event_name").map_err(map_err)?,
         subscriber_id: row.try_get("subscriber_id").map_err(map_err)?,
         priority: row.try_get("priority").map_err(map_err)?,
@@ -1935,43 +1813,9 @@ fn decode_plugin_version(row: &SqliteRow) -> Result<super::PluginVersion, StoreE
     })
 }
 
-fn decode_workspace(row: &SqliteRow) -> Result<Workspace, StoreError> {
-    Ok(Workspace {
-        id: WorkspaceId::parse(row.try_get("id").map_err(map_err)?).map_err(corrupt)?,
-        name: row.try_get("name").map_err(map_err)?,
-        tier: decode_tier(row.try_get("tier").map_err(map_err)?)?,
-        created_at: decode_timestamp(row.try_get("created_at").map_err(map_err)?)?,
-    })
-}
-
-fn decode_api_key(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
-    let mode: &str = row.try_get("mode").map_err(map_err)?;
-    let revoked_at: Option<&str> = row.try_get("revoked_at").map_err(map_err)?;
-    Ok(ApiKeyRecord {
-        id: ApiKeyId::parse(row.try_get("id").map_err(map_err)?).map_err(corrupt)?,
-        workspace: WorkspaceId::parse(row.try_get("workspace_id").map_err(map_err)?)
-            .map_err(corrupt)?,
-        tier: decode_tier(row.try_get("tier").map_err(map_err)?)?,
-        mode: KeyMode::parse(mode)
-            .ok_or_else(|| StoreError::Other(format!("unknown key mode {mode:?}")))?,
-        hint: row.try_get("hint").map_err(map_err)?,
-        created_at: decode_timestamp(row.try_get("created_at").map_err(map_err)?)?,
-        revoked_at: revoked_at.map(decode_timestamp).transpose()?,
-        scopes: super::split_scopes(row.try_get("scopes").map_err(map_err)?),
-    })
-}
-
-fn decode_tier(tier: &str) -> Result<Tier, StoreError> {
-    Tier::parse(tier).ok_or_else(|| StoreError::Other(format!("unknown tier {tier:?}")))
-}
-
-fn corrupt(e: crate::ids::InvalidId) -> StoreError {
-    StoreError::Other(format!("stored id is malformed: {e}"))
-}
-
 /// Sorts a sqlx error into the store's three kinds. Messages come from sqlx or
 /// SQLite's own message, which carry no row values.
-fn map_err(e: sqlx::Error) -> StoreError {
+pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
@@ -2007,6 +1851,7 @@ fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Tenancy as _;
 
     async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -2069,7 +1914,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_ensure_workspace() {
         let (_dir, store) = open_temp().await;
-        crate::store::tests::concurrent_ensure_workspace(std::sync::Arc::new(store)).await;
+        crate::store::tenancy::tests::concurrent_ensure_workspace(std::sync::Arc::new(store)).await;
     }
 
     /// One test per shared delivery test function, each on a fresh file; multi-
@@ -2178,7 +2023,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_revocations() {
         let (_dir, store) = open_temp().await;
-        crate::store::tests::concurrent_revocations(std::sync::Arc::new(store)).await;
+        crate::store::tenancy::tests::concurrent_revocations(std::sync::Arc::new(store)).await;
     }
 
     #[tokio::test]
