@@ -8,16 +8,17 @@ use crate::model::{
     NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step,
     SubscriberContacts,
 };
-use crate::plugins::PluginKind;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub mod plugin_versions;
 pub mod postgres;
 pub mod sqlite;
 pub mod tenancy;
 
+pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
 pub use tenancy::Tenancy;
 #[cfg(test)]
 mod tests;
@@ -40,7 +41,7 @@ pub enum StoreError {
 /// need one aggregate take its trait), and what the rest of this trait still holds
 /// while it is split by aggregate.
 #[async_trait::async_trait]
-pub trait Store: Tenancy + Send + Sync + 'static {
+pub trait Store: Tenancy + PluginVersions + Send + Sync + 'static {
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Cheap round trip, for health.
@@ -293,27 +294,6 @@ pub trait Store: Tenancy + Send + Sync + 'static {
     /// Deletes receipts (applied, ignored or still pending) received before `before`,
     /// and expired replay keys; returns how many receipts went.
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
-
-    // ---- plugin registry (installed versions) ----
-
-    /// Stores an installed plugin version with its component bytes. False (and nothing
-    /// changed) when that slug already has a version with this digest.
-    async fn insert_plugin_version(&self, version: &NewPluginVersion) -> Result<bool, StoreError>;
-    /// Installed versions (without their bytes), of one slug or all, newest install
-    /// first.
-    async fn plugin_versions(&self, slug: Option<&str>) -> Result<Vec<PluginVersion>, StoreError>;
-    /// The component bytes of one version.
-    async fn plugin_wasm(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Makes one version the slug's active one, in one transaction: the slug's current
-    /// active version (if another) becomes standby, this one active with
-    /// `activated_at` = now. False when there is no such version or it was rejected.
-    async fn activate_plugin_version(&self, slug: &str, digest: &str) -> Result<bool, StoreError>;
-    /// Turns the slug's active version standby (the slug falls back to its bundled or
-    /// directory plugin); false when it had none.
-    async fn deactivate_plugin(&self, slug: &str) -> Result<bool, StoreError>;
-    /// `(slug, digest)` of every active installed version: what every process polls to
-    /// follow swaps.
-    async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError>;
 }
 
 /// How many messages share one status, channel and provider ([`Store::delivery_stats`]).
@@ -358,85 +338,6 @@ pub(crate) fn decode_delivery_counts(
         ))
     });
     Ok(counts)
-}
-
-/// Where an installed plugin version stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PluginState {
-    /// Serving its slug on every process.
-    Active,
-    /// Installed and checked, not serving (an earlier or a newer version).
-    Standby,
-    /// Failed the conformance kit or widened its hosts without approval; never served.
-    Rejected,
-}
-
-impl PluginState {
-    /// Lower-case name as stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Active => "active",
-            Self::Standby => "standby",
-            Self::Rejected => "rejected",
-        }
-    }
-
-    /// Parses the stored name.
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Active, Self::Standby, Self::Rejected]
-            .into_iter()
-            .find(|v| v.as_str() == s)
-    }
-}
-
-/// A plugin version to store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewPluginVersion {
-    /// Slug from `info()`.
-    pub slug: String,
-    /// Version from `info()`.
-    pub version: String,
-    /// Hex SHA-256 of the component.
-    pub digest: String,
-    /// A component or a trusted native library, as the loaded plugin says.
-    pub kind: PluginKind,
-    /// The component (or native library).
-    pub wasm: Vec<u8>,
-    /// Hosts the version declares.
-    pub outbound_hosts: Vec<String>,
-    /// Initial state (`Standby` or `Rejected`; activation is a separate step).
-    pub state: PluginState,
-    /// Why it was rejected (the conformance report), if it was.
-    pub report: Option<String>,
-    /// Who installed it (`cli:<user>`, `api:<key id>`, `dir:<file>`).
-    pub installed_by: String,
-    /// When.
-    pub installed_at: DateTime<Utc>,
-}
-
-/// A stored plugin version, without its bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginVersion {
-    /// Slug.
-    pub slug: String,
-    /// Version.
-    pub version: String,
-    /// Hex SHA-256 of the component.
-    pub digest: String,
-    /// A component or a trusted native library.
-    pub kind: PluginKind,
-    /// Hosts it declares.
-    pub outbound_hosts: Vec<String>,
-    /// State.
-    pub state: PluginState,
-    /// Rejection report.
-    pub report: Option<String>,
-    /// Who installed it.
-    pub installed_by: String,
-    /// When.
-    pub installed_at: DateTime<Utc>,
-    /// When it last became active.
-    pub activated_at: Option<DateTime<Utc>>,
 }
 
 /// A webhook secret as stored. Its `Debug` form hides the secret.

@@ -1,0 +1,136 @@
+//! [`PluginVersionsSql`] on PostgreSQL.
+
+use super::{NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
+use crate::store::StoreError;
+use crate::store::postgres::{PgStore, map_err};
+use chrono::{DateTime, Utc};
+
+#[async_trait::async_trait]
+impl PluginVersionsSql for PgStore {
+    async fn insert_version(
+        &self,
+        version: &NewPluginVersion,
+        outbound_hosts: &str,
+    ) -> Result<bool, StoreError> {
+        let inserted = sqlx::query(
+            "INSERT INTO plugin_versions (slug, version, digest, kind, outbound_hosts, state, \
+             report, installed_by, installed_at, wasm) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10) \
+             ON CONFLICT (slug, digest) DO NOTHING",
+        )
+        .bind(&version.slug)
+        .bind(&version.version)
+        .bind(&version.digest)
+        .bind(version.kind.as_str())
+        .bind(outbound_hosts)
+        .bind(version.state.as_str())
+        .bind(version.report.as_deref())
+        .bind(&version.installed_by)
+        .bind(version.installed_at)
+        .bind(version.wasm.as_slice())
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn version_rows(&self, slug: Option<&str>) -> Result<Vec<PluginVersionRow>, StoreError> {
+        // Two statements rather than `$1 IS NULL OR ...`, so that one slug's listing
+        // goes through the primary key.
+        let sql = format!(
+            "SELECT {} FROM plugin_versions {} ORDER BY installed_at DESC, digest, slug",
+            version_columns("outbound_hosts::text"),
+            if slug.is_some() {
+                "WHERE slug = $1"
+            } else {
+                ""
+            }
+        );
+        let mut query = sqlx::query_as(&sql);
+        if let Some(slug) = slug {
+            query = query.bind(slug);
+        }
+        query.fetch_all(self.pool()).await.map_err(map_err)
+    }
+
+    async fn version_bytes(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        sqlx::query_scalar("SELECT wasm FROM plugin_versions WHERE slug = $1 AND digest = $2")
+            .bind(slug)
+            .bind(digest)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)
+    }
+
+    async fn activate_if_standby(
+        &self,
+        slug: &str,
+        digest: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        // Every version of the slug, locked (in digest order, the same for every caller,
+        // so two activations cannot deadlock): activations and deactivations of one slug
+        // run one at a time, and each reads the states the one before it committed.
+        let states: Vec<(String, String)> = sqlx::query_as(
+            "SELECT digest, state FROM plugin_versions WHERE slug = $1 \
+             ORDER BY digest FOR UPDATE",
+        )
+        .bind(slug)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let state = states
+            .into_iter()
+            .find(|(d, _)| d == digest)
+            .map(|(_, state)| state);
+        if state.as_deref() != Some(super::PluginState::Standby.as_str()) {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(Some(state));
+        }
+        // The old active version first: the unique index on active rows is checked row
+        // by row.
+        sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
+        )
+        .bind(slug)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query(
+            "UPDATE plugin_versions SET state = 'active', activated_at = $3 \
+             WHERE slug = $1 AND digest = $2",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(None)
+    }
+
+    async fn demote_active(&self, slug: &str) -> Result<bool, StoreError> {
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
+        )
+        .bind(slug)
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(changed > 0)
+    }
+
+    async fn active_rows(&self) -> Result<Vec<(String, String)>, StoreError> {
+        // Served by the partial index `plugin_versions_active` (see 0004_plugins.sql).
+        sqlx::query_as(
+            "SELECT slug, digest FROM plugin_versions WHERE state = 'active' ORDER BY slug",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+}

@@ -1,0 +1,130 @@
+//! [`PluginVersionsSql`] on SQLite. Timestamps are bound in the stored text form.
+
+use super::{NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
+use crate::store::StoreError;
+use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
+use chrono::{DateTime, Utc};
+
+#[async_trait::async_trait]
+impl PluginVersionsSql for SqliteStore {
+    async fn insert_version(
+        &self,
+        version: &NewPluginVersion,
+        outbound_hosts: &str,
+    ) -> Result<bool, StoreError> {
+        let inserted = sqlx::query(
+            "INSERT INTO plugin_versions (slug, version, digest, kind, outbound_hosts, state, \
+             report, installed_by, installed_at, wasm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (slug, digest) DO NOTHING",
+        )
+        .bind(version.slug.as_str())
+        .bind(version.version.as_str())
+        .bind(version.digest.as_str())
+        .bind(version.kind.as_str())
+        .bind(outbound_hosts)
+        .bind(version.state.as_str())
+        .bind(version.report.as_deref())
+        .bind(version.installed_by.as_str())
+        .bind(encode_timestamp(&version.installed_at))
+        .bind(version.wasm.as_slice())
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn version_rows(&self, slug: Option<&str>) -> Result<Vec<PluginVersionRow>, StoreError> {
+        // Two statements rather than `? IS NULL OR ...`, so that one slug's listing goes
+        // through the primary key.
+        let sql = format!(
+            "SELECT {} FROM plugin_versions {} ORDER BY installed_at DESC, digest, slug",
+            version_columns("outbound_hosts"),
+            if slug.is_some() { "WHERE slug = ?" } else { "" }
+        );
+        let mut query = sqlx::query_as(&sql);
+        if let Some(slug) = slug {
+            query = query.bind(slug);
+        }
+        query.fetch_all(self.pool()).await.map_err(map_err)
+    }
+
+    async fn version_bytes(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        sqlx::query_scalar("SELECT wasm FROM plugin_versions WHERE slug = ? AND digest = ?")
+            .bind(slug)
+            .bind(digest)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)
+    }
+
+    async fn activate_if_standby(
+        &self,
+        slug: &str,
+        digest: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        // The first statement writes, so BEGIN (deferred) takes the write lock through
+        // the busy handler and activations run one at a time. The slug's other active
+        // version goes standby first (the unique index on active rows is checked row
+        // by row), and only when this version is standby, i.e. can be activated.
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' \
+             WHERE slug = ?1 AND state = 'active' AND digest <> ?2 AND EXISTS ( \
+             SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 AND state = 'standby')",
+        )
+        .bind(slug)
+        .bind(digest)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let activated = sqlx::query(
+            "UPDATE plugin_versions SET state = 'active', activated_at = ?3 \
+             WHERE slug = ?1 AND digest = ?2 AND state = 'standby'",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(encode_timestamp(&now))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        if activated == 1 {
+            tx.commit().await.map_err(map_err)?;
+            return Ok(None);
+        }
+        // Nothing was written: say why.
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM plugin_versions WHERE slug = ? AND digest = ?")
+                .bind(slug)
+                .bind(digest)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        tx.rollback().await.map_err(map_err)?;
+        Ok(Some(state))
+    }
+
+    async fn demote_active(&self, slug: &str) -> Result<bool, StoreError> {
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = 'standby' WHERE slug = ? AND state = 'active'",
+        )
+        .bind(slug)
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(changed > 0)
+    }
+
+    async fn active_rows(&self) -> Result<Vec<(String, String)>, StoreError> {
+        // Served by the partial index `plugin_versions_active` (see 0004_plugins.sql).
+        sqlx::query_as(
+            "SELECT slug, digest FROM plugin_versions WHERE state = 'active' ORDER BY slug",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+}
