@@ -386,6 +386,9 @@ $(echo "${BASE_CMD[*]}" | sed "s#$ROOT/##g; s#$WORK/keys.txt#\$KEYS_FILE#g")
 \`\`\`
 EOF
 )
+# bench/delivery.sh appends its runs under "# Delivery": keep that section.
+DELIVERY_SECTION=$(sed -n '/^# Delivery$/,$p' "$ROOT/bench/results.md" 2>/dev/null || true)
 printf '%s\n' "$SUMMARY" >"$ROOT/bench/results.md"
+[[ -z $DELIVERY_SECTION ]] || printf '\n%s\n' "$DELIVERY_SECTION" >>"$ROOT/bench/results.md"
 printf '%s\n' "$SUMMARY"
 log "summary written to bench/results.md"
