@@ -4,6 +4,7 @@
 //! database at build time). Batches are written with `UNNEST` over array binds: one
 //! statement per chunk whatever the batch size, well clear of the 65,535-bind limit.
 
+use super::group::{GroupCommit, Lanes};
 use super::{DeliveryCount, Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
@@ -18,6 +19,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long to wait for a pooled connection (or a new one) before reporting the
@@ -40,10 +42,15 @@ const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, st
 /// push `now() ± interval` out of PostgreSQL's timestamp range.
 const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
 
-/// The PostgreSQL store: a connection pool.
+/// Lanes committing delivery writes in parallel: each holds one connection while it
+/// commits, so concurrent batches keep the server busy without taking the pool.
+const GROUP_LANES: usize = 4;
+
+/// The PostgreSQL store: a connection pool, and the group commit of the delivery path.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    group: Arc<GroupCommit<Postgres>>,
 }
 
 impl PgStore {
@@ -59,7 +66,18 @@ impl PgStore {
             .connect_with(options)
             .await
             .map_err(map_err)?;
-        Ok(Self { pool })
+        let group = GroupCommit::start(
+            pool.clone(),
+            Lanes {
+                count: GROUP_LANES,
+                begin: None,
+                map_err,
+            },
+        );
+        Ok(Self {
+            pool,
+            group: Arc::new(group),
+        })
     }
 
     /// The underlying pool, for modules that keep their own tables in this database.
@@ -212,141 +230,12 @@ impl Store for PgStore {
         owner: &str,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let keys = encode_json(&message.variables_keys)?;
-        let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // Ingestion may not have written the row yet; an existing row is never changed.
-        sqlx::query(
-            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
-             priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $11) \
-             ON CONFLICT (event_id) DO NOTHING",
-        )
-        .bind(message.event_id.as_str())
-        .bind(message.workspace.as_str())
-        .bind(&message.event_name)
-        .bind(&message.subscriber_id)
-        .bind(message.category.as_deref())
-        .bind(message.priority)
-        .bind(&message.channel)
-        .bind(&message.status)
-        .bind(message.test_mode)
-        .bind(keys)
-        .bind(message.created_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        // Subscriber row before message row: the order erase_subscriber locks them in,
-        // so the two cannot deadlock.
-        sqlx::query(
-            "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
-        )
-        .bind(message.workspace.as_str())
-        .bind(&key)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let row = sqlx::query(
-            "SELECT status, lease_owner, lease_until > now() AS leased FROM messages \
-             WHERE event_id = $1 FOR UPDATE",
-        )
-        .bind(message.event_id.as_str())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let holder: Option<String> = row.try_get("lease_owner").map_err(map_err)?;
-        let leased: Option<bool> = row.try_get("leased").map_err(map_err)?;
-        if holder.is_some_and(|h| h != owner) && leased == Some(true) {
-            // Keeps the row insert (if any): it is the message as ingested.
-            tx.commit().await.map_err(map_err)?;
-            return Ok(Claim::Busy);
-        }
-        let status =
-            decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
-
-        sqlx::query(
-            "UPDATE messages SET lease_owner = $2, lease_until = now() + $3 WHERE event_id = $1",
-        )
-        .bind(message.event_id.as_str())
-        .bind(owner)
-        .bind(interval(lease))
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        // Under the row lock: every timeline writer locks the message row first.
-        sqlx::query(
-            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
-             SELECT event_id, 'queued', created_at, NULL, jsonb_build_object('channel', channel) \
-             FROM messages m WHERE event_id = $1 \
-             AND NOT EXISTS (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id)",
-        )
-        .bind(message.event_id.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        let tokens = if contacts.device_tokens.is_empty() {
-            None
-        } else {
-            Some(encode_json(&contacts.device_tokens)?)
-        };
-        // No row comes back when the conflicting row is a tombstone.
-        let upserted = sqlx::query(
-            "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
-             phone_masked, device_tokens, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), now()) \
-             ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
-             subscriber_id = EXCLUDED.subscriber_id, email = EXCLUDED.email, \
-             phone_masked = EXCLUDED.phone_masked, device_tokens = EXCLUDED.device_tokens, \
-             updated_at = EXCLUDED.updated_at \
-             WHERE subscribers.deleted_at IS NULL \
-             RETURNING 1",
-        )
-        .bind(message.workspace.as_str())
-        .bind(&key)
-        .bind(&message.subscriber_id)
-        .bind(contacts.email.as_deref())
-        .bind(contacts.phone_masked.as_deref())
-        .bind(tokens)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        if upserted.is_none() {
-            // A message written for an erased subscriber is kept for the audit window,
-            // then scrubbed like those the erasure found.
-            sqlx::query(
-                "UPDATE messages SET erased_as = $2 WHERE event_id = $1 AND subscriber_id = $3",
-            )
-            .bind(message.event_id.as_str())
-            .bind(super::erased_pseudonym(
-                &message.workspace,
-                &message.subscriber_id,
-            ))
-            .bind(&message.subscriber_id)
-            .execute(&mut *tx)
+        let (message, contacts, owner) = (message.clone(), contacts.clone(), owner.to_string());
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { claim(conn, &message, &contacts, &owner, lease).await })
+            }))
             .await
-            .map_err(map_err)?;
-        }
-
-        let attempts = sqlx::query(
-            "SELECT attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, \
-             detail FROM delivery_attempts WHERE event_id = $1 ORDER BY attempt_no",
-        )
-        .bind(message.event_id.as_str())
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(decode_attempt)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(Claim::Claimed(MessageSnapshot {
-            status,
-            attempts,
-            erased: upserted.is_none(),
-        }))
     }
 
     async fn record_step(
@@ -356,129 +245,12 @@ impl Store for PgStore {
         lease: Duration,
         step: &Step,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // A step that records a provider id applies the receipts waiting for it. Their
-        // lock comes before the message row's, as in apply_receipt. Only the lease
-        // holder changes `provider`, so reading it unlocked here is enough.
-        let receipts_of = match &step.message.provider_message_id {
-            None => None,
-            Some(id) => {
-                let provider = match &step.message.provider {
-                    Some(provider) => Some(provider.clone()),
-                    None => sqlx::query_scalar::<_, Option<String>>(
-                        "SELECT provider FROM messages WHERE event_id = $1",
-                    )
-                    .bind(event.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(map_err)?
-                    .flatten(),
-                };
-                provider.map(|provider| (provider, id.as_str()))
-            }
-        };
-        if let Some((provider, id)) = &receipts_of {
-            lock_provider_message(&mut tx, provider, id).await?;
-        }
-        let holder: Option<Option<String>> =
-            sqlx::query_scalar("SELECT lease_owner FROM messages WHERE event_id = $1 FOR UPDATE")
-                .bind(event.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        match holder {
-            Some(Some(holder)) if holder == owner => {}
-            Some(_) => {
-                return Err(StoreError::Conflict(format!(
-                    "{event} is not leased by {owner}"
-                )));
-            }
-            None => return Err(StoreError::Conflict(format!("{event} does not exist"))),
-        }
-
-        match &step.attempt {
-            None => {}
-            Some(AttemptWrite::Start {
-                attempt_no,
-                channel,
-                provider,
-            }) => {
-                sqlx::query(
-                    "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
-                     started_at) VALUES ($1, $2, $3, $4, $5, now())",
-                )
-                .bind(event.as_str())
-                .bind(attempt_no)
-                .bind(channel)
-                .bind(provider)
-                .bind(AttemptState::Started.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-            }
-            Some(AttemptWrite::Finish {
-                attempt_no,
-                state,
-                provider_message_id,
-                cost_micro_usd,
-                detail,
-            }) => {
-                sqlx::query(
-                    "UPDATE delivery_attempts SET state = $3, provider_message_id = $4, \
-                     cost_micro_usd = $5, detail = $6, finished_at = now() \
-                     WHERE event_id = $1 AND attempt_no = $2",
-                )
-                .bind(event.as_str())
-                .bind(attempt_no)
-                .bind(state.as_str())
-                .bind(provider_message_id.as_deref())
-                .bind(cost_micro_usd)
-                .bind(detail.as_deref())
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-            }
-        }
-
-        let update = &step.message;
-        sqlx::query(
-            "UPDATE messages SET status = COALESCE($2, status), attempts = COALESCE($3, attempts), \
-             channel = COALESCE($4, channel), provider = COALESCE($5, provider), \
-             provider_message_id = COALESCE($6, provider_message_id), \
-             cost_micro_usd = cost_micro_usd + $7, error_code = COALESCE($8, error_code), \
-             error_detail = COALESCE($9, error_detail), updated_at = now(), \
-             lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
-             lease_until = CASE WHEN $10 THEN NULL ELSE now() + $11 END \
-             WHERE event_id = $1",
-        )
-        .bind(event.as_str())
-        .bind(update.status.map(MessageStatus::as_str))
-        .bind(update.attempts)
-        .bind(update.channel.as_deref())
-        .bind(update.provider.as_deref())
-        .bind(update.provider_message_id.as_deref())
-        .bind(update.cost_add_micro_usd)
-        .bind(update.error_code.as_deref())
-        .bind(update.error_detail.as_deref())
-        .bind(update.release_lease)
-        .bind(interval(lease))
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        insert_timeline(&mut tx, event, &step.timeline).await?;
-        if let Some((provider, id)) = &receipts_of {
-            let row = sqlx::query("SELECT workspace_id, status FROM messages WHERE event_id = $1")
-                .bind(event.as_str())
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map_err)?;
-            let workspace: String = row.try_get("workspace_id").map_err(map_err)?;
-            let status =
-                decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
-            apply_pending_receipts(&mut tx, event, &workspace, status, provider, id).await?;
-        }
-        tx.commit().await.map_err(map_err)
+        let (event, owner, step) = (event.clone(), owner.to_string(), step.clone());
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { record_step(conn, &event, &owner, lease, &step).await })
+            }))
+            .await
     }
 
     async fn get_message(
@@ -1068,22 +840,12 @@ impl Store for PgStore {
         key: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        // One statement: a new key is inserted, an expired one is taken over, a live one
-        // is left alone (and no row comes back). Concurrent reserves of one key queue on
-        // its index entry or row lock and re-check the winner's row: one of them wins.
-        let reserved = sqlx::query(
-            "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
-             VALUES ($1, $2, now() + $3) ON CONFLICT (provider, replay_key) DO UPDATE SET \
-             expires_at = EXCLUDED.expires_at WHERE webhook_replays.expires_at <= now() \
-             RETURNING 1",
-        )
-        .bind(provider)
-        .bind(key)
-        .bind(interval(ttl))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(reserved.is_some())
+        let (provider, key) = (provider.to_string(), key.to_string());
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { reserve_replay(conn, &provider, &key, ttl).await })
+            }))
+            .await
     }
 
     async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError> {
@@ -1097,70 +859,12 @@ impl Store for PgStore {
     }
 
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
-        let detail = receipt
-            .timeline
-            .detail
-            .as_ref()
-            .map(encode_json)
-            .transpose()?;
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // First, as record_step does: a receipt and the step that records its provider
-        // id cannot miss each other (see `lock_provider_message`).
-        lock_provider_message(&mut tx, &receipt.provider, &receipt.provider_message_id).await?;
-        // A concurrent writer of the same key makes this wait for its commit, then do
-        // nothing.
-        let inserted = sqlx::query(
-            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
-             status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
-             timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
-             received_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7, $8, $9, $10, $11, $12, \
-             $13::jsonb, now()) ON CONFLICT (receipt_key) DO NOTHING",
-        )
-        .bind(&receipt.receipt_key)
-        .bind(&receipt.provider)
-        .bind(&receipt.provider_message_id)
-        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
-        .bind(receipt.status.as_str())
-        .bind(receipt.occurred_at)
-        .bind(receipt.cost_micro_usd)
-        .bind(receipt.error_code.as_deref())
-        .bind(receipt.error_detail.as_deref())
-        .bind(receipt.timeline.status.as_str())
-        .bind(receipt.timeline.occurred_at)
-        .bind(receipt.timeline.provider.as_deref())
-        .bind(detail)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        if inserted == 0 {
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(ReceiptOutcome::Duplicate);
-        }
-        // The row lock serialises this with every other writer of the message.
-        let message = sqlx::query(
-            "SELECT event_id, status FROM messages WHERE provider = $1 \
-             AND provider_message_id = $2 AND ($3::text IS NULL OR workspace_id = $3) \
-             ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE",
-        )
-        .bind(&receipt.provider)
-        .bind(&receipt.provider_message_id)
-        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let outcome = match message {
-            None => ReceiptOutcome::Pending,
-            Some(row) => {
-                let event = EventId::parse(row.try_get("event_id").map_err(map_err)?)
-                    .map_err(|e| StoreError::Other(format!("stored event id is malformed: {e}")))?;
-                let status = decode_message_status(row.try_get("status").map_err(map_err)?)
-                    .map_err(map_err)?;
-                settle_receipt(&mut tx, &event, status, receipt).await?.1
-            }
-        };
-        tx.commit().await.map_err(map_err)?;
-        Ok(outcome)
+        let receipt = receipt.clone();
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { apply_receipt(conn, &receipt).await })
+            }))
+            .await
     }
 
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
@@ -1178,6 +882,372 @@ impl Store for PgStore {
         tx.commit().await.map_err(map_err)?;
         Ok(pruned)
     }
+}
+
+/// [`Store::reserve_replay`] on `conn`, inside a group commit's transaction.
+async fn reserve_replay(
+    conn: &mut PgConnection,
+    provider: &str,
+    key: &str,
+    ttl: Duration,
+) -> Result<bool, StoreError> {
+    // One statement: a new key is inserted, an expired one is taken over, a live one
+    // is left alone (and no row comes back). Concurrent reserves of one key queue on
+    // its index entry or row lock and re-check the winner's row: one of them wins.
+    let reserved = sqlx::query(
+        "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
+         VALUES ($1, $2, now() + $3) ON CONFLICT (provider, replay_key) DO UPDATE SET \
+         expires_at = EXCLUDED.expires_at WHERE webhook_replays.expires_at <= now() \
+         RETURNING 1",
+    )
+    .bind(provider)
+    .bind(key)
+    .bind(interval(ttl))
+    .fetch_optional(conn)
+    .await
+    .map_err(map_err)?;
+    Ok(reserved.is_some())
+}
+
+/// [`Store::claim_message`] on `conn`, inside a group commit's transaction.
+async fn claim(
+    conn: &mut PgConnection,
+    message: &NewMessage,
+    contacts: &SubscriberContacts,
+    owner: &str,
+    lease: Duration,
+) -> Result<Claim, StoreError> {
+    let keys = encode_json(&message.variables_keys)?;
+    let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
+    // Ingestion may not have written the row yet; an existing row is never changed.
+    sqlx::query(
+        "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
+         priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $11) \
+         ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(message.event_id.as_str())
+    .bind(message.workspace.as_str())
+    .bind(&message.event_name)
+    .bind(&message.subscriber_id)
+    .bind(message.category.as_deref())
+    .bind(message.priority)
+    .bind(&message.channel)
+    .bind(&message.status)
+    .bind(message.test_mode)
+    .bind(keys)
+    .bind(message.created_at)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    // Subscriber row before message row: the order erase_subscriber locks them in,
+    // so the two cannot deadlock.
+    sqlx::query(
+        "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
+    )
+    .bind(message.workspace.as_str())
+    .bind(&key)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let row = sqlx::query(
+        "SELECT status, lease_owner, lease_until > now() AS leased FROM messages \
+         WHERE event_id = $1 FOR UPDATE",
+    )
+    .bind(message.event_id.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let holder: Option<String> = row.try_get("lease_owner").map_err(map_err)?;
+    let leased: Option<bool> = row.try_get("leased").map_err(map_err)?;
+    if holder.is_some_and(|h| h != owner) && leased == Some(true) {
+        // Keeps the row insert (if any): it is the message as ingested.
+        return Ok(Claim::Busy);
+    }
+    let status = decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
+
+    sqlx::query(
+        "UPDATE messages SET lease_owner = $2, lease_until = now() + $3 WHERE event_id = $1",
+    )
+    .bind(message.event_id.as_str())
+    .bind(owner)
+    .bind(interval(lease))
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    // Under the row lock: every timeline writer locks the message row first.
+    sqlx::query(
+        "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+         SELECT event_id, 'queued', created_at, NULL, jsonb_build_object('channel', channel) \
+         FROM messages m WHERE event_id = $1 \
+         AND NOT EXISTS (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id)",
+    )
+    .bind(message.event_id.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+
+    let tokens = if contacts.device_tokens.is_empty() {
+        None
+    } else {
+        Some(encode_json(&contacts.device_tokens)?)
+    };
+    // No row comes back when the conflicting row is a tombstone.
+    let upserted = sqlx::query(
+        "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
+         phone_masked, device_tokens, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), now()) \
+         ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
+         subscriber_id = EXCLUDED.subscriber_id, email = EXCLUDED.email, \
+         phone_masked = EXCLUDED.phone_masked, device_tokens = EXCLUDED.device_tokens, \
+         updated_at = EXCLUDED.updated_at \
+         WHERE subscribers.deleted_at IS NULL \
+         RETURNING 1",
+    )
+    .bind(message.workspace.as_str())
+    .bind(&key)
+    .bind(&message.subscriber_id)
+    .bind(contacts.email.as_deref())
+    .bind(contacts.phone_masked.as_deref())
+    .bind(tokens)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+
+    if upserted.is_none() {
+        // A message written for an erased subscriber is kept for the audit window,
+        // then scrubbed like those the erasure found.
+        sqlx::query(
+            "UPDATE messages SET erased_as = $2 WHERE event_id = $1 AND subscriber_id = $3",
+        )
+        .bind(message.event_id.as_str())
+        .bind(super::erased_pseudonym(
+            &message.workspace,
+            &message.subscriber_id,
+        ))
+        .bind(&message.subscriber_id)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    }
+
+    let attempts = sqlx::query(
+        "SELECT attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, \
+         detail FROM delivery_attempts WHERE event_id = $1 ORDER BY attempt_no",
+    )
+    .bind(message.event_id.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_err)?
+    .iter()
+    .map(decode_attempt)
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(map_err)?;
+    Ok(Claim::Claimed(MessageSnapshot {
+        status,
+        attempts,
+        erased: upserted.is_none(),
+    }))
+}
+
+/// [`Store::record_step`] on `conn`, inside a group commit's transaction.
+async fn record_step(
+    conn: &mut PgConnection,
+    event: &EventId,
+    owner: &str,
+    lease: Duration,
+    step: &Step,
+) -> Result<(), StoreError> {
+    // A step that records a provider id applies the receipts waiting for it. Their
+    // lock comes before the message row's, as in apply_receipt. Only the lease
+    // holder changes `provider`, so reading it unlocked here is enough.
+    let receipts_of = match &step.message.provider_message_id {
+        None => None,
+        Some(id) => {
+            let provider = match &step.message.provider {
+                Some(provider) => Some(provider.clone()),
+                None => sqlx::query_scalar::<_, Option<String>>(
+                    "SELECT provider FROM messages WHERE event_id = $1",
+                )
+                .bind(event.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_err)?
+                .flatten(),
+            };
+            provider.map(|provider| (provider, id.as_str()))
+        }
+    };
+    if let Some((provider, id)) = &receipts_of {
+        lock_provider_message(&mut *conn, provider, id).await?;
+    }
+    let holder: Option<Option<String>> =
+        sqlx::query_scalar("SELECT lease_owner FROM messages WHERE event_id = $1 FOR UPDATE")
+            .bind(event.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    match holder {
+        Some(Some(holder)) if holder == owner => {}
+        Some(_) => {
+            return Err(StoreError::Conflict(format!(
+                "{event} is not leased by {owner}"
+            )));
+        }
+        None => return Err(StoreError::Conflict(format!("{event} does not exist"))),
+    }
+
+    match &step.attempt {
+        None => {}
+        Some(AttemptWrite::Start {
+            attempt_no,
+            channel,
+            provider,
+        }) => {
+            sqlx::query(
+                "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
+                 started_at) VALUES ($1, $2, $3, $4, $5, now())",
+            )
+            .bind(event.as_str())
+            .bind(attempt_no)
+            .bind(channel)
+            .bind(provider)
+            .bind(AttemptState::Started.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        }
+        Some(AttemptWrite::Finish {
+            attempt_no,
+            state,
+            provider_message_id,
+            cost_micro_usd,
+            detail,
+        }) => {
+            sqlx::query(
+                "UPDATE delivery_attempts SET state = $3, provider_message_id = $4, \
+                 cost_micro_usd = $5, detail = $6, finished_at = now() \
+                 WHERE event_id = $1 AND attempt_no = $2",
+            )
+            .bind(event.as_str())
+            .bind(attempt_no)
+            .bind(state.as_str())
+            .bind(provider_message_id.as_deref())
+            .bind(cost_micro_usd)
+            .bind(detail.as_deref())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        }
+    }
+
+    let update = &step.message;
+    sqlx::query(
+        "UPDATE messages SET status = COALESCE($2, status), attempts = COALESCE($3, attempts), \
+         channel = COALESCE($4, channel), provider = COALESCE($5, provider), \
+         provider_message_id = COALESCE($6, provider_message_id), \
+         cost_micro_usd = cost_micro_usd + $7, error_code = COALESCE($8, error_code), \
+         error_detail = COALESCE($9, error_detail), updated_at = now(), \
+         lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
+         lease_until = CASE WHEN $10 THEN NULL ELSE now() + $11 END \
+         WHERE event_id = $1",
+    )
+    .bind(event.as_str())
+    .bind(update.status.map(MessageStatus::as_str))
+    .bind(update.attempts)
+    .bind(update.channel.as_deref())
+    .bind(update.provider.as_deref())
+    .bind(update.provider_message_id.as_deref())
+    .bind(update.cost_add_micro_usd)
+    .bind(update.error_code.as_deref())
+    .bind(update.error_detail.as_deref())
+    .bind(update.release_lease)
+    .bind(interval(lease))
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+
+    insert_timeline(&mut *conn, event, &step.timeline).await?;
+    if let Some((provider, id)) = &receipts_of {
+        let row = sqlx::query("SELECT workspace_id, status FROM messages WHERE event_id = $1")
+            .bind(event.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        let workspace: String = row.try_get("workspace_id").map_err(map_err)?;
+        let status =
+            decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
+        apply_pending_receipts(&mut *conn, event, &workspace, status, provider, id).await?;
+    }
+    Ok(())
+}
+
+/// [`Store::apply_receipt`] on `conn`, inside a group commit's transaction.
+async fn apply_receipt(
+    conn: &mut PgConnection,
+    receipt: &ReceiptWrite,
+) -> Result<ReceiptOutcome, StoreError> {
+    let detail = receipt
+        .timeline
+        .detail
+        .as_ref()
+        .map(encode_json)
+        .transpose()?;
+    // First, as record_step does: a receipt and the step that records its provider
+    // id cannot miss each other (see `lock_provider_message`).
+    lock_provider_message(&mut *conn, &receipt.provider, &receipt.provider_message_id).await?;
+    // A concurrent writer of the same key makes this wait for its commit, then do
+    // nothing.
+    let inserted = sqlx::query(
+        "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
+         status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+         timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
+         received_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7, $8, $9, $10, $11, $12, \
+         $13::jsonb, now()) ON CONFLICT (receipt_key) DO NOTHING",
+    )
+    .bind(&receipt.receipt_key)
+    .bind(&receipt.provider)
+    .bind(&receipt.provider_message_id)
+    .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+    .bind(receipt.status.as_str())
+    .bind(receipt.occurred_at)
+    .bind(receipt.cost_micro_usd)
+    .bind(receipt.error_code.as_deref())
+    .bind(receipt.error_detail.as_deref())
+    .bind(receipt.timeline.status.as_str())
+    .bind(receipt.timeline.occurred_at)
+    .bind(receipt.timeline.provider.as_deref())
+    .bind(detail)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?
+    .rows_affected();
+    if inserted == 0 {
+        return Ok(ReceiptOutcome::Duplicate);
+    }
+    // The row lock serialises this with every other writer of the message.
+    let message = sqlx::query(
+        "SELECT event_id, status FROM messages WHERE provider = $1 \
+         AND provider_message_id = $2 AND ($3::text IS NULL OR workspace_id = $3) \
+         ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE",
+    )
+    .bind(&receipt.provider)
+    .bind(&receipt.provider_message_id)
+    .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let outcome = match message {
+        None => ReceiptOutcome::Pending,
+        Some(row) => {
+            let event = EventId::parse(row.try_get("event_id").map_err(map_err)?)
+                .map_err(|e| StoreError::Other(format!("stored event id is malformed: {e}")))?;
+            let status =
+                decode_message_status(row.try_get("status").map_err(map_err)?).map_err(map_err)?;
+            settle_receipt(&mut *conn, &event, status, receipt).await?.1
+        }
+    };
+    Ok(outcome)
 }
 
 /// Columns of a stored receipt, as [`decode_receipt`] reads them.
@@ -1923,6 +1993,106 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(audit, (key.clone(), true, 0, 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_failures_stay_alone() {
+        let db = TestDb::create().await;
+        let lanes = Lanes {
+            count: GROUP_LANES,
+            begin: None,
+            map_err,
+        };
+        let kept =
+            crate::store::group::tests::failures_stay_alone(db.store.pool().clone(), lanes).await;
+        let stored: Vec<i64> = sqlx::query_scalar("SELECT k FROM group_rows ORDER BY k")
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(stored, kept);
+    }
+
+    /// Writes queued while a lane is busy share its next transaction; a commit that
+    /// fails (here a deferred unique check) fails every write in it and keeps none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_batches_and_fails_whole() {
+        let db = TestDb::create().await;
+        sqlx::query(
+            "CREATE TABLE deferred_rows (k BIGINT, \
+             CONSTRAINT one_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)",
+        )
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+        let group = Arc::new(GroupCommit::start(
+            db.store.pool().clone(),
+            Lanes {
+                count: 1,
+                begin: None,
+                map_err,
+            },
+        ));
+        let insert = |key: i64, hold: Duration| -> super::super::group::Work<Postgres, i64> {
+            Box::new(move |conn| {
+                Box::pin(async move {
+                    tokio::time::sleep(hold).await;
+                    sqlx::query("INSERT INTO deferred_rows (k) VALUES ($1)")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(map_err)?;
+                    sqlx::query_scalar("SELECT txid_current()")
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(map_err)
+                })
+            })
+        };
+        // The first write holds the lane while ten more queue behind it.
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.run(insert(-1, Duration::from_millis(300))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let queued: Vec<_> = (0..10)
+            .map(|k| {
+                let group = group.clone();
+                tokio::spawn(async move { group.run(insert(k, Duration::ZERO)).await })
+            })
+            .collect();
+        first.await.unwrap().unwrap();
+        let txids: std::collections::BTreeSet<i64> = futures::future::join_all(queued)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().unwrap())
+            .collect();
+        assert_eq!(
+            txids.len(),
+            1,
+            "ten queued writes, one transaction: {txids:?}"
+        );
+
+        // Two writes of one key in one batch: each succeeds alone, the commit fails.
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.run(insert(-2, Duration::from_millis(300))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let twins: Vec<_> = (0..2)
+            .map(|_| {
+                let group = group.clone();
+                tokio::spawn(async move { group.run(insert(100, Duration::ZERO)).await })
+            })
+            .collect();
+        first.await.unwrap().unwrap();
+        for twin in futures::future::join_all(twins).await {
+            assert!(matches!(twin.unwrap(), Err(StoreError::Conflict(_))));
+        }
+        let stored: Vec<i64> = sqlx::query_scalar("SELECT k FROM deferred_rows ORDER BY k")
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(stored, [-2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 //! a transaction whose first statement writes, so the busy timeout (not an immediate
 //! `SQLITE_BUSY`) governs contention.
 
+use super::group::{GroupCommit, Lanes};
 use super::{DeliveryCount, Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
@@ -23,6 +24,7 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a statement waits for another connection's write lock.
@@ -65,10 +67,12 @@ pub fn decode_timestamp(s: &str) -> Result<DateTime<Utc>, StoreError> {
         .map_err(|e| StoreError::Other(format!("stored timestamp is not RFC 3339: {e}")))
 }
 
-/// The SQLite store: a connection pool on one database file.
+/// The SQLite store: a connection pool on one database file, and the group commit of
+/// the delivery path (one lane: SQLite has one writer).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    group: Arc<GroupCommit<Sqlite>>,
 }
 
 impl SqliteStore {
@@ -89,7 +93,18 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(map_err)?;
-        Ok(Self { pool })
+        let group = GroupCommit::start(
+            pool.clone(),
+            Lanes {
+                count: 1,
+                begin: Some("BEGIN IMMEDIATE"),
+                map_err,
+            },
+        );
+        Ok(Self {
+            pool,
+            group: Arc::new(group),
+        })
     }
 
     /// The underlying pool: other modules keep their own tables in the same file.
@@ -281,138 +296,12 @@ impl Store for SqliteStore {
         owner: &str,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let now = now_micros();
-        let now_text = encode_timestamp(&now);
-        let until = lease_deadline(now, lease)?;
-        let keys = serde_json::to_string(&message.variables_keys)
-            .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
-        let created_at = encode_timestamp(&message.created_at);
-        let tokens = encode_device_tokens(&contacts.device_tokens)?;
-        let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
-
-        // The insert writes first, so BEGIN (deferred) takes the write lock through the
-        // busy handler and the lease check below cannot race another claimer.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        sqlx::query(
-            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, priority, \
-             channel, status, test_mode, variables_keys, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
-        )
-        .bind(message.event_id.as_str())
-        .bind(message.workspace.as_str())
-        .bind(message.event_name.as_str())
-        .bind(message.subscriber_id.as_str())
-        .bind(message.category.as_deref())
-        .bind(message.priority)
-        .bind(message.channel.as_str())
-        .bind(message.status.as_str())
-        .bind(message.test_mode)
-        .bind(keys.as_str())
-        .bind(created_at.as_str())
-        .bind(created_at.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        let row =
-            sqlx::query("SELECT status, lease_owner, lease_until FROM messages WHERE event_id = ?")
-                .bind(message.event_id.as_str())
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        let holder: Option<&str> = row.try_get("lease_owner").map_err(map_err)?;
-        let held_until: Option<&str> = row.try_get("lease_until").map_err(map_err)?;
-        if let (Some(holder), Some(held_until)) = (holder, held_until)
-            && holder != owner
-            && decode_timestamp(held_until)? > now
-        {
-            // Nothing was written: the row existed, or it would have no lease.
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(Claim::Busy);
-        }
-        let status = decode_status(row.try_get("status").map_err(map_err)?)?;
-
-        sqlx::query("UPDATE messages SET lease_owner = ?, lease_until = ? WHERE event_id = ?")
-            .bind(owner)
-            .bind(until.as_str())
-            .bind(message.event_id.as_str())
-            .execute(&mut *tx)
+        let (message, contacts, owner) = (message.clone(), contacts.clone(), owner.to_string());
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { claim(conn, &message, &contacts, &owner, lease).await })
+            }))
             .await
-            .map_err(map_err)?;
-
-        // The `queued` entry belongs to the stored row, so it takes that row's time and
-        // channel (the row may predate this NewMessage's copy).
-        sqlx::query(
-            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
-             SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
-             FROM messages WHERE event_id = ?1 \
-             AND NOT EXISTS (SELECT 1 FROM message_events WHERE event_id = ?1)",
-        )
-        .bind(message.event_id.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        let erased: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM subscribers \
-             WHERE workspace_id = ? AND subscriber_key = ? AND deleted_at IS NOT NULL)",
-        )
-        .bind(message.workspace.as_str())
-        .bind(key.as_str())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        if erased {
-            // A message written for an erased subscriber is kept for the audit window,
-            // then scrubbed like those the erasure found.
-            sqlx::query(
-                "UPDATE messages SET erased_as = ? WHERE event_id = ? AND subscriber_id = ?",
-            )
-            .bind(super::erased_pseudonym(
-                &message.workspace,
-                &message.subscriber_id,
-            ))
-            .bind(message.event_id.as_str())
-            .bind(message.subscriber_id.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        } else {
-            sqlx::query(
-                "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, phone_masked, \
-                 device_tokens, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
-                 subscriber_id = excluded.subscriber_id, email = excluded.email, \
-                 phone_masked = excluded.phone_masked, device_tokens = excluded.device_tokens, \
-                 updated_at = excluded.updated_at",
-            )
-            .bind(message.workspace.as_str())
-            .bind(key.as_str())
-            .bind(message.subscriber_id.as_str())
-            .bind(contacts.email.as_deref())
-            .bind(contacts.phone_masked.as_deref())
-            .bind(tokens.as_deref())
-            .bind(now_text.as_str())
-            .bind(now_text.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-
-        let rows = sqlx::query(&format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM delivery_attempts WHERE event_id = ? ORDER BY attempt_no"
-        ))
-        .bind(message.event_id.as_str())
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let attempts = rows.iter().map(decode_attempt).collect::<Result<_, _>>()?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(Claim::Claimed(MessageSnapshot {
-            status,
-            attempts,
-            erased,
-        }))
     }
 
     async fn record_step(
@@ -422,113 +311,12 @@ impl Store for SqliteStore {
         lease: Duration,
         step: &Step,
     ) -> Result<(), StoreError> {
-        let now = now_micros();
-        let now_text = encode_timestamp(&now);
-        let update = &step.message;
-        let until = if update.release_lease {
-            None
-        } else {
-            Some(lease_deadline(now, lease)?)
-        };
-        let timeline = encode_timeline(&step.timeline)?;
-
-        // The message update goes first: it is the lease check (no row matches unless
-        // `owner` holds the lease) and, being a write, takes the write lock at once.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let updated = sqlx::query(
-            "UPDATE messages SET \
-             status = COALESCE(?1, status), attempts = COALESCE(?2, attempts), \
-             channel = COALESCE(?3, channel), provider = COALESCE(?4, provider), \
-             provider_message_id = COALESCE(?5, provider_message_id), \
-             cost_micro_usd = cost_micro_usd + ?6, \
-             error_code = COALESCE(?7, error_code), error_detail = COALESCE(?8, error_detail), \
-             updated_at = ?9, \
-             lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE lease_owner END, lease_until = ?10 \
-             WHERE event_id = ?11 AND lease_owner = ?12",
-        )
-        .bind(update.status.map(MessageStatus::as_str))
-        .bind(update.attempts)
-        .bind(update.channel.as_deref())
-        .bind(update.provider.as_deref())
-        .bind(update.provider_message_id.as_deref())
-        .bind(update.cost_add_micro_usd)
-        .bind(update.error_code.as_deref())
-        .bind(update.error_detail.as_deref())
-        .bind(now_text.as_str())
-        .bind(until.as_deref())
-        .bind(event.as_str())
-        .bind(owner)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        if updated == 0 {
-            tx.rollback().await.map_err(map_err)?;
-            return Err(StoreError::Conflict(format!(
-                "{event} is missing or its lease is not held by this worker"
-            )));
-        }
-
-        match &step.attempt {
-            None => {}
-            Some(AttemptWrite::Start {
-                attempt_no,
-                channel,
-                provider,
-            }) => {
-                sqlx::query(
-                    "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, started_at) \
-                     VALUES (?, ?, ?, ?, ?, ?)",
-                )
-                .bind(event.as_str())
-                .bind(attempt_no)
-                .bind(channel.as_str())
-                .bind(provider.as_str())
-                .bind(AttemptState::Started.as_str())
-                .bind(now_text.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-            }
-            Some(AttemptWrite::Finish {
-                attempt_no,
-                state,
-                provider_message_id,
-                cost_micro_usd,
-                detail,
-            }) => {
-                let finished = sqlx::query(
-                    "UPDATE delivery_attempts SET state = ?, provider_message_id = ?, cost_micro_usd = ?, \
-                     detail = ?, finished_at = ? WHERE event_id = ? AND attempt_no = ?",
-                )
-                .bind(state.as_str())
-                .bind(provider_message_id.as_deref())
-                .bind(cost_micro_usd)
-                .bind(detail.as_deref())
-                .bind(now_text.as_str())
-                .bind(event.as_str())
-                .bind(attempt_no)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?
-                .rows_affected();
-                if finished == 0 {
-                    // A worker bug: finishing an attempt it never started.
-                    tx.rollback().await.map_err(map_err)?;
-                    return Err(StoreError::Other(format!(
-                        "attempt {attempt_no} of {event} was never started"
-                    )));
-                }
-            }
-        }
-
-        insert_timeline(&mut tx, event, &timeline).await?;
-        // A step that records a provider id applies the receipts waiting for it (the
-        // write lock, held since the first statement, keeps new ones out meanwhile).
-        if update.provider_message_id.is_some() {
-            apply_pending_receipts(&mut tx, event, &now_text).await?;
-        }
-        tx.commit().await.map_err(map_err)
+        let (event, owner, step) = (event.clone(), owner.to_string(), step.clone());
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { record_step(conn, &event, &owner, lease, &step).await })
+            }))
+            .await
     }
 
     async fn get_message(
@@ -1155,22 +943,12 @@ impl Store for SqliteStore {
         key: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let now = now_micros();
-        // One statement (so one writer at a time): a new key is inserted, an expired
-        // one is taken over, a live one is left alone and no row comes back.
-        let reserved = sqlx::query(
-            "INSERT INTO webhook_replays (provider, replay_key, expires_at) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (provider, replay_key) DO UPDATE SET expires_at = excluded.expires_at \
-             WHERE webhook_replays.expires_at <= ?4 RETURNING 1",
-        )
-        .bind(provider)
-        .bind(key)
-        .bind(encode_timestamp(&expiry(now, ttl)))
-        .bind(encode_timestamp(&now))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(reserved.is_some())
+        let (provider, key) = (provider.to_string(), key.to_string());
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { reserve_replay(conn, &provider, &key, ttl).await })
+            }))
+            .await
     }
 
     async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError> {
@@ -1184,71 +962,12 @@ impl Store for SqliteStore {
     }
 
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
-        let now_text = encode_timestamp(&now_micros());
-        let detail = receipt
-            .timeline
-            .detail
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
-        // The insert writes first, so BEGIN (deferred) takes the write lock through the
-        // busy handler: receipts, and the steps that record provider ids, run one at a
-        // time.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let inserted = sqlx::query(
-            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, status, \
-             state, occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, \
-             timeline_occurred_at, timeline_provider, timeline_detail, received_at) \
-             VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (receipt_key) DO NOTHING",
-        )
-        .bind(receipt.receipt_key.as_str())
-        .bind(receipt.provider.as_str())
-        .bind(receipt.provider_message_id.as_str())
-        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
-        .bind(receipt.status.as_str())
-        .bind(encode_timestamp(&receipt.occurred_at))
-        .bind(receipt.cost_micro_usd)
-        .bind(receipt.error_code.as_deref())
-        .bind(receipt.error_detail.as_deref())
-        .bind(receipt.timeline.status.as_str())
-        .bind(encode_timestamp(&receipt.timeline.occurred_at))
-        .bind(receipt.timeline.provider.as_deref())
-        .bind(detail.as_deref())
-        .bind(now_text.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        if inserted == 0 {
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(ReceiptOutcome::Duplicate);
-        }
-        let message = sqlx::query(
-            "SELECT event_id, status FROM messages WHERE provider = ?1 \
-             AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
-             ORDER BY created_at DESC, event_id DESC LIMIT 1",
-        )
-        .bind(receipt.provider.as_str())
-        .bind(receipt.provider_message_id.as_str())
-        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let outcome = match message {
-            None => ReceiptOutcome::Pending,
-            Some(row) => {
-                let event = EventId::parse(row.try_get("event_id").map_err(map_err)?)
-                    .map_err(super::corrupt)?;
-                let status = decode_status(row.try_get("status").map_err(map_err)?)?;
-                settle_receipt(&mut tx, &event, status, receipt, &now_text)
-                    .await?
-                    .1
-            }
-        };
-        tx.commit().await.map_err(map_err)?;
-        Ok(outcome)
+        let receipt = receipt.clone();
+        self.group
+            .run(Box::new(move |conn| {
+                Box::pin(async move { apply_receipt(conn, &receipt).await })
+            }))
+            .await
     }
 
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
@@ -1277,6 +996,350 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
 /// Longest replay window kept (1,000 years, as the PostgreSQL store caps intervals).
 const MAX_TTL: Duration = Duration::from_secs(1_000 * 366 * 86_400);
 
+/// [`Store::reserve_replay`] on `conn`, inside a group commit's transaction.
+async fn reserve_replay(
+    conn: &mut SqliteConnection,
+    provider: &str,
+    key: &str,
+    ttl: Duration,
+) -> Result<bool, StoreError> {
+    let now = now_micros();
+    // One statement (so one writer at a time): a new key is inserted, an expired
+    // one is taken over, a live one is left alone and no row comes back.
+    let reserved = sqlx::query(
+        "INSERT INTO webhook_replays (provider, replay_key, expires_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (provider, replay_key) DO UPDATE SET expires_at = excluded.expires_at \
+         WHERE webhook_replays.expires_at <= ?4 RETURNING 1",
+    )
+    .bind(provider)
+    .bind(key)
+    .bind(encode_timestamp(&expiry(now, ttl)))
+    .bind(encode_timestamp(&now))
+    .fetch_optional(conn)
+    .await
+    .map_err(map_err)?;
+    Ok(reserved.is_some())
+}
+
+/// [`Store::claim_message`] on `conn`, inside a group commit's transaction.
+async fn claim(
+    conn: &mut SqliteConnection,
+    message: &NewMessage,
+    contacts: &SubscriberContacts,
+    owner: &str,
+    lease: Duration,
+) -> Result<Claim, StoreError> {
+    let now = now_micros();
+    let now_text = encode_timestamp(&now);
+    let until = lease_deadline(now, lease)?;
+    let keys = serde_json::to_string(&message.variables_keys)
+        .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
+    let created_at = encode_timestamp(&message.created_at);
+    let tokens = encode_device_tokens(&contacts.device_tokens)?;
+    let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
+
+    // Runs in a group commit's transaction, which holds the write lock from its
+    // start: the lease check below cannot race another claimer.
+    sqlx::query(
+        "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, priority, \
+         channel, status, test_mode, variables_keys, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(message.event_id.as_str())
+    .bind(message.workspace.as_str())
+    .bind(message.event_name.as_str())
+    .bind(message.subscriber_id.as_str())
+    .bind(message.category.as_deref())
+    .bind(message.priority)
+    .bind(message.channel.as_str())
+    .bind(message.status.as_str())
+    .bind(message.test_mode)
+    .bind(keys.as_str())
+    .bind(created_at.as_str())
+    .bind(created_at.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+
+    let row =
+        sqlx::query("SELECT status, lease_owner, lease_until FROM messages WHERE event_id = ?")
+            .bind(message.event_id.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    let holder: Option<&str> = row.try_get("lease_owner").map_err(map_err)?;
+    let held_until: Option<&str> = row.try_get("lease_until").map_err(map_err)?;
+    if let (Some(holder), Some(held_until)) = (holder, held_until)
+        && holder != owner
+        && decode_timestamp(held_until)? > now
+    {
+        // Nothing was written: the row existed, or it would have no lease.
+        return Ok(Claim::Busy);
+    }
+    let status = decode_status(row.try_get("status").map_err(map_err)?)?;
+
+    sqlx::query("UPDATE messages SET lease_owner = ?, lease_until = ? WHERE event_id = ?")
+        .bind(owner)
+        .bind(until.as_str())
+        .bind(message.event_id.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+
+    // The `queued` entry belongs to the stored row, so it takes that row's time and
+    // channel (the row may predate this NewMessage's copy).
+    sqlx::query(
+        "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+         SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
+         FROM messages WHERE event_id = ?1 \
+         AND NOT EXISTS (SELECT 1 FROM message_events WHERE event_id = ?1)",
+    )
+    .bind(message.event_id.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+
+    let erased: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM subscribers \
+         WHERE workspace_id = ? AND subscriber_key = ? AND deleted_at IS NOT NULL)",
+    )
+    .bind(message.workspace.as_str())
+    .bind(key.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    if erased {
+        // A message written for an erased subscriber is kept for the audit window,
+        // then scrubbed like those the erasure found.
+        sqlx::query("UPDATE messages SET erased_as = ? WHERE event_id = ? AND subscriber_id = ?")
+            .bind(super::erased_pseudonym(
+                &message.workspace,
+                &message.subscriber_id,
+            ))
+            .bind(message.event_id.as_str())
+            .bind(message.subscriber_id.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    } else {
+        sqlx::query(
+            "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, phone_masked, \
+             device_tokens, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
+             subscriber_id = excluded.subscriber_id, email = excluded.email, \
+             phone_masked = excluded.phone_masked, device_tokens = excluded.device_tokens, \
+             updated_at = excluded.updated_at",
+        )
+        .bind(message.workspace.as_str())
+        .bind(key.as_str())
+        .bind(message.subscriber_id.as_str())
+        .bind(contacts.email.as_deref())
+        .bind(contacts.phone_masked.as_deref())
+        .bind(tokens.as_deref())
+        .bind(now_text.as_str())
+        .bind(now_text.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    }
+
+    let rows = sqlx::query(&format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM delivery_attempts WHERE event_id = ? ORDER BY attempt_no"
+    ))
+    .bind(message.event_id.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let attempts = rows.iter().map(decode_attempt).collect::<Result<_, _>>()?;
+    Ok(Claim::Claimed(MessageSnapshot {
+        status,
+        attempts,
+        erased,
+    }))
+}
+
+/// [`Store::record_step`] on `conn`, inside a group commit's transaction.
+async fn record_step(
+    conn: &mut SqliteConnection,
+    event: &EventId,
+    owner: &str,
+    lease: Duration,
+    step: &Step,
+) -> Result<(), StoreError> {
+    let now = now_micros();
+    let now_text = encode_timestamp(&now);
+    let update = &step.message;
+    let until = if update.release_lease {
+        None
+    } else {
+        Some(lease_deadline(now, lease)?)
+    };
+    let timeline = encode_timeline(&step.timeline)?;
+
+    // The message update goes first: it is the lease check (no row matches unless
+    // `owner` holds the lease).
+    let updated = sqlx::query(
+        "UPDATE messages SET \
+         status = COALESCE(?1, status), attempts = COALESCE(?2, attempts), \
+         channel = COALESCE(?3, channel), provider = COALESCE(?4, provider), \
+         provider_message_id = COALESCE(?5, provider_message_id), \
+         cost_micro_usd = cost_micro_usd + ?6, \
+         error_code = COALESCE(?7, error_code), error_detail = COALESCE(?8, error_detail), \
+         updated_at = ?9, \
+         lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE lease_owner END, lease_until = ?10 \
+         WHERE event_id = ?11 AND lease_owner = ?12",
+    )
+    .bind(update.status.map(MessageStatus::as_str))
+    .bind(update.attempts)
+    .bind(update.channel.as_deref())
+    .bind(update.provider.as_deref())
+    .bind(update.provider_message_id.as_deref())
+    .bind(update.cost_add_micro_usd)
+    .bind(update.error_code.as_deref())
+    .bind(update.error_detail.as_deref())
+    .bind(now_text.as_str())
+    .bind(until.as_deref())
+    .bind(event.as_str())
+    .bind(owner)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?
+    .rows_affected();
+    if updated == 0 {
+        return Err(StoreError::Conflict(format!(
+            "{event} is missing or its lease is not held by this worker"
+        )));
+    }
+
+    match &step.attempt {
+        None => {}
+        Some(AttemptWrite::Start {
+            attempt_no,
+            channel,
+            provider,
+        }) => {
+            sqlx::query(
+                "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, started_at) \
+                 VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(event.as_str())
+            .bind(attempt_no)
+            .bind(channel.as_str())
+            .bind(provider.as_str())
+            .bind(AttemptState::Started.as_str())
+            .bind(now_text.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        }
+        Some(AttemptWrite::Finish {
+            attempt_no,
+            state,
+            provider_message_id,
+            cost_micro_usd,
+            detail,
+        }) => {
+            let finished = sqlx::query(
+                "UPDATE delivery_attempts SET state = ?, provider_message_id = ?, cost_micro_usd = ?, \
+                 detail = ?, finished_at = ? WHERE event_id = ? AND attempt_no = ?",
+            )
+            .bind(state.as_str())
+            .bind(provider_message_id.as_deref())
+            .bind(cost_micro_usd)
+            .bind(detail.as_deref())
+            .bind(now_text.as_str())
+            .bind(event.as_str())
+            .bind(attempt_no)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+            if finished == 0 {
+                // A worker bug: finishing an attempt it never started.
+                return Err(StoreError::Other(format!(
+                    "attempt {attempt_no} of {event} was never started"
+                )));
+            }
+        }
+    }
+
+    insert_timeline(&mut *conn, event, &timeline).await?;
+    // A step that records a provider id applies the receipts waiting for it (the
+    // write lock, held since the first statement, keeps new ones out meanwhile).
+    if update.provider_message_id.is_some() {
+        apply_pending_receipts(&mut *conn, event, &now_text).await?;
+    }
+    Ok(())
+}
+
+/// [`Store::apply_receipt`] on `conn`, inside a group commit's transaction.
+async fn apply_receipt(
+    conn: &mut SqliteConnection,
+    receipt: &ReceiptWrite,
+) -> Result<ReceiptOutcome, StoreError> {
+    let now_text = encode_timestamp(&now_micros());
+    let detail = receipt
+        .timeline
+        .detail
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
+    // Runs in a group commit's transaction, which holds the write lock: receipts,
+    // and the steps that record provider ids, run one at a time.
+    let inserted = sqlx::query(
+        "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, status, \
+         state, occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, \
+         timeline_occurred_at, timeline_provider, timeline_detail, received_at) \
+         VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (receipt_key) DO NOTHING",
+    )
+    .bind(receipt.receipt_key.as_str())
+    .bind(receipt.provider.as_str())
+    .bind(receipt.provider_message_id.as_str())
+    .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+    .bind(receipt.status.as_str())
+    .bind(encode_timestamp(&receipt.occurred_at))
+    .bind(receipt.cost_micro_usd)
+    .bind(receipt.error_code.as_deref())
+    .bind(receipt.error_detail.as_deref())
+    .bind(receipt.timeline.status.as_str())
+    .bind(encode_timestamp(&receipt.timeline.occurred_at))
+    .bind(receipt.timeline.provider.as_deref())
+    .bind(detail.as_deref())
+    .bind(now_text.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?
+    .rows_affected();
+    if inserted == 0 {
+        return Ok(ReceiptOutcome::Duplicate);
+    }
+    let message = sqlx::query(
+        "SELECT event_id, status FROM messages WHERE provider = ?1 \
+         AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
+         ORDER BY created_at DESC, event_id DESC LIMIT 1",
+    )
+    .bind(receipt.provider.as_str())
+    .bind(receipt.provider_message_id.as_str())
+    .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let outcome = match message {
+        None => ReceiptOutcome::Pending,
+        Some(row) => {
+            let event = EventId::parse(row.try_get("event_id").map_err(map_err)?)
+                .map_err(super::corrupt)?;
+            let status = decode_status(row.try_get("status").map_err(map_err)?)?;
+            settle_receipt(&mut *conn, &event, status, receipt, &now_text)
+                .await?
+                .1
+        }
+    };
+    Ok(outcome)
+}
+
 /// `now + ttl`, with `ttl` capped at [`MAX_TTL`].
 fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
     chrono::Duration::from_std(ttl.min(MAX_TTL))
@@ -1290,7 +1353,7 @@ fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
 /// the receipt advances it, and the receipt is marked applied or ignored. Returns the
 /// message's status afterwards and the outcome. Runs inside a write transaction.
 async fn settle_receipt(
-    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    conn: &mut SqliteConnection,
     event: &EventId,
     current: MessageStatus,
     receipt: &ReceiptWrite,
@@ -1310,16 +1373,16 @@ async fn settle_receipt(
         .bind(receipt.error_detail.as_deref())
         .bind(now_text)
         .bind(event.as_str())
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await
         .map_err(map_err)?;
-        insert_timeline(tx, event, &timeline).await?;
+        insert_timeline(&mut *conn, event, &timeline).await?;
     }
     sqlx::query("UPDATE receipts SET state = ?, event_id = ? WHERE receipt_key = ?")
         .bind(if applied { "applied" } else { "ignored" })
         .bind(event.as_str())
         .bind(receipt.receipt_key.as_str())
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await
         .map_err(map_err)?;
     Ok(if applied {
@@ -1332,7 +1395,7 @@ async fn settle_receipt(
 /// Applies, oldest first, the pending receipts of the provider id message `event` now
 /// has (nothing when it has none), each against the status the previous one left.
 async fn apply_pending_receipts(
-    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    conn: &mut SqliteConnection,
     event: &EventId,
     now_text: &str,
 ) -> Result<(), StoreError> {
@@ -1341,7 +1404,7 @@ async fn apply_pending_receipts(
          WHERE event_id = ?",
     )
     .bind(event.as_str())
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *conn)
     .await
     .map_err(map_err)?;
     let provider: Option<String> = row.try_get("provider").map_err(map_err)?;
@@ -1360,14 +1423,14 @@ async fn apply_pending_receipts(
     .bind(provider.as_str())
     .bind(id.as_str())
     .bind(workspace.as_str())
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await
     .map_err(map_err)?
     .iter()
     .map(decode_receipt)
     .collect::<Result<Vec<_>, _>>()?;
     for receipt in &pending {
-        current = settle_receipt(tx, event, current, receipt, now_text)
+        current = settle_receipt(&mut *conn, event, current, receipt, now_text)
             .await?
             .0;
     }
@@ -1561,7 +1624,7 @@ fn encode_timeline(entries: &[NewTimelineEntry]) -> Result<Vec<EncodedEntry<'_>>
 
 /// Appends entries in order: AUTOINCREMENT gives them increasing `seq`s.
 async fn insert_timeline(
-    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    conn: &mut SqliteConnection,
     event: &EventId,
     entries: &[EncodedEntry<'_>],
 ) -> Result<(), StoreError> {
@@ -1575,7 +1638,7 @@ async fn insert_timeline(
         .bind(entry.occurred_at.as_str())
         .bind(entry.provider)
         .bind(entry.detail.as_deref())
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await
         .map_err(map_err)?;
     }
@@ -1695,6 +1758,23 @@ mod tests {
             .expect("open sqlite");
         store.migrate().await.expect("migrate");
         (dir, store)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_failures_stay_alone() {
+        let (_dir, store) = open_temp().await;
+        let lanes = Lanes {
+            count: 1,
+            begin: Some("BEGIN IMMEDIATE"),
+            map_err,
+        };
+        let kept =
+            crate::store::group::tests::failures_stay_alone(store.pool().clone(), lanes).await;
+        let stored: Vec<i64> = sqlx::query_scalar("SELECT k FROM group_rows ORDER BY k")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(stored, kept);
     }
 
     #[tokio::test]

@@ -1,0 +1,237 @@
+//! Group commit for the delivery path's small writes (claims, steps, receipts).
+//!
+//! Each of these writes is a short transaction, and on both backends a commit costs
+//! far more than the statements in it (a WAL flush). Writes from concurrent callers
+//! are queued to a few lanes; a lane takes every write waiting, runs each in its own
+//! savepoint of one transaction and commits once. A write that fails rolls back to
+//! its savepoint and fails alone; its neighbours commit. Nobody hears back before the
+//! commit that makes their write durable, so "recorded before the provider is called"
+//! and "acknowledged after the outcome is durable" still hold. When the commit itself
+//! fails, every write in it gets that error, exactly as a lone transaction would.
+
+use super::StoreError;
+use futures::future::BoxFuture;
+use sqlx::{Connection, Database, Pool};
+use std::sync::Arc;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+/// Writes one lane commits together at most: bounds how long a write waits behind
+/// others and how long the batch holds its locks.
+const MAX_BATCH: usize = 64;
+
+/// The write a caller queues: it runs on the lane's connection, inside its savepoint.
+pub(crate) type Work<DB, T> = Box<
+    dyn for<'c> FnOnce(&'c mut <DB as Database>::Connection) -> BoxFuture<'c, Result<T, StoreError>>
+        + Send,
+>;
+
+/// One queued write with its caller's answer channel.
+trait Job<DB: Database>: Send {
+    /// Runs the write; true when it succeeded (its savepoint is kept).
+    fn run<'c>(&'c mut self, conn: &'c mut DB::Connection) -> BoxFuture<'c, bool>;
+    /// Answers the caller: its own result, or `failed` when the batch did not commit.
+    fn answer(self: Box<Self>, failed: Option<&StoreError>);
+}
+
+struct Pending<DB: Database, T> {
+    work: Option<Work<DB, T>>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
+    fn run<'c>(&'c mut self, conn: &'c mut DB::Connection) -> BoxFuture<'c, bool> {
+        Box::pin(async move {
+            let Some(work) = self.work.take() else {
+                return false;
+            };
+            let result = work(conn).await;
+            let ok = result.is_ok();
+            self.result = Some(result);
+            ok
+        })
+    }
+
+    fn answer(self: Box<Self>, failed: Option<&StoreError>) {
+        let result = match (failed, self.result) {
+            (Some(e), _) => Err(copy(e)),
+            (None, Some(result)) => result,
+            (None, None) => Err(StoreError::Other("the write was never run".into())),
+        };
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The same error again, for each write of a batch that failed as a whole.
+fn copy(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Conflict(m) => StoreError::Conflict(m.clone()),
+        StoreError::Other(m) => StoreError::Other(m.clone()),
+    }
+}
+
+/// Queues writes to lanes that commit them in batches. Dropping it stops the lanes
+/// once the writes already queued are answered.
+pub(crate) struct GroupCommit<DB: Database> {
+    queue: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
+}
+
+impl<DB: Database> std::fmt::Debug for GroupCommit<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").finish_non_exhaustive()
+    }
+}
+
+/// How a backend opens a lane's transaction and names its errors.
+#[derive(Clone, Copy)]
+pub(crate) struct Lanes {
+    /// Lanes committing in parallel (SQLite has one writer: one lane).
+    pub count: usize,
+    /// The statement that opens a batch (SQLite: `BEGIN IMMEDIATE`, so the batch holds
+    /// the write lock from its start instead of failing to upgrade to it).
+    pub begin: Option<&'static str>,
+    /// The backend's mapping of driver errors.
+    pub map_err: fn(sqlx::Error) -> StoreError,
+}
+
+impl<DB: Database> GroupCommit<DB> {
+    /// Starts `lanes.count` lanes on `pool` (on the current Tokio runtime).
+    pub(crate) fn start(pool: Pool<DB>, lanes: Lanes) -> Self {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..lanes.count.max(1) {
+            tokio::spawn(lane(pool.clone(), rx.clone(), lanes));
+        }
+        Self { queue }
+    }
+
+    /// Runs `work` in the next batch and returns its result once the batch committed.
+    pub(crate) async fn run<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job: Box<dyn Job<DB>> = Box::new(Pending {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        if self.queue.send(job).is_err() {
+            return Err(StoreError::Unavailable("the store is shutting down".into()));
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("the store is shutting down".into())))
+    }
+}
+
+/// One lane: takes every write waiting (up to [`MAX_BATCH`]), commits them together,
+/// answers them, and again.
+async fn lane<DB: Database>(
+    pool: Pool<DB>,
+    queue: Arc<Mutex<mpsc::UnboundedReceiver<Box<dyn Job<DB>>>>>,
+    lanes: Lanes,
+) {
+    loop {
+        let mut jobs = Vec::new();
+        {
+            let mut rx = queue.lock().await;
+            match rx.recv().await {
+                Some(job) => jobs.push(job),
+                None => return,
+            }
+            while jobs.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        let failed = commit(&pool, &mut jobs, lanes).await.err();
+        for job in jobs {
+            job.answer(failed.as_ref());
+        }
+    }
+}
+
+/// Runs `jobs` in one transaction, each in a savepoint (a lone job needs none).
+async fn commit<DB: Database>(
+    pool: &Pool<DB>,
+    jobs: &mut [Box<dyn Job<DB>>],
+    lanes: Lanes,
+) -> Result<(), StoreError> {
+    let map_err = lanes.map_err;
+    let mut tx = match lanes.begin {
+        Some(statement) => pool.begin_with(statement).await,
+        None => pool.begin().await,
+    }
+    .map_err(map_err)?;
+    if let [job] = jobs {
+        return if job.run(&mut tx).await {
+            tx.commit().await.map_err(map_err)
+        } else {
+            tx.rollback().await.map_err(map_err)
+        };
+    }
+    for job in jobs.iter_mut() {
+        let mut savepoint = tx.begin().await.map_err(map_err)?;
+        if job.run(&mut savepoint).await {
+            savepoint.commit().await.map_err(map_err)?;
+        } else {
+            savepoint.rollback().await.map_err(map_err)?;
+        }
+    }
+    tx.commit().await.map_err(map_err)
+}
+
+/// The group commit's behaviour, run by each backend's tests on a fresh database.
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use sqlx::Executor;
+
+    /// Concurrent writes, every fifth of them failing (a duplicate key): the failing
+    /// ones get their own error, every other one commits. Returns the keys that must be
+    /// in `group_rows` now, in order, for the caller to compare with what is stored.
+    pub(crate) async fn failures_stay_alone<DB: Database>(pool: Pool<DB>, lanes: Lanes) -> Vec<i64>
+    where
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    {
+        pool.execute("CREATE TABLE group_rows (k BIGINT PRIMARY KEY)")
+            .await
+            .unwrap();
+        let group = Arc::new(GroupCommit::start(pool.clone(), lanes));
+        let writes = (0..60i64).map(|i| {
+            let group = group.clone();
+            tokio::spawn(async move {
+                // Every fifth write repeats key 0 (written by write 0): a unique violation.
+                let key = if i % 5 == 0 { 0 } else { i };
+                let work: Work<DB, i64> = Box::new(move |conn| {
+                    Box::pin(async move {
+                        let sql = format!("INSERT INTO group_rows (k) VALUES ({key})");
+                        conn.execute(sql.as_str()).await.map_err(lanes.map_err)?;
+                        Ok(i)
+                    })
+                });
+                (i, group.run(work).await)
+            })
+        });
+        let mut kept = Vec::new();
+        let mut refused = 0;
+        for write in futures::future::join_all(writes).await {
+            match write.unwrap() {
+                (i, Ok(j)) => {
+                    assert_eq!(i, j);
+                    kept.push(if i % 5 == 0 { 0 } else { i });
+                }
+                (i, Err(StoreError::Conflict(_))) => {
+                    assert_eq!(i % 5, 0, "write {i} should have committed");
+                    refused += 1;
+                }
+                (i, Err(e)) => panic!("write {i}: unexpected error {e}"),
+            }
+        }
+        // Key 0 is written by whichever of its twelve writes ran first.
+        assert_eq!(refused, 11);
+        kept.sort_unstable();
+        kept
+    }
+}
