@@ -61,8 +61,8 @@ pub struct AppState {
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
 pub async fn open_store(
     config: &Config,
-) -> anyhow::Result<(Arc<dyn store::Store>, Option<sqlx::SqlitePool>)> {
-    let (store, pool): (Arc<dyn store::Store>, _) = match config.store.backend {
+) -> anyhow::Result<(Arc<dyn store::Store>, Option<store::sqlite::SqliteStore>)> {
+    let (store, lite): (Arc<dyn store::Store>, _) = match config.store.backend {
         StoreBackend::Postgres => {
             let pg =
                 store::postgres::PgStore::connect(&config.store.url, config.store.max_connections)
@@ -79,15 +79,14 @@ pub async fn open_store(
             let lite = store::sqlite::SqliteStore::open(&path)
                 .await
                 .map_err(|e| anyhow::anyhow!("sqlite database {}: {e}", path.display()))?;
-            let pool = lite.pool().clone();
-            (Arc::new(lite), Some(pool))
+            (Arc::new(lite.clone()), Some(lite))
         }
     };
     store
         .migrate()
         .await
         .map_err(|e| anyhow::anyhow!("running migrations: {e}"))?;
-    Ok((store, pool))
+    Ok((store, lite))
 }
 
 /// Builds the shared state: backends, the plugin runtime and every plugin.
@@ -119,16 +118,20 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             (b.clone(), b, announcer, revocations)
         }
         BrokerBackend::Embedded => {
-            let pool = match sqlite.clone() {
-                Some(pool) => pool,
+            let lite = match &sqlite {
+                Some(lite) => lite,
                 None => {
                     anyhow::bail!("broker.backend = \"embedded\" needs store.backend = \"sqlite\"")
                 }
             };
             let b = Arc::new(
-                broker::embedded::EmbeddedBroker::open(pool, streams.clone())
-                    .await
-                    .map_err(|e| anyhow::anyhow!("embedded queue: {e}"))?,
+                broker::embedded::EmbeddedBroker::open_sharing(
+                    lite.pool().clone(),
+                    lite.writer(),
+                    streams.clone(),
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("embedded queue: {e}"))?,
             );
             (
                 b.clone(),
@@ -160,8 +163,8 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         // With the dev database at hand, idempotency keys live in it and survive restarts.
         CountersBackend::Memory => {
             let idempotency: Arc<dyn idempotency::IdempotencyStore> = match &sqlite {
-                Some(pool) => Arc::new(
-                    idempotency::sqlite::SqliteIdempotency::open(pool.clone())
+                Some(lite) => Arc::new(
+                    idempotency::sqlite::SqliteIdempotency::open(lite.pool().clone())
                         .await
                         .map_err(|e| anyhow::anyhow!("idempotency table: {e}"))?,
                 ),

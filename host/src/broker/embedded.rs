@@ -35,9 +35,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::store::StoreError;
+use crate::store::group::GroupCommit;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
-use sqlx::{Row, SqlitePool};
+use sqlx::{Row, Sqlite, SqlitePool};
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
@@ -96,6 +98,8 @@ pub type QueuedMessage = (i64, String, String, Vec<u8>);
 #[derive(Clone)]
 pub struct EmbeddedBroker {
     pool: SqlitePool,
+    /// Every write to the queue goes through the file's one group commit.
+    writer: Arc<GroupCommit<Sqlite>>,
     names: StreamNames,
     shared: Arc<Shared>,
 }
@@ -120,12 +124,24 @@ impl EmbeddedBroker {
     /// Opens the queue in `pool`'s database, creating its table if missing (so `len` and
     /// `read` work even before [`Broker::setup`]).
     pub async fn open(pool: SqlitePool, names: StreamNames) -> Result<Self, BrokerError> {
+        let writer = crate::store::sqlite::writer(&pool);
+        Self::open_sharing(pool, writer, names).await
+    }
+
+    /// [`Self::open`] writing through `writer`, the group commit the file's other
+    /// writers use (see [`crate::store::sqlite::SqliteStore::writer`]).
+    pub(crate) async fn open_sharing(
+        pool: SqlitePool,
+        writer: Arc<GroupCommit<Sqlite>>,
+        names: StreamNames,
+    ) -> Result<Self, BrokerError> {
         let shared = Arc::new(Shared {
             published: watch::Sender::new(0),
             consumers: std::sync::Mutex::new(HashMap::new()),
         });
         let broker = Self {
             pool,
+            writer,
             names,
             shared,
         };
@@ -229,26 +245,45 @@ impl EmbeddedBroker {
             .map_err(|err| BrokerError(format!("cannot decode the embedded queue {stream}: {err}")))
     }
 
-    /// Inserts the whole batch in one transaction: all stored, or none.
-    async fn insert_batch(&self, messages: &[Publish]) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let insert = format!(
-            "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at)
-             SELECT ?1, ?2, ?3, ?4, {NOW}
-             WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE msg_id = ?3)"
-        );
-        for message in messages {
-            // OR IGNORE, and the `broker_seen` check: a message id stored or recently
-            // acknowledged is a duplicate, which counts as done.
-            sqlx::query(&insert)
-                .bind(self.names.stream(message.class))
-                .bind(&message.subject)
-                .bind(&message.msg_id)
-                .bind(message.payload.as_ref())
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await
+    /// Inserts the whole batch atomically (in the writer's next batch): all stored, or
+    /// none.
+    async fn insert_batch(&self, messages: &[Publish]) -> Result<(), StoreError> {
+        let rows: Vec<_> = messages
+            .iter()
+            .map(|m| {
+                let stream = self.names.stream(m.class).to_owned();
+                (
+                    stream,
+                    m.subject.clone(),
+                    m.msg_id.clone(),
+                    m.payload.clone(),
+                )
+            })
+            .collect();
+        self.writer
+            .run(Box::new(move |conn| {
+                Box::pin(async move {
+                    let insert = format!(
+                        "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at)
+                         SELECT ?1, ?2, ?3, ?4, {NOW}
+                         WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE msg_id = ?3)"
+                    );
+                    for (stream, subject, msg_id, payload) in &rows {
+                        // OR IGNORE, and the `broker_seen` check: a message id stored or
+                        // recently acknowledged is a duplicate, which counts as done.
+                        sqlx::query(&insert)
+                            .bind(stream)
+                            .bind(subject)
+                            .bind(msg_id)
+                            .bind(payload.as_ref())
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(crate::store::sqlite::map_err)?;
+                    }
+                    Ok(())
+                })
+            }))
+            .await
     }
 }
 
@@ -269,7 +304,7 @@ impl Broker for EmbeddedBroker {
                     .send_modify(|version| *version = version.wrapping_add(1));
                 messages.iter().map(|_| Ok(())).collect()
             }
-            // The transaction rolled back: nothing of the batch is stored.
+            // Rolled back: nothing of the batch is stored.
             Err(err) => {
                 let err = BrokerError(format!("embedded queue insert failed: {err}"));
                 messages.iter().map(|_| Err(err.clone())).collect()
@@ -325,6 +360,7 @@ impl WorkQueue for EmbeddedBroker {
         };
         let subscription = Subscription {
             pool: self.pool.clone(),
+            writer: self.writer.clone(),
             ack_wait: settings.ack_wait,
             published: self.shared.published.subscribe(),
             changed: consumer.changed.subscribe(),
@@ -454,6 +490,7 @@ impl Consumer {
     async fn claim(
         self: &Arc<Self>,
         pool: &SqlitePool,
+        writer: &Arc<GroupCommit<Sqlite>>,
         ack_wait: Duration,
     ) -> Result<Claim, BrokerError> {
         let mut queue = self.queue.lock().await;
@@ -479,7 +516,7 @@ impl Consumer {
             payload: pending.payload.clone(),
             delivered: pending.delivered,
             settle: Box::new(EmbeddedSettle {
-                pool: pool.clone(),
+                writer: writer.clone(),
                 consumer: Arc::clone(self),
                 seq,
                 lease,
@@ -492,6 +529,7 @@ impl Consumer {
 /// One subscriber: claims a delivery each time it is polled, waiting while none is due.
 struct Subscription {
     pool: SqlitePool,
+    writer: Arc<GroupCommit<Sqlite>>,
     consumer: Arc<Consumer>,
     ack_wait: Duration,
     published: watch::Receiver<u64>,
@@ -510,7 +548,11 @@ impl Subscription {
             // wakes the wait below.
             self.published.borrow_and_update();
             self.changed.borrow_and_update();
-            let next_due = match self.consumer.claim(&self.pool, self.ack_wait).await {
+            let next_due = match self
+                .consumer
+                .claim(&self.pool, &self.writer, self.ack_wait)
+                .await
+            {
                 Ok(Claim::Delivery(delivery)) => return Ok(delivery),
                 Ok(Claim::Idle(next_due)) => next_due,
                 Err(err) => {
@@ -533,7 +575,7 @@ impl Subscription {
 
 /// Settles one embedded delivery.
 struct EmbeddedSettle {
-    pool: SqlitePool,
+    writer: Arc<GroupCommit<Sqlite>>,
     consumer: Arc<Consumer>,
     seq: i64,
     /// Naks and progress from a delivery whose message was since handed out again are
@@ -544,24 +586,34 @@ struct EmbeddedSettle {
 
 impl EmbeddedSettle {
     /// Moves the message id to `broker_seen`, deletes the row and prunes `broker_seen`,
-    /// in one transaction.
-    async fn delete_row(&self) -> Result<(), sqlx::Error> {
-        // The first statement writes, so BEGIN (deferred) takes the write lock through
-        // the busy handler.
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(&format!(
-            "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at)
-             SELECT msg_id, {NOW} FROM broker_queue WHERE seq = ?"
-        ))
-        .bind(self.seq)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("DELETE FROM broker_queue WHERE seq = ?")
-            .bind(self.seq)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(&prune_seen_sql()).execute(&mut *tx).await?;
-        tx.commit().await
+    /// atomically, in the writer's next batch.
+    async fn delete_row(&self) -> Result<(), StoreError> {
+        let seq = self.seq;
+        self.writer
+            .run(Box::new(move |conn| {
+                Box::pin(async move {
+                    let map_err = crate::store::sqlite::map_err;
+                    sqlx::query(&format!(
+                        "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at)
+                         SELECT msg_id, {NOW} FROM broker_queue WHERE seq = ?"
+                    ))
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(map_err)?;
+                    sqlx::query("DELETE FROM broker_queue WHERE seq = ?")
+                        .bind(seq)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(map_err)?;
+                    sqlx::query(&prune_seen_sql())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(map_err)?;
+                    Ok(())
+                })
+            }))
+            .await
     }
 }
 

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-mod group;
+pub(crate) mod group;
 pub mod plugin_versions;
 pub mod postgres;
 pub mod sqlite;

@@ -67,6 +67,19 @@ pub fn decode_timestamp(s: &str) -> Result<DateTime<Utc>, StoreError> {
         .map_err(|e| StoreError::Other(format!("stored timestamp is not RFC 3339: {e}")))
 }
 
+/// A group commit on `pool`'s file: one lane (SQLite has one writer), whose batches
+/// take the write lock at once (`BEGIN IMMEDIATE`) rather than fail to upgrade to it.
+pub(crate) fn writer(pool: &SqlitePool) -> Arc<GroupCommit<Sqlite>> {
+    Arc::new(GroupCommit::start(pool.clone(), WRITER_LANES))
+}
+
+/// The lanes of [`writer`].
+const WRITER_LANES: Lanes = Lanes {
+    count: 1,
+    begin: Some("BEGIN IMMEDIATE"),
+    map_err,
+};
+
 /// The SQLite store: a connection pool on one database file, and the group commit of
 /// the delivery path (one lane: SQLite has one writer).
 #[derive(Debug, Clone)]
@@ -93,18 +106,14 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(map_err)?;
-        let group = GroupCommit::start(
-            pool.clone(),
-            Lanes {
-                count: 1,
-                begin: Some("BEGIN IMMEDIATE"),
-                map_err,
-            },
-        );
-        Ok(Self {
-            pool,
-            group: Arc::new(group),
-        })
+        let group = writer(&pool);
+        Ok(Self { pool, group })
+    }
+
+    /// The file's group commit, for other writers of the same file (the embedded
+    /// queue): one lane for every write keeps them from waiting on each other's locks.
+    pub(crate) fn writer(&self) -> Arc<GroupCommit<Sqlite>> {
+        self.group.clone()
     }
 
     /// The underlying pool: other modules keep their own tables in the same file.
@@ -1763,13 +1772,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn group_commit_failures_stay_alone() {
         let (_dir, store) = open_temp().await;
-        let lanes = Lanes {
-            count: 1,
-            begin: Some("BEGIN IMMEDIATE"),
-            map_err,
-        };
         let kept =
-            crate::store::group::tests::failures_stay_alone(store.pool().clone(), lanes).await;
+            crate::store::group::tests::failures_stay_alone(store.pool().clone(), WRITER_LANES)
+                .await;
         let stored: Vec<i64> = sqlx::query_scalar("SELECT k FROM group_rows ORDER BY k")
             .fetch_all(store.pool())
             .await
