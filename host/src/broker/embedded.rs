@@ -248,7 +248,7 @@ impl EmbeddedBroker {
     /// Inserts the whole batch atomically (in the writer's next batch): all stored, or
     /// none.
     async fn insert_batch(&self, messages: &[Publish]) -> Result<(), StoreError> {
-        let rows: Vec<_> = messages
+        let rows: Arc<Vec<_>> = messages
             .iter()
             .map(|m| {
                 let stream = self.names.stream(m.class).to_owned();
@@ -259,16 +259,18 @@ impl EmbeddedBroker {
                     m.payload.clone(),
                 )
             })
-            .collect();
+            .collect::<Vec<_>>()
+            .into();
         self.writer
             .run(Box::new(move |conn| {
+                let rows = rows.clone();
                 Box::pin(async move {
                     let insert = format!(
                         "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at)
                          SELECT ?1, ?2, ?3, ?4, {NOW}
                          WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE msg_id = ?3)"
                     );
-                    for (stream, subject, msg_id, payload) in &rows {
+                    for (stream, subject, msg_id, payload) in rows.iter() {
                         // OR IGNORE, and the `broker_seen` check: a message id stored or
                         // recently acknowledged is a duplicate, which counts as done.
                         sqlx::query(&insert)

@@ -305,10 +305,11 @@ impl Store for SqliteStore {
         owner: &str,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let (message, contacts, owner) = (message.clone(), contacts.clone(), owner.to_string());
+        let args = Arc::new((message.clone(), contacts.clone(), owner.to_string()));
         self.group
             .run(Box::new(move |conn| {
-                Box::pin(async move { claim(conn, &message, &contacts, &owner, lease).await })
+                let args = args.clone();
+                Box::pin(async move { claim(conn, &args.0, &args.1, &args.2, lease).await })
             }))
             .await
     }
@@ -320,10 +321,11 @@ impl Store for SqliteStore {
         lease: Duration,
         step: &Step,
     ) -> Result<(), StoreError> {
-        let (event, owner, step) = (event.clone(), owner.to_string(), step.clone());
+        let args = Arc::new((event.clone(), owner.to_string(), step.clone()));
         self.group
             .run(Box::new(move |conn| {
-                Box::pin(async move { record_step(conn, &event, &owner, lease, &step).await })
+                let args = args.clone();
+                Box::pin(async move { record_step(conn, &args.0, &args.1, lease, &args.2).await })
             }))
             .await
     }
@@ -952,10 +954,11 @@ impl Store for SqliteStore {
         key: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let (provider, key) = (provider.to_string(), key.to_string());
+        let args = Arc::new((provider.to_string(), key.to_string()));
         self.group
             .run(Box::new(move |conn| {
-                Box::pin(async move { reserve_replay(conn, &provider, &key, ttl).await })
+                let args = args.clone();
+                Box::pin(async move { reserve_replay(conn, &args.0, &args.1, ttl).await })
             }))
             .await
     }
@@ -971,9 +974,10 @@ impl Store for SqliteStore {
     }
 
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
-        let receipt = receipt.clone();
+        let receipt = Arc::new(receipt.clone());
         self.group
             .run(Box::new(move |conn| {
+                let receipt = receipt.clone();
                 Box::pin(async move { apply_receipt(conn, &receipt).await })
             }))
             .await
