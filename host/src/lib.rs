@@ -164,9 +164,12 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         CountersBackend::Memory => {
             let idempotency: Arc<dyn idempotency::IdempotencyStore> = match &sqlite {
                 Some(lite) => Arc::new(
-                    idempotency::sqlite::SqliteIdempotency::open(lite.pool().clone())
-                        .await
-                        .map_err(|e| anyhow::anyhow!("idempotency table: {e}"))?,
+                    idempotency::sqlite::SqliteIdempotency::open_sharing(
+                        lite.pool().clone(),
+                        lite.writer(),
+                    )
+                    .await
+                    .map_err(|e| anyhow::anyhow!("idempotency table: {e}"))?,
                 ),
                 None => Arc::new(idempotency::memory::MemoryIdempotency::new()),
             };

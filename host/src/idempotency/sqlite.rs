@@ -2,13 +2,17 @@
 //! after a restart still returns the original response.
 
 use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
-use sqlx::{Row, SqlitePool};
+use crate::store::group::GroupCommit;
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Idempotency keys in a table of the dev database.
 #[derive(Debug, Clone)]
 pub struct SqliteIdempotency {
     pool: SqlitePool,
+    /// Writes go through the file's one group commit, with the store's and the queue's.
+    writer: Arc<GroupCommit<Sqlite>>,
     pending_timeout: Duration,
 }
 
@@ -27,6 +31,16 @@ fn ms(d: Duration) -> i64 {
 impl SqliteIdempotency {
     /// Creates the table if missing.
     pub async fn open(pool: SqlitePool) -> Result<Self, IdempotencyError> {
+        let writer = crate::store::sqlite::writer(&pool);
+        Self::open_sharing(pool, writer).await
+    }
+
+    /// [`Self::open`] writing through `writer`, the group commit the file's other
+    /// writers use (see [`crate::store::sqlite::SqliteStore::writer`]).
+    pub(crate) async fn open_sharing(
+        pool: SqlitePool,
+        writer: Arc<GroupCommit<Sqlite>>,
+    ) -> Result<Self, IdempotencyError> {
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS idempotency_keys (
                 workspace TEXT NOT NULL,
@@ -42,6 +56,7 @@ impl SqliteIdempotency {
         .map_err(err)?;
         Ok(Self {
             pool,
+            writer,
             pending_timeout: PENDING_TIMEOUT,
         })
     }
@@ -50,47 +65,15 @@ impl SqliteIdempotency {
 #[async_trait::async_trait]
 impl IdempotencyStore for SqliteIdempotency {
     async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
-        let now = now_ms();
-        // Each statement is atomic; two racing claimers cannot both insert.
-        sqlx::query(
-            "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND expires_at_ms <= ?",
-        )
-        .bind(workspace)
-        .bind(key)
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .map_err(err)?;
-        let inserted = sqlx::query(
-            "INSERT OR IGNORE INTO idempotency_keys (workspace, key, completed, response, expires_at_ms)
-             VALUES (?, ?, 0, NULL, ?)",
-        )
-        .bind(workspace)
-        .bind(key)
-        .bind(now + ms(self.pending_timeout))
-        .execute(&self.pool)
-        .await
-        .map_err(err)?;
-        if inserted.rows_affected() == 1 {
-            return Ok(Claim::Fresh);
-        }
-        let row = sqlx::query(
-            "SELECT completed, response FROM idempotency_keys WHERE workspace = ? AND key = ?",
-        )
-        .bind(workspace)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(err)?;
-        Ok(match row {
-            Some(row) if row.get::<i64, _>("completed") == 1 => Claim::Replay(
-                row.get::<Option<Vec<u8>>, _>("response")
-                    .unwrap_or_default(),
-            ),
-            Some(_) => Claim::Pending,
-            // Released between our insert attempt and the read: the caller retries.
-            None => Claim::Pending,
-        })
+        let args = Arc::new((workspace.to_string(), key.to_string()));
+        let pending_timeout = self.pending_timeout;
+        self.writer
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move { claim(conn, &args.0, &args.1, pending_timeout).await })
+            }))
+            .await
+            .map_err(|e| IdempotencyError(e.to_string()))
     }
 
     async fn complete(
@@ -99,31 +82,50 @@ impl IdempotencyStore for SqliteIdempotency {
         key: &str,
         response: &[u8],
     ) -> Result<(), IdempotencyError> {
-        sqlx::query(
-            "INSERT INTO idempotency_keys (workspace, key, completed, response, expires_at_ms) VALUES (?, ?, 1, ?, ?)
-             ON CONFLICT (workspace, key) DO UPDATE SET completed = 1, response = excluded.response,
-             expires_at_ms = excluded.expires_at_ms",
-        )
-        .bind(workspace)
-        .bind(key)
-        .bind(response)
-        .bind(now_ms() + ms(RETENTION))
-        .execute(&self.pool)
-        .await
-        .map_err(err)?;
-        Ok(())
+        let args = Arc::new((workspace.to_string(), key.to_string(), response.to_vec()));
+        self.writer
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    sqlx::query(
+                        "INSERT INTO idempotency_keys (workspace, key, completed, response, expires_at_ms) \
+                         VALUES (?, ?, 1, ?, ?) ON CONFLICT (workspace, key) DO UPDATE SET \
+                         completed = 1, response = excluded.response, \
+                         expires_at_ms = excluded.expires_at_ms",
+                    )
+                    .bind(&args.0)
+                    .bind(&args.1)
+                    .bind(&args.2)
+                    .bind(now_ms() + ms(RETENTION))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::store::sqlite::map_err)?;
+                    Ok(())
+                })
+            }))
+            .await
+            .map_err(|e| IdempotencyError(e.to_string()))
     }
 
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
-        sqlx::query(
-            "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND completed = 0",
-        )
-        .bind(workspace)
-        .bind(key)
-        .execute(&self.pool)
-        .await
-        .map_err(err)?;
-        Ok(())
+        let args = Arc::new((workspace.to_string(), key.to_string()));
+        self.writer
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    sqlx::query(
+                        "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND completed = 0",
+                    )
+                    .bind(&args.0)
+                    .bind(&args.1)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::store::sqlite::map_err)?;
+                    Ok(())
+                })
+            }))
+            .await
+            .map_err(|e| IdempotencyError(e.to_string()))
     }
 
     /// Drops the workspace's expired keys on the way (nothing else removes a key
@@ -144,6 +146,56 @@ impl IdempotencyStore for SqliteIdempotency {
                 .map_err(err)?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
+}
+
+/// Claims `key` on `conn`, inside a group commit's transaction: an expired entry is
+/// dropped, a new one inserted pending, or the existing one reported.
+async fn claim(
+    conn: &mut SqliteConnection,
+    workspace: &str,
+    key: &str,
+    pending_timeout: Duration,
+) -> Result<Claim, crate::store::StoreError> {
+    let map_err = crate::store::sqlite::map_err;
+    let now = now_ms();
+    sqlx::query(
+        "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND expires_at_ms <= ?",
+    )
+    .bind(workspace)
+    .bind(key)
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let inserted = sqlx::query(
+        "INSERT OR IGNORE INTO idempotency_keys (workspace, key, completed, response, expires_at_ms) \
+         VALUES (?, ?, 0, NULL, ?)",
+    )
+    .bind(workspace)
+    .bind(key)
+    .bind(now + ms(pending_timeout))
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    if inserted.rows_affected() == 1 {
+        return Ok(Claim::Fresh);
+    }
+    let row = sqlx::query(
+        "SELECT completed, response FROM idempotency_keys WHERE workspace = ? AND key = ?",
+    )
+    .bind(workspace)
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    Ok(match row {
+        Some(row) if row.get::<i64, _>("completed") == 1 => Claim::Replay(
+            row.get::<Option<Vec<u8>>, _>("response")
+                .unwrap_or_default(),
+        ),
+        // Pending; the row cannot vanish meanwhile (one transaction).
+        _ => Claim::Pending,
+    })
 }
 
 #[cfg(test)]

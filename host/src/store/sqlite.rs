@@ -152,95 +152,14 @@ impl Store for SqliteStore {
         if messages.is_empty() && outbox.is_empty() {
             return Ok(());
         }
-        // Encoded up front: the query builder borrows its bind values.
-        let encoded = messages
-            .iter()
-            .map(|m| {
-                Ok((
-                    serde_json::to_string(&m.variables_keys)?,
-                    encode_timestamp(&m.created_at),
-                ))
-            })
-            .collect::<Result<Vec<_>, serde_json::Error>>()
-            .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
-        let now = encode_timestamp(&Utc::now());
-
-        // The first statement writes, so BEGIN (deferred) takes the write lock through
-        // the busy handler. Dropping `tx` on any error rolls everything back.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let rows: Vec<_> = messages.iter().zip(&encoded).collect();
-        for chunk in rows.chunks(MAX_BINDS / MESSAGE_BINDS) {
-            let mut query = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, priority, \
-                 channel, status, test_mode, variables_keys, created_at, updated_at) ",
-            );
-            query.push_values(chunk, |mut row, (m, (keys, created_at))| {
-                row.push_bind(m.event_id.as_str())
-                    .push_bind(m.workspace.as_str())
-                    .push_bind(m.event_name.as_str())
-                    .push_bind(m.subscriber_id.as_str())
-                    .push_bind(m.category.as_deref())
-                    .push_bind(m.priority)
-                    .push_bind(m.channel.as_str())
-                    .push_bind(m.status.as_str())
-                    .push_bind(m.test_mode)
-                    .push_bind(keys.as_str())
-                    .push_bind(created_at.as_str())
-                    .push_bind(created_at.as_str());
-            });
-            // A worker may have written the row first (the publish precedes this
-            // insert); its row, possibly already dispatched, is the one to keep.
-            query.push(" ON CONFLICT (event_id) DO NOTHING RETURNING event_id");
-            // Not cached: the text varies with the chunk length and would crowd the
-            // per-connection statement cache.
-            let inserted: Vec<String> = query
-                .build_query_scalar()
-                .persistent(false)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?;
-            if inserted.is_empty() {
-                continue;
-            }
-            // The `queued` timeline entry of each row actually inserted (a skipped row's
-            // worker wrote it with the row), from the stored row as `claim_message` does.
-            let mut events = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
-                 SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
-                 FROM messages WHERE event_id IN (",
-            );
-            let mut list = events.separated(", ");
-            for event_id in &inserted {
-                list.push_bind(event_id.as_str());
-            }
-            events.push(")");
-            events
-                .build()
-                .persistent(false)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-        for chunk in outbox.chunks(MAX_BINDS / OUTBOX_BINDS) {
-            let mut query = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO outbox (stream, subject, msg_id, payload, created_at) ",
-            );
-            // Rows of one VALUES list get increasing rowids in list order.
-            query.push_values(chunk, |mut row, o| {
-                row.push_bind(o.stream.as_str())
-                    .push_bind(o.subject.as_str())
-                    .push_bind(o.msg_id.as_str())
-                    .push_bind(o.payload.as_slice())
-                    .push_bind(now.as_str());
-            });
-            query
-                .build()
-                .persistent(false)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)
+        // Through the file's one writer: ingestion does not wait on the workers' locks.
+        let args = Arc::new((messages.to_vec(), outbox.to_vec()));
+        self.group
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move { insert_messages(conn, &args.0, &args.1).await })
+            }))
+            .await
     }
 
     async fn outbox_peek(&self, limit: usize) -> Result<Vec<(i64, OutboxItem)>, StoreError> {
@@ -1008,6 +927,101 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
 
 /// Longest replay window kept (1,000 years, as the PostgreSQL store caps intervals).
 const MAX_TTL: Duration = Duration::from_secs(1_000 * 366 * 86_400);
+
+/// [`Store::insert_messages`] on `conn`, inside a group commit's transaction (where
+/// a failure rolls back everything it wrote).
+async fn insert_messages(
+    conn: &mut SqliteConnection,
+    messages: &[NewMessage],
+    outbox: &[OutboxItem],
+) -> Result<(), StoreError> {
+    // Encoded up front: the query builder borrows its bind values.
+    let encoded = messages
+        .iter()
+        .map(|m| {
+            Ok((
+                serde_json::to_string(&m.variables_keys)?,
+                encode_timestamp(&m.created_at),
+            ))
+        })
+        .collect::<Result<Vec<_>, serde_json::Error>>()
+        .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
+    let now = encode_timestamp(&Utc::now());
+
+    let rows: Vec<_> = messages.iter().zip(&encoded).collect();
+    for chunk in rows.chunks(MAX_BINDS / MESSAGE_BINDS) {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, priority, \
+             channel, status, test_mode, variables_keys, created_at, updated_at) ",
+        );
+        query.push_values(chunk, |mut row, (m, (keys, created_at))| {
+            row.push_bind(m.event_id.as_str())
+                .push_bind(m.workspace.as_str())
+                .push_bind(m.event_name.as_str())
+                .push_bind(m.subscriber_id.as_str())
+                .push_bind(m.category.as_deref())
+                .push_bind(m.priority)
+                .push_bind(m.channel.as_str())
+                .push_bind(m.status.as_str())
+                .push_bind(m.test_mode)
+                .push_bind(keys.as_str())
+                .push_bind(created_at.as_str())
+                .push_bind(created_at.as_str());
+        });
+        // A worker may have written the row first (the publish precedes this
+        // insert); its row, possibly already dispatched, is the one to keep.
+        query.push(" ON CONFLICT (event_id) DO NOTHING RETURNING event_id");
+        // Not cached: the text varies with the chunk length and would crowd the
+        // per-connection statement cache.
+        let inserted: Vec<String> = query
+            .build_query_scalar()
+            .persistent(false)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        if inserted.is_empty() {
+            continue;
+        }
+        // The `queued` timeline entry of each row actually inserted (a skipped row's
+        // worker wrote it with the row), from the stored row as `claim_message` does.
+        let mut events = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+             SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
+             FROM messages WHERE event_id IN (",
+        );
+        let mut list = events.separated(", ");
+        for event_id in &inserted {
+            list.push_bind(event_id.as_str());
+        }
+        events.push(")");
+        events
+            .build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    for chunk in outbox.chunks(MAX_BINDS / OUTBOX_BINDS) {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO outbox (stream, subject, msg_id, payload, created_at) ",
+        );
+        // Rows of one VALUES list get increasing rowids in list order.
+        query.push_values(chunk, |mut row, o| {
+            row.push_bind(o.stream.as_str())
+                .push_bind(o.subject.as_str())
+                .push_bind(o.msg_id.as_str())
+                .push_bind(o.payload.as_slice())
+                .push_bind(now.as_str());
+        });
+        query
+            .build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
+    Ok(())
+}
 
 /// [`Store::reserve_replay`] on `conn`, inside a group commit's transaction.
 async fn reserve_replay(
