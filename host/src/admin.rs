@@ -665,6 +665,7 @@ mod tests {
     use super::*;
     use crate::model::Tier;
     use crate::plugins::types;
+    use crate::store::Configuration as _;
     use crate::store::Tenancy as _;
     use crate::store::sqlite::SqliteStore;
 

@@ -4,21 +4,21 @@
 
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    Claim, DndEntry, ErasureReport, MessageCursor, MessageFilter, MessageRecord, MessageStatus,
-    NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step,
-    SubscriberContacts,
+    Claim, ErasureReport, MessageCursor, MessageFilter, MessageRecord, MessageStatus, NewMessage,
+    NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, Step, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub mod configuration;
 pub(crate) mod group;
 pub mod plugin_versions;
 pub mod postgres;
 pub mod sqlite;
 pub mod tenancy;
 
+pub use configuration::Configuration;
 pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
 pub use tenancy::Tenancy;
 #[cfg(test)]
@@ -42,7 +42,7 @@ pub enum StoreError {
 /// need one aggregate take its trait), and what the rest of this trait still holds
 /// while it is split by aggregate.
 #[async_trait::async_trait]
-pub trait Store: Tenancy + PluginVersions + Send + Sync + 'static {
+pub trait Store: Tenancy + PluginVersions + Configuration + Send + Sync + 'static {
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Cheap round trip, for health.
@@ -191,76 +191,7 @@ pub trait Store: Tenancy + PluginVersions + Send + Sync + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
-    // ---- workspace configuration ----
-
-    /// Creates or replaces a workflow definition (a JSON document).
-    async fn put_workflow(
-        &self,
-        workspace: &WorkspaceId,
-        name: &str,
-        definition: &serde_json::Value,
-    ) -> Result<(), StoreError>;
-    /// One workflow's definition.
-    async fn workflow(
-        &self,
-        workspace: &WorkspaceId,
-        name: &str,
-    ) -> Result<Option<serde_json::Value>, StoreError>;
-    /// Every workflow of a workspace, by name: (name, definition, updated_at).
-    async fn list_workflows(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<Vec<(String, serde_json::Value, DateTime<Utc>)>, StoreError>;
-
-    /// Replaces the provider route of one channel (`sms`, ...).
-    async fn put_provider_route(
-        &self,
-        workspace: &WorkspaceId,
-        channel: &str,
-        providers: &[ProviderRoute],
-    ) -> Result<(), StoreError>;
-    /// Every configured channel route of a workspace.
-    async fn provider_routes(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<BTreeMap<String, Vec<ProviderRoute>>, StoreError>;
-
-    /// Adds a number (by digest, with its masked form) to the voice DND list; false if
-    /// it was already there.
-    async fn dnd_add(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-        phone_masked: &str,
-    ) -> Result<bool, StoreError>;
-    /// Removes a number; false if it was not listed.
-    async fn dnd_remove(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-    ) -> Result<bool, StoreError>;
-    /// The list, oldest first.
-    async fn dnd_list(&self, workspace: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError>;
-    /// Whether a number (by digest) is listed.
-    async fn dnd_contains(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-    ) -> Result<bool, StoreError>;
-
     // ---- webhooks and receipts ----
-
-    /// Creates or replaces the webhook secret of `provider`, for one workspace or (with
-    /// `None`) provider-wide.
-    async fn put_webhook_secret(
-        &self,
-        provider: &str,
-        workspace: Option<&WorkspaceId>,
-        secret: &str,
-    ) -> Result<(), StoreError>;
-    /// Every webhook secret of `provider`: workspace secrets first (oldest first), the
-    /// provider-wide one last.
-    async fn webhook_secrets(&self, provider: &str) -> Result<Vec<WebhookSecret>, StoreError>;
 
     /// Records that a callback with replay key `key` was accepted from `provider`,
     /// remembered for `ttl`. False when the same key is already remembered (a replay);

@@ -8,17 +8,15 @@ use super::group::{GroupCommit, Lanes};
 use super::{DeliveryCount, Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport, MessageCursor,
-    MessageFilter, MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry,
-    OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step, StepStatus, SubscriberContacts,
-    TimelineEntry,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageCursor, MessageFilter,
+    MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem,
+    PreferenceUpdate, Preferences, Step, StepStatus, SubscriberContacts, TimelineEntry,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -621,219 +619,6 @@ impl Store for PgStore {
         let scrubbed = scrub_due(&mut tx, audit_window, None, Some(limit)).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(scrubbed)
-    }
-
-    async fn put_workflow(
-        &self,
-        workspace: &WorkspaceId,
-        name: &str,
-        definition: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO workflows (workspace_id, name, definition, updated_at) \
-             VALUES ($1, $2, $3::jsonb, now()) ON CONFLICT (workspace_id, name) DO UPDATE SET \
-             definition = EXCLUDED.definition, updated_at = EXCLUDED.updated_at",
-        )
-        .bind(workspace.as_str())
-        .bind(name)
-        .bind(encode_json(definition)?)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn workflow(
-        &self,
-        workspace: &WorkspaceId,
-        name: &str,
-    ) -> Result<Option<serde_json::Value>, StoreError> {
-        let row = sqlx::query(
-            "SELECT definition::text AS definition FROM workflows \
-             WHERE workspace_id = $1 AND name = $2",
-        )
-        .bind(workspace.as_str())
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        row.map(|row| decode_json(&row, "definition"))
-            .transpose()
-            .map_err(map_err)
-    }
-
-    async fn list_workflows(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<Vec<(String, serde_json::Value, DateTime<Utc>)>, StoreError> {
-        // Byte order, as SQLite sorts, whatever the database's collation.
-        sqlx::query(
-            "SELECT name, definition::text AS definition, updated_at FROM workflows \
-             WHERE workspace_id = $1 ORDER BY name COLLATE \"C\"",
-        )
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(|row| {
-            Ok((
-                row.try_get("name")?,
-                decode_json(row, "definition")?,
-                row.try_get("updated_at")?,
-            ))
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(map_err)
-    }
-
-    async fn put_provider_route(
-        &self,
-        workspace: &WorkspaceId,
-        channel: &str,
-        providers: &[ProviderRoute],
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO provider_routes (workspace_id, channel, providers, updated_at) \
-             VALUES ($1, $2, $3::jsonb, now()) ON CONFLICT (workspace_id, channel) DO UPDATE SET \
-             providers = EXCLUDED.providers, updated_at = EXCLUDED.updated_at",
-        )
-        .bind(workspace.as_str())
-        .bind(channel)
-        .bind(encode_json(&providers)?)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn provider_routes(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<BTreeMap<String, Vec<ProviderRoute>>, StoreError> {
-        sqlx::query(
-            "SELECT channel, providers::text AS providers FROM provider_routes \
-             WHERE workspace_id = $1",
-        )
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(|row| Ok((row.try_get("channel")?, decode_json(row, "providers")?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(map_err)
-    }
-
-    async fn dnd_add(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-        phone_masked: &str,
-    ) -> Result<bool, StoreError> {
-        let added = sqlx::query(
-            "INSERT INTO dnd_numbers (workspace_id, phone_hash, phone_masked, created_at) \
-             VALUES ($1, $2, $3, now()) ON CONFLICT (workspace_id, phone_hash) DO NOTHING",
-        )
-        .bind(workspace.as_str())
-        .bind(phone_hash)
-        .bind(phone_masked)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(added == 1)
-    }
-
-    async fn dnd_remove(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-    ) -> Result<bool, StoreError> {
-        let removed =
-            sqlx::query("DELETE FROM dnd_numbers WHERE workspace_id = $1 AND phone_hash = $2")
-                .bind(workspace.as_str())
-                .bind(phone_hash)
-                .execute(&self.pool)
-                .await
-                .map_err(map_err)?
-                .rows_affected();
-        Ok(removed == 1)
-    }
-
-    async fn dnd_list(&self, workspace: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError> {
-        sqlx::query(
-            "SELECT phone_masked, created_at FROM dnd_numbers WHERE workspace_id = $1 \
-             ORDER BY created_at, phone_hash",
-        )
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(|row| {
-            Ok(DndEntry {
-                phone_masked: row.try_get("phone_masked")?,
-                created_at: row.try_get("created_at")?,
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(map_err)
-    }
-
-    async fn dnd_contains(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-    ) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM dnd_numbers WHERE workspace_id = $1 AND phone_hash = $2)",
-        )
-        .bind(workspace.as_str())
-        .bind(phone_hash)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)
-    }
-
-    async fn put_webhook_secret(
-        &self,
-        provider: &str,
-        workspace: Option<&WorkspaceId>,
-        secret: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO webhook_secrets (provider, workspace_id, secret, created_at, updated_at) \
-             VALUES ($1, $2, $3, now(), now()) ON CONFLICT (provider, workspace_id) DO UPDATE SET \
-             secret = EXCLUDED.secret, updated_at = EXCLUDED.updated_at",
-        )
-        .bind(provider)
-        .bind(workspace.map_or("", WorkspaceId::as_str))
-        .bind(secret)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn webhook_secrets(
-        &self,
-        provider: &str,
-    ) -> Result<Vec<super::WebhookSecret>, StoreError> {
-        // Workspace secrets (oldest first), then the provider-wide one ('' sorts last
-        // by the first key: false before true).
-        sqlx::query(
-            "SELECT provider, workspace_id, secret, updated_at FROM webhook_secrets \
-             WHERE provider = $1 ORDER BY workspace_id = '', created_at, workspace_id COLLATE \"C\"",
-        )
-        .bind(provider)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(decode_webhook_secret)
-        .collect::<Result<_, _>>()
-        .map_err(map_err)
     }
 
     async fn reserve_replay(
@@ -1608,19 +1393,6 @@ fn decode_attempt(row: &PgRow) -> Result<AttemptRecord, sqlx::Error> {
 fn decode_message_status(status: &str) -> Result<MessageStatus, sqlx::Error> {
     MessageStatus::parse(status)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown message status {status:?}").into()))
-}
-
-fn decode_webhook_secret(row: &PgRow) -> Result<super::WebhookSecret, sqlx::Error> {
-    let workspace: &str = row.try_get("workspace_id")?;
-    Ok(super::WebhookSecret {
-        provider: row.try_get("provider")?,
-        workspace: match workspace {
-            "" => None,
-            ws => Some(WorkspaceId::parse(ws).map_err(|e| sqlx::Error::Decode(Box::new(e)))?),
-        },
-        secret: row.try_get("secret")?,
-        updated_at: row.try_get("updated_at")?,
-    })
 }
 
 fn decode_receipt(row: &PgRow) -> Result<ReceiptWrite, sqlx::Error> {

@@ -10,10 +10,9 @@ use super::group::{GroupCommit, Lanes};
 use super::{DeliveryCount, Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, DndEntry, ErasureReport, MessageCursor,
-    MessageFilter, MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry,
-    OutboxItem, PreferenceUpdate, Preferences, ProviderRoute, Step, StepStatus, SubscriberContacts,
-    TimelineEntry,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageCursor, MessageFilter,
+    MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem,
+    PreferenceUpdate, Preferences, Step, StepStatus, SubscriberContacts, TimelineEntry,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
@@ -22,7 +21,6 @@ use sqlx::sqlite::{
     SqliteRow, SqliteSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -632,239 +630,6 @@ impl Store for SqliteStore {
         let scrubbed = scrub_due(&mut tx, &cutoff, None, Some(limit)).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(scrubbed)
-    }
-
-    async fn put_workflow(
-        &self,
-        workspace: &WorkspaceId,
-        name: &str,
-        definition: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        let definition = serde_json::to_string(definition)
-            .map_err(|e| StoreError::Other(format!("encoding workflow: {e}")))?;
-        sqlx::query(
-            "INSERT INTO workflows (workspace_id, name, definition, updated_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (workspace_id, name) \
-             DO UPDATE SET definition = excluded.definition, updated_at = excluded.updated_at",
-        )
-        .bind(workspace.as_str())
-        .bind(name)
-        .bind(definition.as_str())
-        .bind(encode_timestamp(&now_micros()))
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn workflow(
-        &self,
-        workspace: &WorkspaceId,
-        name: &str,
-    ) -> Result<Option<serde_json::Value>, StoreError> {
-        let definition: Option<String> = sqlx::query_scalar(
-            "SELECT definition FROM workflows WHERE workspace_id = ? AND name = ?",
-        )
-        .bind(workspace.as_str())
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        definition
-            .map(|d| decode_json(&d, "workflow definition"))
-            .transpose()
-    }
-
-    async fn list_workflows(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<Vec<(String, serde_json::Value, DateTime<Utc>)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT name, definition, updated_at FROM workflows WHERE workspace_id = ? ORDER BY name",
-        )
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("name").map_err(map_err)?,
-                    decode_json(
-                        row.try_get("definition").map_err(map_err)?,
-                        "workflow definition",
-                    )?,
-                    decode_timestamp(row.try_get("updated_at").map_err(map_err)?)?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn put_provider_route(
-        &self,
-        workspace: &WorkspaceId,
-        channel: &str,
-        providers: &[ProviderRoute],
-    ) -> Result<(), StoreError> {
-        let providers = serde_json::to_string(providers)
-            .map_err(|e| StoreError::Other(format!("encoding provider route: {e}")))?;
-        sqlx::query(
-            "INSERT INTO provider_routes (workspace_id, channel, providers, updated_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (workspace_id, channel) \
-             DO UPDATE SET providers = excluded.providers, updated_at = excluded.updated_at",
-        )
-        .bind(workspace.as_str())
-        .bind(channel)
-        .bind(providers.as_str())
-        .bind(encode_timestamp(&now_micros()))
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn provider_routes(
-        &self,
-        workspace: &WorkspaceId,
-    ) -> Result<BTreeMap<String, Vec<ProviderRoute>>, StoreError> {
-        let rows =
-            sqlx::query("SELECT channel, providers FROM provider_routes WHERE workspace_id = ?")
-                .bind(workspace.as_str())
-                .fetch_all(&self.pool)
-                .await
-                .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("channel").map_err(map_err)?,
-                    decode_json(row.try_get("providers").map_err(map_err)?, "provider route")?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn dnd_add(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-        phone_masked: &str,
-    ) -> Result<bool, StoreError> {
-        let added = sqlx::query(
-            "INSERT INTO dnd_numbers (workspace_id, phone_hash, phone_masked, created_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (workspace_id, phone_hash) DO NOTHING",
-        )
-        .bind(workspace.as_str())
-        .bind(phone_hash)
-        .bind(phone_masked)
-        .bind(encode_timestamp(&now_micros()))
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(added == 1)
-    }
-
-    async fn dnd_remove(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-    ) -> Result<bool, StoreError> {
-        let removed =
-            sqlx::query("DELETE FROM dnd_numbers WHERE workspace_id = ? AND phone_hash = ?")
-                .bind(workspace.as_str())
-                .bind(phone_hash)
-                .execute(&self.pool)
-                .await
-                .map_err(map_err)?
-                .rows_affected();
-        Ok(removed == 1)
-    }
-
-    async fn dnd_list(&self, workspace: &WorkspaceId) -> Result<Vec<DndEntry>, StoreError> {
-        // rowid breaks ties in insertion order.
-        let rows = sqlx::query(
-            "SELECT phone_masked, created_at FROM dnd_numbers WHERE workspace_id = ? \
-             ORDER BY created_at, rowid",
-        )
-        .bind(workspace.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(DndEntry {
-                    phone_masked: row.try_get("phone_masked").map_err(map_err)?,
-                    created_at: decode_timestamp(row.try_get("created_at").map_err(map_err)?)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn dnd_contains(
-        &self,
-        workspace: &WorkspaceId,
-        phone_hash: &str,
-    ) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM dnd_numbers WHERE workspace_id = ? AND phone_hash = ?)",
-        )
-        .bind(workspace.as_str())
-        .bind(phone_hash)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)
-    }
-
-    async fn put_webhook_secret(
-        &self,
-        provider: &str,
-        workspace: Option<&WorkspaceId>,
-        secret: &str,
-    ) -> Result<(), StoreError> {
-        let now = encode_timestamp(&now_micros());
-        sqlx::query(
-            "INSERT INTO webhook_secrets (provider, workspace_id, secret, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (provider, workspace_id) DO UPDATE SET \
-             secret = excluded.secret, updated_at = excluded.updated_at",
-        )
-        .bind(provider)
-        .bind(workspace.map_or("", WorkspaceId::as_str))
-        .bind(secret)
-        .bind(now.as_str())
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn webhook_secrets(
-        &self,
-        provider: &str,
-    ) -> Result<Vec<super::WebhookSecret>, StoreError> {
-        // Workspace secrets (oldest first), then the provider-wide one ('' sorts last
-        // by the first key: 0 before 1).
-        let rows = sqlx::query(
-            "SELECT provider, workspace_id, secret, updated_at FROM webhook_secrets \
-             WHERE provider = ? ORDER BY workspace_id = '', created_at, workspace_id",
-        )
-        .bind(provider)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                let workspace: &str = row.try_get("workspace_id").map_err(map_err)?;
-                Ok(super::WebhookSecret {
-                    provider: row.try_get("provider").map_err(map_err)?,
-                    workspace: match workspace {
-                        "" => None,
-                        ws => Some(WorkspaceId::parse(ws).map_err(super::corrupt)?),
-                    },
-                    secret: row.try_get("secret").map_err(map_err)?,
-                    updated_at: decode_timestamp(row.try_get("updated_at").map_err(map_err)?)?,
-                })
-            })
-            .collect()
     }
 
     async fn reserve_replay(
@@ -1776,6 +1541,7 @@ fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Configuration as _;
     use crate::store::Tenancy as _;
 
     async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
