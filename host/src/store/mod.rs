@@ -4,8 +4,8 @@
 
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    Claim, ErasureReport, MessageCursor, MessageFilter, MessageRecord, MessageStatus, NewMessage,
-    NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, Step, SubscriberContacts,
+    Claim, ErasureReport, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem,
+    PreferenceUpdate, Preferences, Step, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
@@ -15,11 +15,13 @@ pub mod configuration;
 pub(crate) mod group;
 pub mod plugin_versions;
 pub mod postgres;
+pub mod queries;
 pub mod sqlite;
 pub mod tenancy;
 
 pub use configuration::Configuration;
 pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
+pub use queries::Queries;
 pub use tenancy::Tenancy;
 #[cfg(test)]
 mod tests;
@@ -42,7 +44,9 @@ pub enum StoreError {
 /// need one aggregate take its trait), and what the rest of this trait still holds
 /// while it is split by aggregate.
 #[async_trait::async_trait]
-pub trait Store: Tenancy + PluginVersions + Configuration + Send + Sync + 'static {
+pub trait Store:
+    Tenancy + PluginVersions + Configuration + Queries + Send + Sync + 'static
+{
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Cheap round trip, for health.
@@ -95,34 +99,6 @@ pub trait Store: Tenancy + PluginVersions + Configuration + Send + Sync + 'stati
         lease: Duration,
         step: &Step,
     ) -> Result<(), StoreError>;
-
-    // ---- queries ----
-
-    /// One message of `workspace` with its timeline (oldest entry first).
-    async fn get_message(
-        &self,
-        workspace: &WorkspaceId,
-        event: &EventId,
-    ) -> Result<Option<MessageRecord>, StoreError>;
-
-    /// Up to `limit` messages of `workspace` matching `filter`, newest first
-    /// (`created_at` DESC, then `event_id` DESC), strictly after `after`. No timelines.
-    async fn list_messages(
-        &self,
-        workspace: &WorkspaceId,
-        filter: &MessageFilter,
-        after: Option<&MessageCursor>,
-        limit: u32,
-    ) -> Result<Vec<MessageRecord>, StoreError>;
-
-    /// Messages of `workspace` created at or after `since`, counted by status, channel
-    /// and provider (groups with no message are absent), in (status, channel,
-    /// provider) order with no provider first.
-    async fn delivery_stats(
-        &self,
-        workspace: &WorkspaceId,
-        since: DateTime<Utc>,
-    ) -> Result<Vec<DeliveryCount>, StoreError>;
 
     /// Ends a message nothing can dispatch (its broker event cannot be decoded): FAILED
     /// with `code` and `detail`, and `entries` on its timeline, without a lease. Only a
@@ -239,37 +215,6 @@ pub struct DeliveryCount {
     pub provider: Option<String>,
     /// Messages in the group.
     pub count: u64,
-}
-
-/// One row of the `delivery_stats` query, as both backends select it: status,
-/// channel, provider, count.
-pub(crate) type DeliveryRow = (String, String, Option<String>, i64);
-
-/// Decodes and orders the rows of `delivery_stats`: one decoder for both backends.
-pub(crate) fn decode_delivery_counts(
-    rows: Vec<DeliveryRow>,
-) -> Result<Vec<DeliveryCount>, StoreError> {
-    let mut counts = rows
-        .into_iter()
-        .map(|(status, channel, provider, count)| {
-            Ok(DeliveryCount {
-                status: MessageStatus::parse(&status).ok_or_else(|| {
-                    StoreError::Other(format!("unknown message status {status:?}"))
-                })?,
-                channel,
-                provider,
-                count: u64::try_from(count).unwrap_or(0),
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    counts.sort_by(|a, b| {
-        (a.status.as_str(), &a.channel, &a.provider).cmp(&(
-            b.status.as_str(),
-            &b.channel,
-            &b.provider,
-        ))
-    });
-    Ok(counts)
 }
 
 /// A webhook secret as stored. Its `Debug` form hides the secret.

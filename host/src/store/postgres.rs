@@ -5,12 +5,12 @@
 //! statement per chunk whatever the batch size, well clear of the 65,535-bind limit.
 
 use super::group::{GroupCommit, Lanes};
-use super::{DeliveryCount, Store, StoreError};
+use super::{Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageCursor, MessageFilter,
-    MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem,
-    PreferenceUpdate, Preferences, Step, StepStatus, SubscriberContacts, TimelineEntry,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageSnapshot,
+    MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, Step,
+    StepStatus, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
@@ -30,11 +30,6 @@ const INSERT_CHUNK: usize = 5_000;
 /// First key of the advisory lock of a (provider, provider message id) ("RCPT"); see
 /// `lock_provider_message`.
 const RECEIPT_LOCK: i32 = 0x5243_5054;
-
-/// Columns of a [`MessageRecord`] (without its timeline), in `messages`.
-const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, status, attempts, \
-     cost_micro_usd, test_mode, variables_keys::text AS variables_keys, created_at, updated_at, \
-     category, channel, provider, provider_message_id, error_code, error_detail";
 
 /// Longest interval bound in SQL (1,000 years): a larger lease or audit window would
 /// push `now() ± interval` out of PostgreSQL's timestamp range.
@@ -251,109 +246,6 @@ impl Store for PgStore {
                 Box::pin(async move { record_step(conn, &args.0, &args.1, lease, &args.2).await })
             }))
             .await
-    }
-
-    async fn get_message(
-        &self,
-        workspace: &WorkspaceId,
-        event: &EventId,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        let Some(row) = sqlx::query(&format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE event_id = $1 AND workspace_id = $2"
-        ))
-        .bind(event.as_str())
-        .bind(workspace.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?
-        else {
-            return Ok(None);
-        };
-        let mut record = decode_message(&row).map_err(map_err)?;
-        let timeline = sqlx::query(
-            "SELECT seq, status, occurred_at, provider, detail::text AS detail \
-             FROM message_events WHERE event_id = $1 ORDER BY seq",
-        )
-        .bind(event.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(decode_timeline_entry)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(map_err)?;
-        record.timeline = Some(timeline);
-        Ok(Some(record))
-    }
-
-    async fn list_messages(
-        &self,
-        workspace: &WorkspaceId,
-        filter: &MessageFilter,
-        after: Option<&MessageCursor>,
-        limit: u32,
-    ) -> Result<Vec<MessageRecord>, StoreError> {
-        // Only the filters given go into the SQL, so that the planner can pick the
-        // matching (workspace, filter, created_at, event_id) index.
-        let mut query: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = "
-        ));
-        query.push_bind(workspace.as_str());
-        if let Some(status) = filter.status {
-            query.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(channel) = &filter.channel {
-            query.push(" AND channel = ").push_bind(channel.as_str());
-        }
-        if let Some(subscriber) = &filter.subscriber_id {
-            query
-                .push(" AND subscriber_id = ")
-                .push_bind(subscriber.as_str());
-        }
-        if let Some(from) = filter.from {
-            query.push(" AND created_at >= ").push_bind(from);
-        }
-        if let Some(to) = filter.to {
-            query.push(" AND created_at <= ").push_bind(to);
-        }
-        if let Some(cursor) = after {
-            query
-                .push(" AND (created_at, event_id) < (")
-                .push_bind(cursor.created_at)
-                .push(", ")
-                .push_bind(cursor.event_id.as_str())
-                .push(")");
-        }
-        query
-            .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
-            .push_bind(i64::from(limit));
-        query
-            .build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?
-            .iter()
-            .map(decode_message)
-            .collect::<Result<_, _>>()
-            .map_err(map_err)
-    }
-
-    async fn delivery_stats(
-        &self,
-        workspace: &WorkspaceId,
-        since: DateTime<Utc>,
-    ) -> Result<Vec<DeliveryCount>, StoreError> {
-        // The (workspace_id, created_at) index bounds the scan to the window.
-        let rows: Vec<super::DeliveryRow> = sqlx::query_as(
-            "SELECT status, channel, provider, COUNT(*) FROM messages \
-             WHERE workspace_id = $1 AND created_at >= $2 GROUP BY status, channel, provider",
-        )
-        .bind(workspace.as_str())
-        .bind(since)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        super::decode_delivery_counts(rows)
     }
 
     async fn fail_undispatched(
@@ -1336,43 +1228,6 @@ fn decode_optional_json<T: serde::de::DeserializeOwned>(
     text.map(serde_json::from_str)
         .transpose()
         .map_err(|e| sqlx::Error::Decode(Box::new(e)))
-}
-
-fn decode_message(row: &PgRow) -> Result<MessageRecord, sqlx::Error> {
-    Ok(MessageRecord {
-        event_id: EventId::parse(row.try_get("event_id")?)
-            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-        event_name: row.try_get("event_name")?,
-        subscriber_id: row.try_get("subscriber_id")?,
-        priority: row.try_get("priority")?,
-        status: decode_message_status(row.try_get("status")?)?,
-        attempts: row.try_get("attempts")?,
-        cost_micro_usd: row.try_get("cost_micro_usd")?,
-        test_mode: row.try_get("test_mode")?,
-        variables_keys: decode_json(row, "variables_keys")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        category: row.try_get("category")?,
-        channel: row.try_get("channel")?,
-        provider: row.try_get("provider")?,
-        provider_message_id: row.try_get("provider_message_id")?,
-        error_code: row.try_get("error_code")?,
-        error_detail: row.try_get("error_detail")?,
-        timeline: None,
-    })
-}
-
-fn decode_timeline_entry(row: &PgRow) -> Result<TimelineEntry, sqlx::Error> {
-    let status: &str = row.try_get("status")?;
-    Ok(TimelineEntry {
-        seq: row.try_get("seq")?,
-        status: StepStatus::parse(status).ok_or_else(|| {
-            sqlx::Error::Decode(format!("unknown timeline status {status:?}").into())
-        })?,
-        occurred_at: row.try_get("occurred_at")?,
-        provider: row.try_get("provider")?,
-        detail: decode_optional_json(row, "detail")?,
-    })
 }
 
 fn decode_attempt(row: &PgRow) -> Result<AttemptRecord, sqlx::Error> {

@@ -7,12 +7,12 @@
 //! `SQLITE_BUSY`) governs contention.
 
 use super::group::{GroupCommit, Lanes};
-use super::{DeliveryCount, Store, StoreError};
+use super::{Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageCursor, MessageFilter,
-    MessageRecord, MessageSnapshot, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem,
-    PreferenceUpdate, Preferences, Step, StepStatus, SubscriberContacts, TimelineEntry,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageSnapshot,
+    MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, Step,
+    StepStatus, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
@@ -43,10 +43,6 @@ const MESSAGE_BINDS: usize = 12;
 
 /// Bound columns per `outbox` row in [`SqliteStore::insert_messages`].
 const OUTBOX_BINDS: usize = 5;
-
-const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, status, attempts, \
-     cost_micro_usd, test_mode, variables_keys, created_at, updated_at, category, channel, provider, \
-     provider_message_id, error_code, error_detail";
 
 const ATTEMPT_COLUMNS: &str =
     "attempt_no, channel, provider, state, provider_message_id, cost_micro_usd, detail";
@@ -245,119 +241,6 @@ impl Store for SqliteStore {
                 Box::pin(async move { record_step(conn, &args.0, &args.1, lease, &args.2).await })
             }))
             .await
-    }
-
-    async fn get_message(
-        &self,
-        workspace: &WorkspaceId,
-        event: &EventId,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        // A read-only transaction: the row and its timeline come from one snapshot.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let row = sqlx::query(&format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE event_id = ? AND workspace_id = ?"
-        ))
-        .bind(event.as_str())
-        .bind(workspace.as_str())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let Some(row) = row else {
-            tx.commit().await.map_err(map_err)?;
-            return Ok(None);
-        };
-        let mut record = decode_message(&row)?;
-        let entries = sqlx::query(
-            "SELECT seq, status, occurred_at, provider, detail FROM message_events \
-             WHERE event_id = ? ORDER BY seq",
-        )
-        .bind(event.as_str())
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        record.timeline = Some(
-            entries
-                .iter()
-                .map(decode_timeline_entry)
-                .collect::<Result<_, _>>()?,
-        );
-        Ok(Some(record))
-    }
-
-    async fn list_messages(
-        &self,
-        workspace: &WorkspaceId,
-        filter: &MessageFilter,
-        after: Option<&MessageCursor>,
-        limit: u32,
-    ) -> Result<Vec<MessageRecord>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut query = QueryBuilder::<Sqlite>::new(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = "
-        ));
-        query.push_bind(workspace.as_str());
-        if let Some(status) = filter.status {
-            query.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(channel) = &filter.channel {
-            query.push(" AND channel = ").push_bind(channel.as_str());
-        }
-        if let Some(subscriber) = &filter.subscriber_id {
-            query
-                .push(" AND subscriber_id = ")
-                .push_bind(subscriber.as_str());
-        }
-        if let Some(from) = &filter.from {
-            query
-                .push(" AND created_at >= ")
-                .push_bind(encode_timestamp(from));
-        }
-        if let Some(to) = &filter.to {
-            query
-                .push(" AND created_at <= ")
-                .push_bind(encode_timestamp(to));
-        }
-        if let Some(cursor) = after {
-            let at = encode_timestamp(&cursor.created_at);
-            query
-                .push(" AND (created_at < ")
-                .push_bind(at.clone())
-                .push(" OR (created_at = ")
-                .push_bind(at)
-                .push(" AND event_id < ")
-                .push_bind(cursor.event_id.as_str())
-                .push("))");
-        }
-        query
-            .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
-            .push_bind(i64::from(limit));
-        let rows = query
-            .build()
-            .persistent(false)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
-        rows.iter().map(decode_message).collect()
-    }
-
-    async fn delivery_stats(
-        &self,
-        workspace: &WorkspaceId,
-        since: DateTime<Utc>,
-    ) -> Result<Vec<DeliveryCount>, StoreError> {
-        let rows: Vec<super::DeliveryRow> = sqlx::query_as(
-            "SELECT status, channel, provider, COUNT(*) FROM messages \
-             WHERE workspace_id = ? AND created_at >= ? GROUP BY status, channel, provider",
-        )
-        .bind(workspace.as_str())
-        .bind(encode_timestamp(&since))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        super::decode_delivery_counts(rows)
     }
 
     async fn fail_undispatched(
@@ -1447,33 +1330,6 @@ fn decode_status(status: &str) -> Result<MessageStatus, StoreError> {
         .ok_or_else(|| StoreError::Other(format!("unknown message status {status:?}")))
 }
 
-fn decode_message(row: &SqliteRow) -> Result<MessageRecord, StoreError> {
-    Ok(MessageRecord {
-        event_id: EventId::parse(row.try_get("event_id").map_err(map_err)?)
-            .map_err(super::corrupt)?,
-        event_name: row.try_get("event_name").map_err(map_err)?,
-        subscriber_id: row.try_get("subscriber_id").map_err(map_err)?,
-        priority: row.try_get("priority").map_err(map_err)?,
-        status: decode_status(row.try_get("status").map_err(map_err)?)?,
-        attempts: row.try_get("attempts").map_err(map_err)?,
-        cost_micro_usd: row.try_get("cost_micro_usd").map_err(map_err)?,
-        test_mode: row.try_get("test_mode").map_err(map_err)?,
-        variables_keys: decode_json(
-            row.try_get("variables_keys").map_err(map_err)?,
-            "variables_keys",
-        )?,
-        created_at: decode_timestamp(row.try_get("created_at").map_err(map_err)?)?,
-        updated_at: decode_timestamp(row.try_get("updated_at").map_err(map_err)?)?,
-        category: row.try_get("category").map_err(map_err)?,
-        channel: row.try_get("channel").map_err(map_err)?,
-        provider: row.try_get("provider").map_err(map_err)?,
-        provider_message_id: row.try_get("provider_message_id").map_err(map_err)?,
-        error_code: row.try_get("error_code").map_err(map_err)?,
-        error_detail: row.try_get("error_detail").map_err(map_err)?,
-        timeline: None,
-    })
-}
-
 fn decode_attempt(row: &SqliteRow) -> Result<AttemptRecord, StoreError> {
     let state: &str = row.try_get("state").map_err(map_err)?;
     Ok(AttemptRecord {
@@ -1485,21 +1341,6 @@ fn decode_attempt(row: &SqliteRow) -> Result<AttemptRecord, StoreError> {
         provider_message_id: row.try_get("provider_message_id").map_err(map_err)?,
         cost_micro_usd: row.try_get("cost_micro_usd").map_err(map_err)?,
         detail: row.try_get("detail").map_err(map_err)?,
-    })
-}
-
-fn decode_timeline_entry(row: &SqliteRow) -> Result<TimelineEntry, StoreError> {
-    let status: &str = row.try_get("status").map_err(map_err)?;
-    let detail: Option<&str> = row.try_get("detail").map_err(map_err)?;
-    Ok(TimelineEntry {
-        seq: row.try_get("seq").map_err(map_err)?,
-        status: StepStatus::parse(status)
-            .ok_or_else(|| StoreError::Other(format!("unknown timeline status {status:?}")))?,
-        occurred_at: decode_timestamp(row.try_get("occurred_at").map_err(map_err)?)?,
-        provider: row.try_get("provider").map_err(map_err)?,
-        detail: detail
-            .map(|d| decode_json(d, "timeline detail"))
-            .transpose()?,
     })
 }
 

@@ -1,0 +1,120 @@
+//! [`QueriesSql`] on SQLite. Timestamps are bound in the stored text form
+//! ([`encode_timestamp`]), which sorts as the instants do.
+
+use super::{DeliveryRow, MessageRow, QueriesSql, TimelineRow};
+use crate::ids::{EventId, WorkspaceId};
+use crate::model::{MessageCursor, MessageFilter};
+use crate::store::StoreError;
+use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
+use chrono::{DateTime, Utc};
+use sqlx::{QueryBuilder, Sqlite};
+
+/// The columns a [`MessageRow`] is read from.
+const MESSAGE_COLUMNS: &str = "event_id, event_name, subscriber_id, priority, status, attempts, \
+     cost_micro_usd, test_mode, variables_keys, created_at, updated_at, category, channel, provider, \
+     provider_message_id, error_code, error_detail";
+
+#[async_trait::async_trait]
+impl QueriesSql for SqliteStore {
+    async fn message_rows(
+        &self,
+        workspace: &WorkspaceId,
+        event: &EventId,
+    ) -> Result<Option<(MessageRow, Vec<TimelineRow>)>, StoreError> {
+        // A read-only transaction: the row and its timeline come from one snapshot.
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        let row: Option<MessageRow> = sqlx::query_as(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE event_id = ? AND workspace_id = ?"
+        ))
+        .bind(event.as_str())
+        .bind(workspace.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else {
+            tx.commit().await.map_err(map_err)?;
+            return Ok(None);
+        };
+        let timeline = sqlx::query_as(
+            "SELECT seq, status, occurred_at, provider, detail FROM message_events \
+             WHERE event_id = ? ORDER BY seq",
+        )
+        .bind(event.as_str())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some((row, timeline)))
+    }
+
+    async fn page_rows(
+        &self,
+        workspace: &WorkspaceId,
+        filter: &MessageFilter,
+        after: Option<&MessageCursor>,
+        limit: u32,
+    ) -> Result<Vec<MessageRow>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = "
+        ));
+        query.push_bind(workspace.as_str());
+        if let Some(status) = filter.status {
+            query.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(channel) = &filter.channel {
+            query.push(" AND channel = ").push_bind(channel.as_str());
+        }
+        if let Some(subscriber) = &filter.subscriber_id {
+            query
+                .push(" AND subscriber_id = ")
+                .push_bind(subscriber.as_str());
+        }
+        if let Some(from) = &filter.from {
+            query
+                .push(" AND created_at >= ")
+                .push_bind(encode_timestamp(from));
+        }
+        if let Some(to) = &filter.to {
+            query
+                .push(" AND created_at <= ")
+                .push_bind(encode_timestamp(to));
+        }
+        if let Some(cursor) = after {
+            let at = encode_timestamp(&cursor.created_at);
+            query
+                .push(" AND (created_at < ")
+                .push_bind(at.clone())
+                .push(" OR (created_at = ")
+                .push_bind(at)
+                .push(" AND event_id < ")
+                .push_bind(cursor.event_id.as_str())
+                .push("))");
+        }
+        query
+            .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
+            .push_bind(i64::from(limit));
+        // Not cached: the text varies with the filters given.
+        query
+            .build_query_as()
+            .persistent(false)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)
+    }
+
+    async fn count_rows(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT status, channel, provider, COUNT(*) FROM messages \
+             WHERE workspace_id = ? AND created_at >= ? GROUP BY status, channel, provider",
+        )
+        .bind(workspace.as_str())
+        .bind(encode_timestamp(&since))
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+}
