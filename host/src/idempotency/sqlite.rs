@@ -2,7 +2,7 @@
 //! after a restart still returns the original response.
 
 use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
-use crate::store::group::GroupCommit;
+use crate::store::group::{GroupCommit, Work};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,18 +62,26 @@ impl SqliteIdempotency {
     }
 }
 
+impl SqliteIdempotency {
+    /// Runs `work` in the file's group commit.
+    async fn write<T: Send + 'static>(&self, work: Work<Sqlite, T>) -> Result<T, IdempotencyError> {
+        self.writer
+            .run(work)
+            .await
+            .map_err(|e| IdempotencyError(e.to_string()))
+    }
+}
+
 #[async_trait::async_trait]
 impl IdempotencyStore for SqliteIdempotency {
     async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
         let args = Arc::new((workspace.to_string(), key.to_string()));
         let pending_timeout = self.pending_timeout;
-        self.writer
-            .run(Box::new(move |conn| {
-                let args = args.clone();
-                Box::pin(async move { claim(conn, &args.0, &args.1, pending_timeout).await })
-            }))
-            .await
-            .map_err(|e| IdempotencyError(e.to_string()))
+        self.write(Box::new(move |conn| {
+            let args = args.clone();
+            Box::pin(async move { claim(conn, &args.0, &args.1, pending_timeout).await })
+        }))
+        .await
     }
 
     async fn complete(
@@ -83,8 +91,7 @@ impl IdempotencyStore for SqliteIdempotency {
         response: &[u8],
     ) -> Result<(), IdempotencyError> {
         let args = Arc::new((workspace.to_string(), key.to_string(), response.to_vec()));
-        self.writer
-            .run(Box::new(move |conn| {
+        self.write(Box::new(move |conn| {
                 let args = args.clone();
                 Box::pin(async move {
                     sqlx::query(
@@ -102,15 +109,13 @@ impl IdempotencyStore for SqliteIdempotency {
                     .map_err(crate::store::sqlite::map_err)?;
                     Ok(())
                 })
-            }))
-            .await
-            .map_err(|e| IdempotencyError(e.to_string()))
+        }))
+        .await
     }
 
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
         let args = Arc::new((workspace.to_string(), key.to_string()));
-        self.writer
-            .run(Box::new(move |conn| {
+        self.write(Box::new(move |conn| {
                 let args = args.clone();
                 Box::pin(async move {
                     sqlx::query(
@@ -123,9 +128,8 @@ impl IdempotencyStore for SqliteIdempotency {
                     .map_err(crate::store::sqlite::map_err)?;
                     Ok(())
                 })
-            }))
-            .await
-            .map_err(|e| IdempotencyError(e.to_string()))
+        }))
+        .await
     }
 
     /// Drops the workspace's expired keys on the way (nothing else removes a key
