@@ -4,8 +4,8 @@
 
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    Claim, ErasureReport, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem,
-    PreferenceUpdate, Preferences, Step, SubscriberContacts,
+    Claim, ErasureReport, MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, Step,
+    SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
@@ -15,12 +15,14 @@ pub mod configuration;
 pub(crate) mod group;
 pub mod plugin_versions;
 pub mod postgres;
+pub mod preferences;
 pub mod queries;
 pub mod sqlite;
 pub mod tenancy;
 
 pub use configuration::Configuration;
 pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
+pub use preferences::SubscriberPreferences;
 pub use queries::Queries;
 pub use tenancy::Tenancy;
 #[cfg(test)]
@@ -45,7 +47,7 @@ pub enum StoreError {
 /// while it is split by aggregate.
 #[async_trait::async_trait]
 pub trait Store:
-    Tenancy + PluginVersions + Configuration + Queries + Send + Sync + 'static
+    Tenancy + PluginVersions + Configuration + Queries + SubscriberPreferences + Send + Sync + 'static
 {
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
@@ -119,24 +121,7 @@ pub trait Store:
         entries: &[NewTimelineEntry],
     ) -> Result<bool, StoreError>;
 
-    // ---- preferences and erasure ----
-
-    /// Applies a one-level merge in one transaction and returns its time. Each channel
-    /// and each category is its own row, so concurrent updates of different channels
-    /// or categories never overwrite each other.
-    async fn update_preferences(
-        &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-        update: &PreferenceUpdate,
-    ) -> Result<DateTime<Utc>, StoreError>;
-
-    /// A subscriber's preferences (empty when none are stored).
-    async fn preferences(
-        &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<Preferences, StoreError>;
+    // ---- erasure ----
 
     /// Erases a subscriber in one transaction: anonymises (or creates, for an unknown
     /// subscriber) the tombstone row, clears its contacts, sets `deleted_at`, deletes

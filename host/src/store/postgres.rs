@@ -9,8 +9,7 @@ use super::{Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageSnapshot,
-    MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, Step,
-    StepStatus, SubscriberContacts,
+    MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, Step, StepStatus, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
@@ -296,104 +295,6 @@ impl Store for PgStore {
         insert_timeline(&mut tx, event, entries).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(true)
-    }
-
-    async fn update_preferences(
-        &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-        update: &PreferenceUpdate,
-    ) -> Result<DateTime<Utc>, StoreError> {
-        let flags = update
-            .categories
-            .values()
-            .map(encode_json)
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // The database's clock, as for every other time this store writes.
-        let at: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        // Rows are written in key order (the maps are sorted), so concurrent updates
-        // lock shared rows in the same order and cannot deadlock.
-        if !update.channels.is_empty() {
-            sqlx::query(
-                "INSERT INTO preference_channels (workspace_id, subscriber_id, channel, enabled, \
-                 updated_at) SELECT $1, $2, c, e, $5 FROM UNNEST($3::text[], $4::bool[]) AS u(c, e) \
-                 ON CONFLICT (workspace_id, subscriber_id, channel) DO UPDATE SET \
-                 enabled = EXCLUDED.enabled, updated_at = EXCLUDED.updated_at",
-            )
-            .bind(workspace.as_str())
-            .bind(subscriber)
-            .bind(update.channels.keys().map(String::as_str).collect::<Vec<_>>())
-            .bind(update.channels.values().copied().collect::<Vec<_>>())
-            .bind(at)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        if !update.categories.is_empty() {
-            sqlx::query(
-                "INSERT INTO preference_categories (workspace_id, subscriber_id, category, flags, \
-                 updated_at) SELECT $1, $2, c, f::jsonb, $5 FROM UNNEST($3::text[], $4::text[]) \
-                 AS u(c, f) ON CONFLICT (workspace_id, subscriber_id, category) DO UPDATE SET \
-                 flags = EXCLUDED.flags, updated_at = EXCLUDED.updated_at",
-            )
-            .bind(workspace.as_str())
-            .bind(subscriber)
-            .bind(
-                update
-                    .categories
-                    .keys()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(flags)
-            .bind(at)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(at)
-    }
-
-    async fn preferences(
-        &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<Preferences, StoreError> {
-        let channels = sqlx::query(
-            "SELECT channel, enabled FROM preference_channels \
-             WHERE workspace_id = $1 AND subscriber_id = $2",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(|row| Ok((row.try_get("channel")?, row.try_get("enabled")?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(map_err)?;
-        let categories = sqlx::query(
-            "SELECT category, flags::text AS flags FROM preference_categories \
-             WHERE workspace_id = $1 AND subscriber_id = $2",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?
-        .iter()
-        .map(|row| Ok((row.try_get("category")?, decode_json(row, "flags")?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(map_err)?;
-        Ok(Preferences {
-            channels,
-            categories,
-        })
     }
 
     async fn erase_subscriber(
@@ -1208,15 +1109,6 @@ fn interval(d: Duration) -> PgInterval {
 /// JSON text for a `::jsonb` bind (sqlx's `json` feature is not enabled).
 fn encode_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|e| StoreError::Other(format!("encoding JSON: {e}")))
-}
-
-/// A JSONB column selected as `column::text`.
-fn decode_json<T: serde::de::DeserializeOwned>(
-    row: &PgRow,
-    column: &str,
-) -> Result<T, sqlx::Error> {
-    let text: &str = row.try_get(column)?;
-    serde_json::from_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
 /// A nullable JSONB column selected as `column::text`.

@@ -11,8 +11,7 @@ use super::{Store, StoreError};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageSnapshot,
-    MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, PreferenceUpdate, Preferences, Step,
-    StepStatus, SubscriberContacts,
+    MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, Step, StepStatus, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
@@ -297,96 +296,6 @@ impl Store for SqliteStore {
         insert_timeline(&mut tx, event, &timeline).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(true)
-    }
-
-    async fn update_preferences(
-        &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-        update: &PreferenceUpdate,
-    ) -> Result<DateTime<Utc>, StoreError> {
-        let now = now_micros();
-        let now_text = encode_timestamp(&now);
-        let categories = update
-            .categories
-            .iter()
-            .map(|(category, flags)| Ok((category, serde_json::to_string(flags)?)))
-            .collect::<Result<Vec<_>, serde_json::Error>>()
-            .map_err(|e| StoreError::Other(format!("encoding category flags: {e}")))?;
-        // Every statement writes, so the first takes the write lock via the busy handler.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        for (channel, enabled) in &update.channels {
-            sqlx::query(
-                "INSERT INTO preference_channels (workspace_id, subscriber_id, channel, enabled, updated_at) \
-                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace_id, subscriber_id, channel) \
-                 DO UPDATE SET enabled = excluded.enabled, updated_at = excluded.updated_at",
-            )
-            .bind(workspace.as_str())
-            .bind(subscriber)
-            .bind(channel.as_str())
-            .bind(*enabled)
-            .bind(now_text.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        for (category, flags) in &categories {
-            sqlx::query(
-                "INSERT INTO preference_categories (workspace_id, subscriber_id, category, flags, updated_at) \
-                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace_id, subscriber_id, category) \
-                 DO UPDATE SET flags = excluded.flags, updated_at = excluded.updated_at",
-            )
-            .bind(workspace.as_str())
-            .bind(subscriber)
-            .bind(category.as_str())
-            .bind(flags.as_str())
-            .bind(now_text.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(now)
-    }
-
-    async fn preferences(
-        &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<Preferences, StoreError> {
-        // One snapshot for both tables.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let channels = sqlx::query(
-            "SELECT channel, enabled FROM preference_channels WHERE workspace_id = ? AND subscriber_id = ?",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let categories = sqlx::query(
-            "SELECT category, flags FROM preference_categories WHERE workspace_id = ? AND subscriber_id = ?",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        let mut preferences = Preferences::default();
-        for row in &channels {
-            preferences.channels.insert(
-                row.try_get("channel").map_err(map_err)?,
-                row.try_get("enabled").map_err(map_err)?,
-            );
-        }
-        for row in &categories {
-            preferences.categories.insert(
-                row.try_get("category").map_err(map_err)?,
-                decode_json(row.try_get("flags").map_err(map_err)?, "category flags")?,
-            );
-        }
-        Ok(preferences)
     }
 
     async fn erase_subscriber(
@@ -1383,6 +1292,7 @@ fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
 mod tests {
     use super::*;
     use crate::store::Configuration as _;
+    use crate::store::SubscriberPreferences as _;
     use crate::store::Tenancy as _;
 
     async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
@@ -1724,7 +1634,7 @@ mod tests {
             .update_preferences(
                 &ws.id,
                 &m.subscriber_id,
-                &PreferenceUpdate {
+                &crate::model::PreferenceUpdate {
                     channels: [("sms".to_string(), false)].into(),
                     categories: [("orders".to_string(), [("sms".to_string(), true)].into())].into(),
                 },

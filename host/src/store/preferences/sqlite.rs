@@ -1,0 +1,84 @@
+//! [`PreferencesSql`] on SQLite. Times are written in the stored text form
+//! ([`encode_timestamp`]).
+
+use super::PreferencesSql;
+use crate::ids::WorkspaceId;
+use crate::store::StoreError;
+use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
+use chrono::{DateTime, SubsecRound, Utc};
+
+#[async_trait::async_trait]
+impl PreferencesSql for SqliteStore {
+    async fn write_preferences(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+        channels: &[(&str, bool)],
+        categories: &[(&str, String)],
+    ) -> Result<DateTime<Utc>, StoreError> {
+        // Microseconds, as stored: the time returned is the time read back.
+        let now = Utc::now().trunc_subsecs(6);
+        let now_text = encode_timestamp(&now);
+        // Every statement writes, so the first takes the write lock via the busy handler.
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        for (channel, enabled) in channels {
+            sqlx::query(
+                "INSERT INTO preference_channels (workspace_id, subscriber_id, channel, enabled, updated_at) \
+                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace_id, subscriber_id, channel) \
+                 DO UPDATE SET enabled = excluded.enabled, updated_at = excluded.updated_at",
+            )
+            .bind(workspace.as_str())
+            .bind(subscriber)
+            .bind(*channel)
+            .bind(*enabled)
+            .bind(now_text.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        for (category, flags) in categories {
+            sqlx::query(
+                "INSERT INTO preference_categories (workspace_id, subscriber_id, category, flags, updated_at) \
+                 VALUES (?, ?, ?, ?, ?) ON CONFLICT (workspace_id, subscriber_id, category) \
+                 DO UPDATE SET flags = excluded.flags, updated_at = excluded.updated_at",
+            )
+            .bind(workspace.as_str())
+            .bind(subscriber)
+            .bind(*category)
+            .bind(flags.as_str())
+            .bind(now_text.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(now)
+    }
+
+    async fn preference_rows(
+        &self,
+        workspace: &WorkspaceId,
+        subscriber: &str,
+    ) -> Result<(Vec<(String, bool)>, Vec<(String, String)>), StoreError> {
+        // One snapshot for both tables.
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        let channels = sqlx::query_as(
+            "SELECT channel, enabled FROM preference_channels WHERE workspace_id = ? AND subscriber_id = ?",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let categories = sqlx::query_as(
+            "SELECT category, flags FROM preference_categories WHERE workspace_id = ? AND subscriber_id = ?",
+        )
+        .bind(workspace.as_str())
+        .bind(subscriber)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok((channels, categories))
+    }
+}
