@@ -147,16 +147,25 @@ async fn client(url: String, key: String, n: usize, stop: Arc<AtomicBool>, ledge
             }
             match request.send().await {
                 Ok(resp) if resp.status() == 202 || resp.status() == 200 => {
-                    let answer: Value = resp.json().await.unwrap();
-                    let event = answer["eventId"].as_str().unwrap().to_string();
-                    ledger
-                        .answers
-                        .lock()
-                        .unwrap()
-                        .entry(idem.clone())
-                        .or_default()
-                        .push(event);
-                    break;
+                    match resp.json::<Value>().await {
+                        Ok(answer) => {
+                            let event = answer["eventId"].as_str().unwrap().to_string();
+                            ledger
+                                .answers
+                                .lock()
+                                .unwrap()
+                                .entry(idem.clone())
+                                .or_default()
+                                .push(event);
+                            break;
+                        }
+                        // Hung up between the status line and the body: the answer is
+                        // lost, and the client retries as for any other.
+                        Err(e) => {
+                            assert!(hang_up && e.is_timeout(), "{idem}: unreadable answer: {e}");
+                            ledger.hung_up.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
                 Ok(resp) => {
                     let status = resp.status().as_u16();
