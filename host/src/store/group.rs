@@ -1,10 +1,12 @@
-//! Group commit for the delivery path's small writes (claims, steps, receipts).
+//! Group commit for the hot small writes: the delivery path's claims, steps, receipts
+//! and replay keys, and on SQLite also the embedded queue, ingestion's insert and the
+//! dev idempotency keys.
 //!
 //! Each of these writes is a short transaction, and on both backends a commit costs
 //! far more than the statements in it (a WAL flush). Writes from concurrent callers
-//! are queued to a few lanes; a lane takes every write waiting, runs each in its own
-//! savepoint of one transaction and commits once. A write that fails rolls back to
-//! its savepoint and fails alone; its neighbours commit. Nobody hears back before the
+//! are queued to a few lanes; a lane takes every write waiting, runs them in one
+//! transaction and commits once. A write that fails is undone alone: the batch runs
+//! again with a savepoint per write (see [`commit`]). Nobody hears back before the
 //! commit that makes their write durable, so "recorded before the provider is called"
 //! and "acknowledged after the outcome is durable" still hold. When the commit itself
 //! fails, every write in it gets that error, exactly as a lone transaction would.
