@@ -13,6 +13,7 @@ use std::time::Duration;
 
 pub mod configuration;
 pub(crate) mod group;
+pub mod outbox;
 pub mod plugin_versions;
 pub mod postgres;
 pub mod preferences;
@@ -21,6 +22,7 @@ pub mod sqlite;
 pub mod tenancy;
 
 pub use configuration::Configuration;
+pub use outbox::Outbox;
 pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
 pub use preferences::SubscriberPreferences;
 pub use queries::Queries;
@@ -47,7 +49,15 @@ pub enum StoreError {
 /// while it is split by aggregate.
 #[async_trait::async_trait]
 pub trait Store:
-    Tenancy + PluginVersions + Configuration + Queries + SubscriberPreferences + Send + Sync + 'static
+    Tenancy
+    + PluginVersions
+    + Configuration
+    + Queries
+    + SubscriberPreferences
+    + Outbox
+    + Send
+    + Sync
+    + 'static
 {
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
@@ -66,12 +76,6 @@ pub trait Store:
         messages: &[NewMessage],
         outbox: &[OutboxItem],
     ) -> Result<(), StoreError>;
-    /// The oldest `limit` outbox items, with their sequence numbers, in insertion order.
-    async fn outbox_peek(&self, limit: usize) -> Result<Vec<(i64, OutboxItem)>, StoreError>;
-    /// Removes published outbox items.
-    async fn outbox_delete(&self, seqs: &[i64]) -> Result<(), StoreError>;
-    /// Number of items waiting in the outbox.
-    async fn outbox_depth(&self) -> Result<u64, StoreError>;
 
     // ---- delivery (workers) ----
 

@@ -171,50 +171,6 @@ impl Store for PgStore {
         tx.commit().await.map_err(map_err)
     }
 
-    async fn outbox_peek(&self, limit: usize) -> Result<Vec<(i64, OutboxItem)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT seq, stream, subject, msg_id, payload FROM outbox ORDER BY seq LIMIT $1",
-        )
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("seq")?,
-                    OutboxItem {
-                        stream: row.try_get("stream")?,
-                        subject: row.try_get("subject")?,
-                        msg_id: row.try_get("msg_id")?,
-                        payload: row.try_get("payload")?,
-                    },
-                ))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(map_err)
-    }
-
-    async fn outbox_delete(&self, seqs: &[i64]) -> Result<(), StoreError> {
-        if seqs.is_empty() {
-            return Ok(());
-        }
-        sqlx::query("DELETE FROM outbox WHERE seq = ANY($1)")
-            .bind(seqs)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn outbox_depth(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
     async fn claim_message(
         &self,
         message: &NewMessage,

@@ -35,7 +35,7 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: u32 = 8;
 
 /// SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` (since 3.32): binds per statement.
-const MAX_BINDS: usize = 32_766;
+pub(crate) const MAX_BINDS: usize = 32_766;
 
 /// Bound columns per `messages` row in [`SqliteStore::insert_messages`].
 const MESSAGE_BINDS: usize = 12;
@@ -153,61 +153,6 @@ impl Store for SqliteStore {
                 Box::pin(async move { insert_messages(conn, &args.0, &args.1).await })
             }))
             .await
-    }
-
-    async fn outbox_peek(&self, limit: usize) -> Result<Vec<(i64, OutboxItem)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT seq, stream, subject, msg_id, payload FROM outbox ORDER BY seq LIMIT ?",
-        )
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("seq")?,
-                    OutboxItem {
-                        stream: row.try_get("stream")?,
-                        subject: row.try_get("subject")?,
-                        msg_id: row.try_get("msg_id")?,
-                        payload: row.try_get("payload")?,
-                    },
-                ))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(map_err)
-    }
-
-    async fn outbox_delete(&self, seqs: &[i64]) -> Result<(), StoreError> {
-        if seqs.is_empty() {
-            return Ok(());
-        }
-        // One transaction, so a long list is deleted all at once or not at all.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        for chunk in seqs.chunks(MAX_BINDS) {
-            let mut query = QueryBuilder::<Sqlite>::new("DELETE FROM outbox WHERE seq IN (");
-            let mut list = query.separated(", ");
-            for seq in chunk {
-                list.push_bind(*seq);
-            }
-            query.push(")");
-            query
-                .build()
-                .persistent(false)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)
-    }
-
-    async fn outbox_depth(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn claim_message(
