@@ -46,6 +46,8 @@ struct Pending<DB: Database, T> {
 impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
     fn run<'c>(&'c mut self, conn: &'c mut DB::Connection) -> BoxFuture<'c, bool> {
         Box::pin(async move {
+            // A run that panics leaves no result: the caller hears that it failed.
+            self.result = None;
             let result = (self.work)(conn).await;
             let ok = result.is_ok();
             self.result = Some(result);
@@ -57,7 +59,9 @@ impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
         let result = match (failed, self.result) {
             (Some(e), _) => Err(copy(e)),
             (None, Some(result)) => result,
-            (None, None) => Err(StoreError::Other("the write was never run".into())),
+            (None, None) => Err(StoreError::Other(
+                "the write did not complete (the gateway log says why)".into(),
+            )),
         };
         let _ = self.reply.send(result);
     }
@@ -89,8 +93,10 @@ impl<DB: Database> std::fmt::Debug for GroupCommit<DB> {
 pub(crate) struct Lanes {
     /// Lanes committing in parallel (SQLite has one writer: one lane).
     pub count: usize,
-    /// The statement that opens a batch (SQLite: `BEGIN IMMEDIATE`, so the batch holds
-    /// the write lock from its start instead of failing to upgrade to it).
+    /// The statement that opens a batch. SQLite: `BEGIN IMMEDIATE`, so the batch holds
+    /// the write lock from its start instead of failing to upgrade to it. PostgreSQL:
+    /// `BEGIN` with a lock timeout, so a write waiting on a row lock fails alone instead
+    /// of holding up its whole batch, and a deadlock between batches ends quickly.
     pub begin: Option<&'static str>,
     /// The backend's mapping of driver errors.
     pub map_err: fn(sqlx::Error) -> StoreError,
@@ -173,7 +179,7 @@ async fn commit<DB: Database>(
     let mut tx = begin().await?;
     let mut failed = false;
     for job in jobs.iter_mut() {
-        if !job.run(&mut tx).await {
+        if !run_caught(job, &mut tx).await {
             failed = true;
             break;
         }
@@ -189,13 +195,29 @@ async fn commit<DB: Database>(
     let mut tx = begin().await?;
     for job in jobs.iter_mut() {
         let mut savepoint = tx.begin().await.map_err(map_err)?;
-        if job.run(&mut savepoint).await {
+        if run_caught(job, &mut savepoint).await {
             savepoint.commit().await.map_err(map_err)?;
         } else {
             savepoint.rollback().await.map_err(map_err)?;
         }
     }
     tx.commit().await.map_err(map_err)
+}
+
+/// Runs one job; a panic counts as its failure, so the lane (the only one, on SQLite)
+/// lives on and the job's caller gets an error.
+async fn run_caught<DB: Database>(job: &mut Box<dyn Job<DB>>, conn: &mut DB::Connection) -> bool {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(job.run(conn))
+        .catch_unwind()
+        .await
+    {
+        Ok(ok) => ok,
+        Err(_) => {
+            tracing::error!("a store write panicked; it fails alone");
+            false
+        }
+    }
 }
 
 /// The group commit's behaviour, run by each backend's tests on a fresh database.

@@ -34,6 +34,10 @@ const RECEIPT_LOCK: i32 = 0x5243_5054;
 /// push `now() ± interval` out of PostgreSQL's timestamp range.
 const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
 
+/// Opens every group-commit batch: a write waiting longer than this on a row lock fails
+/// alone (its caller retries it) rather than hold up its batch. One simple query.
+const LANE_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '2s'";
+
 /// Lanes committing delivery writes in parallel: each holds one connection while it
 /// commits, so concurrent batches keep the server busy without taking the pool.
 const GROUP_LANES: usize = 4;
@@ -62,7 +66,7 @@ impl PgStore {
             pool.clone(),
             Lanes {
                 count: GROUP_LANES,
-                begin: None,
+                begin: Some(LANE_BEGIN),
                 map_err,
             },
         );
@@ -1479,7 +1483,7 @@ mod tests {
         let db = TestDb::create().await;
         let lanes = Lanes {
             count: GROUP_LANES,
-            begin: None,
+            begin: Some(LANE_BEGIN),
             map_err,
         };
         let kept =
@@ -1507,7 +1511,7 @@ mod tests {
             db.store.pool().clone(),
             Lanes {
                 count: 1,
-                begin: None,
+                begin: Some(LANE_BEGIN),
                 map_err,
             },
         ));
@@ -1572,6 +1576,91 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(stored, [-2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    }
+
+    /// A write stuck behind a row lock held elsewhere fails alone once the lane's lock
+    /// timeout passes; the write batched with it commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_lock_wait_fails_alone() {
+        let db = TestDb::create().await;
+        let pool = db.store.pool().clone();
+        sqlx::query("CREATE TABLE locked_rows (k BIGINT PRIMARY KEY, v BIGINT NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO locked_rows VALUES (1, 0)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let group = Arc::new(GroupCommit::start(
+            pool.clone(),
+            Lanes {
+                count: 1,
+                begin: Some(LANE_BEGIN),
+                map_err,
+            },
+        ));
+        let write =
+            |sql: &'static str, hold: Duration| -> super::super::group::Work<Postgres, ()> {
+                Box::new(move |conn| {
+                    Box::pin(async move {
+                        tokio::time::sleep(hold).await;
+                        sqlx::query(sql)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(map_err)?;
+                        Ok(())
+                    })
+                })
+            };
+        // Another session holds row 1 for the whole test.
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("UPDATE locked_rows SET v = 1 WHERE k = 1")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move {
+                let w = write(
+                    "INSERT INTO locked_rows VALUES (3, 0)",
+                    Duration::from_millis(300),
+                );
+                group.run(w).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stuck = tokio::spawn({
+            let group = group.clone();
+            async move {
+                let w = write("UPDATE locked_rows SET v = 2 WHERE k = 1", Duration::ZERO);
+                group.run(w).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let free = tokio::spawn({
+            let group = group.clone();
+            async move {
+                let w = write("INSERT INTO locked_rows VALUES (2, 0)", Duration::ZERO);
+                group.run(w).await
+            }
+        });
+        first.await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), free)
+            .await
+            .expect("the write batched with a stuck one is not held up for ever")
+            .unwrap()
+            .expect("the write batched with a stuck one commits");
+        let err = stuck.await.unwrap().expect_err("the stuck write fails");
+        assert!(err.to_string().contains("lock timeout"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        holder.rollback().await.unwrap();
+        let keys: Vec<i64> = sqlx::query_scalar("SELECT k FROM locked_rows ORDER BY k")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(keys, [1, 2, 3]);
     }
 
     #[tokio::test]
