@@ -497,6 +497,20 @@ async fn idempotency_replays_and_concurrent_keys_publish_once(b: Backends) {
         .await;
     assert_eq!(s2, 200, "replay answers 200");
     assert_eq!(replay, first, "the original body, payload not compared");
+    // HTTP lets a tab through inside a header value; a key is printable ASCII only.
+    let (s, body) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &trigger_body("sub-i"),
+            &[("Idempotency-Key", "order\t2")],
+        )
+        .await;
+    assert_eq!(
+        (s, body["error"].as_str()),
+        (400, Some("BAD_REQUEST")),
+        "{body}"
+    );
     // Another workspace may use the same key.
     let other = gw.key("globex", Tier::Paid, KeyMode::Live).await;
     assert_eq!(

@@ -50,9 +50,14 @@ pub async fn trigger(
     let idempotency_key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
-            let key = v.to_str().map_err(|_| {
-                ApiError::BadRequest("Idempotency-Key must be visible ASCII".into())
-            })?;
+            // `to_str` also lets a tab through; the key is printable ASCII only.
+            let key = v
+                .to_str()
+                .ok()
+                .filter(|k| k.bytes().all(|b| (b' '..=b'~').contains(&b)))
+                .ok_or_else(|| {
+                    ApiError::BadRequest("Idempotency-Key must be visible ASCII".into())
+                })?;
             if key.is_empty() || key.len() > 255 {
                 return Err(ApiError::BadRequest(
                     "Idempotency-Key must be 1 to 255 characters".into(),

@@ -182,6 +182,7 @@ fn schemas(schemas: &mut Value) {
 /// The two fronts of `/v1/mcp`: a JSON-RPC 2.0 request (what the MCP transport reads:
 /// `params` an object, `id` an integer or a string, none for a notification), or the
 /// legacy `{method, params, id}` without `jsonrpc`, whose `params` and `id` are free.
+/// (`id` an integer in the i64 range or a string).
 fn mcp_request(schema: &mut Value) {
     schema["properties"]["jsonrpc"] = json!({"type": "string", "enum": ["2.0"],
         "description": "`2.0` for the MCP front; leave it out for the legacy shape."});
@@ -190,8 +191,12 @@ fn mcp_request(schema: &mut Value) {
     schema["properties"]["id"] =
         json!({"description": "Correlation id (legacy: a non-negative integer is echoed)."});
     schema["anyOf"] = json!([
+        // The transport reads an integer id as an i64.
         {"required": ["jsonrpc"], "properties": {
-            "id": {"type": ["integer", "string"]},
+            "id": {"anyOf": [
+                {"type": "integer", "minimum": i64::MIN, "maximum": i64::MAX},
+                {"type": "string"},
+            ]},
             "params": {"type": ["object", "null"]}}},
         {"not": {"required": ["jsonrpc"]}},
     ]);
