@@ -247,6 +247,22 @@ pub fn erased_pseudonym(workspace: &WorkspaceId, subscriber: &str) -> String {
     format!("erased:{}", &subscriber_key(workspace, subscriber)[..16])
 }
 
+/// Stored JSON text read back; `what` names it in the error.
+pub(crate) fn decode_json<T: serde::de::DeserializeOwned>(
+    text: &str,
+    what: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Other(format!("stored {what} is not valid JSON: {e}")))
+}
+
+/// Now, to the microsecond both backends keep (so a time returned is the time read
+/// back).
+pub(crate) fn now_micros() -> DateTime<Utc> {
+    use chrono::SubsecRound;
+    Utc::now().trunc_subsecs(6)
+}
+
 /// A stored id that does not parse: the row was not written by this code.
 pub(crate) fn corrupt(e: crate::ids::InvalidId) -> StoreError {
     StoreError::Other(format!("stored id is malformed: {e}"))

@@ -8,13 +8,14 @@
 
 use super::group::{GroupCommit, Lanes};
 use super::{Store, StoreError};
+use super::{decode_json, now_micros};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, Claim, ErasureReport, MessageSnapshot,
     MessageStatus, NewMessage, NewTimelineEntry, OutboxItem, Step, StepStatus, SubscriberContacts,
 };
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
-use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -1100,11 +1101,6 @@ async fn scrub_due(
     Ok(ids.len() as u64)
 }
 
-/// Now, cut to the microseconds the stored form keeps, so returned times round-trip.
-fn now_micros() -> DateTime<Utc> {
-    Utc::now().trunc_subsecs(6)
-}
-
 /// The stored form of `now + lease`; a lease too long to represent is refused.
 fn lease_deadline(now: DateTime<Utc>, lease: Duration) -> Result<String, StoreError> {
     chrono::Duration::from_std(lease)
@@ -1172,11 +1168,6 @@ async fn insert_timeline(
         .map_err(map_err)?;
     }
     Ok(())
-}
-
-fn decode_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Other(format!("stored {what} is invalid: {e}")))
 }
 
 fn decode_status(status: &str) -> Result<MessageStatus, StoreError> {

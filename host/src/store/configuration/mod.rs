@@ -6,10 +6,10 @@
 //! here, over [`ConfigurationSql`], which each backend implements with SQL and
 //! bindings only (`postgres.rs`, `sqlite.rs`).
 
-use super::{StoreError, WebhookSecret};
+use super::{StoreError, WebhookSecret, decode_json, now_micros};
 use crate::ids::WorkspaceId;
 use crate::model::{DndEntry, ProviderRoute};
-use chrono::{DateTime, SubsecRound, Utc};
+use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 
 mod postgres;
@@ -182,18 +182,8 @@ pub(crate) trait ConfigurationSql: Send + Sync {
     async fn secret_rows(&self, provider: &str) -> Result<Vec<SecretRow>, StoreError>;
 }
 
-/// Now, to the microsecond both backends keep.
-fn now() -> DateTime<Utc> {
-    Utc::now().trunc_subsecs(6)
-}
-
 fn encode<T: serde::Serialize + ?Sized>(value: &T, what: &str) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|e| StoreError::Other(format!("encoding {what}: {e}")))
-}
-
-fn decode<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Other(format!("stored {what} is not valid JSON: {e}")))
 }
 
 #[async_trait::async_trait]
@@ -205,7 +195,7 @@ impl<T: ConfigurationSql> Configuration for T {
         definition: &serde_json::Value,
     ) -> Result<(), StoreError> {
         let definition = encode(definition, "workflow")?;
-        self.upsert_workflow(workspace, name, &definition, now())
+        self.upsert_workflow(workspace, name, &definition, now_micros())
             .await
     }
 
@@ -216,7 +206,7 @@ impl<T: ConfigurationSql> Configuration for T {
     ) -> Result<Option<serde_json::Value>, StoreError> {
         self.workflow_definition(workspace, name)
             .await?
-            .map(|d| decode(&d, "workflow definition"))
+            .map(|d| decode_json(&d, "workflow definition"))
             .transpose()
     }
 
@@ -228,7 +218,7 @@ impl<T: ConfigurationSql> Configuration for T {
             .await?
             .into_iter()
             .map(|row| {
-                let definition = decode(&row.definition, "workflow definition")?;
+                let definition = decode_json(&row.definition, "workflow definition")?;
                 Ok((row.name, definition, row.updated_at))
             })
             .collect()
@@ -241,7 +231,7 @@ impl<T: ConfigurationSql> Configuration for T {
         providers: &[ProviderRoute],
     ) -> Result<(), StoreError> {
         let providers = encode(providers, "provider route")?;
-        self.upsert_route(workspace, channel, &providers, now())
+        self.upsert_route(workspace, channel, &providers, now_micros())
             .await
     }
 
@@ -252,7 +242,7 @@ impl<T: ConfigurationSql> Configuration for T {
         self.route_rows(workspace)
             .await?
             .into_iter()
-            .map(|row| Ok((row.channel, decode(&row.providers, "provider route")?)))
+            .map(|row| Ok((row.channel, decode_json(&row.providers, "provider route")?)))
             .collect()
     }
 
@@ -262,7 +252,7 @@ impl<T: ConfigurationSql> Configuration for T {
         phone_hash: &str,
         phone_masked: &str,
     ) -> Result<bool, StoreError> {
-        self.insert_dnd(workspace, phone_hash, phone_masked, now())
+        self.insert_dnd(workspace, phone_hash, phone_masked, now_micros())
             .await
     }
 
@@ -302,7 +292,7 @@ impl<T: ConfigurationSql> Configuration for T {
     ) -> Result<(), StoreError> {
         // The empty id stands for "provider-wide": a key column cannot hold NULL.
         let workspace_id = workspace.map_or("", WorkspaceId::as_str);
-        self.upsert_secret(provider, workspace_id, secret, now())
+        self.upsert_secret(provider, workspace_id, secret, now_micros())
             .await
     }
 

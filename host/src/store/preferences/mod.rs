@@ -5,7 +5,7 @@
 //! bindings only (`postgres.rs`, `sqlite.rs`). (Erasure, which also removes these rows,
 //! is still in the backends' `Store`.)
 
-use super::StoreError;
+use super::{StoreError, decode_json};
 use crate::ids::WorkspaceId;
 use crate::model::{PreferenceUpdate, Preferences};
 use chrono::{DateTime, Utc};
@@ -88,12 +88,7 @@ impl<T: PreferencesSql> SubscriberPreferences for T {
         let (channels, categories) = self.preference_rows(workspace, subscriber).await?;
         let categories = categories
             .into_iter()
-            .map(|(category, flags)| {
-                let flags = serde_json::from_str(&flags).map_err(|e| {
-                    StoreError::Other(format!("stored category flags are not valid JSON: {e}"))
-                })?;
-                Ok((category, flags))
-            })
+            .map(|(category, flags)| Ok((category, decode_json(&flags, "category flags")?)))
             .collect::<Result<_, StoreError>>()?;
         Ok(Preferences {
             channels: channels.into_iter().collect(),

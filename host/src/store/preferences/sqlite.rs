@@ -3,9 +3,9 @@
 
 use super::PreferencesSql;
 use crate::ids::WorkspaceId;
-use crate::store::StoreError;
 use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
-use chrono::{DateTime, SubsecRound, Utc};
+use crate::store::{StoreError, now_micros};
+use chrono::{DateTime, Utc};
 
 #[async_trait::async_trait]
 impl PreferencesSql for SqliteStore {
@@ -16,8 +16,7 @@ impl PreferencesSql for SqliteStore {
         channels: &[(&str, bool)],
         categories: &[(&str, String)],
     ) -> Result<DateTime<Utc>, StoreError> {
-        // Microseconds, as stored: the time returned is the time read back.
-        let now = Utc::now().trunc_subsecs(6);
+        let now = now_micros();
         let now_text = encode_timestamp(&now);
         // Every statement writes, so the first takes the write lock via the busy handler.
         let mut tx = self.pool().begin().await.map_err(map_err)?;

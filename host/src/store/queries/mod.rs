@@ -4,7 +4,7 @@
 //! [`QueriesSql`], which each backend implements with SQL and bindings only
 //! (`postgres.rs`, `sqlite.rs`).
 
-use super::{DeliveryCount, StoreError};
+use super::{DeliveryCount, StoreError, decode_json};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     MessageCursor, MessageFilter, MessageRecord, MessageStatus, StepStatus, TimelineEntry,
@@ -111,11 +111,6 @@ fn status(s: &str) -> Result<MessageStatus, StoreError> {
         .ok_or_else(|| StoreError::Other(format!("unknown message status {s:?}")))
 }
 
-fn json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Other(format!("stored {what} is not valid JSON: {e}")))
-}
-
 impl TryFrom<MessageRow> for MessageRecord {
     type Error = StoreError;
 
@@ -129,7 +124,7 @@ impl TryFrom<MessageRow> for MessageRecord {
             attempts: row.attempts,
             cost_micro_usd: row.cost_micro_usd,
             test_mode: row.test_mode,
-            variables_keys: json(&row.variables_keys, "variables_keys")?,
+            variables_keys: decode_json(&row.variables_keys, "variables_keys")?,
             created_at: row.created_at,
             updated_at: row.updated_at,
             category: row.category,
@@ -156,7 +151,7 @@ impl TryFrom<TimelineRow> for TimelineEntry {
             provider: row.provider,
             detail: row
                 .detail
-                .map(|d| json(&d, "timeline detail"))
+                .map(|d| decode_json(&d, "timeline detail"))
                 .transpose()?,
         })
     }
