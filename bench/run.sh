@@ -123,46 +123,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
 
-# run_child SECONDS OUTFILE CMD...: CMD under `timeout`, stdout to OUTFILE (- for
-# stderr). Run in the
-# background and waited for, so a signal to this script is handled at once.
-run_child() {
-    local seconds=$1 out=$2 rc=0
-    shift 2
-    if [[ $out == - ]]; then
-        timeout "$seconds" "$@" >&2 &
-    else
-        timeout "$seconds" "$@" >"$out" &
-    fi
-    CHILD_PID=$!
-    wait "$CHILD_PID" || rc=$?
-    CHILD_PID=""
-    return "$rc"
-}
-
-# A port nothing listens on (checked by a refused connection).
-free_port() {
-    local p i
-    for i in $(seq 1 200); do
-        p=$(shuf -i 20000-60999 -n 1)
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
-
-# wait_for FILE PATTERN PID SECONDS: until PATTERN shows in FILE, PID dies, or time is up.
-wait_for() {
-    local file=$1 pattern=$2 pid=$3 seconds=$4 i
-    for i in $(seq 1 $((seconds * 10))); do
-        grep -q "$pattern" "$file" 2>/dev/null && return 0
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
+# run_child, free_port, wait_for.
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 
 # CPU time (user + system) of PID in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
