@@ -358,7 +358,7 @@ pub struct SubscriberContacts {
     pub device_tokens: Vec<String>,
 }
 
-/// What [`crate::store::Store::claim_message`] found.
+/// What [`crate::store::Delivery::claim_message`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
     /// This worker holds the lease.

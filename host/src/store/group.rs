@@ -76,6 +76,18 @@ fn copy(e: &StoreError) -> StoreError {
     }
 }
 
+/// A store whose writes go through a group commit: the aggregates written once over
+/// their connection-level SQL traits reach their backend's lanes through this.
+pub(crate) trait Grouped: Send + Sync + 'static {
+    /// The backend's database.
+    type Db: Database;
+    /// The store's group commit.
+    fn group(&self) -> &GroupCommit<Self::Db>;
+}
+
+/// The connection a [`Grouped`] store's writes run on.
+pub(crate) type Conn<T> = <<T as Grouped>::Db as Database>::Connection;
+
 /// Queues writes to lanes that commit them in batches. Dropping it stops the lanes
 /// once the writes already queued are answered.
 pub(crate) struct GroupCommit<DB: Database> {

@@ -2,7 +2,7 @@
 //! erasure keeps the identifiers of the subscriber's messages newer than the audit
 //! window (and a worker marks messages written for the subscriber since); this job
 //! scrubs them as they pass the window, exactly as the erasure scrubbed the older ones
-//! (see [`Store::scrub_erased_messages`]). Several processes may run it at once: each
+//! (see [`Erasure::scrub_erased_messages`](crate::store::Erasure::scrub_erased_messages)). Several processes may run it at once: each
 //! batch takes messages the others do not hold, and a message is scrubbed once.
 
 use crate::store::{Store, StoreError};

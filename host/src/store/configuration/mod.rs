@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 
 mod postgres;
 mod sqlite;
+#[cfg(test)]
+pub(crate) mod tests;
 
 /// A workspace's workflows, routes and DND list, and every provider's webhook secrets.
 #[async_trait::async_trait]

@@ -2,7 +2,7 @@
 //! until the relay publishes them.
 //!
 //! [`Outbox`] is what callers use (the rows are written by
-//! [`Store::insert_messages`](super::Store::insert_messages), in the messages'
+//! [`Messages::insert_messages`](super::Messages::insert_messages), in the messages'
 //! transaction); decoding is written once here, over [`OutboxSql`], which each backend
 //! implements with SQL and bindings only (`postgres.rs`, `sqlite.rs`).
 

@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 
 mod postgres;
 mod sqlite;
+#[cfg(test)]
+pub(crate) mod tests;
 
 /// Reading and merging a subscriber's preferences.
 #[async_trait::async_trait]

@@ -13,6 +13,8 @@ use chrono::{DateTime, Utc};
 
 mod postgres;
 mod sqlite;
+#[cfg(test)]
+pub(crate) mod tests;
 
 /// Messages as callers read them.
 #[async_trait::async_trait]

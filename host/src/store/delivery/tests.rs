@@ -1,0 +1,459 @@
+//! The shared suite of claims and steps under a lease: each function takes a fresh, migrated store
+//! (as an `Arc`, so that the concurrent ones can spawn) and works in workspaces of its
+//! own; both backends run every one (their test modules name them).
+
+use crate::store::tests::*;
+
+/// A claim writes the row when ingestion has not (and never overwrites it), and the
+/// `queued` entry exactly once, only when the message has no timeline yet.
+pub(crate) async fn claim_inserts_missing_row(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("claims", None).await.unwrap();
+    let m = NewMessage {
+        created_at: now() - Duration::seconds(5),
+        ..message(&ws.id, 1)
+    };
+    assert_eq!(store.get_message(&ws.id, &m.event_id).await.unwrap(), None);
+
+    let snapshot = claim(store, &m, "w1", LONG_LEASE).await;
+    assert_eq!(
+        snapshot,
+        MessageSnapshot {
+            status: MessageStatus::Queued,
+            attempts: vec![],
+            erased: false
+        }
+    );
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_ingested(&record, &m);
+    assert_eq!(record.status, MessageStatus::Queued);
+    assert_eq!(record.channel.as_deref(), Some("sms"));
+    assert_eq!((record.attempts, record.cost_micro_usd), (0, 0));
+    assert_eq!(record.updated_at, m.created_at);
+    for column in [
+        &record.provider,
+        &record.provider_message_id,
+        &record.error_code,
+        &record.error_detail,
+    ] {
+        assert_eq!(column, &None);
+    }
+    assert_eq!(timeline_of(&record), vec![queued_entry(&m)]);
+
+    // Claiming again (same owner, even with different content) changes nothing stored.
+    let changed = NewMessage {
+        channel: "email".into(),
+        status: "FAILED".into(),
+        subscriber_id: "someone-else".into(),
+        ..m.clone()
+    };
+    assert_eq!(claim(store, &changed, "w1", LONG_LEASE).await, snapshot);
+    assert_eq!(get(store, &ws.id, &m.event_id).await, record);
+
+    // A row written by ingestion has its queued entry (with the row's channel) from the
+    // start; claims add no second one.
+    let ingested = NewMessage {
+        channel: "email".into(),
+        ..message(&ws.id, 2)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&ingested), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &ingested.event_id).await),
+        vec![queued_entry(&ingested)]
+    );
+    claim(store, &ingested, "w1", LONG_LEASE).await;
+    claim(store, &ingested, "w1", LONG_LEASE).await;
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &ingested.event_id).await),
+        vec![queued_entry(&ingested)]
+    );
+
+    // A message whose timeline has more than `queued` gets no second queued entry.
+    let early = message(&ws.id, 3);
+    store
+        .insert_messages(std::slice::from_ref(&early), &[])
+        .await
+        .unwrap();
+    let receipt = entry(StepStatus::Delivered, now(), Some("prova"), None);
+    assert!(
+        store
+            .append_timeline(&early.event_id, std::slice::from_ref(&receipt))
+            .await
+            .unwrap()
+    );
+    claim(store, &early, "w1", LONG_LEASE).await;
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &early.event_id).await),
+        vec![queued_entry(&early), receipt]
+    );
+}
+
+/// Ten workers claim the same new message at once: one gets it, the others are told
+/// it is busy, and there is one row with one queued entry.
+pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
+    let ws = store.ensure_workspace("racing-claims", None).await.unwrap();
+    let m = message(&ws.id, 4);
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let store = store.clone();
+        let m = m.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .claim_message(
+                    &m,
+                    &contacts("racer@example.com"),
+                    &format!("w{i}"),
+                    LONG_LEASE,
+                )
+                .await
+        }));
+    }
+    let mut claimed = 0;
+    for task in tasks {
+        match task.await.expect("task").expect("claim_message") {
+            Claim::Claimed(_) => claimed += 1,
+            Claim::Busy => {}
+        }
+    }
+    assert_eq!(claimed, 1, "exactly one worker holds the lease");
+    assert_eq!(
+        timeline_of(&get(&*store, &ws.id, &m.event_id).await),
+        vec![queued_entry(&m)]
+    );
+}
+
+/// Another owner's unexpired lease makes a claim busy and its steps conflicts (which
+/// write nothing); an expired lease is taken over; a step extends the lease; a
+/// released lease is free at once.
+pub(crate) async fn claim_lease(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("leases", None).await.unwrap();
+    let m = message(&ws.id, 5);
+    store
+        .insert_messages(std::slice::from_ref(&m), &[])
+        .await
+        .unwrap();
+
+    claim(store, &m, "a", LONG_LEASE).await;
+    let busy = store
+        .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE)
+        .await
+        .unwrap();
+    assert_eq!(busy, Claim::Busy);
+    // The holder may claim again (a redelivery to the same worker).
+    claim(store, &m, "a", LONG_LEASE).await;
+
+    // A step by a non-owner conflicts and writes nothing, whatever it carries.
+    let before = get(store, &ws.id, &m.event_id).await;
+    let step = Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+        }),
+        message: MessageUpdate {
+            status: Some(MessageStatus::Sent),
+            attempts: Some(1),
+            provider: Some("prova".into()),
+            cost_add_micro_usd: 10,
+            release_lease: true,
+            ..MessageUpdate::default()
+        },
+        timeline: vec![entry(StepStatus::Sent, now(), Some("prova"), None)],
+    };
+    let err = store
+        .record_step(&m.event_id, "b", LONG_LEASE, &step)
+        .await
+        .expect_err("b does not hold the lease");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    assert_eq!(get(store, &ws.id, &m.event_id).await, before);
+    assert_eq!(
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE)
+            .await
+            .unwrap(),
+        Claim::Busy,
+        "the failed step did not release a's lease"
+    );
+    assert_eq!(claim(store, &m, "a", LONG_LEASE).await.attempts, vec![]);
+
+    // An unknown message is a conflict too.
+    let err = store
+        .record_step(&EventId::generate(), "a", LONG_LEASE, &Step::default())
+        .await
+        .expect_err("no such message");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+
+    // Once a's (shortened) lease expires, b takes over and a's steps conflict.
+    claim(store, &m, "a", SHORT_LEASE).await;
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    claim(store, &m, "b", SHORT_LEASE).await;
+    let err = store
+        .record_step(&m.event_id, "a", LONG_LEASE, &Step::default())
+        .await
+        .expect_err("a lost the lease");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+
+    // A step extends the holder's lease: after the short lease would have expired,
+    // a is still kept out.
+    store
+        .record_step(&m.event_id, "b", LONG_LEASE, &Step::default())
+        .await
+        .expect("b holds the lease");
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    assert_eq!(
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "a", LONG_LEASE)
+            .await
+            .unwrap(),
+        Claim::Busy,
+        "the step extended b's lease"
+    );
+
+    // Releasing frees the message at once, and the releasing owner can no longer write.
+    store
+        .record_step(
+            &m.event_id,
+            "b",
+            LONG_LEASE,
+            &Step {
+                message: release(),
+                ..Step::default()
+            },
+        )
+        .await
+        .unwrap();
+    let err = store
+        .record_step(&m.event_id, "b", LONG_LEASE, &Step::default())
+        .await
+        .expect_err("b released the lease");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    claim(store, &m, "a", LONG_LEASE).await;
+}
+
+/// Attempts are written started, then finished, and come back with the next claim;
+/// message columns are overwritten by `Some`, cost is added up; a failing step (a
+/// duplicate attempt) writes nothing.
+pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("attempts", None).await.unwrap();
+    let m = NewMessage {
+        created_at: now() - Duration::minutes(10),
+        ..message(&ws.id, 6)
+    };
+    claim(store, &m, "w", LONG_LEASE).await;
+    let started = now();
+
+    let t1 = now();
+    let steps = [
+        Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 1,
+                channel: "sms".into(),
+                provider: "prova".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(1),
+                provider: Some("prova".into()),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+        Step {
+            attempt: Some(AttemptWrite::Finish {
+                attempt_no: 1,
+                state: AttemptState::Failed,
+                provider_message_id: None,
+                cost_micro_usd: 0,
+                detail: Some("timeout".into()),
+            }),
+            message: MessageUpdate {
+                error_code: Some("PROVIDER_TIMEOUT".into()),
+                error_detail: Some("prova timed out".into()),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![entry(
+                StepStatus::Failed,
+                t1,
+                Some("prova"),
+                Some(serde_json::json!({ "code": "TIMEOUT", "durationMs": 3000 })),
+            )],
+        },
+        Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 2,
+                channel: "sms".into(),
+                provider: "provb".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(2),
+                provider: Some("provb".into()),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+        Step {
+            attempt: Some(AttemptWrite::Finish {
+                attempt_no: 2,
+                state: AttemptState::Sent,
+                provider_message_id: Some("pm-123".into()),
+                cost_micro_usd: 1_500,
+                detail: None,
+            }),
+            message: MessageUpdate {
+                status: Some(MessageStatus::Sent),
+                provider_message_id: Some("pm-123".into()),
+                cost_add_micro_usd: 1_500,
+                ..MessageUpdate::default()
+            },
+            timeline: vec![entry(StepStatus::Sent, t1, Some("provb"), None)],
+        },
+        // A third attempt on another channel, left started (the worker died).
+        Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 3,
+                channel: "email".into(),
+                provider: "prove".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(3),
+                channel: Some("email".into()),
+                cost_add_micro_usd: 250,
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+    ];
+    for step in &steps {
+        store
+            .record_step(&m.event_id, "w", LONG_LEASE, step)
+            .await
+            .expect("record_step");
+    }
+
+    let expected_attempts = vec![
+        AttemptRecord {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+            state: AttemptState::Failed,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: Some("timeout".into()),
+        },
+        AttemptRecord {
+            attempt_no: 2,
+            channel: "sms".into(),
+            provider: "provb".into(),
+            state: AttemptState::Sent,
+            provider_message_id: Some("pm-123".into()),
+            cost_micro_usd: 1_500,
+            detail: None,
+        },
+        AttemptRecord {
+            attempt_no: 3,
+            channel: "email".into(),
+            provider: "prove".into(),
+            state: AttemptState::Started,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: None,
+        },
+    ];
+    assert_eq!(
+        claim(store, &m, "w", LONG_LEASE).await,
+        MessageSnapshot {
+            status: MessageStatus::Sent,
+            attempts: expected_attempts.clone(),
+            erased: false
+        }
+    );
+
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_ingested(&record, &m);
+    assert_eq!(record.status, MessageStatus::Sent);
+    assert_eq!(record.attempts, 3);
+    assert_eq!(record.cost_micro_usd, 1_750, "costs are added up");
+    assert_eq!(record.channel.as_deref(), Some("email"));
+    assert_eq!(record.provider.as_deref(), Some("provb"));
+    assert_eq!(record.provider_message_id.as_deref(), Some("pm-123"));
+    assert_eq!(
+        record.error_code.as_deref(),
+        Some("PROVIDER_TIMEOUT"),
+        "None leaves a column alone"
+    );
+    assert_eq!(record.error_detail.as_deref(), Some("prova timed out"));
+    assert!(
+        record.updated_at >= started - Duration::seconds(2)
+            && record.updated_at <= Utc::now() + Duration::seconds(2),
+        "updated_at is set by every step: {}",
+        record.updated_at
+    );
+    assert_eq!(
+        timeline_of(&record),
+        vec![
+            queued_entry(&m),
+            steps[1].timeline[0].clone(),
+            steps[3].timeline[0].clone()
+        ]
+    );
+
+    // Starting an attempt twice is a conflict, and the whole step is rolled back.
+    let duplicate = Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 2,
+            channel: "sms".into(),
+            provider: "provc".into(),
+        }),
+        message: MessageUpdate {
+            status: Some(MessageStatus::Failed),
+            cost_add_micro_usd: 99,
+            release_lease: true,
+            ..MessageUpdate::default()
+        },
+        timeline: vec![entry(StepStatus::Failed, now(), None, None)],
+    };
+    let err = store
+        .record_step(&m.event_id, "w", LONG_LEASE, &duplicate)
+        .await
+        .expect_err("attempt 2 exists");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    assert_eq!(get(store, &ws.id, &m.event_id).await, record);
+    assert_eq!(
+        store
+            .claim_message(&m, &SubscriberContacts::default(), "other", LONG_LEASE)
+            .await
+            .unwrap(),
+        Claim::Busy,
+        "the lease was not released"
+    );
+
+    // The final step releases the lease: another worker sees the same attempts.
+    store
+        .record_step(
+            &m.event_id,
+            "w",
+            LONG_LEASE,
+            &Step {
+                message: MessageUpdate {
+                    status: Some(MessageStatus::Failed),
+                    release_lease: true,
+                    ..MessageUpdate::default()
+                },
+                ..Step::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(store, &m, "other", LONG_LEASE).await,
+        MessageSnapshot {
+            status: MessageStatus::Failed,
+            attempts: expected_attempts,
+            erased: false
+        }
+    );
+}

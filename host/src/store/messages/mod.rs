@@ -1,0 +1,157 @@
+//! Message rows and their timelines as ingestion and the lease-less writers see them:
+//! writing accepted messages (with the outbox), ending a message nothing can dispatch,
+//! appending timeline entries.
+//!
+//! [`Messages`] is what callers use. The rules are written once here, over
+//! [`MessagesSql`] (the pool-level insert) and [`TimelineSql`] (statements on one
+//! connection, inside a group commit's transaction), which each backend implements
+//! with SQL and bindings only (`postgres.rs`, `sqlite.rs`). [`TimelineSql`] is also
+//! what the delivery and receipt writers append timeline entries with.
+
+use super::StoreError;
+use super::group::{Conn, Grouped};
+use crate::ids::EventId;
+use crate::model::{NewMessage, NewTimelineEntry, OutboxItem};
+use std::sync::Arc;
+
+mod postgres;
+mod sqlite;
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// Writing messages outside a worker's lease.
+#[async_trait::async_trait]
+pub trait Messages: Send + Sync {
+    /// Writes message records, each with its `queued` timeline entry (at its
+    /// `created_at`, no provider, detail `{"channel": <channel>}`), and, in the same
+    /// transaction, outbox items (events whose broker publish failed). Either
+    /// everything is written or nothing. A message whose event id is already stored is
+    /// skipped, and gets no entry: a worker that got the event from the broker first
+    /// has written it and its `queued` entry (see
+    /// [`Delivery::claim_message`](super::Delivery::claim_message)), perhaps moved it
+    /// on already. So a message waiting in a backlog shows `queued` at once.
+    async fn insert_messages(
+        &self,
+        messages: &[NewMessage],
+        outbox: &[OutboxItem],
+    ) -> Result<(), StoreError>;
+
+    /// Ends a message nothing can dispatch (its broker event cannot be decoded): FAILED
+    /// with `code` and `detail`, and `entries` on its timeline, without a lease. Only a
+    /// message not yet dispatched (QUEUED or TRIGGERED) changes; false otherwise.
+    async fn fail_undispatched(
+        &self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError>;
+
+    /// Appends timeline entries to a message without a lease (receipts); false when
+    /// the message does not exist.
+    async fn append_timeline(
+        &self,
+        event: &EventId,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError>;
+}
+
+/// The message insert, in SQL.
+#[async_trait::async_trait]
+pub(crate) trait MessagesSql: Grouped {
+    /// [`Messages::insert_messages`] with at least one message or item.
+    async fn insert_rows(
+        &self,
+        messages: &[NewMessage],
+        outbox: &[OutboxItem],
+    ) -> Result<(), StoreError>;
+}
+
+/// Statements on one connection, inside a transaction. Every writer of a timeline
+/// takes the message row's lock first (by updating it) and then appends.
+#[async_trait::async_trait]
+pub(crate) trait TimelineSql: Send {
+    /// `entries` appended to `event`'s timeline, in order (`seq` follows the slice).
+    async fn insert_timeline(
+        &mut self,
+        event: &EventId,
+        entries: &[NewTimelineEntry],
+    ) -> Result<(), StoreError>;
+    /// Bumps `updated_at`; false when the message does not exist.
+    async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError>;
+    /// FAILED with `code` and `detail` if QUEUED or TRIGGERED; false otherwise.
+    async fn fail_if_undispatched(
+        &mut self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+    ) -> Result<bool, StoreError>;
+}
+
+#[async_trait::async_trait]
+impl<T> Messages for T
+where
+    T: MessagesSql,
+    Conn<T>: TimelineSql,
+{
+    async fn insert_messages(
+        &self,
+        messages: &[NewMessage],
+        outbox: &[OutboxItem],
+    ) -> Result<(), StoreError> {
+        if messages.is_empty() && outbox.is_empty() {
+            return Ok(());
+        }
+        self.insert_rows(messages, outbox).await
+    }
+
+    async fn fail_undispatched(
+        &self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError> {
+        let args = Arc::new((
+            event.clone(),
+            code.to_string(),
+            detail.to_string(),
+            entries.to_vec(),
+        ));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (event, code, detail, entries) = &*args;
+                    if !conn.fail_if_undispatched(event, code, detail).await? {
+                        return Ok(false);
+                    }
+                    conn.insert_timeline(event, entries).await?;
+                    Ok(true)
+                })
+            }))
+            .await
+    }
+
+    async fn append_timeline(
+        &self,
+        event: &EventId,
+        entries: &[NewTimelineEntry],
+    ) -> Result<bool, StoreError> {
+        let args = Arc::new((event.clone(), entries.to_vec()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (event, entries) = &*args;
+                    // The bump takes the row lock, as every other timeline writer does.
+                    if !conn.touch_message(event).await? {
+                        return Ok(false);
+                    }
+                    conn.insert_timeline(event, entries).await?;
+                    Ok(true)
+                })
+            }))
+            .await
+    }
+}

@@ -1,0 +1,101 @@
+//! The shared suite of writing messages: each function takes a fresh, migrated store
+//! (as an `Arc`, so that the concurrent ones can spawn) and works in workspaces of its
+//! own; both backends run every one (their test modules name them).
+
+use crate::store::tests::*;
+
+/// `insert_messages` writes the `queued` entry of every row it inserts, in the same
+/// transaction: at once (a message waiting in a backlog shows it), once per message
+/// (duplicates in the batch, rows a worker wrote first and later claims add none), and
+/// not at all when the call fails.
+pub(crate) async fn insert_messages_writes_queued_entries(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("queued", None).await.unwrap();
+
+    // A worker got one event from the broker before ingestion recorded it.
+    let first_by_worker = NewMessage {
+        created_at: now() - Duration::seconds(3),
+        ..message(&ws.id, 0)
+    };
+    claim(store, &first_by_worker, "w1", LONG_LEASE).await;
+
+    let mut batch: Vec<_> = (1..6)
+        .map(|i| NewMessage {
+            created_at: now() - Duration::seconds(i as i64),
+            channel: if i % 2 == 0 { "email" } else { "voice" }.into(),
+            ..message(&ws.id, i)
+        })
+        .collect();
+    batch.push(batch[2].clone());
+    batch.push(NewMessage {
+        // The worker's row (and its entry) wins over this copy.
+        channel: "push".into(),
+        created_at: now(),
+        ..first_by_worker.clone()
+    });
+    store.insert_messages(&batch, &[]).await.unwrap();
+    for m in &batch[..5] {
+        assert_eq!(
+            timeline_of(&get(store, &ws.id, &m.event_id).await),
+            vec![queued_entry(m)],
+            "{}",
+            m.event_id
+        );
+    }
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &first_by_worker.event_id).await),
+        vec![queued_entry(&first_by_worker)]
+    );
+
+    // Inserting again, and claiming, add nothing.
+    store.insert_messages(&batch[..2], &[]).await.unwrap();
+    for m in &batch[..2] {
+        claim(store, m, "w2", LONG_LEASE).await;
+        claim(store, m, "w2", LONG_LEASE).await;
+        assert_eq!(
+            timeline_of(&get(store, &ws.id, &m.event_id).await),
+            vec![queued_entry(m)]
+        );
+    }
+
+    // A failing call (an unknown workspace) leaves neither rows nor entries behind: the
+    // same messages insert (with one entry each) afterwards.
+    let good = message(&ws.id, 7);
+    let orphan = message(&WorkspaceId::generate(), 8);
+    store
+        .insert_messages(&[good.clone(), orphan], &[])
+        .await
+        .expect_err("unknown workspace");
+    assert_eq!(
+        store.get_message(&ws.id, &good.event_id).await.unwrap(),
+        None
+    );
+    store
+        .insert_messages(std::slice::from_ref(&good), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &good.event_id).await),
+        vec![queued_entry(&good)]
+    );
+
+    // A full-size batch: every row gets its entry (checked at the ends of the chunks).
+    const N: usize = 5_000;
+    let large: Vec<_> = (0..N).map(|i| message(&ws.id, 100 + i)).collect();
+    let started = std::time::Instant::now();
+    store.insert_messages(&large, &[]).await.unwrap();
+    let took = started.elapsed();
+    println!("5,000 messages with their queued entries in {took:?}");
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "5,000 messages took {took:?}"
+    );
+    for i in [0, 1, 2_729, 2_730, 2_731, N / 2, N - 2, N - 1] {
+        let m = &large[i];
+        assert_eq!(
+            timeline_of(&get(store, &ws.id, &m.event_id).await),
+            vec![queued_entry(m)],
+            "message {i}"
+        );
+    }
+}

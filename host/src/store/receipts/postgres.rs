@@ -1,0 +1,207 @@
+//! [`ReceiptsSql`] on PostgreSQL: row locks (`FOR UPDATE`) and an advisory lock per
+//! provider message id keep concurrent receipts and steps apart.
+
+use super::{ReceiptRow, ReceiptsSql, TargetRow};
+use crate::ids::{EventId, WorkspaceId};
+use crate::receipts::ReceiptWrite;
+use crate::store::StoreError;
+use crate::store::postgres::{encode_json, interval, map_err};
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use std::time::Duration;
+
+/// First key of the advisory lock of a (provider, provider message id) ("RCPT"). The
+/// two-key form is a key space of its own, apart from the tenancy revocation lock; a
+/// hash collision only serialises two unrelated ids.
+const RECEIPT_LOCK: i32 = 0x5243_5054;
+
+/// Columns of a stored receipt, as a [`ReceiptRow`] reads them.
+const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, status, \
+     occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
+     timeline_provider, timeline_detail::text AS timeline_detail";
+
+#[async_trait::async_trait]
+impl ReceiptsSql for PgConnection {
+    async fn lock_provider_message(
+        &mut self,
+        provider: &str,
+        provider_message_id: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3))")
+            .bind(RECEIPT_LOCK)
+            .bind(provider)
+            .bind(provider_message_id)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError> {
+        let detail = receipt
+            .timeline
+            .detail
+            .as_ref()
+            .map(encode_json)
+            .transpose()?;
+        let inserted = sqlx::query(
+            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
+             status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+             timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
+             received_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7, $8, $9, $10, $11, $12, \
+             $13::jsonb, now()) ON CONFLICT (receipt_key) DO NOTHING",
+        )
+        .bind(&receipt.receipt_key)
+        .bind(&receipt.provider)
+        .bind(&receipt.provider_message_id)
+        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
+        .bind(receipt.status.as_str())
+        .bind(receipt.occurred_at)
+        .bind(receipt.cost_micro_usd)
+        .bind(receipt.error_code.as_deref())
+        .bind(receipt.error_detail.as_deref())
+        .bind(receipt.timeline.status.as_str())
+        .bind(receipt.timeline.occurred_at)
+        .bind(receipt.timeline.provider.as_deref())
+        .bind(detail)
+        .execute(self)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn receipt_target(
+        &mut self,
+        provider: &str,
+        provider_message_id: &str,
+        workspace: Option<&WorkspaceId>,
+    ) -> Result<Option<TargetRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT event_id, status FROM messages WHERE provider = $1 \
+             AND provider_message_id = $2 AND ($3::text IS NULL OR workspace_id = $3) \
+             ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE",
+        )
+        .bind(provider)
+        .bind(provider_message_id)
+        .bind(workspace.map(WorkspaceId::as_str))
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn workspace_and_status(
+        &mut self,
+        event: &EventId,
+    ) -> Result<(String, String), StoreError> {
+        sqlx::query_as("SELECT workspace_id, status FROM messages WHERE event_id = $1")
+            .bind(event.as_str())
+            .fetch_one(self)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn advance_message(
+        &mut self,
+        event: &EventId,
+        receipt: &ReceiptWrite,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE messages SET status = $2, cost_micro_usd = COALESCE($3, cost_micro_usd), \
+             error_code = $4, error_detail = $5, updated_at = now() WHERE event_id = $1",
+        )
+        .bind(event.as_str())
+        .bind(receipt.status.as_str())
+        .bind(receipt.cost_micro_usd)
+        .bind(receipt.error_code.as_deref())
+        .bind(receipt.error_detail.as_deref())
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn mark_receipt(
+        &mut self,
+        receipt_key: &str,
+        state: &str,
+        event: &EventId,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE receipts SET state = $2, event_id = $3 WHERE receipt_key = $1")
+            .bind(receipt_key)
+            .bind(state)
+            .bind(event.as_str())
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn pending_rows(
+        &mut self,
+        provider: &str,
+        provider_message_id: &str,
+        workspace: &str,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = $1 \
+             AND provider_message_id = $2 AND state = 'pending' \
+             AND (workspace_id IS NULL OR workspace_id = $3) \
+             ORDER BY received_at, receipt_key FOR UPDATE"
+        ))
+        .bind(provider)
+        .bind(provider_message_id)
+        .bind(workspace)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn reserve_replay_key(
+        &mut self,
+        provider: &str,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        // One statement: a new key is inserted, an expired one is taken over, a live
+        // one is left alone (and no row comes back). Concurrent reserves of one key
+        // queue on its index entry or row lock and re-check the winner's row.
+        let reserved = sqlx::query(
+            "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
+             VALUES ($1, $2, now() + $3) ON CONFLICT (provider, replay_key) DO UPDATE SET \
+             expires_at = EXCLUDED.expires_at WHERE webhook_replays.expires_at <= now() \
+             RETURNING 1",
+        )
+        .bind(provider)
+        .bind(key)
+        .bind(interval(ttl))
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)?;
+        Ok(reserved.is_some())
+    }
+
+    async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM webhook_replays WHERE provider = $1 AND replay_key = $2")
+            .bind(provider)
+            .bind(key)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let pruned = sqlx::query("DELETE FROM receipts WHERE received_at < $1")
+            .bind(before)
+            .execute(&mut *self)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        sqlx::query("DELETE FROM webhook_replays WHERE expires_at < now()")
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(pruned)
+    }
+}

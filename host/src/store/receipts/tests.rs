@@ -1,0 +1,720 @@
+//! The shared suite of receipts and replay keys: each function takes a fresh, migrated store
+//! (as an `Arc`, so that the concurrent ones can spawn) and works in workspaces of its
+//! own; both backends run every one (their test modules name them).
+
+use crate::store::tests::*;
+
+/// A receipt as `crate::receipts::to_write` makes it, for `status`.
+pub(crate) fn receipt(
+    key: &str,
+    provider: &str,
+    provider_message_id: &str,
+    workspace: Option<&WorkspaceId>,
+    status: MessageStatus,
+    cost_micro_usd: Option<i64>,
+) -> ReceiptWrite {
+    let at = now();
+    ReceiptWrite {
+        receipt_key: key.to_string(),
+        provider: provider.to_string(),
+        provider_message_id: provider_message_id.to_string(),
+        workspace: workspace.cloned(),
+        status,
+        occurred_at: at,
+        cost_micro_usd,
+        error_code: None,
+        error_detail: None,
+        timeline: entry(
+            crate::receipts::step_status(status),
+            at,
+            Some(provider),
+            Some(serde_json::json!({ "receipt": key, "status": status.as_str() })),
+        ),
+    }
+}
+
+/// The step with which a worker records a send: status `SENT`, the provider and its
+/// id, a cost estimate and the `sent` entry.
+pub(crate) fn sent_step(provider: &str, provider_message_id: &str) -> Step {
+    Step {
+        attempt: None,
+        message: MessageUpdate {
+            status: Some(MessageStatus::Sent),
+            provider: Some(provider.to_string()),
+            provider_message_id: Some(provider_message_id.to_string()),
+            cost_add_micro_usd: 1_000,
+            ..MessageUpdate::default()
+        },
+        timeline: vec![entry(
+            StepStatus::Sent,
+            now(),
+            Some(provider),
+            Some(serde_json::json!({ "channel": "sms" })),
+        )],
+    }
+}
+
+/// A claimed message (`QUEUED`, leased by `w`).
+pub(crate) async fn queued(store: &dyn Store, workspace: &WorkspaceId, i: usize) -> NewMessage {
+    let m = message(workspace, i);
+    claim(store, &m, "w", LONG_LEASE).await;
+    m
+}
+
+/// A claimed message sent through `provider` with id `provider_message_id`.
+pub(crate) async fn sent(
+    store: &dyn Store,
+    workspace: &WorkspaceId,
+    i: usize,
+    provider: &str,
+    provider_message_id: &str,
+) -> NewMessage {
+    let m = queued(store, workspace, i).await;
+    store
+        .record_step(
+            &m.event_id,
+            "w",
+            LONG_LEASE,
+            &sent_step(provider, provider_message_id),
+        )
+        .await
+        .expect("record the send");
+    m
+}
+
+/// A reserved key is a replay until released or expired; keys are per provider.
+pub(crate) async fn replay_keys(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ttl = std::time::Duration::from_secs(60);
+    assert!(store.reserve_replay("provc", "k1", ttl).await.unwrap());
+    assert!(
+        !store.reserve_replay("provc", "k1", ttl).await.unwrap(),
+        "a replay"
+    );
+    assert!(
+        store.reserve_replay("provd", "k1", ttl).await.unwrap(),
+        "another provider's key"
+    );
+    assert!(store.reserve_replay("provc", "k2", ttl).await.unwrap());
+
+    // Released (its callback was not processed): the retry is not a replay.
+    store.release_replay("provc", "k1").await.unwrap();
+    store
+        .release_replay("provc", "never-reserved")
+        .await
+        .unwrap();
+    assert!(store.reserve_replay("provc", "k1", ttl).await.unwrap());
+    assert!(!store.reserve_replay("provc", "k1", ttl).await.unwrap());
+    assert!(
+        !store.reserve_replay("provd", "k1", ttl).await.unwrap(),
+        "releasing one provider's key leaves the other's"
+    );
+
+    // Expired keys count as absent, and are taken over with the new window.
+    let short = std::time::Duration::from_millis(1_500);
+    assert!(store.reserve_replay("provc", "k3", short).await.unwrap());
+    assert!(!store.reserve_replay("provc", "k3", short).await.unwrap());
+    tokio::time::sleep(short * 2).await;
+    assert!(store.reserve_replay("provc", "k3", ttl).await.unwrap());
+    tokio::time::sleep(short * 2).await;
+    assert!(
+        !store.reserve_replay("provc", "k3", ttl).await.unwrap(),
+        "the takeover remembered the key for the new ttl"
+    );
+    assert!(!store.reserve_replay("provc", "k2", ttl).await.unwrap());
+
+    // Pruning drops expired keys only.
+    assert!(store.reserve_replay("provc", "k4", short).await.unwrap());
+    tokio::time::sleep(short * 2).await;
+    store
+        .prune_receipts(now() - Duration::hours(1))
+        .await
+        .unwrap();
+    assert!(store.reserve_replay("provc", "k4", ttl).await.unwrap());
+    assert!(!store.reserve_replay("provc", "k2", ttl).await.unwrap());
+}
+
+/// Sixteen reserves of one key at once: exactly one wins, for a new key and for an
+/// expired one.
+pub(crate) async fn concurrent_replay_reserves(store: Arc<dyn Store>) {
+    let short = std::time::Duration::from_millis(100);
+    let race = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        store
+                            .reserve_replay("provc", key, std::time::Duration::from_secs(60))
+                            .await
+                    })
+                })
+                .collect();
+            let mut won = 0;
+            for task in tasks {
+                if task.await.expect("task").expect("reserve_replay") {
+                    won += 1;
+                }
+            }
+            won
+        }
+    };
+    assert_eq!(race("fresh").await, 1, "a new key");
+    assert!(store.reserve_replay("provc", "stale", short).await.unwrap());
+    tokio::time::sleep(short * 2).await;
+    assert_eq!(race("stale").await, 1, "an expired key");
+    assert_eq!(race("stale").await, 0, "a live key");
+}
+
+/// A receipt moves a message forward only: applied (status, cost replaced, error,
+/// timeline entry), ignored when late, a duplicate when its key was seen, pending when
+/// no message of its workspace has the id.
+pub(crate) async fn receipts_apply_by_precedence(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("receipts", None).await.unwrap();
+    let other = store
+        .ensure_workspace("receipts-other", None)
+        .await
+        .unwrap();
+    let m = sent(store, &ws.id, 1, "provc", "SM-1").await;
+    let sent_record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(sent_record.status, MessageStatus::Sent);
+    assert_eq!(sent_record.cost_micro_usd, 1_000);
+    let sent_timeline = timeline_of(&sent_record);
+
+    // DELIVERED, with the provider's cost: applied.
+    let delivered = receipt(
+        "dlr_1.0",
+        "provc",
+        "SM-1",
+        None,
+        MessageStatus::Delivered,
+        Some(15_000),
+    );
+    assert_eq!(
+        store.apply_receipt(&delivered).await.unwrap(),
+        ReceiptOutcome::Applied(m.event_id.clone())
+    );
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Delivered);
+    assert_eq!(
+        record.cost_micro_usd, 15_000,
+        "the provider's cost replaces"
+    );
+    assert_eq!((&record.error_code, &record.error_detail), (&None, &None));
+    assert!(record.updated_at >= sent_record.updated_at);
+    let mut expected = sent_timeline.clone();
+    expected.push(delivered.timeline.clone());
+    assert_eq!(timeline_of(&record), expected);
+    let delivered_record = get(store, &ws.id, &m.event_id).await;
+
+    // A late SENT is recorded as ignored and changes nothing.
+    let late = receipt(
+        "dlr_2.0",
+        "provc",
+        "SM-1",
+        None,
+        MessageStatus::Sent,
+        Some(1),
+    );
+    assert_eq!(
+        store.apply_receipt(&late).await.unwrap(),
+        ReceiptOutcome::Ignored(m.event_id.clone())
+    );
+    // So does another DELIVERED (the same rank).
+    let again = receipt(
+        "dlr_3.0",
+        "provc",
+        "SM-1",
+        None,
+        MessageStatus::Delivered,
+        Some(2),
+    );
+    assert_eq!(
+        store.apply_receipt(&again).await.unwrap(),
+        ReceiptOutcome::Ignored(m.event_id.clone())
+    );
+    assert_eq!(get(store, &ws.id, &m.event_id).await, delivered_record);
+
+    // A key written before is a duplicate, whatever it says now.
+    for key in ["dlr_1.0", "dlr_2.0"] {
+        let replayed = receipt(
+            key,
+            "provc",
+            "SM-1",
+            None,
+            MessageStatus::Complained,
+            Some(3),
+        );
+        assert_eq!(
+            store.apply_receipt(&replayed).await.unwrap(),
+            ReceiptOutcome::Duplicate,
+            "{key}"
+        );
+    }
+    assert_eq!(get(store, &ws.id, &m.event_id).await, delivered_record);
+
+    // Another workspace's receipt does not match the message; this workspace's does.
+    let foreign = receipt(
+        "dlr_4.0",
+        "provc",
+        "SM-1",
+        Some(&other.id),
+        MessageStatus::Clicked,
+        None,
+    );
+    assert_eq!(
+        store.apply_receipt(&foreign).await.unwrap(),
+        ReceiptOutcome::Pending
+    );
+    assert_eq!(get(store, &ws.id, &m.event_id).await, delivered_record);
+    // Nor does another provider's receipt with the same id.
+    let elsewhere = receipt(
+        "dlr_5.0",
+        "provd",
+        "SM-1",
+        None,
+        MessageStatus::Clicked,
+        None,
+    );
+    assert_eq!(
+        store.apply_receipt(&elsewhere).await.unwrap(),
+        ReceiptOutcome::Pending
+    );
+    let seen = receipt(
+        "dlr_6.0",
+        "provc",
+        "SM-1",
+        Some(&ws.id),
+        MessageStatus::Seen,
+        None,
+    );
+    assert_eq!(
+        store.apply_receipt(&seen).await.unwrap(),
+        ReceiptOutcome::Applied(m.event_id.clone())
+    );
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Seen);
+    assert_eq!(
+        record.cost_micro_usd, 15_000,
+        "no cost leaves the cost alone"
+    );
+
+    // A complaint after delivery is recorded with its error; nothing moves it after.
+    let complained = ReceiptWrite {
+        error_code: Some("COMPLAINT".into()),
+        error_detail: Some("the recipient marked the message as spam".into()),
+        ..receipt(
+            "dlr_7.0",
+            "provc",
+            "SM-1",
+            None,
+            MessageStatus::Complained,
+            None,
+        )
+    };
+    assert_eq!(
+        store.apply_receipt(&complained).await.unwrap(),
+        ReceiptOutcome::Applied(m.event_id.clone())
+    );
+    let hard = ReceiptWrite {
+        error_detail: Some("bounce: 550".into()),
+        ..receipt(
+            "dlr_8.0",
+            "provc",
+            "SM-1",
+            None,
+            MessageStatus::BouncedHard,
+            Some(9),
+        )
+    };
+    assert_eq!(
+        store.apply_receipt(&hard).await.unwrap(),
+        ReceiptOutcome::Ignored(m.event_id.clone()),
+        "rank 6 is final"
+    );
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Complained);
+    assert_eq!(record.error_code.as_deref(), Some("COMPLAINT"));
+    assert_eq!(
+        record.error_detail.as_deref(),
+        Some("the recipient marked the message as spam")
+    );
+    assert_eq!(record.cost_micro_usd, 15_000);
+    let mut expected = sent_timeline;
+    expected.extend([
+        delivered.timeline,
+        seen.timeline,
+        complained.timeline.clone(),
+    ]);
+    assert_eq!(timeline_of(&record), expected);
+
+    // A soft bounce can still end delivered.
+    let soft = sent(store, &ws.id, 2, "provc", "SM-2").await;
+    for (key, status, outcome) in [
+        ("dlr_9.0", MessageStatus::BouncedSoft, true),
+        ("dlr_9.1", MessageStatus::Sent, false),
+        ("dlr_9.2", MessageStatus::Delivered, true),
+    ] {
+        let outcome = if outcome {
+            ReceiptOutcome::Applied(soft.event_id.clone())
+        } else {
+            ReceiptOutcome::Ignored(soft.event_id.clone())
+        };
+        assert_eq!(
+            store
+                .apply_receipt(&receipt(key, "provc", "SM-2", None, status, None))
+                .await
+                .unwrap(),
+            outcome,
+            "{key}"
+        );
+    }
+    assert_eq!(
+        get(store, &ws.id, &soft.event_id).await.status,
+        MessageStatus::Delivered
+    );
+}
+
+/// A receipt that arrives before the worker recorded the provider id waits; the step
+/// that records it applies the waiting receipts of its workspace (or of none), oldest
+/// first, by the same rules.
+pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("early", None).await.unwrap();
+    let other = store.ensure_workspace("early-other", None).await.unwrap();
+    let m = queued(store, &ws.id, 1).await;
+
+    let delivered = receipt(
+        "dlr_a.0",
+        "provc",
+        "SM-9",
+        None,
+        MessageStatus::Delivered,
+        Some(12_000),
+    );
+    // Arrives after DELIVERED: ignored once both apply.
+    let late_sent = receipt("dlr_b.0", "provc", "SM-9", None, MessageStatus::Sent, None);
+    // Another workspace's: never applies to this message.
+    let foreign = receipt(
+        "dlr_c.0",
+        "provc",
+        "SM-9",
+        Some(&other.id),
+        MessageStatus::Clicked,
+        None,
+    );
+    // Another provider's id: not this message's.
+    let elsewhere = receipt(
+        "dlr_d.0",
+        "provd",
+        "SM-9",
+        None,
+        MessageStatus::Failed,
+        None,
+    );
+    for r in [&delivered, &late_sent, &foreign, &elsewhere] {
+        assert_eq!(
+            store.apply_receipt(r).await.unwrap(),
+            ReceiptOutcome::Pending,
+            "{}",
+            r.receipt_key
+        );
+    }
+    assert_eq!(
+        store.apply_receipt(&delivered).await.unwrap(),
+        ReceiptOutcome::Duplicate,
+        "a pending receipt's key is remembered too"
+    );
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Queued);
+    assert_eq!(timeline_of(&record), vec![queued_entry(&m)]);
+
+    // A step without the provider id applies nothing.
+    store
+        .record_step(
+            &m.event_id,
+            "w",
+            LONG_LEASE,
+            &Step {
+                message: MessageUpdate {
+                    provider: Some("provc".into()),
+                    attempts: Some(1),
+                    ..MessageUpdate::default()
+                },
+                ..Step::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        get(store, &ws.id, &m.event_id).await.status,
+        MessageStatus::Queued
+    );
+
+    // The send step, with the provider id (the provider is already on the row).
+    let step = Step {
+        message: MessageUpdate {
+            provider: None,
+            ..sent_step("provc", "SM-9").message
+        },
+        ..sent_step("provc", "SM-9")
+    };
+    store
+        .record_step(&m.event_id, "w", LONG_LEASE, &step)
+        .await
+        .unwrap();
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Delivered);
+    assert_eq!(record.cost_micro_usd, 12_000, "the receipt's cost replaces");
+    assert_eq!(record.provider_message_id.as_deref(), Some("SM-9"));
+    assert_eq!(
+        timeline_of(&record),
+        vec![
+            queued_entry(&m),
+            step.timeline[0].clone(),
+            delivered.timeline.clone()
+        ],
+        "queued, sent, delivered"
+    );
+
+    // They are settled: later steps re-apply nothing, keys stay duplicates.
+    store
+        .record_step(&m.event_id, "w", LONG_LEASE, &sent_step("provc", "SM-9"))
+        .await
+        .unwrap();
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Sent, "the step's own status");
+    assert_eq!(timeline_of(&record).len(), 4, "one more sent entry only");
+    for r in [&delivered, &late_sent] {
+        assert_eq!(
+            store.apply_receipt(r).await.unwrap(),
+            ReceiptOutcome::Duplicate
+        );
+    }
+
+    // A workspace's own waiting receipt applies to a message of that workspace.
+    let mine = receipt(
+        "dlr_e.0",
+        "provc",
+        "SM-10",
+        Some(&ws.id),
+        MessageStatus::Failed,
+        None,
+    );
+    let theirs = receipt(
+        "dlr_e.1",
+        "provc",
+        "SM-10",
+        Some(&other.id),
+        MessageStatus::Delivered,
+        None,
+    );
+    for r in [&theirs, &mine] {
+        assert_eq!(
+            store.apply_receipt(r).await.unwrap(),
+            ReceiptOutcome::Pending
+        );
+    }
+    let n = sent(store, &ws.id, 2, "provc", "SM-10").await;
+    let record = get(store, &ws.id, &n.event_id).await;
+    assert_eq!(record.status, MessageStatus::Failed);
+    assert_eq!(timeline_of(&record).len(), 3, "queued, sent, failed");
+
+    // The other workspace's receipt still waits for a message of its own.
+    let o = sent(store, &other.id, 3, "provc", "SM-10").await;
+    let record = get(store, &other.id, &o.event_id).await;
+    assert_eq!(record.status, MessageStatus::Delivered);
+    assert_eq!(
+        timeline_of(&record).last(),
+        Some(&theirs.timeline),
+        "{record:?}"
+    );
+}
+
+/// Ten receipts for one message at once, of different ranks: they serialise, so the
+/// message ends at the highest rank and its timeline has one entry per receipt
+/// applied, in increasing rank.
+pub(crate) async fn concurrent_receipts(store: Arc<dyn Store>) {
+    let ws = store.ensure_workspace("receipt-race", None).await.unwrap();
+    let m = sent(&*store, &ws.id, 1, "provc", "SM-R").await;
+    let statuses = [
+        MessageStatus::Sent,
+        MessageStatus::BouncedSoft,
+        MessageStatus::Delivered,
+        MessageStatus::Seen,
+        MessageStatus::Clicked,
+        MessageStatus::Delivered,
+        MessageStatus::Seen,
+        MessageStatus::Complained,
+        MessageStatus::BouncedSoft,
+        MessageStatus::Clicked,
+    ];
+    let tasks: Vec<_> = statuses
+        .iter()
+        .enumerate()
+        .map(|(i, &status)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let r = receipt(
+                    &format!("dlr_race.{i}"),
+                    "provc",
+                    "SM-R",
+                    None,
+                    status,
+                    Some(i as i64),
+                );
+                store.apply_receipt(&r).await
+            })
+        })
+        .collect();
+    let mut applied = 0;
+    for task in tasks {
+        match task.await.expect("task").expect("apply_receipt") {
+            ReceiptOutcome::Applied(event) => {
+                assert_eq!(event, m.event_id);
+                applied += 1;
+            }
+            ReceiptOutcome::Ignored(event) => assert_eq!(event, m.event_id),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let record = get(&*store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Complained);
+    let receipts: Vec<_> = timeline_of(&record)
+        .into_iter()
+        .skip(2)
+        .map(|e| {
+            let detail = e.detail.expect("receipt detail");
+            MessageStatus::parse(detail["status"].as_str().unwrap()).unwrap()
+        })
+        .collect();
+    assert_eq!(receipts.len(), applied, "{receipts:?}");
+    assert!(
+        receipts
+            .windows(2)
+            .all(|w| crate::receipts::advances(w[0], w[1])),
+        "each applied receipt advanced the one before: {receipts:?}"
+    );
+    assert_eq!(receipts.last(), Some(&MessageStatus::Complained));
+}
+
+/// A receipt and the step that records its provider id, at the same time: whichever
+/// commits first, the receipt is applied.
+pub(crate) async fn receipts_race_the_provider_id(store: Arc<dyn Store>) {
+    let ws = store.ensure_workspace("id-race", None).await.unwrap();
+    let mut messages = Vec::new();
+    for i in 0..12 {
+        messages.push(queued(&*store, &ws.id, i).await);
+    }
+    let tasks: Vec<_> = messages
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| {
+            let id = format!("SM-{i}");
+            let step = {
+                let store = store.clone();
+                let event = m.event_id.clone();
+                let id = id.clone();
+                tokio::spawn(async move {
+                    store
+                        .record_step(&event, "w", LONG_LEASE, &sent_step("provc", &id))
+                        .await
+                        .map(|()| None)
+                })
+            };
+            let apply = {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let r = receipt(
+                        &format!("dlr_id.{i}"),
+                        "provc",
+                        &id,
+                        None,
+                        MessageStatus::Delivered,
+                        None,
+                    );
+                    store.apply_receipt(&r).await.map(Some)
+                })
+            };
+            [step, apply]
+        })
+        .collect();
+    for task in tasks {
+        match task.await.expect("task").expect("store call") {
+            None | Some(ReceiptOutcome::Applied(_)) | Some(ReceiptOutcome::Pending) => {}
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    for m in &messages {
+        let record = get(&*store, &ws.id, &m.event_id).await;
+        assert_eq!(record.status, MessageStatus::Delivered, "{}", m.event_id);
+        let steps: Vec<_> = timeline_of(&record).iter().map(|e| e.status).collect();
+        assert_eq!(
+            steps,
+            vec![StepStatus::Queued, StepStatus::Sent, StepStatus::Delivered]
+        );
+    }
+}
+
+/// Pruning deletes receipts received before the cut, whatever their state, and
+/// returns how many went; a pruned key is no longer a duplicate.
+pub(crate) async fn receipts_prune(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("prune", None).await.unwrap();
+    let m = sent(store, &ws.id, 1, "provc", "SM-P").await;
+    let delivered = receipt(
+        "dlr_p.0",
+        "provc",
+        "SM-P",
+        None,
+        MessageStatus::Delivered,
+        None,
+    );
+    let late = receipt("dlr_p.1", "provc", "SM-P", None, MessageStatus::Sent, None);
+    let waiting = receipt(
+        "dlr_p.2",
+        "provc",
+        "SM-none",
+        None,
+        MessageStatus::Delivered,
+        None,
+    );
+    let before = now() - Duration::seconds(1);
+    assert!(matches!(
+        store.apply_receipt(&delivered).await.unwrap(),
+        ReceiptOutcome::Applied(_)
+    ));
+    assert!(matches!(
+        store.apply_receipt(&late).await.unwrap(),
+        ReceiptOutcome::Ignored(_)
+    ));
+    assert_eq!(
+        store.apply_receipt(&waiting).await.unwrap(),
+        ReceiptOutcome::Pending
+    );
+    assert_eq!(store.prune_receipts(before).await.unwrap(), 0);
+    assert_eq!(
+        store.apply_receipt(&late).await.unwrap(),
+        ReceiptOutcome::Duplicate
+    );
+    let after = now() + Duration::seconds(1);
+    assert_eq!(store.prune_receipts(after).await.unwrap(), 3);
+    assert_eq!(store.prune_receipts(after).await.unwrap(), 0);
+    // The message keeps what the receipts did.
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Delivered);
+    assert_eq!(timeline_of(&record).len(), 3);
+    // A pruned key is new again (and still ranked: ignored).
+    assert_eq!(
+        store.apply_receipt(&late).await.unwrap(),
+        ReceiptOutcome::Ignored(m.event_id.clone())
+    );
+    // A pruned pending receipt is gone: recording the id applies nothing.
+    let n = sent(store, &ws.id, 2, "provc", "SM-none").await;
+    assert_eq!(
+        get(store, &ws.id, &n.event_id).await.status,
+        MessageStatus::Sent
+    );
+}
