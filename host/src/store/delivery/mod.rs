@@ -58,6 +58,8 @@ pub trait Delivery: Send + Sync {
 #[derive(sqlx::FromRow)]
 pub(crate) struct LeaseRow {
     status: String,
+    /// Attempts recorded so far.
+    attempts: i32,
     lease_owner: Option<String>,
     /// The lease's deadline is still ahead (false with no lease).
     leased: bool,
@@ -80,8 +82,9 @@ pub(crate) struct AttemptRow {
 /// write lock throughout).
 #[async_trait::async_trait]
 pub(crate) trait DeliverySql: ReceiptsSql {
-    /// Inserts the message row unless one exists; an existing row is never changed.
-    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<(), StoreError>;
+    /// Inserts the message row unless one exists (an existing row is never changed);
+    /// true when it was inserted.
+    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<bool, StoreError>;
     /// Locks the subscriber row, if any (before the message row: the order erasure
     /// locks them in, so the two cannot deadlock).
     async fn lock_subscriber(
@@ -98,8 +101,8 @@ pub(crate) trait DeliverySql: ReceiptsSql {
         owner: &str,
         lease: Duration,
     ) -> Result<(), StoreError>;
-    /// The `queued` entry, from the stored row's time and channel, if the message has
-    /// no timeline yet.
+    /// The `queued` entry, from the stored row's time and channel (for a row the claim
+    /// inserted; the guard against a second one is belt and braces).
     async fn insert_queued_entry(&mut self, event: &EventId) -> Result<(), StoreError>;
     /// Upserts the subscriber row with `contacts`, unless it is an erasure tombstone:
     /// false then.
@@ -180,8 +183,9 @@ pub(crate) async fn claim<C: DeliverySql + ?Sized>(
 ) -> Result<Claim, StoreError> {
     let event = &message.event_id;
     let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
-    // Ingestion may not have written the row yet.
-    conn.insert_message_if_absent(message).await?;
+    // Ingestion may not have written the row yet. When it has, it wrote the `queued`
+    // entry with it.
+    let inserted = conn.insert_message_if_absent(message).await?;
     conn.lock_subscriber(&message.workspace, &key).await?;
     let row = conn.lease_row(event).await?;
     if busy(row.lease_owner.as_deref(), row.leased, owner) {
@@ -191,8 +195,10 @@ pub(crate) async fn claim<C: DeliverySql + ?Sized>(
     let status = MessageStatus::parse(&row.status)
         .ok_or_else(|| StoreError::Other(format!("unknown message status {:?}", row.status)))?;
     conn.take_lease(event, owner, lease).await?;
-    // Under the row lock: every timeline writer locks the message row first.
-    conn.insert_queued_entry(event).await?;
+    if inserted {
+        // Under the row lock: every timeline writer locks the message row first.
+        conn.insert_queued_entry(event).await?;
+    }
     let erased = !conn.upsert_subscriber(message, &key, contacts).await?;
     if erased {
         // A message written for an erased subscriber is kept for the audit window,
@@ -201,12 +207,16 @@ pub(crate) async fn claim<C: DeliverySql + ?Sized>(
         conn.mark_erased(event, &message.subscriber_id, &pseudonym)
             .await?;
     }
-    let attempts = conn
-        .attempt_rows(event)
-        .await?
-        .into_iter()
-        .map(AttemptRecord::try_from)
-        .collect::<Result<_, _>>()?;
+    // Every step that starts an attempt counts it on the row: none counted, none to read.
+    let attempts = if row.attempts == 0 {
+        Vec::new()
+    } else {
+        conn.attempt_rows(event)
+            .await?
+            .into_iter()
+            .map(AttemptRecord::try_from)
+            .collect::<Result<_, _>>()?
+    };
     Ok(Claim::Claimed(MessageSnapshot {
         status,
         attempts,

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 #[async_trait::async_trait]
 impl DeliverySql for PgConnection {
-    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<(), StoreError> {
-        sqlx::query(
+    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<bool, StoreError> {
+        let inserted = sqlx::query(
             "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
              priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $11) \
@@ -33,8 +33,9 @@ impl DeliverySql for PgConnection {
         .bind(message.created_at)
         .execute(self)
         .await
-        .map_err(map_err)?;
-        Ok(())
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
     }
 
     async fn lock_subscriber(
@@ -55,7 +56,7 @@ impl DeliverySql for PgConnection {
 
     async fn lease_row(&mut self, event: &EventId) -> Result<LeaseRow, StoreError> {
         sqlx::query_as(
-            "SELECT status, lease_owner, COALESCE(lease_until > now(), false) AS leased \
+            "SELECT status, attempts, lease_owner, COALESCE(lease_until > now(), false) AS leased \
              FROM messages WHERE event_id = $1 FOR UPDATE",
         )
         .bind(event.as_str())

@@ -27,11 +27,11 @@ fn now_text() -> String {
 
 #[async_trait::async_trait]
 impl DeliverySql for SqliteConnection {
-    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<(), StoreError> {
+    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<bool, StoreError> {
         let keys = serde_json::to_string(&message.variables_keys)
             .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
         let created_at = encode_timestamp(&message.created_at);
-        sqlx::query(
+        let inserted = sqlx::query(
             "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, priority, \
              channel, status, test_mode, variables_keys, created_at, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
@@ -50,8 +50,9 @@ impl DeliverySql for SqliteConnection {
         .bind(created_at.as_str())
         .execute(self)
         .await
-        .map_err(map_err)?;
-        Ok(())
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(inserted == 1)
     }
 
     async fn lock_subscriber(&mut self, _: &WorkspaceId, _: &str) -> Result<(), StoreError> {
@@ -61,7 +62,7 @@ impl DeliverySql for SqliteConnection {
 
     async fn lease_row(&mut self, event: &EventId) -> Result<LeaseRow, StoreError> {
         sqlx::query_as(
-            "SELECT status, lease_owner, COALESCE(lease_until > ?, 0) AS leased \
+            "SELECT status, attempts, lease_owner, COALESCE(lease_until > ?, 0) AS leased \
              FROM messages WHERE event_id = ?",
         )
         .bind(now_text())

@@ -112,11 +112,8 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         provider_message_id: &str,
         workspace: Option<&WorkspaceId>,
     ) -> Result<Option<TargetRow>, StoreError>;
-    /// The message's workspace and status.
-    async fn workspace_and_status(
-        &mut self,
-        event: &EventId,
-    ) -> Result<(String, String), StoreError>;
+    /// The message's status.
+    async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError>;
     /// Moves the message to the receipt's status, cost (when given) and error.
     async fn advance_message(
         &mut self,
@@ -130,13 +127,14 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         state: &str,
         event: &EventId,
     ) -> Result<(), StoreError>;
-    /// The pending receipts of `provider`/`provider_message_id` that may match a
-    /// message of `workspace`, locked, oldest first (received, then insertion order).
+    /// The pending receipts of `provider`/`provider_message_id` that may match message
+    /// `event` (of no workspace, or of the message's), locked, oldest first (received,
+    /// then insertion order).
     async fn pending_rows(
         &mut self,
         provider: &str,
         provider_message_id: &str,
-        workspace: &str,
+        event: &EventId,
     ) -> Result<Vec<ReceiptRow>, StoreError>;
     /// [`Receipts::reserve_replay`] in one statement.
     async fn reserve_replay_key(
@@ -255,11 +253,14 @@ pub(crate) async fn apply_pending<C: ReceiptsSql + ?Sized>(
     provider: &str,
     provider_message_id: &str,
 ) -> Result<(), StoreError> {
-    let (workspace, current) = conn.workspace_and_status(event).await?;
-    let mut current = status(&current)?;
     let pending = conn
-        .pending_rows(provider, provider_message_id, &workspace)
+        .pending_rows(provider, provider_message_id, event)
         .await?;
+    if pending.is_empty() {
+        // The usual case: the provider's callback comes after the id is recorded.
+        return Ok(());
+    }
+    let mut current = status(&conn.message_status(event).await?)?;
     for row in pending {
         let receipt = ReceiptWrite::try_from(row)?;
         current = settle(conn, event, current, &receipt).await?.0;

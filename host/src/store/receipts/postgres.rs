@@ -90,11 +90,8 @@ impl ReceiptsSql for PgConnection {
         .map_err(map_err)
     }
 
-    async fn workspace_and_status(
-        &mut self,
-        event: &EventId,
-    ) -> Result<(String, String), StoreError> {
-        sqlx::query_as("SELECT workspace_id, status FROM messages WHERE event_id = $1")
+    async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError> {
+        sqlx::query_scalar("SELECT status FROM messages WHERE event_id = $1")
             .bind(event.as_str())
             .fetch_one(self)
             .await
@@ -141,17 +138,18 @@ impl ReceiptsSql for PgConnection {
         &mut self,
         provider: &str,
         provider_message_id: &str,
-        workspace: &str,
+        event: &EventId,
     ) -> Result<Vec<ReceiptRow>, StoreError> {
         sqlx::query_as(&format!(
             "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = $1 \
              AND provider_message_id = $2 AND state = 'pending' \
-             AND (workspace_id IS NULL OR workspace_id = $3) \
+             AND (workspace_id IS NULL \
+             OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = $3)) \
              ORDER BY received_at, receipt_key FOR UPDATE"
         ))
         .bind(provider)
         .bind(provider_message_id)
-        .bind(workspace)
+        .bind(event.as_str())
         .fetch_all(self)
         .await
         .map_err(map_err)

@@ -81,11 +81,8 @@ impl ReceiptsSql for SqliteConnection {
         .map_err(map_err)
     }
 
-    async fn workspace_and_status(
-        &mut self,
-        event: &EventId,
-    ) -> Result<(String, String), StoreError> {
-        sqlx::query_as("SELECT workspace_id, status FROM messages WHERE event_id = ?")
+    async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError> {
+        sqlx::query_scalar("SELECT status FROM messages WHERE event_id = ?")
             .bind(event.as_str())
             .fetch_one(self)
             .await
@@ -133,17 +130,18 @@ impl ReceiptsSql for SqliteConnection {
         &mut self,
         provider: &str,
         provider_message_id: &str,
-        workspace: &str,
+        event: &EventId,
     ) -> Result<Vec<ReceiptRow>, StoreError> {
         // rowid breaks ties in insertion order.
         sqlx::query_as(&format!(
             "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = ? AND provider_message_id = ? \
-             AND state = 'pending' AND (workspace_id IS NULL OR workspace_id = ?) \
+             AND state = 'pending' AND (workspace_id IS NULL \
+             OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = ?)) \
              ORDER BY received_at, rowid"
         ))
         .bind(provider)
         .bind(provider_message_id)
-        .bind(workspace)
+        .bind(event.as_str())
         .fetch_all(self)
         .await
         .map_err(map_err)
