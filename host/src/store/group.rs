@@ -17,6 +17,18 @@ use sqlx::{Connection, Database, Pool};
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+tokio::task_local! {
+    /// Set (by [`urgent`]) around work whose writes go ahead of the others'.
+    static URGENT: bool;
+}
+
+/// Runs `work` with its group-commit writes ahead of every write waiting that is not
+/// urgent: critical deliveries are not stuck behind a bulk backlog's writes. (A batch
+/// already committing is not interrupted: an urgent write waits for it at most.)
+pub async fn urgent<F: std::future::Future>(work: F) -> F::Output {
+    URGENT.scope(true, work).await
+}
+
 /// Writes one lane commits together at most: bounds how long a write waits behind
 /// others and how long the batch holds its locks.
 const MAX_BATCH: usize = 64;
@@ -91,7 +103,35 @@ pub(crate) type Conn<T> = <<T as Grouped>::Db as Database>::Connection;
 /// Queues writes to lanes that commit them in batches. Dropping it stops the lanes
 /// once the writes already queued are answered.
 pub(crate) struct GroupCommit<DB: Database> {
+    urgent: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
     queue: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
+}
+
+/// What the lanes take jobs from: urgent ones first.
+struct Queues<DB: Database> {
+    urgent: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
+    queue: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
+}
+
+impl<DB: Database> Queues<DB> {
+    /// The next job, urgent first, waiting for one; `None` once both are closed and
+    /// drained.
+    async fn next(&mut self) -> Option<Box<dyn Job<DB>>> {
+        tokio::select! {
+            biased;
+            Some(job) = self.urgent.recv() => Some(job),
+            Some(job) = self.queue.recv() => Some(job),
+            else => None,
+        }
+    }
+
+    /// A job already waiting, urgent first.
+    fn try_next(&mut self) -> Option<Box<dyn Job<DB>>> {
+        self.urgent
+            .try_recv()
+            .or_else(|_| self.queue.try_recv())
+            .ok()
+    }
 }
 
 impl<DB: Database> std::fmt::Debug for GroupCommit<DB> {
@@ -117,15 +157,20 @@ pub(crate) struct Lanes {
 impl<DB: Database> GroupCommit<DB> {
     /// Starts `lanes.count` lanes on `pool` (on the current Tokio runtime).
     pub(crate) fn start(pool: Pool<DB>, lanes: Lanes) -> Self {
-        let (queue, rx) = mpsc::unbounded_channel();
-        let rx = Arc::new(Mutex::new(rx));
+        let (urgent, urgent_rx) = mpsc::unbounded_channel();
+        let (queue, queue_rx) = mpsc::unbounded_channel();
+        let queues = Arc::new(Mutex::new(Queues {
+            urgent: urgent_rx,
+            queue: queue_rx,
+        }));
         for _ in 0..lanes.count.max(1) {
-            tokio::spawn(lane(pool.clone(), rx.clone(), lanes));
+            tokio::spawn(lane(pool.clone(), queues.clone(), lanes));
         }
-        Self { queue }
+        Self { urgent, queue }
     }
 
-    /// Runs `work` in the next batch and returns its result once the batch committed.
+    /// Runs `work` in the next batch (ahead of the others inside [`urgent`]) and returns
+    /// its result once the batch committed.
     pub(crate) async fn run<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn Job<DB>> = Box::new(Pending {
@@ -133,7 +178,12 @@ impl<DB: Database> GroupCommit<DB> {
             result: None,
             reply,
         });
-        if self.queue.send(job).is_err() {
+        let queue = if URGENT.try_with(|u| *u).unwrap_or(false) {
+            &self.urgent
+        } else {
+            &self.queue
+        };
+        if queue.send(job).is_err() {
             return Err(StoreError::Unavailable("the store is shutting down".into()));
         }
         answer
@@ -144,23 +194,19 @@ impl<DB: Database> GroupCommit<DB> {
 
 /// One lane: takes every write waiting (up to [`MAX_BATCH`]), commits them together,
 /// answers them, and again.
-async fn lane<DB: Database>(
-    pool: Pool<DB>,
-    queue: Arc<Mutex<mpsc::UnboundedReceiver<Box<dyn Job<DB>>>>>,
-    lanes: Lanes,
-) {
+async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lanes: Lanes) {
     loop {
         let mut jobs = Vec::new();
         {
-            let mut rx = queue.lock().await;
-            match rx.recv().await {
+            let mut queues = queues.lock().await;
+            match queues.next().await {
                 Some(job) => jobs.push(job),
                 None => return,
             }
             while jobs.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => jobs.push(job),
-                    Err(_) => break,
+                match queues.try_next() {
+                    Some(job) => jobs.push(job),
+                    None => break,
                 }
             }
         }
@@ -283,5 +329,49 @@ pub(crate) mod tests {
         assert_eq!(refused, 11);
         kept.sort_unstable();
         kept
+    }
+
+    /// With one lane busy, ten writes queued and then an urgent one: the urgent one
+    /// runs first in the next batch.
+    pub(crate) async fn urgent_writes_go_first<DB: Database>(pool: Pool<DB>, lanes: Lanes) {
+        assert_eq!(lanes.count, 1, "the order is only certain with one lane");
+        let group = Arc::new(GroupCommit::start(pool, lanes));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let write = |tag: &'static str, hold: std::time::Duration| -> Work<DB, ()> {
+            let order = order.clone();
+            Box::new(move |_conn| {
+                let order = order.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(hold).await;
+                    order.lock().unwrap().push(tag);
+                    Ok(())
+                })
+            })
+        };
+        let busy = tokio::spawn({
+            let (group, w) = (
+                group.clone(),
+                write("busy", std::time::Duration::from_millis(300)),
+            );
+            async move { group.run(w).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let mut queued = Vec::new();
+        for _ in 0..10 {
+            let (group, w) = (group.clone(), write("bulk", std::time::Duration::ZERO));
+            queued.push(tokio::spawn(async move { group.run(w).await }));
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (g, w) = (group.clone(), write("urgent", std::time::Duration::ZERO));
+        let urgent = tokio::spawn(super::urgent(async move { g.run(w).await }));
+        busy.await.unwrap().unwrap();
+        urgent.await.unwrap().unwrap();
+        for q in queued {
+            q.await.unwrap().unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        assert_eq!(order.len(), 12);
+        assert_eq!(&order[..2], &["busy", "urgent"], "{order:?}");
     }
 }

@@ -10,6 +10,7 @@ pub mod configuration;
 pub mod delivery;
 pub mod erasure;
 pub(crate) mod group;
+pub use group::urgent;
 pub mod messages;
 pub mod outbox;
 pub mod plugin_versions;

@@ -198,6 +198,13 @@ mod tests {
         assert_eq!(stored, kept);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_urgent_writes_go_first() {
+        let (_dir, store) = open_temp().await;
+        crate::store::group::tests::urgent_writes_go_first(store.pool().clone(), WRITER_LANES)
+            .await;
+    }
+
     #[tokio::test]
     async fn conformance() {
         let (_dir, store) = open_temp().await;

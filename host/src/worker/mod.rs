@@ -185,9 +185,12 @@ impl Worker {
         class: StreamClass,
         _permit: tokio::sync::OwnedSemaphorePermit,
     ) {
-        self.handle_inner(delivery, class).await;
         if class == StreamClass::Critical {
+            // Its store writes (and, embedded, its ack) go ahead of bulk's.
+            crate::store::urgent(self.handle_inner(delivery, class)).await;
             self.critical_done();
+        } else {
+            self.handle_inner(delivery, class).await;
         }
     }
 
