@@ -671,6 +671,7 @@ mod tests {
 
     use super::*;
     use crate::broker::StreamClass;
+    use crate::broker::tests::{self as shared, message, next_delivery, next_within, settings};
 
     async fn pool(path: &Path) -> SqlitePool {
         let options = SqliteConnectOptions::new()
@@ -682,21 +683,6 @@ mod tests {
             .connect_with(options)
             .await
             .expect("open the SQLite file")
-    }
-
-    fn message(
-        names: &StreamNames,
-        class: StreamClass,
-        channel: &str,
-        msg_id: &str,
-        payload: &str,
-    ) -> Publish {
-        Publish {
-            class,
-            subject: names.subject(class, channel),
-            msg_id: msg_id.to_owned(),
-            payload: Bytes::from(payload.to_owned()),
-        }
     }
 
     #[tokio::test]
@@ -861,15 +847,6 @@ mod tests {
         assert!(critical[1].0 > critical[0].0);
     }
 
-    fn settings(durable_name: &str, ack_wait: Duration) -> ConsumerSettings {
-        ConsumerSettings {
-            durable_name: durable_name.to_owned(),
-            ack_wait,
-        }
-    }
-
-    type Deliveries = BoxStream<'static, Result<Delivery, BrokerError>>;
-
     /// A broker on a fresh temporary SQLite file (kept alive by the returned dir).
     async fn open_temp() -> (tempfile::TempDir, EmbeddedBroker) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -881,33 +858,6 @@ mod tests {
         .expect("open");
         broker.setup().await.expect("setup");
         (dir, broker)
-    }
-
-    /// The next delivery, or `None` if none comes within `within`.
-    async fn next_within(deliveries: &mut Deliveries, within: Duration) -> Option<Delivery> {
-        match tokio::time::timeout(within, deliveries.next()).await {
-            Err(_elapsed) => None,
-            Ok(Some(Ok(delivery))) => Some(delivery),
-            Ok(Some(Err(err))) => panic!("delivery failed: {err}"),
-            Ok(None) => panic!("the subscription ended"),
-        }
-    }
-
-    async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
-        next_within(deliveries, Duration::from_secs(5))
-            .await
-            .expect("a delivery within 5s")
-    }
-
-    /// Publishes one critical message per payload, ids `evt-{payload}`.
-    async fn publish_critical(broker: &EmbeddedBroker, payloads: &[&str]) {
-        let names = broker.names().clone();
-        let batch: Vec<Publish> = payloads
-            .iter()
-            .map(|p| message(&names, StreamClass::Critical, "sms", &format!("evt-{p}"), p))
-            .collect();
-        let results = broker.publish_batch(&batch).await;
-        assert!(results.iter().all(Result::is_ok), "{results:?}");
     }
 
     #[tokio::test]
@@ -1105,180 +1055,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn nak_redelivers_after_the_delay() {
-        let (_dir, broker) = open_temp().await;
-        let mut deliveries = broker
-            .subscribe(
-                StreamClass::Critical,
-                &settings("workers", Duration::from_secs(30)),
-                4,
-            )
-            .await
-            .expect("subscribe");
-        publish_critical(&broker, &["retry me", "next"]).await;
-        let first = next_delivery(&mut deliveries).await;
-        assert_eq!(first.payload, Bytes::from_static(b"retry me"));
-        assert_eq!(first.delivered, 1);
-        let nacked = Instant::now();
-        first
-            .settle
-            .nak(Duration::from_millis(500))
-            .await
-            .expect("nak");
-
-        // The delay does not hold up other messages.
-        let other = next_delivery(&mut deliveries).await;
-        assert_eq!(other.payload, Bytes::from_static(b"next"));
-        other.settle.ack().await.expect("ack");
-
-        let again = next_delivery(&mut deliveries).await;
-        let waited = nacked.elapsed();
-        println!("nak(500ms) redelivered after {waited:?}");
-        assert!(waited >= Duration::from_millis(500), "{waited:?}");
-        assert!(waited < Duration::from_secs(2), "{waited:?}");
-        assert_eq!(again.delivered, 2);
-        assert_eq!(again.payload, Bytes::from_static(b"retry me"));
-        again.settle.ack().await.expect("ack");
-        // A settle from the superseded delivery changes nothing.
-        first.settle.nak(Duration::ZERO).await.expect("stale nak");
-        assert!(
-            next_within(&mut deliveries, Duration::from_millis(300))
-                .await
-                .is_none()
-        );
-    }
-
-    #[tokio::test]
-    async fn unsettled_delivery_is_redelivered_after_ack_wait() {
-        let (_dir, broker) = open_temp().await;
-        let names = broker.names().clone();
-        let mut deliveries = broker
-            .subscribe(
-                StreamClass::Bulk,
-                &settings("workers", Duration::from_secs(1)),
-                4,
-            )
-            .await
-            .expect("subscribe");
-        let batch = [message(
-            &names,
-            StreamClass::Bulk,
-            "email",
-            "evt-lost",
-            "forgotten",
-        )];
-        assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
-        // Held and never settled, like a worker that died mid-dispatch.
-        let first = next_delivery(&mut deliveries).await;
-        let received = Instant::now();
-        assert_eq!(first.delivered, 1);
-
-        let again = next_delivery(&mut deliveries).await;
-        let waited = received.elapsed();
-        println!("unsettled delivery came back after {waited:?} (ack wait 1s)");
-        assert!(waited >= Duration::from_millis(990), "{waited:?}");
-        assert!(waited < Duration::from_secs(3), "{waited:?}");
-        assert_eq!(again.delivered, 2);
-        assert_eq!(again.subject, names.subject(StreamClass::Bulk, "email"));
-        again.settle.ack().await.expect("ack");
-        // The late holder's ack is honoured too (the work was done).
-        first.settle.ack().await.expect("late ack");
-    }
-
-    #[tokio::test]
-    async fn in_progress_postpones_redelivery() {
-        let (_dir, broker) = open_temp().await;
-        let mut deliveries = broker
-            .subscribe(
-                StreamClass::Critical,
-                &settings("workers", Duration::from_secs(1)),
-                4,
-            )
-            .await
-            .expect("subscribe");
-        publish_critical(&broker, &["slow"]).await;
-        let first = next_delivery(&mut deliveries).await;
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let extended = Instant::now();
-        first.settle.in_progress().await.expect("in progress");
-
-        // Past the original deadline (1s after delivery), not yet the extended one.
-        assert!(
-            next_within(&mut deliveries, Duration::from_millis(700))
-                .await
-                .is_none(),
-            "redelivered despite in_progress"
-        );
-        let again = next_delivery(&mut deliveries).await;
-        let waited = extended.elapsed();
-        assert!(waited >= Duration::from_millis(990), "{waited:?}");
-        assert_eq!(again.delivered, 2);
-        again.settle.ack().await.expect("ack");
-    }
-
-    #[tokio::test]
-    async fn subscribers_on_one_durable_share_the_messages() {
-        let (_dir, broker) = open_temp().await;
-        let shared = settings("workers", Duration::from_secs(30));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut readers = Vec::new();
-        for index in 0..2 {
-            // A clone of the handle shares the consumer state, like workers do.
-            let mut deliveries = broker
-                .clone()
-                .subscribe(StreamClass::Critical, &shared, 1)
-                .await
-                .expect("subscribe");
-            let tx = tx.clone();
-            readers.push(tokio::spawn(async move {
-                while let Some(item) = deliveries.next().await {
-                    let delivery = item.expect("delivery");
-                    // A little work, so both subscribers get a share.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    delivery.settle.ack().await.expect("ack");
-                    let payload = String::from_utf8(delivery.payload.to_vec()).expect("utf8");
-                    if tx.send((index, payload, delivery.delivered)).is_err() {
-                        break;
-                    }
-                }
-            }));
-        }
-        let payloads: Vec<String> = (0..300).map(|i| format!("m{i:03}")).collect();
-        let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
-        publish_critical(&broker, &refs).await;
-
-        let mut seen = std::collections::BTreeMap::new();
-        let mut per_subscriber = [0usize; 2];
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while seen.len() < payloads.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (index, payload, delivered) = tokio::time::timeout(left, rx.recv())
-                .await
-                .expect("all messages within 20s")
-                .expect("readers alive");
-            assert_eq!(delivered, 1, "{payload} was redelivered");
-            assert!(
-                seen.insert(payload.clone(), index).is_none(),
-                "{payload} twice"
-            );
-            per_subscriber[index] += 1;
-        }
-        assert!(
-            tokio::time::timeout(Duration::from_millis(500), rx.recv())
-                .await
-                .is_err(),
-            "a message was delivered twice"
-        );
-        for reader in readers {
-            reader.abort();
-        }
-        println!("split between the two subscribers: {per_subscriber:?}");
-        assert!(per_subscriber.iter().all(|n| *n > 0), "{per_subscriber:?}");
-        let delivered: Vec<String> = seen.keys().cloned().collect();
-        assert_eq!(delivered, payloads);
-    }
-
-    #[tokio::test]
     async fn a_stream_has_one_durable_consumer() {
         let (_dir, broker) = open_temp().await;
         let names = broker.names().clone();
@@ -1447,5 +1223,64 @@ mod tests {
                 .await
                 .is_none()
         );
+    }
+
+    /// Publishes one critical message per payload, ids `evt-{payload}`.
+    async fn publish_critical(broker: &EmbeddedBroker, payloads: &[&str]) {
+        shared::publish_critical(broker, &broker.names().clone(), payloads).await;
+    }
+
+    #[tokio::test]
+    async fn nak_redelivers_after_the_delay() {
+        let (_dir, broker) = open_temp().await;
+        shared::nak_redelivers_after_the_delay(&broker, &broker.names().clone()).await;
+    }
+
+    #[tokio::test]
+    async fn settles_of_a_superseded_delivery_change_nothing() {
+        let (_dir, broker) = open_temp().await;
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["retry me"]).await;
+        let first = next_delivery(&mut deliveries).await;
+        first.settle.nak(Duration::ZERO).await.expect("nak");
+        let again = next_delivery(&mut deliveries).await;
+        assert_eq!(again.delivered, 2);
+        again.settle.ack().await.expect("ack");
+        // The superseded holder's nak changes nothing; its late ack is honoured (the
+        // work was done) and changes nothing either.
+        first.settle.nak(Duration::ZERO).await.expect("stale nak");
+        first.settle.ack().await.expect("late ack");
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(300))
+                .await
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn unsettled_delivery_is_redelivered_after_ack_wait() {
+        let (_dir, broker) = open_temp().await;
+        shared::unsettled_delivery_is_redelivered_after_ack_wait(&broker, &broker.names().clone())
+            .await;
+    }
+
+    #[tokio::test]
+    async fn in_progress_postpones_redelivery() {
+        let (_dir, broker) = open_temp().await;
+        shared::in_progress_postpones_redelivery(&broker, &broker.names().clone()).await;
+    }
+
+    #[tokio::test]
+    async fn subscribers_on_one_durable_share_the_messages() {
+        let (_dir, broker) = open_temp().await;
+        let names = broker.names().clone();
+        shared::subscribers_on_one_durable_share_the_messages(&broker, &names, 300).await;
     }
 }

@@ -655,27 +655,13 @@ mod tests {
 
     use super::*;
     use crate::broker::StreamClass;
+    use crate::broker::tests::{self as shared, message, next_delivery, next_within, settings};
 
     const NATS_URL: &str = "nats://127.0.0.1:4222";
 
     fn unique_names() -> StreamNames {
         let hex = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         StreamNames::isolated(&format!("t{hex}"))
-    }
-
-    fn message(
-        names: &StreamNames,
-        class: StreamClass,
-        channel: &str,
-        msg_id: &str,
-        payload: &str,
-    ) -> Publish {
-        Publish {
-            class,
-            subject: names.subject(class, channel),
-            msg_id: msg_id.to_owned(),
-            payload: Bytes::from(payload.to_owned()),
-        }
     }
 
     /// Connects with fresh stream names, runs `body`, then deletes the streams even if
@@ -1036,41 +1022,6 @@ mod tests {
         assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
     }
 
-    fn settings(durable_name: &str, ack_wait: Duration) -> ConsumerSettings {
-        ConsumerSettings {
-            durable_name: durable_name.to_owned(),
-            ack_wait,
-        }
-    }
-
-    type Deliveries = BoxStream<'static, Result<Delivery, BrokerError>>;
-
-    /// The next delivery, or `None` if none comes within `within`.
-    async fn next_within(deliveries: &mut Deliveries, within: Duration) -> Option<Delivery> {
-        match tokio::time::timeout(within, deliveries.next()).await {
-            Err(_elapsed) => None,
-            Ok(Some(Ok(delivery))) => Some(delivery),
-            Ok(Some(Err(err))) => panic!("delivery failed: {err}"),
-            Ok(None) => panic!("the subscription ended"),
-        }
-    }
-
-    async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
-        next_within(deliveries, Duration::from_secs(5))
-            .await
-            .expect("a delivery within 5s")
-    }
-
-    /// Publishes one critical message per payload, ids `evt-{payload}`.
-    async fn publish_critical(broker: &JetStreamBroker, payloads: &[&str]) {
-        let names = broker.names().clone();
-        let batch: Vec<Publish> = payloads
-            .iter()
-            .map(|p| message(&names, StreamClass::Critical, "sms", &format!("evt-{p}"), p))
-            .collect();
-        assert_all_ok(&broker.publish_batch(&batch).await);
-    }
-
     #[tokio::test]
     async fn published_critical_message_is_delivered_within_milliseconds() {
         isolated(|broker| async move {
@@ -1244,175 +1195,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn nak_redelivers_after_the_delay() {
-        isolated(|broker| async move {
-            broker.setup().await.expect("setup");
-            let mut deliveries = broker
-                .subscribe(
-                    StreamClass::Critical,
-                    &settings("workers", Duration::from_secs(30)),
-                    4,
-                )
-                .await
-                .expect("subscribe");
-            publish_critical(&broker, &["retry me"]).await;
-            let first = next_delivery(&mut deliveries).await;
-            assert_eq!(first.delivered, 1);
-            let nacked = Instant::now();
-            first
-                .settle
-                .nak(Duration::from_millis(500))
-                .await
-                .expect("nak");
-
-            let again = next_delivery(&mut deliveries).await;
-            let waited = nacked.elapsed();
-            println!("nak(500ms) redelivered after {waited:?}");
-            assert!(waited >= Duration::from_millis(450), "{waited:?}");
-            assert_eq!(again.delivered, 2);
-            assert_eq!(again.payload, Bytes::from_static(b"retry me"));
-            again.settle.ack().await.expect("ack");
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn unsettled_delivery_is_redelivered_after_ack_wait() {
-        isolated(|broker| async move {
-            broker.setup().await.expect("setup");
-            let mut deliveries = broker
-                .subscribe(
-                    StreamClass::Bulk,
-                    &settings("workers", Duration::from_secs(1)),
-                    4,
-                )
-                .await
-                .expect("subscribe");
-            let names = broker.names().clone();
-            let batch = [message(
-                &names,
-                StreamClass::Bulk,
-                "email",
-                "evt-lost",
-                "forgotten",
-            )];
-            assert_all_ok(&broker.publish_batch(&batch).await);
-            // Held and never settled, like a worker that died mid-dispatch.
-            let first = next_delivery(&mut deliveries).await;
-            let received = Instant::now();
-            assert_eq!(first.delivered, 1);
-
-            let again = next_delivery(&mut deliveries).await;
-            let waited = received.elapsed();
-            println!("unsettled delivery came back after {waited:?} (ack wait 1s)");
-            assert!(waited >= Duration::from_millis(900), "{waited:?}");
-            assert_eq!(again.delivered, 2);
-            assert_eq!(again.subject, names.subject(StreamClass::Bulk, "email"));
-            again.settle.ack().await.expect("ack");
-            drop(first);
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn in_progress_postpones_redelivery() {
-        isolated(|broker| async move {
-            broker.setup().await.expect("setup");
-            let mut deliveries = broker
-                .subscribe(
-                    StreamClass::Critical,
-                    &settings("workers", Duration::from_secs(1)),
-                    4,
-                )
-                .await
-                .expect("subscribe");
-            publish_critical(&broker, &["slow"]).await;
-            let first = next_delivery(&mut deliveries).await;
-            tokio::time::sleep(Duration::from_millis(700)).await;
-            let extended = Instant::now();
-            first.settle.in_progress().await.expect("in progress");
-
-            // Past the original deadline (1s after delivery), not yet the extended one.
-            assert!(
-                next_within(&mut deliveries, Duration::from_millis(700))
-                    .await
-                    .is_none(),
-                "redelivered despite in_progress"
-            );
-            let again = next_delivery(&mut deliveries).await;
-            let waited = extended.elapsed();
-            assert!(waited >= Duration::from_millis(900), "{waited:?}");
-            assert_eq!(again.delivered, 2);
-            again.settle.ack().await.expect("ack");
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn subscribers_on_one_durable_share_the_messages() {
-        isolated(|broker| async move {
-            broker.setup().await.expect("setup");
-            let shared = settings("workers", Duration::from_secs(30));
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            let mut readers = Vec::new();
-            for index in 0..2 {
-                let mut deliveries = broker
-                    .subscribe(StreamClass::Critical, &shared, 1)
-                    .await
-                    .expect("subscribe");
-                let tx = tx.clone();
-                readers.push(tokio::spawn(async move {
-                    while let Some(item) = deliveries.next().await {
-                        let delivery = item.expect("delivery");
-                        // A little work, so both subscribers get a share.
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        delivery.settle.ack().await.expect("ack");
-                        let payload = String::from_utf8(delivery.payload.to_vec()).expect("utf8");
-                        if tx.send((index, payload, delivery.delivered)).is_err() {
-                            break;
-                        }
-                    }
-                }));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let payloads: Vec<String> = (0..40).map(|i| format!("m{i:02}")).collect();
-            let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
-            publish_critical(&broker, &refs).await;
-
-            let mut seen = std::collections::BTreeMap::new();
-            let mut per_subscriber = [0usize; 2];
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while seen.len() < payloads.len() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let (index, payload, delivered) = tokio::time::timeout(left, rx.recv())
-                    .await
-                    .expect("all messages within 10s")
-                    .expect("readers alive");
-                assert_eq!(delivered, 1, "{payload} was redelivered");
-                assert!(
-                    seen.insert(payload.clone(), index).is_none(),
-                    "{payload} twice"
-                );
-                per_subscriber[index] += 1;
-            }
-            // Nothing more: every message went to exactly one subscriber.
-            assert!(
-                tokio::time::timeout(Duration::from_millis(500), rx.recv())
-                    .await
-                    .is_err()
-            );
-            for reader in readers {
-                reader.abort();
-            }
-            println!("split between the two subscribers: {per_subscriber:?}");
-            assert!(per_subscriber.iter().all(|n| *n > 0), "{per_subscriber:?}");
-            let expected: Vec<String> = seen.keys().cloned().collect();
-            assert_eq!(expected, payloads);
-        })
-        .await;
-    }
-
-    #[tokio::test]
     async fn a_deleted_consumer_is_recreated_and_the_subscription_goes_on() {
         isolated(|broker| async move {
             broker.setup().await.expect("setup");
@@ -1536,5 +1318,48 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    /// Publishes one critical message per payload, ids `evt-{payload}`.
+    async fn publish_critical(broker: &JetStreamBroker, payloads: &[&str]) {
+        shared::publish_critical(broker, &broker.names().clone(), payloads).await;
+    }
+
+    #[tokio::test]
+    async fn nak_redelivers_after_the_delay() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            shared::nak_redelivers_after_the_delay(&broker, &broker.names().clone()).await;
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn unsettled_delivery_is_redelivered_after_ack_wait() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            shared::unsettled_delivery_is_redelivered_after_ack_wait(&broker, &names).await;
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn in_progress_postpones_redelivery() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            shared::in_progress_postpones_redelivery(&broker, &broker.names().clone()).await;
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn subscribers_on_one_durable_share_the_messages() {
+        isolated(|broker| async move {
+            broker.setup().await.expect("setup");
+            let names = broker.names().clone();
+            shared::subscribers_on_one_durable_share_the_messages(&broker, &names, 40).await;
+        })
+        .await;
     }
 }

@@ -3,6 +3,8 @@
 
 pub mod embedded;
 pub mod jetstream;
+#[cfg(test)]
+pub(crate) mod tests;
 
 /// Which stream an event goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,7 +5,7 @@
 //! (see [`Erasure::scrub_erased_messages`](crate::store::Erasure::scrub_erased_messages)). Several processes may run it at once: each
 //! batch takes messages the others do not hold, and a message is scrubbed once.
 
-use crate::store::{Store, StoreError};
+use crate::store::{Erasure, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -15,7 +15,7 @@ pub const BATCH: u32 = 500;
 
 /// Scrubs every message of an erased subscriber that is now older than `window`, in
 /// batches of [`BATCH`]; returns how many were scrubbed.
-pub async fn scrub_due(store: &dyn Store, window: Duration) -> Result<u64, StoreError> {
+pub async fn scrub_due(store: &dyn Erasure, window: Duration) -> Result<u64, StoreError> {
     let mut total = 0;
     loop {
         let n = store.scrub_erased_messages(window, BATCH).await?;
@@ -29,7 +29,7 @@ pub async fn scrub_due(store: &dyn Store, window: Duration) -> Result<u64, Store
 /// Runs [`scrub_due`] at start and then every `every`, until `stop` turns true (a
 /// pass under way finishes first). A failed pass is logged and tried again next time.
 pub async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Erasure>,
     window: Duration,
     every: Duration,
     mut stop: watch::Receiver<bool>,

@@ -8,7 +8,7 @@ use super::backoff;
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
 use crate::metrics::Metrics;
 use crate::receipts::{ReceiptOutcome, TelemetryReceiptEvent};
-use crate::store::Store;
+use crate::store::Receipts;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3_600);
 
 /// The consumer and its dependencies.
 pub struct ReceiptConsumer {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Receipts>,
     queue: Arc<dyn WorkQueue>,
     settings: ConsumerSettings,
     concurrency: usize,
@@ -30,7 +30,7 @@ pub struct ReceiptConsumer {
 impl ReceiptConsumer {
     /// A consumer named `settings.durable_name` on the telemetry stream.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Receipts>,
         queue: Arc<dyn WorkQueue>,
         settings: ConsumerSettings,
         concurrency: usize,

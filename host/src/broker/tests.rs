@@ -1,0 +1,247 @@
+//! The behaviour every [`WorkQueue`] must show, run against both brokers by their own
+//! test modules (the embedded queue on a temporary SQLite file, JetStream on the local
+//! NATS server with streams of its own), and the helpers both use.
+
+use super::WorkQueue;
+use super::{Broker, BrokerError, ConsumerSettings, Delivery, Publish, StreamClass, StreamNames};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use std::time::{Duration, Instant};
+
+/// A subscription's deliveries.
+pub(crate) type Deliveries = BoxStream<'static, Result<Delivery, BrokerError>>;
+
+/// A message for `class` on `channel`'s subject.
+pub(crate) fn message(
+    names: &StreamNames,
+    class: StreamClass,
+    channel: &str,
+    msg_id: &str,
+    payload: &str,
+) -> Publish {
+    Publish {
+        class,
+        subject: names.subject(class, channel),
+        msg_id: msg_id.to_owned(),
+        payload: Bytes::from(payload.to_owned()),
+    }
+}
+
+pub(crate) fn settings(durable_name: &str, ack_wait: Duration) -> ConsumerSettings {
+    ConsumerSettings {
+        durable_name: durable_name.to_owned(),
+        ack_wait,
+    }
+}
+
+/// The next delivery, or `None` if none comes within `within`.
+pub(crate) async fn next_within(deliveries: &mut Deliveries, within: Duration) -> Option<Delivery> {
+    match tokio::time::timeout(within, deliveries.next()).await {
+        Err(_elapsed) => None,
+        Ok(Some(Ok(delivery))) => Some(delivery),
+        Ok(Some(Err(err))) => panic!("delivery failed: {err}"),
+        Ok(None) => panic!("the subscription ended"),
+    }
+}
+
+pub(crate) async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
+    next_within(deliveries, Duration::from_secs(5))
+        .await
+        .expect("a delivery within 5s")
+}
+
+/// Publishes one critical message per payload, ids `evt-{payload}`.
+pub(crate) async fn publish_critical<B: Broker + ?Sized>(
+    broker: &B,
+    names: &StreamNames,
+    payloads: &[&str],
+) {
+    let batch: Vec<Publish> = payloads
+        .iter()
+        .map(|p| message(names, StreamClass::Critical, "sms", &format!("evt-{p}"), p))
+        .collect();
+    let results = broker.publish_batch(&batch).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+/// A nak'd delivery comes back after its delay, without holding up the others.
+pub(crate) async fn nak_redelivers_after_the_delay<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) {
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    publish_critical(broker, names, &["retry me", "next"]).await;
+    let first = next_delivery(&mut deliveries).await;
+    assert_eq!(first.payload, Bytes::from_static(b"retry me"));
+    assert_eq!(first.delivered, 1);
+    let nacked = Instant::now();
+    first
+        .settle
+        .nak(Duration::from_millis(500))
+        .await
+        .expect("nak");
+
+    // The delay does not hold up other messages.
+    let other = next_delivery(&mut deliveries).await;
+    assert_eq!(other.payload, Bytes::from_static(b"next"));
+    other.settle.ack().await.expect("ack");
+
+    let again = next_delivery(&mut deliveries).await;
+    let waited = nacked.elapsed();
+    println!("nak(500ms) redelivered after {waited:?}");
+    assert!(waited >= Duration::from_millis(450), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert_eq!(again.delivered, 2);
+    assert_eq!(again.payload, Bytes::from_static(b"retry me"));
+    again.settle.ack().await.expect("ack");
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "nothing more after both were acknowledged"
+    );
+}
+
+/// A delivery held and never settled (a worker that died) comes back after the ack
+/// wait.
+pub(crate) async fn unsettled_delivery_is_redelivered_after_ack_wait<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) {
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Bulk,
+            &settings("workers", Duration::from_secs(1)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    let batch = [message(
+        names,
+        StreamClass::Bulk,
+        "email",
+        "evt-lost",
+        "forgotten",
+    )];
+    assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+    let first = next_delivery(&mut deliveries).await;
+    let received = Instant::now();
+    assert_eq!(first.delivered, 1);
+
+    let again = next_delivery(&mut deliveries).await;
+    let waited = received.elapsed();
+    println!("unsettled delivery came back after {waited:?} (ack wait 1s)");
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert_eq!(again.delivered, 2);
+    assert_eq!(again.subject, names.subject(StreamClass::Bulk, "email"));
+    again.settle.ack().await.expect("ack");
+    drop(first);
+}
+
+/// `in_progress` pushes the redelivery deadline out by a whole ack wait.
+pub(crate) async fn in_progress_postpones_redelivery<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) {
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(1)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    publish_critical(broker, names, &["slow"]).await;
+    let first = next_delivery(&mut deliveries).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let extended = Instant::now();
+    first.settle.in_progress().await.expect("in progress");
+
+    // Past the original deadline (1s after delivery), not yet the extended one.
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(700))
+            .await
+            .is_none(),
+        "redelivered despite in_progress"
+    );
+    let again = next_delivery(&mut deliveries).await;
+    let waited = extended.elapsed();
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    assert_eq!(again.delivered, 2);
+    again.settle.ack().await.expect("ack");
+}
+
+/// Two subscribers of one durable consumer: each of `count` messages goes to exactly
+/// one of them, and both get some.
+pub(crate) async fn subscribers_on_one_durable_share_the_messages<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+    count: usize,
+) {
+    let shared = settings("workers", Duration::from_secs(30));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut readers = Vec::new();
+    for index in 0..2 {
+        let mut deliveries = broker
+            .subscribe(StreamClass::Critical, &shared, 1)
+            .await
+            .expect("subscribe");
+        let tx = tx.clone();
+        readers.push(tokio::spawn(async move {
+            while let Some(item) = deliveries.next().await {
+                let delivery = item.expect("delivery");
+                // A little work, so both subscribers get a share.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                delivery.settle.ack().await.expect("ack");
+                let payload = String::from_utf8(delivery.payload.to_vec()).expect("utf8");
+                if tx.send((index, payload, delivery.delivered)).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let payloads: Vec<String> = (0..count).map(|i| format!("m{i:03}")).collect();
+    let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
+    publish_critical(broker, names, &refs).await;
+
+    let mut seen = std::collections::BTreeMap::new();
+    let mut per_subscriber = [0usize; 2];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.len() < payloads.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (index, payload, delivered) = tokio::time::timeout(left, rx.recv())
+            .await
+            .expect("all messages within 20s")
+            .expect("readers alive");
+        assert_eq!(delivered, 1, "{payload} was redelivered");
+        assert!(
+            seen.insert(payload.clone(), index).is_none(),
+            "{payload} twice"
+        );
+        per_subscriber[index] += 1;
+    }
+    // Nothing more: every message went to exactly one subscriber.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_err(),
+        "a message was delivered twice"
+    );
+    for reader in readers {
+        reader.abort();
+    }
+    println!("split between the two subscribers: {per_subscriber:?}");
+    assert!(per_subscriber.iter().all(|n| *n > 0), "{per_subscriber:?}");
+    let delivered: Vec<String> = seen.keys().cloned().collect();
+    assert_eq!(delivered, payloads);
+}
