@@ -755,7 +755,10 @@ fn workflows_apply_and_list_round_trip_and_an_invalid_file_writes_nothing() {
     let (code, stdout, stderr) =
         on_dev(&data, &["workflows", "apply", path, "--workspace", "acme"]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(stdout, "applied 2 workflows to workspace acme\n");
+    assert_eq!(
+        stdout,
+        "applied 2 workflows to workspace acme\nrunning workers follow within 1000 ms\n"
+    );
     let (code, listing, _) = on_dev(&data, &["workflows", "list", "--workspace", "acme"]);
     assert_eq!(code, 0);
     let line = |name: &str| {
@@ -989,7 +992,10 @@ fn admin_commands_and_the_worker_run_on_the_production_backends() {
         "acme",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(stdout, "applied 1 workflows to workspace acme\n");
+    assert_eq!(
+        stdout,
+        "applied 1 workflows to workspace acme\nannounced to running workers over NATS\n"
+    );
     let (_, listing, _) = run(&["workflows", "list", "--workspace", "acme"]);
     assert!(
         listing
@@ -1362,8 +1368,9 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
         "default",
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    // The running gateway follows the install within plugins.sync_ms.
-    std::thread::sleep(Duration::from_millis(1_000));
+    // The running gateway follows the install within plugins.sync_ms, and the new
+    // routes within the configuration cache's TTL (no cross-process channel in dev).
+    std::thread::sleep(Duration::from_millis(1_200));
 
     let http = reqwest::blocking::Client::new();
     let trigger_otp = |subscriber: &str| {

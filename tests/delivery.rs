@@ -111,6 +111,7 @@ impl Gateway {
                 .await
                 .unwrap();
         }
+        common::announce_config_change(&self.state, ws.as_str()).await;
     }
 
     /// Routes `channel` through `providers` (slug, capture server base URL).
@@ -129,6 +130,7 @@ impl Gateway {
             .put_provider_route(&ws, channel, &route)
             .await
             .unwrap();
+        common::announce_config_change(&self.state, ws.as_str()).await;
     }
 
     async fn request(
@@ -1219,6 +1221,7 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
     };
     let dispatcher = switchboard::worker::dispatch::Dispatcher {
         store: gw.state.ingest.store.clone(),
+        config: gw.state.config_cache.clone(),
         plugins: gw.state.plugins.clone(),
         owner: "wkr_same_process".into(),
         lease: Duration::from_secs(30),

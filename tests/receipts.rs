@@ -158,6 +158,7 @@ impl Loop {
             .put_provider_route(&ws, channel, &route)
             .await
             .unwrap();
+        common::announce_config_change(&self.state, ws.as_str()).await;
     }
 
     async fn trigger(&self, key: &str, body: Value, priority: &str) -> String {

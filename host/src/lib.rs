@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod broker;
 pub mod config;
+pub mod config_cache;
 pub mod crypto;
 pub mod idempotency;
 pub mod ids;
@@ -56,6 +57,10 @@ pub struct AppState {
     pub announcer: announce::Announcer,
     /// Where key revocations are announced and heard.
     pub revocations: announce::Announcer,
+    /// Where workflow and provider route changes are announced and heard.
+    pub config_changes: announce::Announcer,
+    /// Workflows and provider routes as the workers read them.
+    pub config_cache: Arc<config_cache::ConfigCache>,
 }
 
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
@@ -93,9 +98,10 @@ pub async fn open_store(
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let (store, sqlite) = open_store(&config).await?;
     let streams = config.broker.streams.clone();
-    let (broker, queue, announcer, revocations): (
+    let (broker, queue, announcer, revocations, config_changes): (
         Arc<dyn broker::Broker>,
         Arc<dyn broker::WorkQueue>,
+        announce::Announcer,
         announce::Announcer,
         announce::Announcer,
     ) = match config.broker.backend {
@@ -115,7 +121,11 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                 client: b.client(),
                 subject: streams.revocations_subject.clone(),
             };
-            (b.clone(), b, announcer, revocations)
+            let config_changes = announce::Announcer::Nats {
+                client: b.client(),
+                subject: streams.config_subject.clone(),
+            };
+            (b.clone(), b, announcer, revocations, config_changes)
         }
         BrokerBackend::Embedded => {
             let lite = match &sqlite {
@@ -136,6 +146,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             (
                 b.clone(),
                 b,
+                announce::Announcer::local(),
                 announce::Announcer::local(),
                 announce::Announcer::local(),
             )
@@ -201,6 +212,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         in_flight: tokio::sync::Semaphore::new((config.plugins.max_instances as usize / 2).max(1)),
         failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
+    let config_cache = config_cache::ConfigCache::new(store.clone());
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
     Ok(AppState {
         plugins,
@@ -213,6 +225,8 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         queue,
         announcer,
         revocations,
+        config_changes,
+        config_cache,
     })
 }
 
@@ -226,6 +240,7 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
         (state.plugins.runtime().config().http_timeout + Duration::from_secs(2)).min(lease / 2);
     let dispatcher = worker::dispatch::Dispatcher {
         store: state.ingest.store.clone(),
+        config: state.config_cache.clone(),
         plugins: state.plugins.clone(),
         owner: format!("wkr_{}", uuid::Uuid::new_v4().simple()),
         lease,
@@ -258,6 +273,12 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
 /// turns true.
 async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Receiver<bool>) {
     let receipts = tokio::spawn(receipt_consumer(&state).run(stop.clone()));
+    let config_follower = tokio::spawn(
+        state
+            .config_cache
+            .clone()
+            .follow(state.config_changes.clone(), stop.clone()),
+    );
     let scrubber = tokio::spawn(worker::erasure::run(
         state.ingest.store.clone(),
         state.config.erasure.audit_window(),
@@ -267,6 +288,7 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
     worker(&state).run(stop).await;
     let _ = receipts.await;
     let _ = scrubber.await;
+    let _ = config_follower.await;
 }
 
 /// Runs only the delivery workers, the receipt consumer and the erasure scrubber

@@ -749,10 +749,12 @@ async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<
         } => {
             // The whole file is validated before anything is opened or written.
             let flows = admin::load_workflows(&file)?;
-            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let config = target.apply(config);
+            let (store, _) = switchboard::open_store(&config).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
             let n = admin::apply_workflows(&*store, &ws, &flows).await?;
             println!("applied {n} workflows to workspace {}", ws.name);
+            announce_config_change(&config, &ws).await;
         }
         WorkflowsCommand::List { workspace, target } => {
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;
@@ -761,6 +763,22 @@ async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Tells running workers that `ws`'s workflows or routes changed, and says how they
+/// will follow.
+async fn announce_config_change(config: &Config, ws: &switchboard::model::Workspace) {
+    let subject = &config.broker.streams.config_subject;
+    match switchboard::announce::Announcer::connect(config, subject).await {
+        Some(announcer) => {
+            announcer.announce(ws.id.as_str()).await;
+            println!("announced to running workers over NATS");
+        }
+        None => println!(
+            "running workers follow within {} ms",
+            switchboard::config_cache::CONFIG_TTL.as_millis()
+        ),
+    }
 }
 
 async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<ExitCode> {
@@ -776,6 +794,7 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             let routes = admin::load_providers(&file, &plugins)?;
             let ws = admin::workspace(&*store, &workspace).await?;
             print!("{}", admin::apply_routes(&*store, &ws, &routes).await?);
+            announce_config_change(&config, &ws).await;
         }
         ProvidersCommand::List { workspace, target } => {
             let config = target.apply(config);

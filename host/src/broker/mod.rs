@@ -40,6 +40,15 @@ pub struct StreamNames {
     /// are announced (`announce`; the payload is the key's SHA-256, never the key).
     #[serde(default = "default_revocations_subject")]
     pub revocations_subject: String,
+    /// Default `switchboard.config.changed`: core NATS subject on which workflow and
+    /// provider route changes are announced (`config_cache`; the payload is the
+    /// workspace id).
+    #[serde(default = "default_config_subject")]
+    pub config_subject: String,
+}
+
+fn default_config_subject() -> String {
+    "switchboard.config.changed".into()
 }
 
 fn default_plugins_subject() -> String {
@@ -68,6 +77,7 @@ impl Default for StreamNames {
             telemetry_subject: default_telemetry_subject(),
             plugins_subject: default_plugins_subject(),
             revocations_subject: default_revocations_subject(),
+            config_subject: default_config_subject(),
         }
     }
 }
@@ -106,6 +116,7 @@ impl StreamNames {
             telemetry_subject: format!("{tag}.telemetry.receipts"),
             plugins_subject: format!("{tag}.plugins.changed"),
             revocations_subject: format!("{tag}.keys.revoked"),
+            config_subject: format!("{tag}.config.changed"),
         }
     }
 }

@@ -83,6 +83,8 @@ fn scrub(text: &str, email: Option<&str>, phone: Option<&str>, secrets: &[&str])
 pub struct Dispatcher {
     /// Database.
     pub store: Arc<dyn Store>,
+    /// Workflows and provider routes, cached.
+    pub config: Arc<crate::config_cache::ConfigCache>,
     /// Loaded plugins.
     pub plugins: Arc<Registry>,
     /// This worker's lease owner id.
@@ -240,8 +242,8 @@ impl Run<'_> {
                 ))
                 .await;
         }
-        let workflow = match self.d.store.workflow(ws, &env.request.name).await? {
-            Some(doc) => match serde_json::from_value::<Workflow>(doc) {
+        let workflow = match self.d.config.workflow(ws, &env.request.name).await? {
+            Some(doc) => match <Workflow as serde::Deserialize>::deserialize(&*doc) {
                 Ok(w) => Some(w),
                 Err(e) => {
                     return self
@@ -256,7 +258,7 @@ impl Run<'_> {
             },
             None => None,
         };
-        let routes = self.d.store.provider_routes(ws).await?;
+        let routes = self.d.config.provider_routes(ws).await?;
         let promotional = workflow::is_promotional(workflow.as_ref(), category);
         let mut first = true;
         for channel in channels {
