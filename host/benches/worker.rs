@@ -1,10 +1,13 @@
-//! Worker throughput and CRITICAL latency under a bulk backlog, on the production
-//! backends (the machine's PostgreSQL, NATS JetStream and Redis; a fresh database,
-//! streams and key prefix per run).
+//! Worker throughput and CRITICAL latency under a bulk backlog, on each backend set:
+//! `production` (the machine's PostgreSQL, NATS JetStream and Redis; a fresh database,
+//! streams and key prefix per run) and `embedded` (what `switchboard dev` runs on:
+//! SQLite, the embedded queue and in-process counters, in a fresh directory).
 //!
-//! `cargo bench -p switchboard --bench worker` (settings: `EVENTS` [5000] per
-//! throughput run, `BACKLOG` [100000] bulk events queued ahead of the critical probes,
-//! `PROBES` [60] critical events sent one at a time while the backlog drains).
+//! `cargo bench -p switchboard --bench worker` (settings: `SETS` ["production
+//! embedded"], `EVENTS` [5000] per throughput run, `BACKLOG` [100000] bulk events
+//! queued ahead of the critical probes, `PROBES` [60] critical events sent one at a time
+//! while the backlog drains). Lines are prefixed `worker/` (production) or
+//! `worker-embedded/`.
 //!
 //! 1. `test_keys`: EVENTS bulk events with a test key are queued with the workers
 //!    stopped; then a worker starts and the clock runs until every outcome is recorded.
@@ -22,7 +25,7 @@ use switchboard::AppState;
 use switchboard::broker::StreamNames;
 use switchboard::config::Config;
 use switchboard::ids::EventId;
-use switchboard::model::{KeyMode, ProviderRoute, StepStatus, Tier};
+use switchboard::model::{KeyMode, MessageStatus, ProviderRoute, StepStatus, Tier};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -36,25 +39,30 @@ struct Bench {
     url: String,
     http: reqwest::Client,
     config: Config,
+    embedded: bool,
 }
 
 impl Bench {
-    async fn start(grants: &[String]) -> Self {
+    async fn start(embedded: bool, grants: &[String]) -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
-        let db = format!("sb_wbench_{id}");
-        let admin = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres")
-            .await
-            .expect("PostgreSQL on 127.0.0.1:5432");
-        sqlx::query(&format!("CREATE DATABASE {db}"))
-            .execute(&admin)
-            .await
-            .unwrap();
         let mut config = Config {
             data_dir: std::env::temp_dir().join(format!("sb-wbench-{id}")),
             ..Config::default()
         };
-        config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
-        config.store.max_connections = 16;
+        if embedded {
+            config = config.embedded();
+        } else {
+            let db = format!("sb_wbench_{id}");
+            let admin = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres")
+                .await
+                .expect("PostgreSQL on 127.0.0.1:5432");
+            sqlx::query(&format!("CREATE DATABASE {db}"))
+                .execute(&admin)
+                .await
+                .unwrap();
+            config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+            config.store.max_connections = 16;
+        }
         config.broker.streams = StreamNames::isolated(&format!("wb{id}"));
         config.counters.key_prefix = format!("sbbench:{id}:");
         config.worker.enabled = false;
@@ -92,6 +100,7 @@ impl Bench {
             url,
             http: reqwest::Client::new(),
             config,
+            embedded,
         }
     }
 
@@ -131,14 +140,19 @@ impl Bench {
         ids
     }
 
+    /// Messages past dispatch (any status but QUEUED and TRIGGERED).
     async fn dispatched(&self) -> i64 {
-        let pool = sqlx::PgPool::connect(&self.config.store.url).await.unwrap();
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE status NOT IN ('QUEUED', 'TRIGGERED')",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap()
+        let store = &self.state.ingest.store;
+        let ws = store.workspace_by_name("bench").await.unwrap().unwrap();
+        let since = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        store
+            .delivery_stats(&ws.id, since)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|c| !matches!(c.status, MessageStatus::Queued | MessageStatus::Triggered))
+            .map(|c| c.count as i64)
+            .sum()
     }
 
     /// Starts a worker, returns its stop handle.
@@ -154,6 +168,10 @@ impl Bench {
     }
 
     async fn cleanup(self) {
+        if self.embedded {
+            let _ = std::fs::remove_dir_all(&self.config.data_dir);
+            return;
+        }
         let js =
             async_nats::jetstream::new(async_nats::connect(&self.config.broker.url).await.unwrap());
         let _ = js.delete_stream(&self.config.broker.streams.critical).await;
@@ -296,10 +314,27 @@ fn main() {
     let events = env_usize("EVENTS", 5_000);
     let backlog = env_usize("BACKLOG", 100_000);
     let probes = env_usize("PROBES", 60);
+    let sets = std::env::var("SETS").unwrap_or_else(|_| "production embedded".into());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
+    for set in sets.split_whitespace() {
+        let embedded = match set {
+            "production" => false,
+            "embedded" => true,
+            other => panic!("SETS: unknown backend set {other:?} (production, embedded)"),
+        };
+        rt.block_on(run_set(embedded, events, backlog, probes));
+    }
+}
+
+async fn run_set(embedded: bool, events: usize, backlog: usize, probes: usize) {
+    let tag = if embedded {
+        "worker-embedded"
+    } else {
+        "worker"
+    };
+    {
         let (capture, _server) = accept_all().await;
-        let bench = Bench::start(std::slice::from_ref(&capture)).await;
+        let bench = Bench::start(embedded, std::slice::from_ref(&capture)).await;
         let ws = bench
             .state
             .ingest
@@ -336,16 +371,16 @@ fn main() {
         let live_key = bench.key(KeyMode::Live).await;
 
         let t = throughput(&bench, &test_key, events, "t").await;
-        println!("worker/test_keys: {events} events, {t:.0} events/s");
+        println!("{tag}/test_keys: {events} events, {t:.0} events/s");
         let c = throughput(&bench, &live_key, events, "c").await;
-        println!("worker/capture_provider: {events} events, {c:.0} events/s");
+        println!("{tag}/capture_provider: {events} events, {c:.0} events/s");
 
         let (stop, task) = bench.run_worker();
         let idle = probe(&bench, &test_key, probes).await;
         let _ = stop.send(true);
         task.await.unwrap();
         println!(
-            "worker/critical_idle: p50 {:.2} ms, p99 {:.2} ms ({} probes)",
+            "{tag}/critical_idle: p50 {:.2} ms, p99 {:.2} ms ({} probes)",
             pct(&idle, 0.5),
             pct(&idle, 0.99),
             idle.len()
@@ -354,7 +389,7 @@ fn main() {
         let queue_started = Instant::now();
         bench.queue(&test_key, backlog, "b").await;
         println!(
-            "worker/backlog: {backlog} bulk events queued in {:.1} s",
+            "{tag}/backlog: {backlog} bulk events queued in {:.1} s",
             queue_started.elapsed().as_secs_f64()
         );
         let before = bench.dispatched().await;
@@ -367,17 +402,17 @@ fn main() {
         let _ = stop.send(true);
         task.await.unwrap();
         println!(
-            "worker/critical_under_backlog: p50 {:.2} ms, p99 {:.2} ms ({} probes; {drained} bulk events dispatched meanwhile, {} still queued)",
+            "{tag}/critical_under_backlog: p50 {:.2} ms, p99 {:.2} ms ({} probes; {drained} bulk events dispatched meanwhile, {} still queued)",
             pct(&loaded, 0.5),
             pct(&loaded, 0.99),
             loaded.len(),
             backlog as i64 + probes as i64 - drained
         );
         println!(
-            "worker/critical_queue_wait_under_backlog: p50 <= {:.2} ms, p99 <= {:.2} ms (acceptance to a worker starting it; histogram bucket bounds)",
+            "{tag}/critical_queue_wait_under_backlog: p50 <= {:.2} ms, p99 <= {:.2} ms (acceptance to a worker starting it; histogram bucket bounds)",
             bucket_quantile(&waits_before, &waits_after, 0.5),
             bucket_quantile(&waits_before, &waits_after, 0.99)
         );
         bench.cleanup().await;
-    });
+    }
 }

@@ -352,6 +352,21 @@ impl Ingest {
         messages: Vec<NewMessage>,
         publishes: Vec<Publish>,
     ) -> Vec<Result<(), IngestError>> {
+        if publishes.iter().any(|p| p.class == StreamClass::Critical) {
+            // A critical event's publish and record (group-committed writes on the
+            // embedded set) go ahead of bulk work's waiting writes.
+            crate::store::urgent(self.publish_and_record(messages, publishes)).await
+        } else {
+            self.publish_and_record(messages, publishes).await
+        }
+    }
+
+    /// [`Self::commit`]'s work.
+    async fn publish_and_record(
+        &self,
+        messages: Vec<NewMessage>,
+        publishes: Vec<Publish>,
+    ) -> Vec<Result<(), IngestError>> {
         // While the broker is known to be away, go straight to the outbox instead of
         // waiting out an acknowledgement timeout on every request.
         let acks = if self.broker.connected() {
