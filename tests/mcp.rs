@@ -392,6 +392,20 @@ async fn raw_exchanges_and_the_legacy_body(b: Backends) {
         )
         .await;
     assert_eq!((s, &body["error"]["code"]), (200, &json!(-32602)), "{body}");
+    // An integer id written with a zero fraction is an integer all the same, read
+    // exactly (2^51..2^52, where a fast float parser is half a unit off).
+    let (s, _, body) = gw
+        .post(
+            Some(&key),
+            None,
+            &json!({"jsonrpc": "2.0", "id": -3698700529089954.0, "method": "tools/list", "params": null}),
+        )
+        .await;
+    assert_eq!(
+        (s, &body["id"]),
+        (200, &json!(-3698700529089954_i64)),
+        "{body}"
+    );
 
     // HTTP refusals keep the ErrorResponse shape.
     let (s, _, body) = gw.post(Some(&key), Some("text/html"), &list).await;
