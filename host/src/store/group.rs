@@ -1,6 +1,8 @@
-//! Group commit for the hot small writes: the delivery path's claims, steps, receipts
-//! and replay keys, and on SQLite also the embedded queue, ingestion's insert and the
-//! dev idempotency keys.
+//! Group commit for the hot small writes: the delivery path's claims, steps, receipts,
+//! replay keys and lease-less timeline writes, and on SQLite also the embedded queue,
+//! ingestion's insert and the dev idempotency keys. Long writes (erasure, scrubbing,
+//! receipt pruning) go through the same lanes but each in a batch of its own
+//! ([`GroupCommit::run_alone`]).
 //!
 //! Each of these writes is a short transaction, and on both backends a commit costs
 //! far more than the statements in it (a WAL flush). Writes from concurrent callers
@@ -47,10 +49,13 @@ trait Job<DB: Database>: Send {
     fn run<'c>(&'c mut self, conn: &'c mut DB::Connection) -> BoxFuture<'c, bool>;
     /// Answers the caller: its own result, or `failed` when the batch did not commit.
     fn answer(self: Box<Self>, failed: Option<&StoreError>);
+    /// Committed in a batch of its own ([`GroupCommit::run_alone`]).
+    fn alone(&self) -> bool;
 }
 
 struct Pending<DB: Database, T> {
     work: Work<DB, T>,
+    alone: bool,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
@@ -76,6 +81,10 @@ impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
             )),
         };
         let _ = self.reply.send(result);
+    }
+
+    fn alone(&self) -> bool {
+        self.alone
     }
 }
 
@@ -111,12 +120,17 @@ pub(crate) struct GroupCommit<DB: Database> {
 struct Queues<DB: Database> {
     urgent: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
     queue: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
+    /// A job that must run alone, taken while filling a batch: the next batch's.
+    held: Option<Box<dyn Job<DB>>>,
 }
 
 impl<DB: Database> Queues<DB> {
     /// The next job, urgent first, waiting for one; `None` once both are closed and
     /// drained.
     async fn next(&mut self) -> Option<Box<dyn Job<DB>>> {
+        if let Some(job) = self.held.take() {
+            return Some(job);
+        }
         tokio::select! {
             biased;
             Some(job) = self.urgent.recv() => Some(job),
@@ -150,6 +164,10 @@ pub(crate) struct Lanes {
     /// `BEGIN` with a lock timeout, so a write waiting on a row lock fails alone instead
     /// of holding up its whole batch, and a deadlock between batches ends quickly.
     pub begin: Option<&'static str>,
+    /// The statement that opens the batch of a write that runs alone
+    /// ([`GroupCommit::run_alone`]). SQLite: `BEGIN IMMEDIATE` again. PostgreSQL: a
+    /// plain `BEGIN` (`None`), so a long job waits for row locks as long as it must.
+    pub alone_begin: Option<&'static str>,
     /// The backend's mapping of driver errors.
     pub map_err: fn(sqlx::Error) -> StoreError,
 }
@@ -162,6 +180,7 @@ impl<DB: Database> GroupCommit<DB> {
         let queues = Arc::new(Mutex::new(Queues {
             urgent: urgent_rx,
             queue: queue_rx,
+            held: None,
         }));
         for _ in 0..lanes.count.max(1) {
             tokio::spawn(lane(pool.clone(), queues.clone(), lanes));
@@ -172,9 +191,29 @@ impl<DB: Database> GroupCommit<DB> {
     /// Runs `work` in the next batch (ahead of the others inside [`urgent`]) and returns
     /// its result once the batch committed.
     pub(crate) async fn run<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
+        self.queue_job(work, false).await
+    }
+
+    /// Runs `work` in a batch of its own (ahead of the others inside [`urgent`]), opened
+    /// with [`Lanes::alone_begin`]: for long jobs (erasure, scrubbing, pruning), which
+    /// would hold a shared batch's locks and replies for their whole length, and be run
+    /// again whenever another write of the batch failed.
+    pub(crate) async fn run_alone<T: Send + 'static>(
+        &self,
+        work: Work<DB, T>,
+    ) -> Result<T, StoreError> {
+        self.queue_job(work, true).await
+    }
+
+    async fn queue_job<T: Send + 'static>(
+        &self,
+        work: Work<DB, T>,
+        alone: bool,
+    ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn Job<DB>> = Box::new(Pending {
             work,
+            alone,
             result: None,
             reply,
         });
@@ -199,12 +238,20 @@ async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lane
         let mut jobs = Vec::new();
         {
             let mut queues = queues.lock().await;
-            match queues.next().await {
-                Some(job) => jobs.push(job),
+            let alone = match queues.next().await {
+                Some(job) => {
+                    let alone = job.alone();
+                    jobs.push(job);
+                    alone
+                }
                 None => return,
-            }
-            while jobs.len() < MAX_BATCH {
+            };
+            while !alone && jobs.len() < MAX_BATCH {
                 match queues.try_next() {
+                    Some(job) if job.alone() => {
+                        queues.held = Some(job);
+                        break;
+                    }
                     Some(job) => jobs.push(job),
                     None => break,
                 }
@@ -227,8 +274,12 @@ async fn commit<DB: Database>(
     lanes: Lanes,
 ) -> Result<(), StoreError> {
     let map_err = lanes.map_err;
+    let opening = match jobs {
+        [job] if job.alone() => lanes.alone_begin,
+        _ => lanes.begin,
+    };
     let begin = || async {
-        match lanes.begin {
+        match opening {
             Some(statement) => pool.begin_with(statement).await,
             None => pool.begin().await,
         }
@@ -329,6 +380,64 @@ pub(crate) mod tests {
         assert_eq!(refused, 11);
         kept.sort_unstable();
         kept
+    }
+
+    /// With one lane busy, a write, a failing write that runs alone and another write
+    /// queued: each runs once, in order (a failure in a shared batch would run the
+    /// others twice).
+    pub(crate) async fn alone_writes_get_a_batch_of_their_own<DB: Database>(
+        pool: Pool<DB>,
+        lanes: Lanes,
+    ) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        assert_eq!(lanes.count, 1, "the order is only certain with one lane");
+        let group = Arc::new(GroupCommit::start(pool, lanes));
+        let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let write = |tag: &'static str, hold: std::time::Duration, fail: bool| -> Work<DB, ()> {
+            let runs = runs.clone();
+            Box::new(move |_conn| {
+                let runs = runs.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(hold).await;
+                    runs.lock().unwrap().push(tag);
+                    if fail {
+                        return Err(StoreError::Other("refused".into()));
+                    }
+                    Ok(())
+                })
+            })
+        };
+        let spawned = AtomicUsize::new(0);
+        let spawn = |w: Work<DB, ()>, alone: bool| {
+            spawned.fetch_add(1, Ordering::SeqCst);
+            let group = group.clone();
+            tokio::spawn(async move {
+                if alone {
+                    group.run_alone(w).await
+                } else {
+                    group.run(w).await
+                }
+            })
+        };
+        let busy = spawn(
+            write("busy", std::time::Duration::from_millis(300), false),
+            false,
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let first = spawn(write("first", std::time::Duration::ZERO, false), false);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let alone = spawn(write("alone", std::time::Duration::ZERO, true), true);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let last = spawn(write("last", std::time::Duration::ZERO, false), false);
+        busy.await.unwrap().unwrap();
+        first.await.unwrap().unwrap();
+        assert!(matches!(alone.await.unwrap(), Err(StoreError::Other(_))));
+        last.await.unwrap().unwrap();
+        assert_eq!(spawned.load(Ordering::SeqCst), 4);
+        assert_eq!(
+            runs.lock().unwrap().as_slice(),
+            &["busy", "first", "alone", "last"]
+        );
     }
 
     /// With one lane busy, ten writes queued and then an urgent one: the urgent one

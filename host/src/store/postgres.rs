@@ -54,6 +54,7 @@ impl PgStore {
             Lanes {
                 count: GROUP_LANES,
                 begin: Some(LANE_BEGIN),
+                alone_begin: None,
                 map_err,
             },
         );
@@ -228,6 +229,26 @@ mod tests {
                 eprintln!("could not drop test database: {e}");
             }
         }
+    }
+
+    /// 0008 gives a message with no timeline its `queued` entry, and leaves the others.
+    #[tokio::test]
+    async fn migration_0008_writes_missing_queued_entries() {
+        let db = TestDb::unmigrated().await;
+        let before = tempfile::tempdir().unwrap();
+        crate::store::tests::migrator_before("postgres", 8, before.path())
+            .await
+            .run(db.store.pool())
+            .await
+            .unwrap();
+        let (ws, messages) = crate::store::messages::tests::rows_before_0008(&db.store).await;
+        sqlx::query("DELETE FROM message_events WHERE event_id = $1")
+            .bind(messages[0].event_id.as_str())
+            .execute(db.store.pool())
+            .await
+            .unwrap();
+        db.store.migrate().await.unwrap();
+        crate::store::messages::tests::queued_entries_after_0008(&db.store, &ws, &messages).await;
     }
 
     /// 0006 adds `plugin_versions.kind`: rows written before it keep everything and
@@ -475,6 +496,7 @@ mod tests {
         let lanes = Lanes {
             count: GROUP_LANES,
             begin: Some(LANE_BEGIN),
+            alone_begin: None,
             map_err,
         };
         let kept =
@@ -503,6 +525,7 @@ mod tests {
             Lanes {
                 count: 1,
                 begin: Some(LANE_BEGIN),
+                alone_begin: None,
                 map_err,
             },
         ));
@@ -588,6 +611,7 @@ mod tests {
             Lanes {
                 count: 1,
                 begin: Some(LANE_BEGIN),
+                alone_begin: None,
                 map_err,
             },
         ));

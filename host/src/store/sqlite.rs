@@ -54,6 +54,7 @@ pub(crate) fn writer(pool: &SqlitePool) -> Arc<GroupCommit<Sqlite>> {
 const WRITER_LANES: Lanes = Lanes {
     count: 1,
     begin: Some("BEGIN IMMEDIATE"),
+    alone_begin: Some("BEGIN IMMEDIATE"),
     map_err,
 };
 
@@ -199,6 +200,16 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_alone_writes_get_a_batch_of_their_own() {
+        let (_dir, store) = open_temp().await;
+        crate::store::group::tests::alone_writes_get_a_batch_of_their_own(
+            store.pool().clone(),
+            WRITER_LANES,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn group_commit_urgent_writes_go_first() {
         let (_dir, store) = open_temp().await;
         crate::store::group::tests::urgent_writes_go_first(store.pool().clone(), WRITER_LANES)
@@ -252,6 +263,28 @@ mod tests {
                 .execute(store.pool())
                 .await;
         assert!(second_active.is_err(), "{second_active:?}");
+    }
+
+    #[tokio::test]
+    async fn migration_0008_writes_missing_queued_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("switchboard.db"))
+            .await
+            .unwrap();
+        let before = tempfile::tempdir().unwrap();
+        crate::store::tests::migrator_before("sqlite", 8, before.path())
+            .await
+            .run(store.pool())
+            .await
+            .unwrap();
+        let (ws, messages) = crate::store::messages::tests::rows_before_0008(&store).await;
+        sqlx::query("DELETE FROM message_events WHERE event_id = ?")
+            .bind(messages[0].event_id.as_str())
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        crate::store::messages::tests::queued_entries_after_0008(&store, &ws, &messages).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

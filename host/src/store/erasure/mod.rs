@@ -171,8 +171,9 @@ where
         audit_window: Duration,
     ) -> Result<ErasureReport, StoreError> {
         let args = Arc::new((workspace.clone(), subscriber.to_string()));
+        // Long: in a batch of its own.
         self.group()
-            .run(Box::new(move |conn| {
+            .run_alone(Box::new(move |conn| {
                 let args = args.clone();
                 Box::pin(async move { erase(conn, &args.0, &args.1, audit_window).await })
             }))
@@ -189,8 +190,9 @@ where
             of: None,
             limit: Some(limit),
         };
+        // Long: in a batch of its own.
         self.group()
-            .run(Box::new(move |conn| {
+            .run_alone(Box::new(move |conn| {
                 Box::pin(async move { scrub_due(conn, due).await })
             }))
             .await

@@ -99,3 +99,34 @@ pub(crate) async fn insert_messages_writes_queued_entries(store: Arc<dyn Store>)
         );
     }
 }
+
+/// Before migration 0008: two accepted messages, written as ingestion writes them
+/// (each with its `queued` entry). The caller then deletes the first one's timeline, as
+/// an older build could leave it.
+pub(crate) async fn rows_before_0008(store: &dyn Store) -> (WorkspaceId, Vec<NewMessage>) {
+    let ws = store
+        .ensure_workspace("acme-0008", None)
+        .await
+        .expect("workspace")
+        .id;
+    let messages = vec![message(&ws, 1), message(&ws, 2)];
+    store.insert_messages(&messages, &[]).await.unwrap();
+    (ws, messages)
+}
+
+/// After migration 0008: each of [`rows_before_0008`]'s messages has exactly its
+/// `queued` entry again.
+pub(crate) async fn queued_entries_after_0008(
+    store: &dyn Store,
+    ws: &WorkspaceId,
+    messages: &[NewMessage],
+) {
+    for m in messages {
+        assert_eq!(
+            timeline_of(&get(store, ws, &m.event_id).await),
+            [queued_entry(m)],
+            "{}",
+            m.event_id
+        );
+    }
+}

@@ -310,8 +310,9 @@ where
     }
 
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        // Long (every receipt older than `before`): in a batch of its own.
         self.group()
-            .run(Box::new(move |conn| {
+            .run_alone(Box::new(move |conn| {
                 Box::pin(async move { conn.prune(before).await })
             }))
             .await
