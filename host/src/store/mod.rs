@@ -126,6 +126,12 @@ pub fn erased_pseudonym(workspace: &WorkspaceId, subscriber: &str) -> String {
     format!("erased:{}", &subscriber_key(workspace, subscriber)[..16])
 }
 
+/// A stored message status read back.
+pub(crate) fn decode_status(status: &str) -> Result<MessageStatus, StoreError> {
+    MessageStatus::parse(status)
+        .ok_or_else(|| StoreError::Other(format!("unknown message status {status:?}")))
+}
+
 /// Stored JSON text read back; `what` names it in the error.
 pub(crate) fn decode_json<T: serde::de::DeserializeOwned>(
     text: &str,

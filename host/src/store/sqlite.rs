@@ -37,6 +37,11 @@ pub fn encode_timestamp(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
+/// Now, in the stored form.
+pub(crate) fn now_text() -> String {
+    encode_timestamp(&super::now_micros())
+}
+
 /// Parses a value written by [`encode_timestamp`] (any RFC 3339 text is accepted).
 pub fn decode_timestamp(s: &str) -> Result<DateTime<Utc>, StoreError> {
     DateTime::parse_from_rfc3339(s)

@@ -12,8 +12,8 @@ use super::group::{Conn, Grouped};
 use super::receipts::{self, ReceiptsSql};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageStatus,
-    MessageUpdate, NewMessage, Step, SubscriberContacts,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageUpdate, NewMessage,
+    Step, SubscriberContacts,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,8 +192,7 @@ pub(crate) async fn claim<C: DeliverySql + ?Sized>(
         // Keeps the row insert (if any): it is the message as ingested.
         return Ok(Claim::Busy);
     }
-    let status = MessageStatus::parse(&row.status)
-        .ok_or_else(|| StoreError::Other(format!("unknown message status {:?}", row.status)))?;
+    let status = super::decode_status(&row.status)?;
     conn.take_lease(event, owner, lease).await?;
     if inserted {
         // Under the row lock: every timeline writer locks the message row first.

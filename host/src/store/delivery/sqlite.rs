@@ -7,7 +7,7 @@ use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     AttemptState, AttemptWrite, MessageStatus, MessageUpdate, NewMessage, SubscriberContacts,
 };
-use crate::store::sqlite::{encode_timestamp, map_err};
+use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
 use sqlx::SqliteConnection;
 use std::time::Duration;
@@ -19,10 +19,6 @@ fn deadline(lease: Duration) -> Result<String, StoreError> {
         .and_then(|lease| now_micros().checked_add_signed(lease))
         .map(|t| encode_timestamp(&t))
         .ok_or_else(|| StoreError::Other(format!("lease of {lease:?} is out of range")))
-}
-
-fn now_text() -> String {
-    encode_timestamp(&now_micros())
 }
 
 #[async_trait::async_trait]

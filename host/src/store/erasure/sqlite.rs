@@ -5,7 +5,7 @@
 use super::{Due, ErasureSql};
 use crate::ids::WorkspaceId;
 use crate::model::ErasureReport;
-use crate::store::sqlite::{encode_timestamp, map_err};
+use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{ERASED_DETAIL, ERASED_DETAIL_KEYS, StoreError, now_micros};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
@@ -16,7 +16,7 @@ fn encode_ids(ids: &[String]) -> Result<String, StoreError> {
 #[async_trait::async_trait]
 impl ErasureSql for SqliteConnection {
     async fn tombstone(&mut self, workspace: &WorkspaceId, key: &str) -> Result<bool, StoreError> {
-        let now = encode_timestamp(&now_micros());
+        let now = now_text();
         let known = sqlx::query(
             "UPDATE subscribers SET subscriber_id = NULL, email = NULL, phone_masked = NULL, \
              device_tokens = NULL, updated_at = ?1, deleted_at = ?1 \
@@ -215,7 +215,7 @@ impl ErasureSql for SqliteConnection {
         .bind(report.known)
         .bind(i64::try_from(report.messages_scrubbed).unwrap_or(i64::MAX))
         .bind(i64::try_from(report.preferences_deleted).unwrap_or(i64::MAX))
-        .bind(encode_timestamp(&now_micros()))
+        .bind(now_text())
         .execute(self)
         .await
         .map_err(map_err)?;

@@ -4,9 +4,9 @@
 use super::{MessagesSql, TimelineSql};
 use crate::ids::EventId;
 use crate::model::{NewMessage, NewTimelineEntry, OutboxItem};
+use crate::store::StoreError;
 use crate::store::group::Grouped;
-use crate::store::sqlite::{MAX_BINDS, SqliteStore, encode_timestamp, map_err};
-use crate::store::{StoreError, now_micros};
+use crate::store::sqlite::{MAX_BINDS, SqliteStore, encode_timestamp, map_err, now_text};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use std::sync::Arc;
 
@@ -52,7 +52,7 @@ async fn insert_rows(
         })
         .collect::<Result<Vec<_>, serde_json::Error>>()
         .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
-    let now = encode_timestamp(&now_micros());
+    let now = now_text();
 
     let rows: Vec<_> = messages.iter().zip(&encoded).collect();
     for chunk in rows.chunks(MAX_BINDS / MESSAGE_BINDS) {
@@ -162,7 +162,7 @@ impl TimelineSql for SqliteConnection {
 
     async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError> {
         let updated = sqlx::query("UPDATE messages SET updated_at = ? WHERE event_id = ?")
-            .bind(encode_timestamp(&now_micros()))
+            .bind(now_text())
             .bind(event.as_str())
             .execute(self)
             .await
@@ -183,7 +183,7 @@ impl TimelineSql for SqliteConnection {
         )
         .bind(code)
         .bind(detail)
-        .bind(encode_timestamp(&now_micros()))
+        .bind(now_text())
         .bind(event.as_str())
         .execute(self)
         .await

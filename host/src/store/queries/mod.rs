@@ -6,9 +6,7 @@
 
 use super::{DeliveryCount, StoreError, decode_json};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{
-    MessageCursor, MessageFilter, MessageRecord, MessageStatus, StepStatus, TimelineEntry,
-};
+use crate::model::{MessageCursor, MessageFilter, MessageRecord, StepStatus, TimelineEntry};
 use chrono::{DateTime, Utc};
 
 mod postgres;
@@ -108,11 +106,6 @@ pub(crate) trait QueriesSql: Send + Sync {
     ) -> Result<Vec<DeliveryRow>, StoreError>;
 }
 
-fn status(s: &str) -> Result<MessageStatus, StoreError> {
-    MessageStatus::parse(s)
-        .ok_or_else(|| StoreError::Other(format!("unknown message status {s:?}")))
-}
-
 impl TryFrom<MessageRow> for MessageRecord {
     type Error = StoreError;
 
@@ -122,7 +115,7 @@ impl TryFrom<MessageRow> for MessageRecord {
             event_name: row.event_name,
             subscriber_id: row.subscriber_id,
             priority: row.priority,
-            status: status(&row.status)?,
+            status: super::decode_status(&row.status)?,
             attempts: row.attempts,
             cost_micro_usd: row.cost_micro_usd,
             test_mode: row.test_mode,
@@ -212,9 +205,7 @@ fn decode_delivery_counts(rows: Vec<DeliveryRow>) -> Result<Vec<DeliveryCount>, 
         .into_iter()
         .map(|(status, channel, provider, count)| {
             Ok(DeliveryCount {
-                status: MessageStatus::parse(&status).ok_or_else(|| {
-                    StoreError::Other(format!("unknown message status {status:?}"))
-                })?,
+                status: super::decode_status(&status)?,
                 channel,
                 provider,
                 count: u64::try_from(count).unwrap_or(0),

@@ -10,7 +10,7 @@
 
 use super::group::{Conn, Grouped};
 use super::messages::TimelineSql;
-use super::{StoreError, decode_json};
+use super::{StoreError, decode_json, decode_status};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageStatus, NewTimelineEntry, StepStatus};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -149,11 +149,6 @@ pub(crate) trait ReceiptsSql: TimelineSql {
     async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 }
 
-fn status(s: &str) -> Result<MessageStatus, StoreError> {
-    MessageStatus::parse(s)
-        .ok_or_else(|| StoreError::Other(format!("unknown message status {s:?}")))
-}
-
 impl TryFrom<ReceiptRow> for ReceiptWrite {
     type Error = StoreError;
 
@@ -169,7 +164,7 @@ impl TryFrom<ReceiptRow> for ReceiptWrite {
                 .map(WorkspaceId::parse)
                 .transpose()
                 .map_err(super::corrupt)?,
-            status: status(&row.status)?,
+            status: decode_status(&row.status)?,
             occurred_at: row.occurred_at,
             cost_micro_usd: row.cost_micro_usd,
             error_code: row.error_code,
@@ -214,7 +209,7 @@ pub(crate) async fn apply<C: ReceiptsSql + ?Sized>(
         return Ok(ReceiptOutcome::Pending);
     };
     let event = EventId::parse(&target.event_id).map_err(super::corrupt)?;
-    let current = status(&target.status)?;
+    let current = decode_status(&target.status)?;
     Ok(settle(conn, &event, current, receipt).await?.1)
 }
 
@@ -260,7 +255,7 @@ pub(crate) async fn apply_pending<C: ReceiptsSql + ?Sized>(
         // The usual case: the provider's callback comes after the id is recorded.
         return Ok(());
     }
-    let mut current = status(&conn.message_status(event).await?)?;
+    let mut current = decode_status(&conn.message_status(event).await?)?;
     for row in pending {
         let receipt = ReceiptWrite::try_from(row)?;
         current = settle(conn, event, current, &receipt).await?.0;

@@ -5,7 +5,7 @@
 use super::{ReceiptRow, ReceiptsSql, TargetRow};
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::ReceiptWrite;
-use crate::store::sqlite::{encode_timestamp, map_err};
+use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
 use sqlx::SqliteConnection;
@@ -54,7 +54,7 @@ impl ReceiptsSql for SqliteConnection {
         .bind(encode_timestamp(&receipt.timeline.occurred_at))
         .bind(receipt.timeline.provider.as_deref())
         .bind(detail)
-        .bind(encode_timestamp(&now_micros()))
+        .bind(now_text())
         .execute(self)
         .await
         .map_err(map_err)?
@@ -102,7 +102,7 @@ impl ReceiptsSql for SqliteConnection {
         .bind(receipt.cost_micro_usd)
         .bind(receipt.error_code.as_deref())
         .bind(receipt.error_detail.as_deref())
-        .bind(encode_timestamp(&now_micros()))
+        .bind(now_text())
         .bind(event.as_str())
         .execute(self)
         .await
@@ -193,7 +193,7 @@ impl ReceiptsSql for SqliteConnection {
             .map_err(map_err)?
             .rows_affected();
         sqlx::query("DELETE FROM webhook_replays WHERE expires_at < ?")
-            .bind(encode_timestamp(&now_micros()))
+            .bind(now_text())
             .execute(self)
             .await
             .map_err(map_err)?;

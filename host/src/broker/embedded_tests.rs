@@ -1,0 +1,621 @@
+//! Tests of [`super`] (the embedded broker).
+
+use std::path::Path;
+use std::time::Instant;
+
+use bytes::Bytes;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+use super::*;
+use crate::broker::StreamClass;
+use crate::broker::tests::{self as shared, message, next_delivery, next_within, settings};
+
+async fn pool(path: &Path) -> SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal);
+    SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("open the SQLite file")
+}
+
+#[tokio::test]
+async fn setup_twice_is_fine_and_connected_is_true() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = EmbeddedBroker::open(
+        pool(&dir.path().join("dev.db")).await,
+        StreamNames::default(),
+    )
+    .await
+    .expect("open");
+    broker.setup().await.expect("first setup");
+    broker.setup().await.expect("second setup");
+    assert!(broker.connected());
+    assert_eq!(broker.len("NOTIFY_CRITICAL").await.expect("len"), 0);
+    assert!(broker.publish_batch(&[]).await.is_empty());
+}
+
+#[tokio::test]
+async fn order_is_preserved_and_duplicates_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = StreamNames::default();
+    let broker = EmbeddedBroker::open(pool(&dir.path().join("dev.db")).await, names.clone())
+        .await
+        .expect("open");
+    broker.setup().await.expect("setup");
+
+    let batch = vec![
+        message(&names, StreamClass::Bulk, "email", "evt-1", "one"),
+        message(&names, StreamClass::Critical, "sms", "evt-2", "two"),
+        message(&names, StreamClass::Bulk, "sms", "evt-3", "three"),
+        message(&names, StreamClass::Bulk, "email", "evt-1", "one again"),
+    ];
+    let results = broker.publish_batch(&batch).await;
+    assert_eq!(results.len(), 4);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // A retried batch is all Ok and stores nothing new.
+    let results = broker.publish_batch(&batch[..2]).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    assert_eq!(broker.len(&names.bulk).await.expect("len"), 2);
+    assert_eq!(broker.len(&names.critical).await.expect("len"), 1);
+
+    let bulk = broker.read(&names.bulk, 0, 100).await.expect("read bulk");
+    let ids: Vec<&str> = bulk.iter().map(|(_, _, id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["evt-1", "evt-3"]);
+    assert_eq!(bulk[0].1, "notify.bulk.email");
+    assert_eq!(bulk[0].3, b"one");
+    assert_eq!(bulk[1].1, "notify.bulk.sms");
+    assert!(bulk[0].0 < bulk[1].0);
+
+    let critical = broker
+        .read(&names.critical, 0, 100)
+        .await
+        .expect("read critical");
+    assert_eq!(critical.len(), 1);
+    assert_eq!(
+        (critical[0].1.as_str(), critical[0].2.as_str()),
+        ("notify.critical.sms", "evt-2")
+    );
+    assert_eq!(critical[0].3, b"two");
+}
+
+#[tokio::test]
+async fn read_pages_by_sequence() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = StreamNames::default();
+    let broker = EmbeddedBroker::open(pool(&dir.path().join("dev.db")).await, names.clone())
+        .await
+        .expect("open");
+    let batch: Vec<Publish> = (0..10)
+        .map(|i| {
+            message(
+                &names,
+                StreamClass::Critical,
+                "push",
+                &format!("evt-{i}"),
+                &format!("p{i}"),
+            )
+        })
+        .collect();
+    assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+
+    let first = broker
+        .read(&names.critical, 0, 4)
+        .await
+        .expect("first page");
+    assert_eq!(first.len(), 4);
+    let last_seq = first[3].0;
+    let rest = broker
+        .read(&names.critical, last_seq, 100)
+        .await
+        .expect("rest");
+    assert_eq!(rest.len(), 6);
+    let ids: Vec<String> = first
+        .iter()
+        .chain(&rest)
+        .map(|(_, _, id, _)| id.clone())
+        .collect();
+    let expected: Vec<String> = (0..10).map(|i| format!("evt-{i}")).collect();
+    assert_eq!(ids, expected);
+    assert!(
+        broker
+            .read(&names.critical, rest[5].0, 100)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    assert!(
+        broker
+            .read(&names.bulk, 0, 100)
+            .await
+            .expect("other stream")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn messages_survive_closing_and_reopening() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dev.db");
+    let names = StreamNames::default();
+
+    let first_pool = pool(&path).await;
+    let broker = EmbeddedBroker::open(first_pool.clone(), names.clone())
+        .await
+        .expect("open");
+    broker.setup().await.expect("setup");
+    let batch = vec![
+        message(&names, StreamClass::Critical, "sms", "evt-a", "alpha"),
+        message(&names, StreamClass::Bulk, "email", "evt-b", "beta"),
+    ];
+    assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+    drop(broker);
+    first_pool.close().await;
+
+    let broker = EmbeddedBroker::open(pool(&path).await, names.clone())
+        .await
+        .expect("reopen");
+    broker.setup().await.expect("setup after reopen");
+    assert_eq!(broker.len(&names.critical).await.expect("len"), 1);
+    assert_eq!(broker.len(&names.bulk).await.expect("len"), 1);
+    let critical = broker.read(&names.critical, 0, 10).await.expect("read");
+    assert_eq!(critical[0].2, "evt-a");
+    assert_eq!(critical[0].3, b"alpha");
+
+    // De-duplication holds across restarts, and sequences keep increasing.
+    let more = vec![
+        message(
+            &names,
+            StreamClass::Critical,
+            "sms",
+            "evt-a",
+            "alpha retried",
+        ),
+        message(&names, StreamClass::Critical, "sms", "evt-c", "gamma"),
+    ];
+    assert!(broker.publish_batch(&more).await.iter().all(Result::is_ok));
+    let critical = broker.read(&names.critical, 0, 10).await.expect("read");
+    assert_eq!(critical.len(), 2);
+    assert_eq!(critical[1].2, "evt-c");
+    assert!(critical[1].0 > critical[0].0);
+}
+
+/// A broker on a fresh temporary SQLite file (kept alive by the returned dir).
+async fn open_temp() -> (tempfile::TempDir, EmbeddedBroker) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = EmbeddedBroker::open(
+        pool(&dir.path().join("dev.db")).await,
+        StreamNames::default(),
+    )
+    .await
+    .expect("open");
+    broker.setup().await.expect("setup");
+    (dir, broker)
+}
+
+#[tokio::test]
+async fn published_message_is_delivered_at_once() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            16,
+        )
+        .await
+        .expect("subscribe");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some(item) = deliveries.next().await {
+            if tx.send((Instant::now(), item)).is_err() {
+                break;
+            }
+        }
+    });
+    // Idle first: the subscriber is waiting, not between polls.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut latencies = Vec::new();
+    for i in 0..5 {
+        let payload = format!("urgent {i}");
+        let started = Instant::now();
+        publish_critical(&broker, &[payload.as_str()]).await;
+        let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("delivered within 5s")
+            .expect("reader alive");
+        let delivery = item.expect("a delivery");
+        latencies.push(arrived - started);
+        assert_eq!(
+            delivery.subject,
+            names.subject(StreamClass::Critical, "sms")
+        );
+        assert_eq!(delivery.payload, Bytes::from(payload));
+        assert_eq!(delivery.delivered, 1);
+        delivery.settle.ack().await.expect("ack");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reader.abort();
+    println!("embedded publish-to-delivery latencies: {latencies:?}");
+    // Well under the fallback poll: the publish itself woke the subscriber.
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    assert!(worst < Duration::from_millis(100), "{latencies:?}");
+}
+
+#[tokio::test]
+async fn ack_prevents_redelivery_and_deletes_the_row() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(1)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    publish_critical(&broker, &["once", "kept"]).await;
+    let delivery = next_delivery(&mut deliveries).await;
+    assert_eq!(delivery.payload, Bytes::from_static(b"once"));
+    delivery.settle.ack().await.expect("ack");
+    // Acking twice is harmless.
+    delivery.settle.ack().await.expect("second ack");
+    let kept = next_delivery(&mut deliveries).await;
+    assert_eq!(kept.payload, Bytes::from_static(b"kept"));
+    kept.settle.nak(Duration::from_secs(60)).await.expect("nak");
+
+    assert!(
+        next_within(&mut deliveries, Duration::from_secs(2))
+            .await
+            .is_none(),
+        "an acked message came back"
+    );
+    // Only the unacknowledged message is left; of the other, only its id.
+    let left = broker.read(&names.critical, 0, 10).await.expect("read");
+    let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["evt-kept"]);
+    let seen: Vec<String> = sqlx::query_scalar("SELECT msg_id FROM broker_seen")
+        .fetch_all(&broker.pool)
+        .await
+        .expect("seen ids");
+    assert_eq!(seen, ["evt-once"]);
+}
+
+#[tokio::test]
+async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    publish_critical(&broker, &["a", "b"]).await;
+    for _ in 0..2 {
+        next_delivery(&mut deliveries)
+            .await
+            .settle
+            .ack()
+            .await
+            .expect("ack");
+    }
+    assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
+
+    // A retried publish inside the window is a duplicate: Ok, nothing stored.
+    publish_critical(&broker, &["a"]).await;
+    assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+
+    // Past the window (a's ack made older by hand), the next ack prunes the entry
+    // and the id may be stored again.
+    sqlx::query(
+        "UPDATE broker_seen SET acked_at = '2000-01-01T00:00:00.000Z' WHERE msg_id = 'evt-a'",
+    )
+    .execute(&broker.pool)
+    .await
+    .expect("age the ack");
+    publish_critical(&broker, &["c"]).await;
+    next_delivery(&mut deliveries)
+        .await
+        .settle
+        .ack()
+        .await
+        .expect("ack c");
+    let seen: Vec<String> = sqlx::query_scalar("SELECT msg_id FROM broker_seen ORDER BY msg_id")
+        .fetch_all(&broker.pool)
+        .await
+        .expect("seen ids");
+    assert_eq!(seen, ["evt-b", "evt-c"]);
+    publish_critical(&broker, &["a", "b"]).await;
+    let left = broker.read(&names.critical, 0, 10).await.expect("read");
+    let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["evt-a"], "b is still inside the window");
+}
+
+#[tokio::test]
+async fn acked_rows_of_an_older_file_are_deleted_when_it_is_opened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(&dir.path().join("dev.db")).await;
+    // The schema and rows as the previous version left them.
+    for statement in [
+        "CREATE TABLE broker_queue (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL,
+            subject TEXT NOT NULL, msg_id TEXT NOT NULL UNIQUE, payload BLOB NOT NULL,
+            created_at TEXT NOT NULL)",
+        "CREATE TABLE broker_acks (consumer TEXT NOT NULL, seq INTEGER NOT NULL,
+            acked_at TEXT NOT NULL, PRIMARY KEY (consumer, seq)) WITHOUT ROWID",
+        "INSERT INTO broker_queue (stream, subject, msg_id, payload, created_at) VALUES
+            ('NOTIFY_CRITICAL', 'notify.critical.sms', 'evt-old', x'00', '2000-01-01T00:00:00.000Z'),
+            ('NOTIFY_CRITICAL', 'notify.critical.sms', 'evt-recent', x'01', '2000-01-01T00:00:00.000Z'),
+            ('NOTIFY_CRITICAL', 'notify.critical.sms', 'evt-open', x'02', '2000-01-01T00:00:00.000Z')",
+        "INSERT INTO broker_acks VALUES ('workers', 1, '2000-01-01T00:00:01.000Z'),
+            ('workers', 2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+    ] {
+        sqlx::query(statement)
+            .execute(&pool)
+            .await
+            .expect("old schema");
+    }
+    let names = StreamNames::default();
+    let broker = EmbeddedBroker::open(pool.clone(), names.clone())
+        .await
+        .expect("open");
+    broker.setup().await.expect("setup");
+    let left = broker.read(&names.critical, 0, 10).await.expect("read");
+    let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["evt-open"]);
+    let legacy: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'broker_acks'")
+            .fetch_one(&pool)
+            .await
+            .expect("schema");
+    assert_eq!(legacy, 0, "broker_acks is dropped");
+    // The recent ack still de-duplicates; the old one was pruned.
+    publish_critical(&broker, &["recent", "old"]).await;
+    let left = broker.read(&names.critical, 0, 10).await.expect("read");
+    let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["evt-open", "evt-old"]);
+    assert!(left[1].0 > 3, "sequences are not reused");
+}
+
+#[tokio::test]
+async fn a_stream_has_one_durable_consumer() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    let batch = [
+        message(&names, StreamClass::Critical, "sms", "evt-c", "critical"),
+        message(&names, StreamClass::Bulk, "email", "evt-b", "bulk"),
+    ];
+    assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+    let workers = settings("workers", Duration::from_secs(30));
+    let mut critical = broker
+        .subscribe(StreamClass::Critical, &workers, 4)
+        .await
+        .expect("subscribe");
+    let delivery = next_delivery(&mut critical).await;
+    assert_eq!(delivery.payload, Bytes::from_static(b"critical"));
+    delivery.settle.ack().await.expect("ack");
+
+    // An ack deletes the message for everyone, so another name is refused.
+    let err = broker
+        .clone()
+        .subscribe(
+            StreamClass::Critical,
+            &settings("auditors", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .err()
+        .expect("a second consumer on the stream");
+    assert!(
+        err.to_string().contains("auditors") && err.to_string().contains("workers"),
+        "{err}"
+    );
+    // The same name on the other stream is its own consumer.
+    let mut bulk = broker
+        .subscribe(StreamClass::Bulk, &workers, 4)
+        .await
+        .expect("subscribe");
+    assert_eq!(
+        next_delivery(&mut bulk).await.payload,
+        Bytes::from_static(b"bulk")
+    );
+}
+
+#[tokio::test]
+async fn unacked_messages_are_delivered_again_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dev.db");
+    let names = StreamNames::default();
+    let shared = settings("workers", Duration::from_secs(30));
+
+    let first_pool = pool(&path).await;
+    let broker = EmbeddedBroker::open(first_pool.clone(), names.clone())
+        .await
+        .expect("open");
+    publish_critical(&broker, &["a", "b", "c"]).await;
+    let mut deliveries = broker
+        .subscribe(StreamClass::Critical, &shared, 4)
+        .await
+        .expect("subscribe");
+    let a = next_delivery(&mut deliveries).await;
+    a.settle.ack().await.expect("ack a");
+    // b is held and c naked for a long while when the process stops.
+    let b = next_delivery(&mut deliveries).await;
+    let c = next_delivery(&mut deliveries).await;
+    c.settle.nak(Duration::from_secs(60)).await.expect("nak c");
+    drop((deliveries, b, c, broker));
+    first_pool.close().await;
+
+    let broker = EmbeddedBroker::open(pool(&path).await, names.clone())
+        .await
+        .expect("reopen");
+    let mut deliveries = broker
+        .subscribe(StreamClass::Critical, &shared, 4)
+        .await
+        .expect("subscribe again");
+    let mut again = Vec::new();
+    for _ in 0..2 {
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(
+            delivery.delivered, 1,
+            "the count starts over after a restart"
+        );
+        again.push(delivery.payload.clone());
+        delivery.settle.ack().await.expect("ack");
+    }
+    assert_eq!(again, [Bytes::from_static(b"b"), Bytes::from_static(b"c")]);
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+    assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
+}
+
+#[tokio::test]
+async fn rows_published_through_another_handle_are_picked_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shared_pool = pool(&dir.path().join("dev.db")).await;
+    let names = StreamNames::default();
+    let consumer_side = EmbeddedBroker::open(shared_pool.clone(), names.clone())
+        .await
+        .expect("open");
+    // Separately opened: its publishes do not wake the other handle's subscribers.
+    let producer_side = EmbeddedBroker::open(shared_pool, names.clone())
+        .await
+        .expect("open again");
+    let mut deliveries = consumer_side
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    let probe = tokio::spawn(async move {
+        let delivery = next_delivery(&mut deliveries).await;
+        (Instant::now(), delivery)
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    publish_critical(&producer_side, &["elsewhere"]).await;
+    let (arrived, delivery) = probe.await.expect("probe");
+    let waited = arrived - started;
+    println!("row from another handle delivered after {waited:?}");
+    assert!(
+        waited <= POLL_INTERVAL + Duration::from_millis(100),
+        "{waited:?}"
+    );
+    assert_eq!(delivery.payload, Bytes::from_static(b"elsewhere"));
+}
+
+#[tokio::test]
+async fn scanning_skips_acked_rows_and_pages_through_a_backlog() {
+    let (_dir, broker) = open_temp().await;
+    let count = usize::try_from(SCAN_PAGE).expect("page") * 2 + 10;
+    let payloads: Vec<String> = (0..count).map(|i| format!("b{i:04}")).collect();
+    let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
+    publish_critical(&broker, &refs).await;
+    let shared = settings("workers", Duration::from_secs(30));
+    let mut deliveries = broker
+        .subscribe(StreamClass::Critical, &shared, 4)
+        .await
+        .expect("subscribe");
+    // Ack the first half, in order, then stop.
+    for expected in &payloads[..count / 2] {
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(delivery.payload, Bytes::from(expected.clone()));
+        delivery.settle.ack().await.expect("ack");
+    }
+    drop(deliveries);
+    // A fresh broker (a restart) delivers exactly the unacked second half, in order.
+    let restarted = EmbeddedBroker::open(broker.pool.clone(), broker.names().clone())
+        .await
+        .expect("reopen");
+    let mut deliveries = restarted
+        .subscribe(StreamClass::Critical, &shared, 4)
+        .await
+        .expect("subscribe");
+    for expected in &payloads[count / 2..] {
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(delivery.payload, Bytes::from(expected.clone()));
+        delivery.settle.ack().await.expect("ack");
+    }
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+}
+
+/// Publishes one critical message per payload, ids `evt-{payload}`.
+async fn publish_critical(broker: &EmbeddedBroker, payloads: &[&str]) {
+    shared::publish_critical(broker, &broker.names().clone(), payloads).await;
+}
+
+#[tokio::test]
+async fn nak_redelivers_after_the_delay() {
+    let (_dir, broker) = open_temp().await;
+    shared::nak_redelivers_after_the_delay(&broker, &broker.names().clone()).await;
+}
+
+#[tokio::test]
+async fn settles_of_a_superseded_delivery_change_nothing() {
+    let (_dir, broker) = open_temp().await;
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    publish_critical(&broker, &["retry me"]).await;
+    let first = next_delivery(&mut deliveries).await;
+    first.settle.nak(Duration::ZERO).await.expect("nak");
+    let again = next_delivery(&mut deliveries).await;
+    assert_eq!(again.delivered, 2);
+    again.settle.ack().await.expect("ack");
+    // The superseded holder's nak changes nothing; its late ack is honoured (the
+    // work was done) and changes nothing either.
+    first.settle.nak(Duration::ZERO).await.expect("stale nak");
+    first.settle.ack().await.expect("late ack");
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn unsettled_delivery_is_redelivered_after_ack_wait() {
+    let (_dir, broker) = open_temp().await;
+    shared::unsettled_delivery_is_redelivered_after_ack_wait(&broker, &broker.names().clone())
+        .await;
+}
+
+#[tokio::test]
+async fn in_progress_postpones_redelivery() {
+    let (_dir, broker) = open_temp().await;
+    shared::in_progress_postpones_redelivery(&broker, &broker.names().clone()).await;
+}
+
+#[tokio::test]
+async fn subscribers_on_one_durable_share_the_messages() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    shared::subscribers_on_one_durable_share_the_messages(&broker, &names, 300).await;
+}

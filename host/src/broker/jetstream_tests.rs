@@ -1,0 +1,716 @@
+//! These run against the real NATS server with JetStream at 127.0.0.1:4222. A missing
+//! server fails them loudly; each test uses its own streams and deletes them.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::FutureExt;
+
+use super::*;
+use crate::broker::StreamClass;
+use crate::broker::tests::{self as shared, message, next_delivery, next_within, settings};
+
+const NATS_URL: &str = "nats://127.0.0.1:4222";
+
+fn unique_names() -> StreamNames {
+    let hex = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    StreamNames::isolated(&format!("t{hex}"))
+}
+
+/// Connects with fresh stream names, runs `body`, then deletes the streams even if
+/// `body` panicked, and re-raises the panic.
+async fn isolated<F, Fut>(body: F)
+where
+    F: FnOnce(JetStreamBroker) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let names = unique_names();
+    let broker = JetStreamBroker::connect(NATS_URL, names.clone())
+        .await
+        .unwrap_or_else(|err| panic!("a NATS server with JetStream must run at {NATS_URL}: {err}"));
+    let js = broker.js.clone();
+    let outcome = AssertUnwindSafe(body(broker)).catch_unwind().await;
+    for stream in [&names.critical, &names.bulk, &names.telemetry] {
+        match js.delete_stream(stream).await {
+            Ok(_) => {}
+            // Tests that never ran setup have nothing to delete.
+            Err(err)
+                if matches!(&err.kind(), jetstream::context::DeleteStreamErrorKind::JetStream(e)
+                    if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) => {}
+            Err(err) => eprintln!("cleanup: deleting stream {stream}: {err}"),
+        }
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn message_count(js: &jetstream::Context, stream: &str) -> u64 {
+    let stream = js.get_stream(stream).await.expect("stream exists");
+    stream.get_info().await.expect("stream info").state.messages
+}
+
+fn assert_all_ok(results: &[Result<(), BrokerError>]) {
+    for (index, result) in results.iter().enumerate() {
+        assert!(result.is_ok(), "message {index}: {result:?}");
+    }
+}
+
+#[tokio::test]
+async fn connected_after_connect_and_setup_twice_is_fine() {
+    isolated(|broker| async move {
+        assert!(broker.connected());
+        broker.setup().await.expect("first setup");
+        broker.setup().await.expect("second setup");
+
+        let names = broker.names().clone();
+        for (stream, class) in [(&names.critical, "critical"), (&names.bulk, "bulk")] {
+            let info = broker
+                .js
+                .get_stream(stream)
+                .await
+                .expect("stream exists")
+                .get_info()
+                .await
+                .expect("info");
+            assert_eq!(
+                info.config.subjects,
+                vec![format!("{}.{class}.>", names.subject_prefix)]
+            );
+            assert_eq!(info.config.storage, stream::StorageType::File);
+            assert_eq!(info.config.duplicate_window, DUPLICATE_WINDOW);
+            assert_eq!(info.config.retention, stream::RetentionPolicy::WorkQueue);
+        }
+        assert!(broker.connected());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn setup_keeps_a_stream_created_with_limits_retention() {
+    isolated(|broker| async move {
+        let names = broker.names().clone();
+        // As an older version created it: limits retention, another duplicate window.
+        broker
+            .js
+            .create_stream(stream::Config {
+                retention: stream::RetentionPolicy::Limits,
+                duplicate_window: Duration::from_secs(30),
+                ..JetStreamBroker::stream_config(
+                    &names.critical,
+                    format!("{}.critical.>", names.subject_prefix),
+                )
+            })
+            .await
+            .expect("create the old stream");
+        publish_critical(&broker, &["old"]).await;
+
+        broker.setup().await.expect("setup does not fail on it");
+        broker.setup().await.expect("nor the next time");
+        let info = broker
+            .js
+            .get_stream(&names.critical)
+            .await
+            .expect("stream")
+            .get_info()
+            .await
+            .expect("info");
+        assert_eq!(info.config.retention, stream::RetentionPolicy::Limits);
+        assert_eq!(info.config.duplicate_window, DUPLICATE_WINDOW, "updated");
+        assert_eq!(info.state.messages, 1, "kept with its messages");
+        let bulk = broker
+            .js
+            .get_stream(&names.bulk)
+            .await
+            .expect("bulk stream")
+            .get_info()
+            .await
+            .expect("info");
+        assert_eq!(bulk.config.retention, stream::RetentionPolicy::WorkQueue);
+
+        // Workers still read it.
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(delivery.payload, Bytes::from_static(b"old"));
+        delivery.settle.ack().await.expect("ack");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn messages_land_in_their_class_stream_with_msg_id_header() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let batch = vec![
+            message(
+                &names,
+                StreamClass::Critical,
+                "sms",
+                "evt-c1",
+                "critical one",
+            ),
+            message(&names, StreamClass::Bulk, "email", "evt-b1", "bulk one"),
+            message(
+                &names,
+                StreamClass::Critical,
+                "push",
+                "evt-c2",
+                "critical two",
+            ),
+            message(&names, StreamClass::Bulk, "email", "evt-b2", "bulk two"),
+            message(&names, StreamClass::Bulk, "sms", "evt-b3", "bulk three"),
+        ];
+        let results = broker.publish_batch(&batch).await;
+        assert_eq!(results.len(), batch.len());
+        assert_all_ok(&results);
+
+        assert_eq!(message_count(&broker.js, &names.critical).await, 2);
+        assert_eq!(message_count(&broker.js, &names.bulk).await, 3);
+
+        // Acks are awaited concurrently, but a single batch is sent in order.
+        let critical = broker
+            .js
+            .get_stream(&names.critical)
+            .await
+            .expect("critical stream");
+        let first = critical
+            .get_raw_message(1)
+            .await
+            .expect("first critical message");
+        assert_eq!(
+            first.subject.as_str(),
+            format!("{}.critical.sms", names.subject_prefix)
+        );
+        assert_eq!(first.payload, Bytes::from_static(b"critical one"));
+        let msg_id = first
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .expect("Nats-Msg-Id header");
+        assert_eq!(msg_id.as_str(), "evt-c1");
+
+        let bulk = broker
+            .js
+            .get_stream(&names.bulk)
+            .await
+            .expect("bulk stream");
+        let third = bulk.get_raw_message(3).await.expect("third bulk message");
+        assert_eq!(
+            third.subject.as_str(),
+            format!("{}.bulk.sms", names.subject_prefix)
+        );
+        assert_eq!(third.payload, Bytes::from_static(b"bulk three"));
+        let msg_id = third
+            .headers
+            .get("Nats-Msg-Id")
+            .expect("Nats-Msg-Id header");
+        assert_eq!(msg_id.as_str(), "evt-b3");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn duplicate_msg_id_is_stored_once_and_ok() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let first = message(&names, StreamClass::Critical, "sms", "evt-dup", "original");
+        let again = message(&names, StreamClass::Critical, "sms", "evt-dup", "retry");
+
+        let results = broker.publish_batch(&[first.clone(), again.clone()]).await;
+        assert_all_ok(&results);
+        // A later batch (a client retry) is de-duplicated too.
+        let results = broker.publish_batch(&[again]).await;
+        assert_all_ok(&results);
+
+        assert_eq!(message_count(&broker.js, &names.critical).await, 1);
+        let stored = broker
+            .js
+            .get_stream(&names.critical)
+            .await
+            .expect("stream")
+            .get_raw_message(1)
+            .await
+            .expect("message");
+        assert_eq!(stored.payload, Bytes::from_static(b"original"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn five_thousand_messages_are_all_acknowledged() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let payload = "x".repeat(256);
+        let batch: Vec<Publish> = (0..5_000)
+            .map(|i| {
+                let class = if i % 5 == 0 {
+                    StreamClass::Critical
+                } else {
+                    StreamClass::Bulk
+                };
+                message(&names, class, "email", &format!("evt-{i:05}"), &payload)
+            })
+            .collect();
+
+        let started = Instant::now();
+        let results = broker.publish_batch(&batch).await;
+        let elapsed = started.elapsed();
+        println!("published and acknowledged 5000 messages in {elapsed:?}");
+
+        assert_eq!(results.len(), 5_000);
+        assert_all_ok(&results);
+        assert_eq!(message_count(&broker.js, &names.critical).await, 1_000);
+        assert_eq!(message_count(&broker.js, &names.bulk).await, 4_000);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_batches_beyond_the_in_flight_bound_complete() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let batches: Vec<Vec<Publish>> = (0..4)
+            .map(|b| {
+                (0..MAX_IN_FLIGHT + 100)
+                    .map(|i| {
+                        message(
+                            &names,
+                            StreamClass::Bulk,
+                            "sms",
+                            &format!("evt-{b}-{i}"),
+                            "p",
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let all = tokio::time::timeout(
+            Duration::from_secs(60),
+            futures::future::join_all(batches.iter().map(|batch| broker.publish_batch(batch))),
+        )
+        .await
+        .expect("concurrent batches must not deadlock");
+        for results in &all {
+            assert_all_ok(results);
+        }
+        assert_eq!(
+            message_count(&broker.js, &names.bulk).await,
+            4 * (MAX_IN_FLIGHT as u64 + 100)
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unacknowledged_messages_fail_in_place() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let no_stream = Publish {
+            class: StreamClass::Bulk,
+            subject: format!("{}.elsewhere.sms", names.subject_prefix),
+            msg_id: "evt-lost".into(),
+            payload: Bytes::from_static(b"nobody stores this"),
+        };
+        // Class says critical, subject routes to bulk: stored, but not where expected.
+        let wrong_stream = Publish {
+            class: StreamClass::Critical,
+            subject: names.subject(StreamClass::Bulk, "sms"),
+            msg_id: "evt-misrouted".into(),
+            payload: Bytes::from_static(b"misrouted"),
+        };
+        let batch = vec![
+            message(&names, StreamClass::Critical, "sms", "evt-1", "one"),
+            no_stream,
+            message(&names, StreamClass::Bulk, "sms", "evt-2", "two"),
+            wrong_stream,
+        ];
+        let results = broker.publish_batch(&batch).await;
+        assert_eq!(results.len(), 4);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        let err = results[1].as_ref().expect_err("no stream for the subject");
+        assert!(err.to_string().contains("evt-lost"), "{err}");
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        let err = results[3]
+            .as_ref()
+            .expect_err("acknowledged by the wrong stream");
+        assert!(err.to_string().contains(&names.bulk), "{err}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn publishing_before_setup_is_not_ok() {
+    isolated(|broker| async move {
+        let names = broker.names().clone();
+        let results = broker
+            .publish_batch(&[message(&names, StreamClass::Critical, "sms", "evt-x", "x")])
+            .await;
+        assert!(results[0].is_err(), "{:?}", results[0]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn connect_to_unreachable_server_fails_fast_naming_the_url() {
+    let started = Instant::now();
+    let err = JetStreamBroker::connect("nats://127.0.0.1:1", unique_names())
+        .await
+        .expect_err("nothing listens on port 1");
+    let elapsed = started.elapsed();
+    println!("unreachable NATS reported in {elapsed:?}: {err}");
+    assert!(elapsed < Duration::from_secs(6), "took {elapsed:?}");
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+}
+
+#[tokio::test]
+async fn published_critical_message_is_delivered_within_milliseconds() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                16,
+            )
+            .await
+            .expect("subscribe");
+        // A reader that timestamps each delivery the moment it is yielded.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            while let Some(item) = deliveries.next().await {
+                if tx.send((Instant::now(), item)).is_err() {
+                    break;
+                }
+            }
+        });
+        // Let the first pull request reach the server: the stream is idle from here.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        let mut latencies = Vec::new();
+        for i in 0..5 {
+            let payload = format!("urgent {i}");
+            let started = Instant::now();
+            publish_critical(&broker, &[payload.as_str()]).await;
+            let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("delivered within 5s")
+                .expect("reader alive");
+            let delivery = item.expect("a delivery");
+            latencies.push(arrived - started);
+            assert_eq!(
+                delivery.subject,
+                names.subject(StreamClass::Critical, "sms")
+            );
+            assert_eq!(delivery.payload, Bytes::from(payload));
+            assert_eq!(delivery.delivered, 1);
+            delivery.settle.ack().await.expect("ack");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        reader.abort();
+        println!("publish-to-delivery latencies on an idle critical stream: {latencies:?}");
+        let worst = latencies.iter().max().copied().unwrap_or_default();
+        assert!(worst < Duration::from_millis(100), "{latencies:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn acked_delivery_is_not_redelivered() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(1)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["once"]).await;
+        let delivery = next_delivery(&mut deliveries).await;
+        assert_eq!(delivery.payload, Bytes::from_static(b"once"));
+        delivery.settle.ack().await.expect("ack");
+
+        assert!(
+            next_within(&mut deliveries, Duration::from_secs(2))
+                .await
+                .is_none(),
+            "an acked message came back"
+        );
+        let info = broker
+            .js
+            .get_stream(&names.critical)
+            .await
+            .expect("stream")
+            .consumer_info("workers")
+            .await
+            .expect("consumer info");
+        assert_eq!(info.num_ack_pending, 0);
+        assert_eq!(info.num_pending, 0);
+        assert_eq!(info.ack_floor.stream_sequence, 1);
+        // Work-queue retention: the acknowledged message is gone from the stream.
+        assert_eq!(
+            eventually_count(&broker.js, &names.critical, 0).await,
+            0,
+            "an acked message stays in the stream"
+        );
+    })
+    .await;
+}
+
+/// Polls the stream's message count for up to 2s until it is `expected`; returns
+/// the last count seen.
+async fn eventually_count(js: &jetstream::Context, stream: &str, expected: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let count = message_count(js, stream).await;
+        if count == expected || Instant::now() >= deadline {
+            return count;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn only_acknowledged_messages_leave_the_stream() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        publish_critical(&broker, &["done", "retried", "held"]).await;
+        assert_eq!(message_count(&broker.js, &names.critical).await, 3);
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        let done = next_delivery(&mut deliveries).await;
+        let retried = next_delivery(&mut deliveries).await;
+        let held = next_delivery(&mut deliveries).await;
+        retried
+            .settle
+            .nak(Duration::from_secs(30))
+            .await
+            .expect("nak");
+        held.settle.in_progress().await.expect("in progress");
+        done.settle.ack().await.expect("ack");
+        assert_eq!(eventually_count(&broker.js, &names.critical, 2).await, 2);
+        // A duplicate of the acknowledged id inside the window is still not stored.
+        publish_critical(&broker, &["done"]).await;
+        assert_eq!(message_count(&broker.js, &names.critical).await, 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_second_consumer_name_is_refused_with_a_hint() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let first = broker
+            .subscribe(
+                StreamClass::Bulk,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        let err = broker
+            .subscribe(
+                StreamClass::Bulk,
+                &settings("others", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .err()
+            .expect("a work-queue stream has one consumer");
+        println!("refused: {err}");
+        assert!(err.to_string().contains("worker.consumer"), "{err}");
+        drop(first);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_deleted_consumer_is_recreated_and_the_subscription_goes_on() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(30)),
+                4,
+            )
+            .await
+            .expect("subscribe");
+        publish_critical(&broker, &["before"]).await;
+        next_delivery(&mut deliveries)
+            .await
+            .settle
+            .ack()
+            .await
+            .expect("ack");
+
+        broker
+            .js
+            .delete_consumer_from_stream("workers", &names.critical)
+            .await
+            .expect("delete consumer");
+        let item = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+            .await
+            .expect("the deletion is reported")
+            .expect("the subscription goes on");
+        let err = item.expect_err("an error item");
+        println!("reported: {err}");
+
+        publish_critical(&broker, &["after"]).await;
+        let delivery = loop {
+            match tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+                .await
+                .expect("delivery after the consumer is recreated")
+                .expect("the subscription goes on")
+            {
+                Ok(delivery) => break delivery,
+                Err(err) => println!("reported: {err}"),
+            }
+        };
+        // The recreated consumer starts from the beginning of the stream, where the
+        // acknowledged message is no longer (work-queue retention).
+        assert_eq!(delivery.payload, Bytes::from_static(b"after"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_subscribes_create_one_consumer_per_stream_with_the_settings() {
+    isolated(|broker| async move {
+        let shared = settings("workers", Duration::from_millis(2_500));
+        // Before setup the streams are missing: the subscribe itself fails.
+        let err = broker
+            .subscribe(StreamClass::Critical, &shared, 8)
+            .await
+            .err()
+            .expect("no stream yet");
+        assert!(err.to_string().contains(&broker.names().critical), "{err}");
+        let err = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("bad.name", Duration::from_secs(1)),
+                8,
+            )
+            .await
+            .err()
+            .expect("invalid name");
+        assert!(err.to_string().contains("bad.name"), "{err}");
+
+        broker.setup().await.expect("setup");
+        let attempts = (0..8).map(|i| {
+            let class = if i % 2 == 0 {
+                StreamClass::Critical
+            } else {
+                StreamClass::Bulk
+            };
+            broker.subscribe(class, &shared, 8)
+        });
+        for result in futures::future::join_all(attempts).await {
+            drop(result.expect("concurrent subscribe"));
+        }
+
+        let names = broker.names().clone();
+        for stream_name in [&names.critical, &names.bulk] {
+            let stream = broker.js.get_stream(stream_name).await.expect("stream");
+            let consumers: Vec<String> = stream
+                .consumer_names()
+                .map(|name| name.expect("consumer name"))
+                .collect()
+                .await;
+            assert_eq!(consumers, ["workers"], "{stream_name}");
+            let info = stream.consumer_info("workers").await.expect("info");
+            assert_eq!(info.config.durable_name.as_deref(), Some("workers"));
+            assert_eq!(info.config.ack_policy, consumer::AckPolicy::Explicit);
+            assert_eq!(info.config.ack_wait, Duration::from_millis(2_500));
+            assert_eq!(info.config.max_deliver, -1);
+            assert_eq!(info.config.max_ack_pending, MAX_ACK_PENDING);
+        }
+    })
+    .await;
+}
+
+#[test]
+fn credentials_are_redacted_from_urls() {
+    assert_eq!(
+        redact_url("nats://user:secret@host:4222"),
+        "nats://***@host:4222"
+    );
+    assert_eq!(
+        redact_url("host:4222, nats://tok@other"),
+        "host:4222,nats://***@other"
+    );
+    assert_eq!(redact_url("nats://127.0.0.1:1"), "nats://127.0.0.1:1");
+    assert!(parse_servers(" , ").is_err());
+    assert_eq!(
+        parse_servers("nats://a:1,nats://b:2")
+            .expect("two servers")
+            .len(),
+        2
+    );
+}
+
+/// Publishes one critical message per payload, ids `evt-{payload}`.
+async fn publish_critical(broker: &JetStreamBroker, payloads: &[&str]) {
+    shared::publish_critical(broker, &broker.names().clone(), payloads).await;
+}
+
+#[tokio::test]
+async fn nak_redelivers_after_the_delay() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        shared::nak_redelivers_after_the_delay(&broker, &broker.names().clone()).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unsettled_delivery_is_redelivered_after_ack_wait() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        shared::unsettled_delivery_is_redelivered_after_ack_wait(&broker, &names).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn in_progress_postpones_redelivery() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        shared::in_progress_postpones_redelivery(&broker, &broker.names().clone()).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn subscribers_on_one_durable_share_the_messages() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        shared::subscribers_on_one_durable_share_the_messages(&broker, &names, 40).await;
+    })
+    .await;
+}
