@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::StoreError;
+use crate::store::coalesce::{BatchFn, Coalescer};
 use crate::store::group::GroupCommit;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -100,6 +101,8 @@ pub struct EmbeddedBroker {
     pool: SqlitePool,
     /// Every write to the queue goes through the file's one group commit.
     writer: Arc<GroupCommit<Sqlite>>,
+    /// Acks, gathered into one delete per batch.
+    acks: Arc<Coalescer<i64, ()>>,
     names: StreamNames,
     shared: Arc<Shared>,
 }
@@ -141,6 +144,7 @@ impl EmbeddedBroker {
         });
         let broker = Self {
             pool,
+            acks: Arc::new(acks(writer.clone())),
             writer,
             names,
             shared,
@@ -362,7 +366,7 @@ impl WorkQueue for EmbeddedBroker {
         };
         let subscription = Subscription {
             pool: self.pool.clone(),
-            writer: self.writer.clone(),
+            acks: self.acks.clone(),
             ack_wait: settings.ack_wait,
             published: self.shared.published.subscribe(),
             changed: consumer.changed.subscribe(),
@@ -492,7 +496,7 @@ impl Consumer {
     async fn claim(
         self: &Arc<Self>,
         pool: &SqlitePool,
-        writer: &Arc<GroupCommit<Sqlite>>,
+        acks: &Arc<Coalescer<i64, ()>>,
         ack_wait: Duration,
     ) -> Result<Claim, BrokerError> {
         let mut queue = self.queue.lock().await;
@@ -518,7 +522,7 @@ impl Consumer {
             payload: pending.payload.clone(),
             delivered: pending.delivered,
             settle: Box::new(EmbeddedSettle {
-                writer: writer.clone(),
+                acks: acks.clone(),
                 consumer: Arc::clone(self),
                 seq,
                 lease,
@@ -531,7 +535,7 @@ impl Consumer {
 /// One subscriber: claims a delivery each time it is polled, waiting while none is due.
 struct Subscription {
     pool: SqlitePool,
-    writer: Arc<GroupCommit<Sqlite>>,
+    acks: Arc<Coalescer<i64, ()>>,
     consumer: Arc<Consumer>,
     ack_wait: Duration,
     published: watch::Receiver<u64>,
@@ -552,7 +556,7 @@ impl Subscription {
             self.changed.borrow_and_update();
             let next_due = match self
                 .consumer
-                .claim(&self.pool, &self.writer, self.ack_wait)
+                .claim(&self.pool, &self.acks, self.ack_wait)
                 .await
             {
                 Ok(Claim::Delivery(delivery)) => return Ok(delivery),
@@ -575,9 +579,56 @@ impl Subscription {
     }
 }
 
+/// Most acks deleted in one batch.
+const ACK_BATCH: usize = 256;
+
+/// Gathers acks: each batch moves its messages' ids to `broker_seen`, deletes their
+/// rows and prunes `broker_seen`, atomically, in one write of the file's group commit.
+fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
+    let run: BatchFn<i64, ()> = Arc::new(move |seqs: Vec<i64>| {
+        let writer = writer.clone();
+        Box::pin(async move {
+            let count = seqs.len();
+            let seqs = Arc::new(seqs);
+            let done = writer
+                .run(Box::new(move |conn| {
+                    let seqs = seqs.clone();
+                    Box::pin(async move { delete_rows(conn, &seqs).await })
+                }))
+                .await;
+            vec![done; count]
+        })
+    });
+    Coalescer::start(ACK_BATCH, 1, run)
+}
+
+/// The statements of an ack batch (see [`acks`]).
+async fn delete_rows(conn: &mut sqlx::SqliteConnection, seqs: &[i64]) -> Result<(), StoreError> {
+    let map_err = crate::store::sqlite::map_err;
+    let list = vec!["?"; seqs.len()].join(", ");
+    let insert_sql = format!(
+        "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at) \
+         SELECT msg_id, {NOW} FROM broker_queue WHERE seq IN ({list})"
+    );
+    let delete_sql = format!("DELETE FROM broker_queue WHERE seq IN ({list})");
+    let mut insert = sqlx::query(&insert_sql);
+    let mut delete = sqlx::query(&delete_sql);
+    for seq in seqs {
+        insert = insert.bind(seq);
+        delete = delete.bind(seq);
+    }
+    insert.execute(&mut *conn).await.map_err(map_err)?;
+    delete.execute(&mut *conn).await.map_err(map_err)?;
+    sqlx::query(&prune_seen_sql())
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
 /// Settles one embedded delivery.
 struct EmbeddedSettle {
-    writer: Arc<GroupCommit<Sqlite>>,
+    acks: Arc<Coalescer<i64, ()>>,
     consumer: Arc<Consumer>,
     seq: i64,
     /// Naks and progress from a delivery whose message was since handed out again are
@@ -586,46 +637,14 @@ struct EmbeddedSettle {
     ack_wait: Duration,
 }
 
-impl EmbeddedSettle {
-    /// Moves the message id to `broker_seen`, deletes the row and prunes `broker_seen`,
-    /// atomically, in the writer's next batch.
-    async fn delete_row(&self) -> Result<(), StoreError> {
-        let seq = self.seq;
-        self.writer
-            .run(Box::new(move |conn| {
-                Box::pin(async move {
-                    let map_err = crate::store::sqlite::map_err;
-                    sqlx::query(&format!(
-                        "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at)
-                         SELECT msg_id, {NOW} FROM broker_queue WHERE seq = ?"
-                    ))
-                    .bind(seq)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(map_err)?;
-                    sqlx::query("DELETE FROM broker_queue WHERE seq = ?")
-                        .bind(seq)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(map_err)?;
-                    sqlx::query(&prune_seen_sql())
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(map_err)?;
-                    Ok(())
-                })
-            }))
-            .await
-    }
-}
-
 #[async_trait::async_trait]
 impl Settle for EmbeddedSettle {
     /// Deletes the row first, so the message stays acknowledged across restarts; its id
     /// goes to `broker_seen` in the same transaction, for de-duplication. Also honoured
     /// from a delivery whose ack wait ran out (the work is done); acking again is a no-op.
     async fn ack(&self) -> Result<(), BrokerError> {
-        self.delete_row()
+        self.acks
+            .submit(self.seq)
             .await
             .map_err(|err| BrokerError(format!("cannot record the ack of {}: {err}", self.seq)))?;
         self.consumer.queue.lock().await.pending.remove(&self.seq);

@@ -31,6 +31,11 @@ pub async fn urgent<F: std::future::Future>(work: F) -> F::Output {
     URGENT.scope(true, work).await
 }
 
+/// Whether the current task runs inside [`urgent`].
+pub(crate) fn is_urgent() -> bool {
+    URGENT.try_with(|u| *u).unwrap_or(false)
+}
+
 /// Writes one lane commits together at most: bounds how long a write waits behind
 /// others and how long the batch holds its locks.
 const MAX_BATCH: usize = 64;
@@ -74,7 +79,7 @@ impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
 
     fn answer(self: Box<Self>, failed: Option<&StoreError>) {
         let result = match (failed, self.result) {
-            (Some(e), _) => Err(copy(e)),
+            (Some(e), _) => Err(e.clone()),
             (None, Some(result)) => result,
             (None, None) => Err(StoreError::Other(
                 "the write did not complete (the gateway log says why)".into(),
@@ -85,15 +90,6 @@ impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
 
     fn alone(&self) -> bool {
         self.alone
-    }
-}
-
-/// The same error again, for each write of a batch that failed as a whole.
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::Conflict(m) => StoreError::Conflict(m.clone()),
-        StoreError::Other(m) => StoreError::Other(m.clone()),
     }
 }
 
@@ -217,7 +213,7 @@ impl<DB: Database> GroupCommit<DB> {
             result: None,
             reply,
         });
-        let queue = if URGENT.try_with(|u| *u).unwrap_or(false) {
+        let queue = if is_urgent() {
             &self.urgent
         } else {
             &self.queue

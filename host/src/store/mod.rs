@@ -6,6 +6,7 @@ use crate::ids::WorkspaceId;
 use crate::model::MessageStatus;
 use chrono::{DateTime, Utc};
 
+pub(crate) mod coalesce;
 pub mod configuration;
 pub mod delivery;
 pub mod erasure;
@@ -35,7 +36,7 @@ pub use tenancy::Tenancy;
 mod tests;
 
 /// A store failure. `Unavailable` is the database being down or unreachable.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Connection refused, pool timed out, database gone.
     #[error("database unavailable: {0}")]

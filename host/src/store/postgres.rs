@@ -5,8 +5,11 @@
 //! database at build time). Batches are written with `UNNEST` over array binds: one
 //! statement per chunk whatever the batch size, well clear of the 65,535-bind limit.
 
+use super::coalesce::Coalescer;
+use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
 use super::{Store, StoreError};
+use crate::model::Claim;
 use sqlx::Postgres;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -34,6 +37,8 @@ const GROUP_LANES: usize = 4;
 pub struct PgStore {
     pool: PgPool,
     group: Arc<GroupCommit<Postgres>>,
+    claims: Arc<Coalescer<ClaimRequest, Claim>>,
+    steps: Arc<Coalescer<StepRequest, ()>>,
 }
 
 impl PgStore {
@@ -58,9 +63,15 @@ impl PgStore {
                 map_err,
             },
         );
+        let group = Arc::new(group);
+        // Two batches of claims (and of steps) at a time across the lanes, the next gathering meanwhile.
+        let claims = Arc::new(delivery::claims(group.clone(), 2));
+        let steps = Arc::new(delivery::steps(group.clone(), 2));
         Ok(Self {
             pool,
-            group: Arc::new(group),
+            group,
+            claims,
+            steps,
         })
     }
 
@@ -98,6 +109,16 @@ impl Grouped for PgStore {
 
     fn group(&self) -> &GroupCommit<Postgres> {
         &self.group
+    }
+}
+
+impl Batches for PgStore {
+    fn claims(&self) -> &Coalescer<ClaimRequest, Claim> {
+        &self.claims
+    }
+
+    fn steps(&self) -> &Coalescer<StepRequest, ()> {
+        &self.steps
     }
 }
 
@@ -316,6 +337,8 @@ mod tests {
         claim_inserts_missing_row,
         insert_messages_writes_queued_entries,
         concurrent_claims,
+        batched_claims,
+        batched_steps,
         claim_lease,
         attempts_round_trip,
         get_message_timeline,

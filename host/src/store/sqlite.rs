@@ -6,8 +6,11 @@
 //! a transaction whose first statement writes, so the busy timeout (not an immediate
 //! `SQLITE_BUSY`) governs contention.
 
+use super::coalesce::Coalescer;
+use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
 use super::{Store, StoreError};
+use crate::model::Claim;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::Sqlite;
 use sqlx::sqlite::{
@@ -69,6 +72,8 @@ const WRITER_LANES: Lanes = Lanes {
 pub struct SqliteStore {
     pool: SqlitePool,
     group: Arc<GroupCommit<Sqlite>>,
+    claims: Arc<Coalescer<ClaimRequest, Claim>>,
+    steps: Arc<Coalescer<StepRequest, ()>>,
 }
 
 impl SqliteStore {
@@ -90,7 +95,15 @@ impl SqliteStore {
             .await
             .map_err(map_err)?;
         let group = writer(&pool);
-        Ok(Self { pool, group })
+        // One lane: one batch of claims (and of steps) at a time, the next gathering meanwhile.
+        let claims = Arc::new(delivery::claims(group.clone(), 1));
+        let steps = Arc::new(delivery::steps(group.clone(), 1));
+        Ok(Self {
+            pool,
+            group,
+            claims,
+            steps,
+        })
     }
 
     /// The file's group commit, for other writers of the same file (the embedded
@@ -133,6 +146,16 @@ impl Grouped for SqliteStore {
 
     fn group(&self) -> &GroupCommit<Sqlite> {
         &self.group
+    }
+}
+
+impl Batches for SqliteStore {
+    fn claims(&self) -> &Coalescer<ClaimRequest, Claim> {
+        &self.claims
+    }
+
+    fn steps(&self) -> &Coalescer<StepRequest, ()> {
+        &self.steps
     }
 }
 
@@ -314,6 +337,8 @@ mod tests {
         claim_inserts_missing_row,
         insert_messages_writes_queued_entries,
         concurrent_claims,
+        batched_claims,
+        batched_steps,
         claim_lease,
         attempts_round_trip,
         get_message_timeline,

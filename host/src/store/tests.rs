@@ -388,7 +388,8 @@ pub(crate) use super::configuration::tests::{
     webhook_secrets_order_and_upsert, workflows_routes_and_dnd,
 };
 pub(crate) use super::delivery::tests::{
-    attempts_round_trip, claim_inserts_missing_row, claim_lease, concurrent_claims,
+    attempts_round_trip, batched_claims, batched_steps, claim_inserts_missing_row, claim_lease,
+    concurrent_claims,
 };
 pub(crate) use super::erasure::tests::{
     erasure, erasure_scrubs_kept_messages_as_they_pass_the_window,

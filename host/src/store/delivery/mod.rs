@@ -6,20 +6,27 @@
 //! the decoding of rows are written once here, over [`DeliverySql`]: statements on one
 //! connection, inside a group commit's transaction, which each backend implements
 //! with SQL and bindings only (`postgres.rs`, `sqlite.rs`).
+//!
+//! The rules are set-based: [`claim_all`] and [`record_steps_all`] take many requests
+//! and run each statement once for all of them, so the claims (and the steps) of
+//! concurrent deliveries cost a few statements per batch rather than per delivery
+//! (`batch.rs` gathers them). A lone request is a batch of one.
 
 use super::StoreError;
-use super::group::{Conn, Grouped};
 use super::receipts::{self, ReceiptsSql};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageUpdate, NewMessage,
-    Step, SubscriberContacts,
+    NewTimelineEntry, Step, SubscriberContacts,
 };
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+mod batch;
 mod postgres;
 mod sqlite;
+
+pub(crate) use batch::{Batches, claims, steps};
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -57,6 +64,7 @@ pub trait Delivery: Send + Sync {
 /// A message's status and lease, as a claim reads them.
 #[derive(sqlx::FromRow)]
 pub(crate) struct LeaseRow {
+    event_id: String,
     status: String,
     /// Attempts recorded so far.
     attempts: i32,
@@ -82,36 +90,32 @@ pub(crate) struct AttemptRow {
 /// write lock throughout).
 #[async_trait::async_trait]
 pub(crate) trait DeliverySql: ReceiptsSql {
-    /// Inserts the message row unless one exists (an existing row is never changed);
-    /// true when it was inserted.
-    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<bool, StoreError>;
-    /// Locks the subscriber row, if any (before the message row: the order erasure
-    /// locks them in, so the two cannot deadlock).
-    async fn lock_subscriber(
+    /// Inserts the message rows that do not exist yet (an existing row is never
+    /// changed); returns the event ids of those inserted.
+    async fn insert_messages_if_absent(
         &mut self,
-        workspace: &WorkspaceId,
-        key: &str,
-    ) -> Result<(), StoreError>;
-    /// The message's status and lease, locked.
-    async fn lease_row(&mut self, event: &EventId) -> Result<LeaseRow, StoreError>;
-    /// Gives the lease to `owner` until now + `lease`.
-    async fn take_lease(
+        messages: &[&NewMessage],
+    ) -> Result<Vec<String>, StoreError>;
+    /// Locks the subscriber rows that exist, in the order given (before the message
+    /// rows: the order erasure locks them in, so the two cannot deadlock).
+    async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError>;
+    /// The messages' status and lease, locked (in event id order).
+    async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError>;
+    /// Gives each `(event, owner)` its lease until now + `lease`.
+    async fn take_leases(
         &mut self,
-        event: &EventId,
-        owner: &str,
+        leases: &[(&str, &str)],
         lease: Duration,
     ) -> Result<(), StoreError>;
-    /// The `queued` entry, from the stored row's time and channel (for a row the claim
+    /// The `queued` entries, from the stored rows' time and channel (for rows the claim
     /// inserted; the guard against a second one is belt and braces).
-    async fn insert_queued_entry(&mut self, event: &EventId) -> Result<(), StoreError>;
-    /// Upserts the subscriber row with `contacts`, unless it is an erasure tombstone:
-    /// false then.
-    async fn upsert_subscriber(
+    async fn insert_queued_entries(&mut self, events: &[&str]) -> Result<(), StoreError>;
+    /// Upserts the subscriber rows (one per key) with their contacts, except erasure
+    /// tombstones; returns the keys upserted, so a key missing is a tombstone.
+    async fn upsert_subscribers(
         &mut self,
-        message: &NewMessage,
-        key: &str,
-        contacts: &SubscriberContacts,
-    ) -> Result<bool, StoreError>;
+        subscribers: &[SubscriberUpsert<'_>],
+    ) -> Result<Vec<(String, String)>, StoreError>;
     /// Marks the message to be scrubbed as `pseudonym` once past the audit window.
     async fn mark_erased(
         &mut self,
@@ -124,29 +128,48 @@ pub(crate) trait DeliverySql: ReceiptsSql {
     /// The message's provider, if it exists and has one (read without a lock: only the
     /// lease holder changes it).
     async fn message_provider(&mut self, event: &EventId) -> Result<Option<String>, StoreError>;
-    /// Applies `update` (and sets `updated_at`; extends the lease to now + `lease`, or
-    /// drops it) if `owner` holds the lease; false, writing nothing, otherwise.
+    /// Applies each update (and sets `updated_at`; extends the lease to now + its
+    /// lease, or drops it) whose owner holds the lease; returns the event ids updated.
     async fn update_leased(
         &mut self,
-        event: &EventId,
-        owner: &str,
-        lease: Duration,
-        update: &MessageUpdate,
-    ) -> Result<bool, StoreError>;
-    /// Inserts a `started` attempt.
-    async fn start_attempt(
+        updates: &[LeasedUpdate<'_>],
+    ) -> Result<Vec<String>, StoreError>;
+    /// Inserts `started` attempts: `(event, attempt_no, channel, provider)`.
+    async fn start_attempts(
         &mut self,
-        event: &EventId,
-        attempt_no: i32,
-        channel: &str,
-        provider: &str,
+        starts: &[(&EventId, i32, &str, &str)],
     ) -> Result<(), StoreError>;
-    /// Finishes a started attempt; false when there is no such attempt.
-    async fn finish_attempt(
+    /// Finishes started attempts (each an [`AttemptWrite::Finish`]); returns how many
+    /// there were.
+    async fn finish_attempts(
         &mut self,
-        event: &EventId,
-        attempt: &AttemptWrite,
-    ) -> Result<bool, StoreError>;
+        finishes: &[(&EventId, &AttemptWrite)],
+    ) -> Result<u64, StoreError>;
+}
+
+/// One subscriber row a claim writes: `(workspace, subscriber_key, subscriber_id)` and
+/// the contacts the event carried.
+pub(crate) type SubscriberUpsert<'a> = (&'a WorkspaceId, &'a str, &'a str, &'a SubscriberContacts);
+
+/// One lease-checked message update: `(event, owner, lease, update)`.
+pub(crate) type LeasedUpdate<'a> = (&'a EventId, &'a str, Duration, &'a MessageUpdate);
+
+/// One step as [`Delivery::record_step`] takes it.
+#[derive(Clone)]
+pub(crate) struct StepRequest {
+    event: EventId,
+    owner: String,
+    lease: Duration,
+    step: Step,
+}
+
+/// One claim as [`Delivery::claim_message`] takes it.
+#[derive(Clone)]
+pub(crate) struct ClaimRequest {
+    message: NewMessage,
+    contacts: SubscriberContacts,
+    owner: String,
+    lease: Duration,
 }
 
 /// The lease rule: a claim finds the message busy when another owner holds a lease
@@ -173,152 +196,246 @@ impl TryFrom<AttemptRow> for AttemptRecord {
     }
 }
 
-/// [`Delivery::claim_message`] on `conn`, inside a transaction.
-pub(crate) async fn claim<C: DeliverySql + ?Sized>(
+/// [`Delivery::claim_message`] for several messages at once, on `conn`, inside a
+/// transaction: each statement covers every request. The event ids must be distinct
+/// (a message claimed twice in one transaction would see its own first lease). The
+/// answers are in the order of `requests`.
+pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
     conn: &mut C,
-    message: &NewMessage,
-    contacts: &SubscriberContacts,
-    owner: &str,
-    lease: Duration,
-) -> Result<Claim, StoreError> {
-    let event = &message.event_id;
-    let key = super::subscriber_key(&message.workspace, &message.subscriber_id);
-    // Ingestion may not have written the row yet. When it has, it wrote the `queued`
+    requests: &[ClaimRequest],
+) -> Result<Vec<Claim>, StoreError> {
+    // Ingestion may not have written a row yet. When it has, it wrote the `queued`
     // entry with it.
-    let inserted = conn.insert_message_if_absent(message).await?;
-    conn.lock_subscriber(&message.workspace, &key).await?;
-    let row = conn.lease_row(event).await?;
-    if busy(row.lease_owner.as_deref(), row.leased, owner) {
-        // Keeps the row insert (if any): it is the message as ingested.
-        return Ok(Claim::Busy);
+    let messages: Vec<&NewMessage> = requests.iter().map(|r| &r.message).collect();
+    let inserted: HashSet<String> = conn
+        .insert_messages_if_absent(&messages)
+        .await?
+        .into_iter()
+        .collect();
+    let keys: Vec<String> = messages
+        .iter()
+        .map(|m| super::subscriber_key(&m.workspace, &m.subscriber_id))
+        .collect();
+    // Each subscriber once, in one order, so two batches lock theirs without a cycle.
+    let subscribers: BTreeMap<(&WorkspaceId, &str), usize> = messages
+        .iter()
+        .zip(&keys)
+        .enumerate()
+        .map(|(i, (m, key))| ((&m.workspace, key.as_str()), i))
+        .collect();
+    let locks: Vec<(&WorkspaceId, &str)> = subscribers.keys().copied().collect();
+    conn.lock_subscribers(&locks).await?;
+    let events: Vec<&str> = messages.iter().map(|m| m.event_id.as_str()).collect();
+    let mut rows: HashMap<String, LeaseRow> = conn
+        .lease_rows(&events)
+        .await?
+        .into_iter()
+        .map(|row| (row.event_id.clone(), row))
+        .collect();
+    // Which requests take their lease; the others find the message busy.
+    let mut claimed = Vec::with_capacity(requests.len());
+    for request in requests {
+        let event = request.message.event_id.as_str();
+        let row = rows
+            .remove(event)
+            .ok_or_else(|| StoreError::Other(format!("message {event} vanished while claimed")))?;
+        let taken = !busy(row.lease_owner.as_deref(), row.leased, &request.owner);
+        claimed.push(taken.then_some(row));
     }
-    let status = super::decode_status(&row.status)?;
-    conn.take_lease(event, owner, lease).await?;
-    if inserted {
-        // Under the row lock: every timeline writer locks the message row first.
-        conn.insert_queued_entry(event).await?;
+    let mut by_lease: BTreeMap<Duration, Vec<(&str, &str)>> = BTreeMap::new();
+    for (request, row) in requests.iter().zip(&claimed) {
+        if row.is_some() {
+            by_lease
+                .entry(request.lease)
+                .or_default()
+                .push((request.message.event_id.as_str(), request.owner.as_str()));
+        }
     }
-    let erased = !conn.upsert_subscriber(message, &key, contacts).await?;
-    if erased {
-        // A message written for an erased subscriber is kept for the audit window,
-        // then scrubbed like those the erasure found.
-        let pseudonym = super::erased_pseudonym(&message.workspace, &message.subscriber_id);
-        conn.mark_erased(event, &message.subscriber_id, &pseudonym)
-            .await?;
+    for (lease, leases) in &by_lease {
+        conn.take_leases(leases, *lease).await?;
     }
-    // Every step that starts an attempt counts it on the row: none counted, none to read.
-    let attempts = if row.attempts == 0 {
-        Vec::new()
+    // Under the row locks: every timeline writer locks the message row first.
+    let new: Vec<&str> = events
+        .iter()
+        .zip(&claimed)
+        .filter(|(event, row)| row.is_some() && inserted.contains(**event))
+        .map(|(event, _)| *event)
+        .collect();
+    if !new.is_empty() {
+        conn.insert_queued_entries(&new).await?;
+    }
+    // A subscriber's row takes the contacts of its last claimed event, as claims made
+    // one after the other would leave it.
+    let mut upserts: BTreeMap<(&WorkspaceId, &str), SubscriberUpsert<'_>> = BTreeMap::new();
+    for ((request, key), row) in requests.iter().zip(&keys).zip(&claimed) {
+        if row.is_some() {
+            let m = &request.message;
+            upserts.insert(
+                (&m.workspace, key.as_str()),
+                (
+                    &m.workspace,
+                    key.as_str(),
+                    m.subscriber_id.as_str(),
+                    &request.contacts,
+                ),
+            );
+        }
+    }
+    let upserts: Vec<SubscriberUpsert<'_>> = upserts.into_values().collect();
+    let live: HashSet<(String, String)> = if upserts.is_empty() {
+        HashSet::new()
     } else {
-        conn.attempt_rows(event)
+        conn.upsert_subscribers(&upserts)
             .await?
             .into_iter()
-            .map(AttemptRecord::try_from)
-            .collect::<Result<_, _>>()?
+            .collect()
     };
-    Ok(Claim::Claimed(MessageSnapshot {
-        status,
-        attempts,
-        erased,
-    }))
+    let mut claims = Vec::with_capacity(requests.len());
+    for ((request, key), row) in requests.iter().zip(keys).zip(claimed) {
+        let Some(row) = row else {
+            // Keeps the row insert (if any): it is the message as ingested.
+            claims.push(Claim::Busy);
+            continue;
+        };
+        let m = &request.message;
+        let status = super::decode_status(&row.status)?;
+        let erased = !live.contains(&(m.workspace.to_string(), key));
+        if erased {
+            // A message written for an erased subscriber is kept for the audit window,
+            // then scrubbed like those the erasure found.
+            let pseudonym = super::erased_pseudonym(&m.workspace, &m.subscriber_id);
+            conn.mark_erased(&m.event_id, &m.subscriber_id, &pseudonym)
+                .await?;
+        }
+        // Every step that starts an attempt counts it on the row: none counted, none
+        // to read.
+        let attempts = if row.attempts == 0 {
+            Vec::new()
+        } else {
+            conn.attempt_rows(&m.event_id)
+                .await?
+                .into_iter()
+                .map(AttemptRecord::try_from)
+                .collect::<Result<_, _>>()?
+        };
+        claims.push(Claim::Claimed(MessageSnapshot {
+            status,
+            attempts,
+            erased,
+        }));
+    }
+    Ok(claims)
 }
 
-/// [`Delivery::record_step`] on `conn`, inside a transaction.
-pub(crate) async fn record_step<C: DeliverySql + ?Sized>(
+/// [`Delivery::record_step`] for several steps at once, on `conn`, inside a
+/// transaction: each statement covers every step. The events must be distinct. A step
+/// whose owner does not hold the lease gets [`StoreError::Conflict`] and writes
+/// nothing; the others are written. An error of the whole (`Err`) leaves the
+/// transaction to be rolled back: the steps must then be written one by one, each
+/// getting its own answer.
+pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
     conn: &mut C,
-    event: &EventId,
-    owner: &str,
-    lease: Duration,
-    step: &Step,
-) -> Result<(), StoreError> {
+    requests: &[StepRequest],
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     // A step that records a provider id applies the receipts waiting for it; their
-    // lock comes before the message row's, as in a receipt's apply.
-    let receipts_of = match &step.message.provider_message_id {
-        None => None,
-        Some(id) => {
-            let provider = match &step.message.provider {
-                Some(provider) => Some(provider.clone()),
-                None => conn.message_provider(event).await?,
-            };
-            provider.map(|provider| (provider, id.as_str()))
-        }
-    };
-    if let Some((provider, id)) = &receipts_of {
-        conn.lock_provider_message(provider, id).await?;
+    // locks come before the message rows', as in a receipt's apply.
+    let mut receipts_of: Vec<Option<(String, &str)>> = Vec::with_capacity(requests.len());
+    for r in requests {
+        receipts_of.push(match &r.step.message.provider_message_id {
+            None => None,
+            Some(id) => {
+                let provider = match &r.step.message.provider {
+                    Some(provider) => Some(provider.clone()),
+                    None => conn.message_provider(&r.event).await?,
+                };
+                provider.map(|provider| (provider, id.as_str()))
+            }
+        });
     }
-    // The message update goes first: it is the lease check, and takes the row lock.
-    if !conn
-        .update_leased(event, owner, lease, &step.message)
-        .await?
-    {
-        return Err(StoreError::Conflict(format!(
-            "{event} is missing or its lease is not held by {owner}"
+    let mut locks: Vec<(&str, &str)> = receipts_of
+        .iter()
+        .flatten()
+        .map(|(provider, id)| (provider.as_str(), *id))
+        .collect();
+    locks.sort_unstable();
+    locks.dedup();
+    if !locks.is_empty() {
+        conn.lock_provider_messages(&locks).await?;
+    }
+    // The message updates go first: they are the lease check, and take the row locks.
+    let updates: Vec<LeasedUpdate<'_>> = requests
+        .iter()
+        .map(|r| (&r.event, r.owner.as_str(), r.lease, &r.step.message))
+        .collect();
+    let updated: HashSet<String> = conn.update_leased(&updates).await?.into_iter().collect();
+    let held: Vec<&StepRequest> = requests
+        .iter()
+        .filter(|r| updated.contains(r.event.as_str()))
+        .collect();
+    let mut starts = Vec::new();
+    let mut finishes = Vec::new();
+    for r in &held {
+        match &r.step.attempt {
+            None => {}
+            Some(AttemptWrite::Start {
+                attempt_no,
+                channel,
+                provider,
+            }) => starts.push((&r.event, *attempt_no, channel.as_str(), provider.as_str())),
+            Some(finish @ AttemptWrite::Finish { .. }) => finishes.push((&r.event, finish)),
+        }
+    }
+    if !starts.is_empty() {
+        conn.start_attempts(&starts).await?;
+    }
+    if !finishes.is_empty() && conn.finish_attempts(&finishes).await? < finishes.len() as u64 {
+        // A worker bug: finishing an attempt it never started. Alone, the step says which.
+        let [(event, AttemptWrite::Finish { attempt_no, .. })] = finishes.as_slice() else {
+            return Err(StoreError::Other(
+                "an attempt finished in a batch was never started".into(),
+            ));
+        };
+        return Err(StoreError::Other(format!(
+            "attempt {attempt_no} of {event} was never started"
         )));
     }
-    match &step.attempt {
-        None => {}
-        Some(AttemptWrite::Start {
-            attempt_no,
-            channel,
-            provider,
-        }) => {
-            conn.start_attempt(event, *attempt_no, channel, provider)
-                .await?
-        }
-        Some(finish @ AttemptWrite::Finish { attempt_no, .. }) => {
-            let finished = conn.finish_attempt(event, finish).await?;
-            if !finished {
-                // A worker bug: finishing an attempt it never started.
-                return Err(StoreError::Other(format!(
-                    "attempt {attempt_no} of {event} was never started"
-                )));
+    let entries: Vec<(&EventId, &NewTimelineEntry)> = held
+        .iter()
+        .flat_map(|r| r.step.timeline.iter().map(|e| (&r.event, e)))
+        .collect();
+    if !entries.is_empty() {
+        conn.insert_timelines(&entries).await?;
+    }
+    let recorded: Vec<(&EventId, &str, &str)> = requests
+        .iter()
+        .zip(&receipts_of)
+        .filter(|(r, _)| updated.contains(r.event.as_str()))
+        .filter_map(|(r, of)| of.as_ref().map(|(p, id)| (&r.event, p.as_str(), *id)))
+        .collect();
+    if !recorded.is_empty() {
+        let pairs: Vec<(&str, &str)> = recorded.iter().map(|(_, p, id)| (*p, *id)).collect();
+        // The usual case: none, the provider's callback comes after the id is recorded.
+        let waiting: HashSet<(String, String)> =
+            conn.pending_keys(&pairs).await?.into_iter().collect();
+        for (event, provider, id) in recorded {
+            if waiting.contains(&(provider.to_string(), id.to_string())) {
+                receipts::apply_pending(conn, event, provider, id).await?;
             }
         }
     }
-    conn.insert_timeline(event, &step.timeline).await?;
-    if let Some((provider, id)) = &receipts_of {
-        receipts::apply_pending(conn, event, provider, id).await?;
-    }
-    Ok(())
-}
-
-#[async_trait::async_trait]
-impl<T> Delivery for T
-where
-    T: Grouped,
-    Conn<T>: DeliverySql,
-{
-    async fn claim_message(
-        &self,
-        message: &NewMessage,
-        contacts: &SubscriberContacts,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let args = Arc::new((message.clone(), contacts.clone(), owner.to_string()));
-        self.group()
-            .run(Box::new(move |conn| {
-                let args = args.clone();
-                Box::pin(async move { claim(conn, &args.0, &args.1, &args.2, lease).await })
-            }))
-            .await
-    }
-
-    async fn record_step(
-        &self,
-        event: &EventId,
-        owner: &str,
-        lease: Duration,
-        step: &Step,
-    ) -> Result<(), StoreError> {
-        let args = Arc::new((event.clone(), owner.to_string(), step.clone()));
-        self.group()
-            .run(Box::new(move |conn| {
-                let args = args.clone();
-                Box::pin(async move { record_step(conn, &args.0, &args.1, lease, &args.2).await })
-            }))
-            .await
-    }
+    Ok(requests
+        .iter()
+        .map(|r| {
+            if updated.contains(r.event.as_str()) {
+                Ok(())
+            } else {
+                Err(StoreError::Conflict(format!(
+                    "{} is missing or its lease is not held by {}",
+                    r.event, r.owner
+                )))
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -1,11 +1,9 @@
 //! [`DeliverySql`] on PostgreSQL: the subscriber and message rows are locked with
 //! `FOR UPDATE`, subscriber first; the server's clock (`now()`) dates leases.
 
-use super::{AttemptRow, DeliverySql, LeaseRow};
+use super::{AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{
-    AttemptState, AttemptWrite, MessageStatus, MessageUpdate, NewMessage, SubscriberContacts,
-};
+use crate::model::{AttemptState, AttemptWrite, MessageStatus, MessageUpdate, NewMessage};
 use crate::store::StoreError;
 use crate::store::postgres::{encode_json, interval, map_err};
 use sqlx::PgConnection;
@@ -13,69 +11,120 @@ use std::time::Duration;
 
 #[async_trait::async_trait]
 impl DeliverySql for PgConnection {
-    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<bool, StoreError> {
-        let inserted = sqlx::query(
+    async fn insert_messages_if_absent(
+        &mut self,
+        messages: &[&NewMessage],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::with_capacity(messages.len());
+        for m in messages {
+            keys.push(encode_json(&m.variables_keys)?);
+        }
+        // Arrays, not a VALUES list: one statement text whatever the batch's size, so
+        // it stays prepared.
+        sqlx::query_scalar(
             "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
              priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $11) \
-             ON CONFLICT (event_id) DO NOTHING",
+             SELECT e, w, n, s, c, p, ch, st, t, k::jsonb, at, at FROM UNNEST($1::text[], \
+             $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::text[], \
+             $8::text[], $9::bool[], $10::text[], $11::timestamptz[]) \
+             AS m(e, w, n, s, c, p, ch, st, t, k, at) \
+             ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
         )
-        .bind(message.event_id.as_str())
-        .bind(message.workspace.as_str())
-        .bind(&message.event_name)
-        .bind(&message.subscriber_id)
-        .bind(message.category.as_deref())
-        .bind(message.priority)
-        .bind(&message.channel)
-        .bind(&message.status)
-        .bind(message.test_mode)
-        .bind(encode_json(&message.variables_keys)?)
-        .bind(message.created_at)
-        .execute(self)
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.event_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.workspace.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.event_name.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.subscriber_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.category.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(messages.iter().map(|m| m.priority).collect::<Vec<_>>())
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.channel.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.status.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(messages.iter().map(|m| m.test_mode).collect::<Vec<_>>())
+        .bind(keys)
+        .bind(messages.iter().map(|m| m.created_at).collect::<Vec<_>>())
+        .fetch_all(self)
         .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(inserted == 1)
+        .map_err(map_err)
     }
 
-    async fn lock_subscriber(
-        &mut self,
-        workspace: &WorkspaceId,
-        key: &str,
-    ) -> Result<(), StoreError> {
+    async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
+        let workspaces: Vec<&str> = keys.iter().map(|(w, _)| w.as_str()).collect();
+        let subscribers: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
+        // Locked in the sort's order, which is the order given.
         sqlx::query(
-            "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
+            "SELECT 1 FROM subscribers s \
+             JOIN UNNEST($1::text[], $2::text[]) AS k(workspace_id, subscriber_key) \
+             ON s.workspace_id = k.workspace_id AND s.subscriber_key = k.subscriber_key \
+             ORDER BY s.workspace_id, s.subscriber_key FOR UPDATE OF s",
         )
-        .bind(workspace.as_str())
-        .bind(key)
-        .fetch_optional(self)
+        .bind(workspaces)
+        .bind(subscribers)
+        .fetch_all(self)
         .await
         .map_err(map_err)?;
         Ok(())
     }
 
-    async fn lease_row(&mut self, event: &EventId) -> Result<LeaseRow, StoreError> {
+    async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
         sqlx::query_as(
-            "SELECT status, attempts, lease_owner, COALESCE(lease_until > now(), false) AS leased \
-             FROM messages WHERE event_id = $1 FOR UPDATE",
+            "SELECT event_id, status, attempts, lease_owner, \
+             COALESCE(lease_until > now(), false) AS leased \
+             FROM messages WHERE event_id = ANY($1) ORDER BY event_id FOR UPDATE",
         )
-        .bind(event.as_str())
-        .fetch_one(self)
+        .bind(events)
+        .fetch_all(self)
         .await
         .map_err(map_err)
     }
 
-    async fn take_lease(
+    async fn take_leases(
         &mut self,
-        event: &EventId,
-        owner: &str,
+        leases: &[(&str, &str)],
         lease: Duration,
     ) -> Result<(), StoreError> {
+        let events: Vec<&str> = leases.iter().map(|(e, _)| *e).collect();
+        let owners: Vec<&str> = leases.iter().map(|(_, o)| *o).collect();
         sqlx::query(
-            "UPDATE messages SET lease_owner = $2, lease_until = now() + $3 WHERE event_id = $1",
+            "UPDATE messages m SET lease_owner = l.owner, lease_until = now() + $3 \
+             FROM UNNEST($1::text[], $2::text[]) AS l(event_id, owner) \
+             WHERE m.event_id = l.event_id",
         )
-        .bind(event.as_str())
-        .bind(owner)
+        .bind(events)
+        .bind(owners)
         .bind(interval(lease))
         .execute(self)
         .await
@@ -83,53 +132,64 @@ impl DeliverySql for PgConnection {
         Ok(())
     }
 
-    async fn insert_queued_entry(&mut self, event: &EventId) -> Result<(), StoreError> {
+    async fn insert_queued_entries(&mut self, events: &[&str]) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
              SELECT event_id, 'queued', created_at, NULL, jsonb_build_object('channel', channel) \
-             FROM messages m WHERE event_id = $1 \
+             FROM messages m WHERE event_id = ANY($1) \
              AND NOT EXISTS (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id)",
         )
-        .bind(event.as_str())
+        .bind(events)
         .execute(self)
         .await
         .map_err(map_err)?;
         Ok(())
     }
 
-    async fn upsert_subscriber(
+    async fn upsert_subscribers(
         &mut self,
-        message: &NewMessage,
-        key: &str,
-        contacts: &SubscriberContacts,
-    ) -> Result<bool, StoreError> {
-        let tokens = if contacts.device_tokens.is_empty() {
-            None
-        } else {
-            Some(encode_json(&contacts.device_tokens)?)
-        };
-        // No row comes back when the conflicting row is a tombstone.
-        let upserted = sqlx::query(
+        subscribers: &[SubscriberUpsert<'_>],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut tokens = Vec::with_capacity(subscribers.len());
+        for (_, _, _, contacts) in subscribers {
+            tokens.push(if contacts.device_tokens.is_empty() {
+                None
+            } else {
+                Some(encode_json(&contacts.device_tokens)?)
+            });
+        }
+        // No row comes back for a key whose row is a tombstone.
+        sqlx::query_as(
             "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
              phone_masked, device_tokens, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), now()) \
+             SELECT w, k, s, e, p, t::jsonb, now(), now() FROM UNNEST($1::text[], $2::text[], \
+             $3::text[], $4::text[], $5::text[], $6::text[]) AS u(w, k, s, e, p, t) \
              ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
              subscriber_id = EXCLUDED.subscriber_id, email = EXCLUDED.email, \
              phone_masked = EXCLUDED.phone_masked, device_tokens = EXCLUDED.device_tokens, \
              updated_at = EXCLUDED.updated_at \
              WHERE subscribers.deleted_at IS NULL \
-             RETURNING 1",
+             RETURNING workspace_id, subscriber_key",
         )
-        .bind(message.workspace.as_str())
-        .bind(key)
-        .bind(&message.subscriber_id)
-        .bind(contacts.email.as_deref())
-        .bind(contacts.phone_masked.as_deref())
+        .bind(subscribers.iter().map(|u| u.0.as_str()).collect::<Vec<_>>())
+        .bind(subscribers.iter().map(|u| u.1).collect::<Vec<_>>())
+        .bind(subscribers.iter().map(|u| u.2).collect::<Vec<_>>())
+        .bind(
+            subscribers
+                .iter()
+                .map(|u| u.3.email.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            subscribers
+                .iter()
+                .map(|u| u.3.phone_masked.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .bind(tokens)
-        .fetch_optional(self)
+        .fetch_all(self)
         .await
-        .map_err(map_err)?;
-        Ok(upserted.is_some())
+        .map_err(map_err)
     }
 
     async fn mark_erased(
@@ -173,55 +233,62 @@ impl DeliverySql for PgConnection {
 
     async fn update_leased(
         &mut self,
-        event: &EventId,
-        owner: &str,
-        lease: Duration,
-        update: &MessageUpdate,
-    ) -> Result<bool, StoreError> {
-        let updated = sqlx::query(
-            "UPDATE messages SET status = COALESCE($2, status), attempts = COALESCE($3, attempts), \
-             channel = COALESCE($4, channel), provider = COALESCE($5, provider), \
-             provider_message_id = COALESCE($6, provider_message_id), \
-             cost_micro_usd = cost_micro_usd + $7, error_code = COALESCE($8, error_code), \
-             error_detail = COALESCE($9, error_detail), updated_at = now(), \
-             lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
-             lease_until = CASE WHEN $10 THEN NULL ELSE now() + $11 END \
-             WHERE event_id = $1 AND lease_owner = $12",
+        updates: &[LeasedUpdate<'_>],
+    ) -> Result<Vec<String>, StoreError> {
+        let lease_micros: Vec<i64> = updates
+            .iter()
+            .map(|(_, _, lease, _)| interval(*lease).microseconds)
+            .collect();
+        let column = |f: fn(&MessageUpdate) -> Option<&str>| -> Vec<Option<&str>> {
+            updates.iter().map(|(_, _, _, u)| f(u)).collect()
+        };
+        sqlx::query_scalar(
+            "UPDATE messages m SET status = COALESCE(u.status, m.status), \
+             attempts = COALESCE(u.attempts, m.attempts), channel = COALESCE(u.channel, m.channel), \
+             provider = COALESCE(u.provider, m.provider), \
+             provider_message_id = COALESCE(u.provider_message_id, m.provider_message_id), \
+             cost_micro_usd = m.cost_micro_usd + u.cost, \
+             error_code = COALESCE(u.error_code, m.error_code), \
+             error_detail = COALESCE(u.error_detail, m.error_detail), updated_at = now(), \
+             lease_owner = CASE WHEN u.release THEN NULL ELSE m.lease_owner END, \
+             lease_until = CASE WHEN u.release THEN NULL \
+             ELSE now() + u.lease_micros * interval '1 microsecond' END \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
+             $7::text[], $8::int8[], $9::text[], $10::text[], $11::bool[], $12::int8[]) \
+             AS u(event_id, owner, status, attempts, channel, provider, provider_message_id, \
+             cost, error_code, error_detail, release, lease_micros) \
+             WHERE m.event_id = u.event_id AND m.lease_owner = u.owner RETURNING m.event_id",
         )
-        .bind(event.as_str())
-        .bind(update.status.map(MessageStatus::as_str))
-        .bind(update.attempts)
-        .bind(update.channel.as_deref())
-        .bind(update.provider.as_deref())
-        .bind(update.provider_message_id.as_deref())
-        .bind(update.cost_add_micro_usd)
-        .bind(update.error_code.as_deref())
-        .bind(update.error_detail.as_deref())
-        .bind(update.release_lease)
-        .bind(interval(lease))
-        .bind(owner)
-        .execute(self)
+        .bind(updates.iter().map(|(e, ..)| e.as_str()).collect::<Vec<_>>())
+        .bind(updates.iter().map(|(_, o, ..)| *o).collect::<Vec<_>>())
+        .bind(column(|u| u.status.map(MessageStatus::as_str)))
+        .bind(updates.iter().map(|(.., u)| u.attempts).collect::<Vec<_>>())
+        .bind(column(|u| u.channel.as_deref()))
+        .bind(column(|u| u.provider.as_deref()))
+        .bind(column(|u| u.provider_message_id.as_deref()))
+        .bind(updates.iter().map(|(.., u)| u.cost_add_micro_usd).collect::<Vec<_>>())
+        .bind(column(|u| u.error_code.as_deref()))
+        .bind(column(|u| u.error_detail.as_deref()))
+        .bind(updates.iter().map(|(.., u)| u.release_lease).collect::<Vec<_>>())
+        .bind(lease_micros)
+        .fetch_all(self)
         .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(updated == 1)
+        .map_err(map_err)
     }
 
-    async fn start_attempt(
+    async fn start_attempts(
         &mut self,
-        event: &EventId,
-        attempt_no: i32,
-        channel: &str,
-        provider: &str,
+        starts: &[(&EventId, i32, &str, &str)],
     ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
-             started_at) VALUES ($1, $2, $3, $4, $5, now())",
+             started_at) SELECT e, n, c, p, $5, now() \
+             FROM UNNEST($1::text[], $2::int4[], $3::text[], $4::text[]) AS a(e, n, c, p)",
         )
-        .bind(event.as_str())
-        .bind(attempt_no)
-        .bind(channel)
-        .bind(provider)
+        .bind(starts.iter().map(|(e, ..)| e.as_str()).collect::<Vec<_>>())
+        .bind(starts.iter().map(|(_, n, ..)| *n).collect::<Vec<_>>())
+        .bind(starts.iter().map(|(_, _, c, _)| *c).collect::<Vec<_>>())
+        .bind(starts.iter().map(|(.., p)| *p).collect::<Vec<_>>())
         .bind(AttemptState::Started.as_str())
         .execute(self)
         .await
@@ -229,36 +296,49 @@ impl DeliverySql for PgConnection {
         Ok(())
     }
 
-    async fn finish_attempt(
+    async fn finish_attempts(
         &mut self,
-        event: &EventId,
-        attempt: &AttemptWrite,
-    ) -> Result<bool, StoreError> {
-        let AttemptWrite::Finish {
-            attempt_no,
-            state,
-            provider_message_id,
-            cost_micro_usd,
-            detail,
-        } = attempt
-        else {
-            return Ok(false);
-        };
+        finishes: &[(&EventId, &AttemptWrite)],
+    ) -> Result<u64, StoreError> {
+        let mut rows = Vec::with_capacity(finishes.len());
+        for (event, attempt) in finishes {
+            let AttemptWrite::Finish {
+                attempt_no,
+                state,
+                provider_message_id,
+                cost_micro_usd,
+                detail,
+            } = attempt
+            else {
+                return Ok(0);
+            };
+            rows.push((
+                event.as_str(),
+                *attempt_no,
+                state.as_str(),
+                provider_message_id.as_deref(),
+                *cost_micro_usd,
+                detail.as_deref(),
+            ));
+        }
         let finished = sqlx::query(
-            "UPDATE delivery_attempts SET state = $3, provider_message_id = $4, \
-             cost_micro_usd = $5, detail = $6, finished_at = now() \
-             WHERE event_id = $1 AND attempt_no = $2",
+            "UPDATE delivery_attempts d SET state = f.state, \
+             provider_message_id = f.provider_message_id, cost_micro_usd = f.cost, \
+             detail = f.detail, finished_at = now() \
+             FROM UNNEST($1::text[], $2::int4[], $3::text[], $4::text[], $5::int8[], $6::text[]) \
+             AS f(event_id, attempt_no, state, provider_message_id, cost, detail) \
+             WHERE d.event_id = f.event_id AND d.attempt_no = f.attempt_no",
         )
-        .bind(event.as_str())
-        .bind(attempt_no)
-        .bind(state.as_str())
-        .bind(provider_message_id.as_deref())
-        .bind(cost_micro_usd)
-        .bind(detail.as_deref())
+        .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.3).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.4).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.5).collect::<Vec<_>>())
         .execute(self)
         .await
         .map_err(map_err)?
         .rows_affected();
-        Ok(finished == 1)
+        Ok(finished)
     }
 }

@@ -2,14 +2,12 @@
 //! its start (the group commit begins `IMMEDIATE`), so nothing needs a row lock; the
 //! process clock dates leases, stored in the fixed-width text form.
 
-use super::{AttemptRow, DeliverySql, LeaseRow};
+use super::{AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{
-    AttemptState, AttemptWrite, MessageStatus, MessageUpdate, NewMessage, SubscriberContacts,
-};
+use crate::model::{AttemptState, AttemptWrite, MessageStatus, NewMessage};
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
-use sqlx::SqliteConnection;
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use std::time::Duration;
 
 /// The stored form of now + `lease`; a lease too long to represent is refused.
@@ -23,118 +21,145 @@ fn deadline(lease: Duration) -> Result<String, StoreError> {
 
 #[async_trait::async_trait]
 impl DeliverySql for SqliteConnection {
-    async fn insert_message_if_absent(&mut self, message: &NewMessage) -> Result<bool, StoreError> {
-        let keys = serde_json::to_string(&message.variables_keys)
-            .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
-        let created_at = encode_timestamp(&message.created_at);
-        let inserted = sqlx::query(
-            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, priority, \
-             channel, status, test_mode, variables_keys, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
-        )
-        .bind(message.event_id.as_str())
-        .bind(message.workspace.as_str())
-        .bind(message.event_name.as_str())
-        .bind(message.subscriber_id.as_str())
-        .bind(message.category.as_deref())
-        .bind(message.priority)
-        .bind(message.channel.as_str())
-        .bind(message.status.as_str())
-        .bind(message.test_mode)
-        .bind(keys.as_str())
-        .bind(created_at.as_str())
-        .bind(created_at.as_str())
-        .execute(self)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(inserted == 1)
+    async fn insert_messages_if_absent(
+        &mut self,
+        messages: &[&NewMessage],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut encoded = Vec::with_capacity(messages.len());
+        for m in messages {
+            let keys = serde_json::to_string(&m.variables_keys)
+                .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
+            encoded.push((keys, encode_timestamp(&m.created_at)));
+        }
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
+             priority, channel, status, test_mode, variables_keys, created_at, updated_at) ",
+        );
+        query.push_values(messages.iter().zip(encoded), |mut row, (m, (keys, at))| {
+            row.push_bind(m.event_id.as_str())
+                .push_bind(m.workspace.as_str())
+                .push_bind(m.event_name.as_str())
+                .push_bind(m.subscriber_id.as_str())
+                .push_bind(m.category.as_deref())
+                .push_bind(m.priority)
+                .push_bind(m.channel.as_str())
+                .push_bind(m.status.as_str())
+                .push_bind(m.test_mode)
+                .push_bind(keys)
+                .push_bind(at.clone())
+                .push_bind(at);
+        });
+        query.push(" ON CONFLICT (event_id) DO NOTHING RETURNING event_id");
+        query
+            .build_query_scalar()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
-    async fn lock_subscriber(&mut self, _: &WorkspaceId, _: &str) -> Result<(), StoreError> {
+    async fn lock_subscribers(&mut self, _: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
         // The write lock, held since the transaction began, covers every row.
         Ok(())
     }
 
-    async fn lease_row(&mut self, event: &EventId) -> Result<LeaseRow, StoreError> {
-        sqlx::query_as(
-            "SELECT status, attempts, lease_owner, COALESCE(lease_until > ?, 0) AS leased \
-             FROM messages WHERE event_id = ?",
-        )
-        .bind(now_text())
-        .bind(event.as_str())
-        .fetch_one(self)
-        .await
-        .map_err(map_err)
+    async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "SELECT event_id, status, attempts, lease_owner, COALESCE(lease_until > ",
+        );
+        query.push_bind(now_text());
+        query.push(", 0) AS leased FROM messages WHERE event_id IN (");
+        let mut list = query.separated(", ");
+        for event in events {
+            list.push_bind(*event);
+        }
+        query.push(")");
+        query
+            .build_query_as()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
-    async fn take_lease(
+    async fn take_leases(
         &mut self,
-        event: &EventId,
-        owner: &str,
+        leases: &[(&str, &str)],
         lease: Duration,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE messages SET lease_owner = ?, lease_until = ? WHERE event_id = ?")
-            .bind(owner)
-            .bind(deadline(lease)?)
-            .bind(event.as_str())
-            .execute(self)
-            .await
-            .map_err(map_err)?;
+        let mut query = QueryBuilder::<Sqlite>::new("UPDATE messages SET lease_until = ");
+        query.push_bind(deadline(lease)?);
+        // A VALUES list names its columns column1, column2.
+        query.push(", lease_owner = l.column2 FROM (");
+        query.push_values(leases, |mut row, (event, owner)| {
+            row.push_bind(*event).push_bind(*owner);
+        });
+        query.push(") AS l WHERE messages.event_id = l.column1");
+        query.build().execute(self).await.map_err(map_err)?;
         Ok(())
     }
 
-    async fn insert_queued_entry(&mut self, event: &EventId) -> Result<(), StoreError> {
-        sqlx::query(
+    async fn insert_queued_entries(&mut self, events: &[&str]) -> Result<(), StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
             "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
              SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
-             FROM messages WHERE event_id = ?1 \
-             AND NOT EXISTS (SELECT 1 FROM message_events WHERE event_id = ?1)",
-        )
-        .bind(event.as_str())
-        .execute(self)
-        .await
-        .map_err(map_err)?;
+             FROM messages m WHERE NOT EXISTS \
+             (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id) AND event_id IN (",
+        );
+        let mut list = query.separated(", ");
+        for event in events {
+            list.push_bind(*event);
+        }
+        query.push(")");
+        query.build().execute(self).await.map_err(map_err)?;
         Ok(())
     }
 
-    async fn upsert_subscriber(
+    async fn upsert_subscribers(
         &mut self,
-        message: &NewMessage,
-        key: &str,
-        contacts: &SubscriberContacts,
-    ) -> Result<bool, StoreError> {
-        let tokens = if contacts.device_tokens.is_empty() {
-            None
-        } else {
-            Some(
-                serde_json::to_string(&contacts.device_tokens)
-                    .map_err(|e| StoreError::Other(format!("encoding device tokens: {e}")))?,
-            )
-        };
+        subscribers: &[SubscriberUpsert<'_>],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut tokens = Vec::with_capacity(subscribers.len());
+        for (_, _, _, contacts) in subscribers {
+            tokens.push(if contacts.device_tokens.is_empty() {
+                None
+            } else {
+                Some(
+                    serde_json::to_string(&contacts.device_tokens)
+                        .map_err(|e| StoreError::Other(format!("encoding device tokens: {e}")))?,
+                )
+            });
+        }
         let now = now_text();
-        // No row comes back when the conflicting row is a tombstone.
-        let upserted = sqlx::query(
-            "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, phone_masked, \
-             device_tokens, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
-             ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
+             phone_masked, device_tokens, created_at, updated_at) ",
+        );
+        query.push_values(
+            subscribers.iter().zip(tokens),
+            |mut row, ((workspace, key, id, contacts), tokens)| {
+                row.push_bind(workspace.as_str())
+                    .push_bind(*key)
+                    .push_bind(*id)
+                    .push_bind(contacts.email.as_deref())
+                    .push_bind(contacts.phone_masked.as_deref())
+                    .push_bind(tokens)
+                    .push_bind(now.clone())
+                    .push_bind(now.clone());
+            },
+        );
+        // No row comes back for a key whose row is a tombstone.
+        query.push(
+            " ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
              subscriber_id = excluded.subscriber_id, email = excluded.email, \
              phone_masked = excluded.phone_masked, device_tokens = excluded.device_tokens, \
              updated_at = excluded.updated_at \
              WHERE subscribers.deleted_at IS NULL \
-             RETURNING 1",
-        )
-        .bind(message.workspace.as_str())
-        .bind(key)
-        .bind(message.subscriber_id.as_str())
-        .bind(contacts.email.as_deref())
-        .bind(contacts.phone_masked.as_deref())
-        .bind(tokens)
-        .bind(now)
-        .fetch_optional(self)
-        .await
-        .map_err(map_err)?;
-        Ok(upserted.is_some())
+             RETURNING workspace_id, subscriber_key",
+        );
+        query
+            .build_query_as()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn mark_erased(
@@ -176,99 +201,129 @@ impl DeliverySql for SqliteConnection {
 
     async fn update_leased(
         &mut self,
-        event: &EventId,
-        owner: &str,
-        lease: Duration,
-        update: &MessageUpdate,
-    ) -> Result<bool, StoreError> {
-        let until = if update.release_lease {
-            None
-        } else {
-            Some(deadline(lease)?)
-        };
-        let updated = sqlx::query(
-            "UPDATE messages SET \
-             status = COALESCE(?1, status), attempts = COALESCE(?2, attempts), \
-             channel = COALESCE(?3, channel), provider = COALESCE(?4, provider), \
-             provider_message_id = COALESCE(?5, provider_message_id), \
-             cost_micro_usd = cost_micro_usd + ?6, \
-             error_code = COALESCE(?7, error_code), error_detail = COALESCE(?8, error_detail), \
-             updated_at = ?9, \
-             lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE lease_owner END, lease_until = ?10 \
-             WHERE event_id = ?11 AND lease_owner = ?12",
-        )
-        .bind(update.status.map(MessageStatus::as_str))
-        .bind(update.attempts)
-        .bind(update.channel.as_deref())
-        .bind(update.provider.as_deref())
-        .bind(update.provider_message_id.as_deref())
-        .bind(update.cost_add_micro_usd)
-        .bind(update.error_code.as_deref())
-        .bind(update.error_detail.as_deref())
-        .bind(now_text())
-        .bind(until)
-        .bind(event.as_str())
-        .bind(owner)
-        .execute(self)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(updated == 1)
+        updates: &[LeasedUpdate<'_>],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut until = Vec::with_capacity(updates.len());
+        for (_, _, lease, update) in updates {
+            until.push(if update.release_lease {
+                None
+            } else {
+                Some(deadline(*lease)?)
+            });
+        }
+        let mut query = QueryBuilder::<Sqlite>::new("UPDATE messages SET updated_at = ");
+        query.push_bind(now_text());
+        // A VALUES list names its columns column1, column2, ...
+        query.push(
+            ", status = COALESCE(u.column3, status), attempts = COALESCE(u.column4, attempts), \
+             channel = COALESCE(u.column5, channel), provider = COALESCE(u.column6, provider), \
+             provider_message_id = COALESCE(u.column7, provider_message_id), \
+             cost_micro_usd = cost_micro_usd + u.column8, \
+             error_code = COALESCE(u.column9, error_code), \
+             error_detail = COALESCE(u.column10, error_detail), \
+             lease_owner = CASE WHEN u.column11 IS NULL THEN NULL ELSE lease_owner END, \
+             lease_until = u.column11 FROM (",
+        );
+        query.push_values(
+            updates.iter().zip(until),
+            |mut row, ((event, owner, _, u), until)| {
+                row.push_bind(event.as_str())
+                    .push_bind(*owner)
+                    .push_bind(u.status.map(MessageStatus::as_str))
+                    .push_bind(u.attempts)
+                    .push_bind(u.channel.as_deref())
+                    .push_bind(u.provider.as_deref())
+                    .push_bind(u.provider_message_id.as_deref())
+                    .push_bind(u.cost_add_micro_usd)
+                    .push_bind(u.error_code.as_deref())
+                    .push_bind(u.error_detail.as_deref())
+                    .push_bind(until);
+            },
+        );
+        query.push(
+            ") AS u WHERE messages.event_id = u.column1 AND messages.lease_owner = u.column2 \
+             RETURNING event_id",
+        );
+        query
+            .build_query_scalar()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
-    async fn start_attempt(
+    async fn start_attempts(
         &mut self,
-        event: &EventId,
-        attempt_no: i32,
-        channel: &str,
-        provider: &str,
+        starts: &[(&EventId, i32, &str, &str)],
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, started_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(event.as_str())
-        .bind(attempt_no)
-        .bind(channel)
-        .bind(provider)
-        .bind(AttemptState::Started.as_str())
-        .bind(now_text())
-        .execute(self)
-        .await
-        .map_err(map_err)?;
+        let now = now_text();
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
+             started_at) ",
+        );
+        query.push_values(starts, |mut row, (event, attempt_no, channel, provider)| {
+            row.push_bind(event.as_str())
+                .push_bind(*attempt_no)
+                .push_bind(*channel)
+                .push_bind(*provider)
+                .push_bind(AttemptState::Started.as_str())
+                .push_bind(now.clone());
+        });
+        query.build().execute(self).await.map_err(map_err)?;
         Ok(())
     }
 
-    async fn finish_attempt(
+    async fn finish_attempts(
         &mut self,
-        event: &EventId,
-        attempt: &AttemptWrite,
-    ) -> Result<bool, StoreError> {
-        let AttemptWrite::Finish {
-            attempt_no,
-            state,
-            provider_message_id,
-            cost_micro_usd,
-            detail,
-        } = attempt
-        else {
-            return Ok(false);
-        };
-        let finished = sqlx::query(
-            "UPDATE delivery_attempts SET state = ?, provider_message_id = ?, cost_micro_usd = ?, \
-             detail = ?, finished_at = ? WHERE event_id = ? AND attempt_no = ?",
-        )
-        .bind(state.as_str())
-        .bind(provider_message_id.as_deref())
-        .bind(cost_micro_usd)
-        .bind(detail.as_deref())
-        .bind(now_text())
-        .bind(event.as_str())
-        .bind(attempt_no)
-        .execute(self)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(finished == 1)
+        finishes: &[(&EventId, &AttemptWrite)],
+    ) -> Result<u64, StoreError> {
+        let mut rows = Vec::with_capacity(finishes.len());
+        for (event, attempt) in finishes {
+            let AttemptWrite::Finish {
+                attempt_no,
+                state,
+                provider_message_id,
+                cost_micro_usd,
+                detail,
+            } = attempt
+            else {
+                return Ok(0);
+            };
+            rows.push((
+                event.as_str(),
+                *attempt_no,
+                state.as_str(),
+                provider_message_id.as_deref(),
+                *cost_micro_usd,
+                detail.as_deref(),
+            ));
+        }
+        let mut query = QueryBuilder::<Sqlite>::new("UPDATE delivery_attempts SET finished_at = ");
+        query.push_bind(now_text());
+        query.push(
+            ", state = f.column3, provider_message_id = f.column4, cost_micro_usd = f.column5, \
+             detail = f.column6 FROM (",
+        );
+        query.push_values(
+            rows,
+            |mut row, (event, attempt_no, state, id, cost, detail)| {
+                row.push_bind(event)
+                    .push_bind(attempt_no)
+                    .push_bind(state)
+                    .push_bind(id)
+                    .push_bind(cost)
+                    .push_bind(detail);
+            },
+        );
+        query.push(
+            ") AS f WHERE delivery_attempts.event_id = f.column1 \
+             AND delivery_attempts.attempt_no = f.column2",
+        );
+        let finished = query
+            .build()
+            .execute(self)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        Ok(finished)
     }
 }

@@ -125,6 +125,298 @@ pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
     );
 }
 
+/// Claims made together (gathered into one set-based batch) answer as they would one
+/// after the other: rows the claims insert get their one `queued` entry, a message
+/// leased elsewhere is busy, an erased subscriber's message is marked erased, recorded
+/// attempts come back, several messages of one subscriber share its row, and a message
+/// claimed twice in the batch has one winner.
+pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
+    let s = &*store;
+    let ws = s.ensure_workspace("batched-claims", None).await.unwrap();
+    let ingested: Vec<NewMessage> = (0..6)
+        .map(|i| NewMessage {
+            subscriber_id: if i < 3 {
+                "alice".into()
+            } else {
+                format!("user-{i}")
+            },
+            ..message(&ws.id, i)
+        })
+        .collect();
+    s.insert_messages(&ingested, &[]).await.unwrap();
+    // Not ingested: the claim writes the row.
+    let missing = NewMessage {
+        subscriber_id: "alice".into(),
+        created_at: now() - Duration::seconds(3),
+        ..message(&ws.id, 9)
+    };
+    // Leased by another worker.
+    let leased = &ingested[3];
+    claim(s, leased, "elsewhere", LONG_LEASE).await;
+    // An attempt recorded by an earlier delivery, its lease released.
+    let resumed = &ingested[4];
+    claim(s, resumed, "earlier", LONG_LEASE).await;
+    s.record_step(
+        &resumed.event_id,
+        "earlier",
+        LONG_LEASE,
+        &Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 1,
+                channel: "sms".into(),
+                provider: "prova".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(1),
+                release_lease: true,
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+    )
+    .await
+    .unwrap();
+    // An erased subscriber (who had a message before).
+    let erased = &ingested[5];
+    claim(s, erased, "earlier", SHORT_LEASE).await;
+    s.erase_subscriber(
+        &ws.id,
+        &erased.subscriber_id,
+        std::time::Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    // Its lease runs out.
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+
+    let mut batch: Vec<(&NewMessage, String)> = ingested
+        .iter()
+        .map(|m| (m, format!("w-{}", m.event_id)))
+        .collect();
+    batch.push((&missing, "w-missing".into()));
+    // The first message twice, by two owners: one of them wins.
+    batch.push((&ingested[0], "w-twin".into()));
+    let claims = futures::future::join_all(batch.iter().enumerate().map(|(i, (m, owner))| {
+        let contacts = contacts(&format!("alice-{i}@example.com"));
+        async move { s.claim_message(m, &contacts, owner, LONG_LEASE).await }
+    }))
+    .await;
+    let claims: Vec<Claim> = claims.into_iter().map(|c| c.expect("claim")).collect();
+    let fresh = Claim::Claimed(MessageSnapshot {
+        status: MessageStatus::Queued,
+        attempts: vec![],
+        erased: false,
+    });
+    for i in [1, 2, 6] {
+        assert_eq!(claims[i], fresh, "claim {i}");
+    }
+    let twins = [&claims[0], &claims[7]];
+    assert_eq!(
+        twins.iter().filter(|c| ***c == fresh).count(),
+        1,
+        "one of the twins wins: {twins:?}"
+    );
+    assert!(twins.contains(&&Claim::Busy), "{twins:?}");
+    assert_eq!(claims[3], Claim::Busy, "leased elsewhere");
+    match &claims[4] {
+        Claim::Claimed(snapshot) => {
+            assert_eq!(snapshot.attempts.len(), 1);
+            assert_eq!(snapshot.attempts[0].state, AttemptState::Started);
+            assert!(!snapshot.erased);
+        }
+        Claim::Busy => panic!("the released message was busy"),
+    }
+    match &claims[5] {
+        Claim::Claimed(snapshot) => assert!(snapshot.erased, "{snapshot:?}"),
+        Claim::Busy => panic!("the erased subscriber's message was busy"),
+    }
+    // One `queued` entry each, the claimed row included.
+    for m in ingested.iter().chain([&missing]) {
+        assert_eq!(
+            timeline_of(&get(s, &ws.id, &m.event_id).await),
+            vec![queued_entry(m)],
+            "{}",
+            m.event_id
+        );
+    }
+    assert_ingested(&get(s, &ws.id, &missing.event_id).await, &missing);
+    // The claims wrote alice's row: erasing her finds it.
+    let report = s
+        .erase_subscriber(&ws.id, "alice", std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(report.known);
+}
+
+/// Steps written together (one set-based batch) answer as they would one after the
+/// other: a step whose owner lost the lease conflicts and writes nothing, the others
+/// start and finish attempts, append their timeline entries in order, and a step
+/// recording a provider id applies the receipt that was waiting for it.
+pub(crate) async fn batched_steps(store: Arc<dyn Store>) {
+    let s = &*store;
+    let ws = s.ensure_workspace("batched-steps", None).await.unwrap();
+    let messages: Vec<NewMessage> = (0..4).map(|i| message(&ws.id, i)).collect();
+    s.insert_messages(&messages, &[]).await.unwrap();
+    for m in &messages {
+        claim(s, m, "w", LONG_LEASE).await;
+    }
+    // Message 2 has an attempt to finish; message 3's callback came early.
+    s.record_step(
+        &messages[2].event_id,
+        "w",
+        LONG_LEASE,
+        &Step {
+            attempt: Some(AttemptWrite::Start {
+                attempt_no: 1,
+                channel: "sms".into(),
+                provider: "provc".into(),
+            }),
+            message: MessageUpdate {
+                attempts: Some(1),
+                ..MessageUpdate::default()
+            },
+            timeline: vec![],
+        },
+    )
+    .await
+    .unwrap();
+    let early = super::super::receipts::tests::receipt(
+        "dlr_early.0",
+        "provc",
+        "SM-early",
+        None,
+        MessageStatus::Delivered,
+        Some(7),
+    );
+    assert_eq!(
+        s.apply_receipt(&early).await.unwrap(),
+        ReceiptOutcome::Pending
+    );
+    let t = now();
+    let sent = |id: &str| MessageUpdate {
+        status: Some(MessageStatus::Sent),
+        provider: Some("provc".into()),
+        provider_message_id: Some(id.into()),
+        cost_add_micro_usd: 5,
+        release_lease: true,
+        ..MessageUpdate::default()
+    };
+    let steps = [
+        // Message 0's lease is not this owner's.
+        (
+            &messages[0],
+            "intruder",
+            Step {
+                message: sent("SM-intruder"),
+                timeline: vec![entry(StepStatus::Sent, t, Some("provc"), None)],
+                ..Step::default()
+            },
+        ),
+        // Message 1 starts an attempt.
+        (
+            &messages[1],
+            "w",
+            Step {
+                attempt: Some(AttemptWrite::Start {
+                    attempt_no: 1,
+                    channel: "sms".into(),
+                    provider: "provd".into(),
+                }),
+                message: MessageUpdate {
+                    attempts: Some(1),
+                    channel: Some("sms".into()),
+                    provider: Some("provd".into()),
+                    ..MessageUpdate::default()
+                },
+                timeline: vec![],
+            },
+        ),
+        // Message 2 finishes its attempt, sent, with two entries.
+        (
+            &messages[2],
+            "w",
+            Step {
+                attempt: Some(AttemptWrite::Finish {
+                    attempt_no: 1,
+                    state: AttemptState::Sent,
+                    provider_message_id: Some("SM-2".into()),
+                    cost_micro_usd: 5,
+                    detail: None,
+                }),
+                message: sent("SM-2"),
+                timeline: vec![
+                    entry(StepStatus::Sent, t, Some("provc"), None),
+                    entry(StepStatus::Delivered, t, Some("provc"), None),
+                ],
+            },
+        ),
+        // Message 3 records the id its early receipt waits for.
+        (
+            &messages[3],
+            "w",
+            Step {
+                message: sent("SM-early"),
+                timeline: vec![entry(StepStatus::Sent, t, Some("provc"), None)],
+                ..Step::default()
+            },
+        ),
+    ];
+    let results = futures::future::join_all(
+        steps
+            .iter()
+            .map(|(m, owner, step)| s.record_step(&m.event_id, owner, LONG_LEASE, step)),
+    )
+    .await;
+    assert!(
+        matches!(results[0], Err(StoreError::Conflict(_))),
+        "{:?}",
+        results[0]
+    );
+    for (i, r) in results.iter().enumerate().skip(1) {
+        assert!(r.is_ok(), "step {i}: {r:?}");
+    }
+    let untouched = get(s, &ws.id, &messages[0].event_id).await;
+    assert_eq!(untouched.status, MessageStatus::Queued);
+    assert_eq!(untouched.provider_message_id, None);
+    assert_eq!(timeline_of(&untouched), vec![queued_entry(&messages[0])]);
+
+    let started = get(s, &ws.id, &messages[1].event_id).await;
+    assert_eq!(
+        (started.attempts, started.provider.as_deref()),
+        (1, Some("provd"))
+    );
+    // (Claimed again by its holder, which reads its attempts.)
+    let attempts = claim(s, &messages[1], "w", LONG_LEASE).await.attempts;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, AttemptState::Started);
+
+    let finished = get(s, &ws.id, &messages[2].event_id).await;
+    assert_eq!(finished.status, MessageStatus::Sent);
+    assert_eq!(finished.cost_micro_usd, 5);
+    let statuses: Vec<StepStatus> = finished
+        .timeline
+        .unwrap()
+        .iter()
+        .map(|e| e.status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [StepStatus::Queued, StepStatus::Sent, StepStatus::Delivered]
+    );
+    let attempts = attempts_of(s, &messages[2]).await;
+    assert_eq!(attempts[0].state, AttemptState::Sent);
+    assert_eq!(attempts[0].provider_message_id.as_deref(), Some("SM-2"));
+
+    // The early receipt applied in the step's transaction: DELIVERED, its cost.
+    let applied = get(s, &ws.id, &messages[3].event_id).await;
+    assert_eq!(applied.status, MessageStatus::Delivered);
+    assert_eq!(applied.cost_micro_usd, 7);
+    assert_eq!(
+        s.apply_receipt(&early).await.unwrap(),
+        ReceiptOutcome::Duplicate
+    );
+}
+
 /// Another owner's unexpired lease makes a claim busy and its steps conflicts (which
 /// write nothing); an expired lease is taken over; a step extends the lease; a
 /// released lease is free at once.

@@ -76,6 +76,15 @@ pub(crate) trait TimelineSql: Send {
         &mut self,
         event: &EventId,
         entries: &[NewTimelineEntry],
+    ) -> Result<(), StoreError> {
+        let rows: Vec<(&EventId, &NewTimelineEntry)> = entries.iter().map(|e| (event, e)).collect();
+        self.insert_timelines(&rows).await
+    }
+    /// `(event, entry)` appended to the events' timelines, in order (`seq` follows the
+    /// slice).
+    async fn insert_timelines(
+        &mut self,
+        entries: &[(&EventId, &NewTimelineEntry)],
     ) -> Result<(), StoreError>;
     /// Bumps `updated_at`; false when the message does not exist.
     async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError>;

@@ -83,36 +83,40 @@ impl MessagesSql for PgStore {
 
 #[async_trait::async_trait]
 impl TimelineSql for PgConnection {
-    async fn insert_timeline(
+    async fn insert_timelines(
         &mut self,
-        event: &EventId,
-        entries: &[NewTimelineEntry],
+        entries: &[(&EventId, &NewTimelineEntry)],
     ) -> Result<(), StoreError> {
         if entries.is_empty() {
             return Ok(());
         }
         let details = entries
             .iter()
-            .map(|e| e.detail.as_ref().map(encode_json).transpose())
+            .map(|(_, e)| e.detail.as_ref().map(encode_json).transpose())
             .collect::<Result<Vec<_>, _>>()?;
         sqlx::query(
             "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
-             SELECT $1, s, o, p, d::jsonb \
-             FROM UNNEST($2::text[], $3::timestamptz[], $4::text[], $5::text[]) \
-             WITH ORDINALITY AS u(s, o, p, d, ord) ORDER BY ord",
+             SELECT e, s, o, p, d::jsonb \
+             FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[]) \
+             WITH ORDINALITY AS u(e, s, o, p, d, ord) ORDER BY ord",
         )
-        .bind(event.as_str())
+        .bind(entries.iter().map(|(e, _)| e.as_str()).collect::<Vec<_>>())
         .bind(
             entries
                 .iter()
-                .map(|e| e.status.as_str())
+                .map(|(_, e)| e.status.as_str())
                 .collect::<Vec<_>>(),
         )
-        .bind(entries.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
         .bind(
             entries
                 .iter()
-                .map(|e| e.provider.as_deref())
+                .map(|(_, e)| e.occurred_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            entries
+                .iter()
+                .map(|(_, e)| e.provider.as_deref())
                 .collect::<Vec<_>>(),
         )
         .bind(details)

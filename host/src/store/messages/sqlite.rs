@@ -131,32 +131,41 @@ async fn insert_rows(
 
 #[async_trait::async_trait]
 impl TimelineSql for SqliteConnection {
-    async fn insert_timeline(
+    async fn insert_timelines(
         &mut self,
-        event: &EventId,
-        entries: &[NewTimelineEntry],
+        entries: &[(&EventId, &NewTimelineEntry)],
     ) -> Result<(), StoreError> {
-        // One row at a time: AUTOINCREMENT gives them increasing `seq`s.
-        for entry in entries {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut rows = Vec::with_capacity(entries.len());
+        for (event, entry) in entries {
             let detail = entry
                 .detail
                 .as_ref()
                 .map(serde_json::to_string)
                 .transpose()
                 .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
-            sqlx::query(
-                "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
-                 VALUES (?, ?, ?, ?, ?)",
-            )
-            .bind(event.as_str())
-            .bind(entry.status.as_str())
-            .bind(encode_timestamp(&entry.occurred_at))
-            .bind(entry.provider.as_deref())
-            .bind(detail)
-            .execute(&mut *self)
-            .await
-            .map_err(map_err)?;
+            rows.push((
+                event.as_str(),
+                entry,
+                encode_timestamp(&entry.occurred_at),
+                detail,
+            ));
         }
+        // The rows of one VALUES list are inserted in order: AUTOINCREMENT gives them
+        // increasing `seq`s.
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) ",
+        );
+        query.push_values(rows, |mut row, (event, entry, at, detail)| {
+            row.push_bind(event)
+                .push_bind(entry.status.as_str())
+                .push_bind(at)
+                .push_bind(entry.provider.as_deref())
+                .push_bind(detail);
+        });
+        query.build().execute(&mut *self).await.map_err(map_err)?;
         Ok(())
     }
 

@@ -91,17 +91,18 @@ pub(crate) struct TargetRow {
 /// write lock throughout).
 #[async_trait::async_trait]
 pub(crate) trait ReceiptsSql: TimelineSql {
-    /// Takes the transaction-scoped lock of one (provider, provider message id), where
+    /// Takes the transaction-scoped locks of (provider, provider message id)s, where
     /// the backend has row-level concurrency. Both a receipt and the step that records
     /// a provider id take it before the message row: without it, a receipt could look
     /// for its message just before the step commits the id while the step looks for
     /// pending receipts just before the receipt commits, and the receipt would stay
     /// pending for ever.
-    async fn lock_provider_message(
+    async fn lock_provider_messages(&mut self, keys: &[(&str, &str)]) -> Result<(), StoreError>;
+    /// Which of `keys` (provider, provider message id) have pending receipts.
+    async fn pending_keys(
         &mut self,
-        provider: &str,
-        provider_message_id: &str,
-    ) -> Result<(), StoreError>;
+        keys: &[(&str, &str)],
+    ) -> Result<Vec<(String, String)>, StoreError>;
     /// Stores the receipt as pending; false when its key is stored already.
     async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError>;
     /// The newest message of `provider` with `provider_message_id` (of `workspace`,
@@ -191,7 +192,7 @@ pub(crate) async fn apply<C: ReceiptsSql + ?Sized>(
     receipt: &ReceiptWrite,
 ) -> Result<ReceiptOutcome, StoreError> {
     // First, as a step recording a provider id does: the two cannot miss each other.
-    conn.lock_provider_message(&receipt.provider, &receipt.provider_message_id)
+    conn.lock_provider_messages(&[(&receipt.provider, &receipt.provider_message_id)])
         .await?;
     // A concurrent writer of the same key makes this wait for its commit, then do
     // nothing.
@@ -241,7 +242,7 @@ async fn settle<C: ReceiptsSql + ?Sized>(
 
 /// Applies, oldest first, the pending receipts of `provider`/`provider_message_id`
 /// that may match message `event` (locked), each against the status the previous one
-/// left. The caller took [`ReceiptsSql::lock_provider_message`] first.
+/// left. The caller took [`ReceiptsSql::lock_provider_messages`] first.
 pub(crate) async fn apply_pending<C: ReceiptsSql + ?Sized>(
     conn: &mut C,
     event: &EventId,

@@ -22,19 +22,36 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
 
 #[async_trait::async_trait]
 impl ReceiptsSql for PgConnection {
-    async fn lock_provider_message(
-        &mut self,
-        provider: &str,
-        provider_message_id: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3))")
-            .bind(RECEIPT_LOCK)
-            .bind(provider)
-            .bind(provider_message_id)
-            .execute(self)
-            .await
-            .map_err(map_err)?;
+    async fn lock_provider_messages(&mut self, keys: &[(&str, &str)]) -> Result<(), StoreError> {
+        // In the order of their hashes, whoever takes them: two batches cannot each hold
+        // a lock the other waits for. The fence (OFFSET 0) keeps the sort below the locks.
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock($1, h) FROM (SELECT DISTINCT hashtext(p || '/' || i) AS h \
+             FROM UNNEST($2::text[], $3::text[]) AS k(p, i) ORDER BY h OFFSET 0) AS locks",
+        )
+        .bind(RECEIPT_LOCK)
+        .bind(keys.iter().map(|(p, _)| *p).collect::<Vec<_>>())
+        .bind(keys.iter().map(|(_, i)| *i).collect::<Vec<_>>())
+        .execute(self)
+        .await
+        .map_err(map_err)?;
         Ok(())
+    }
+
+    async fn pending_keys(
+        &mut self,
+        keys: &[(&str, &str)],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        sqlx::query_as(
+            "SELECT DISTINCT r.provider, r.provider_message_id FROM receipts r \
+             JOIN UNNEST($1::text[], $2::text[]) AS k(p, i) \
+             ON r.provider = k.p AND r.provider_message_id = k.i WHERE r.state = 'pending'",
+        )
+        .bind(keys.iter().map(|(p, _)| *p).collect::<Vec<_>>())
+        .bind(keys.iter().map(|(_, i)| *i).collect::<Vec<_>>())
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
     }
 
     async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError> {

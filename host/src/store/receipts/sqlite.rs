@@ -8,7 +8,7 @@ use crate::receipts::ReceiptWrite;
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
-use sqlx::SqliteConnection;
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use std::time::Duration;
 
 /// Longest replay window kept (1,000 years, as the PostgreSQL store caps intervals).
@@ -21,9 +21,28 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
 
 #[async_trait::async_trait]
 impl ReceiptsSql for SqliteConnection {
-    async fn lock_provider_message(&mut self, _: &str, _: &str) -> Result<(), StoreError> {
+    async fn lock_provider_messages(&mut self, _: &[(&str, &str)]) -> Result<(), StoreError> {
         // The write lock, held since the transaction began, serialises them already.
         Ok(())
+    }
+
+    async fn pending_keys(
+        &mut self,
+        keys: &[(&str, &str)],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "SELECT DISTINCT provider, provider_message_id FROM receipts \
+             WHERE state = 'pending' AND (provider, provider_message_id) IN (",
+        );
+        query.push_values(keys, |mut row, (provider, id)| {
+            row.push_bind(*provider).push_bind(*id);
+        });
+        query.push(")");
+        query
+            .build_query_as()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError> {

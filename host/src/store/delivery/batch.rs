@@ -1,0 +1,124 @@
+//! Claims and steps gathered into set-based batches: concurrent deliveries' claims run
+//! as one [`claim_all`], their steps as one [`record_steps_all`], each batch one write
+//! of the store's group commit (see [`crate::store::coalesce`]).
+
+use super::{ClaimRequest, Delivery, DeliverySql, StepRequest, claim_all, record_steps_all};
+use crate::ids::EventId;
+use crate::model::{Claim, NewMessage, Step, SubscriberContacts};
+use crate::store::StoreError;
+use crate::store::coalesce::{BatchFn, Coalescer, set_based};
+use crate::store::group::{Conn, GroupCommit, Grouped};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most claims, or steps, written in one batch.
+const BATCH: usize = 64;
+
+/// A store whose claims and steps are gathered into set-based batches.
+pub(crate) trait Batches: Grouped {
+    /// The store's claim batches ([`claims`]).
+    fn claims(&self) -> &Coalescer<ClaimRequest, Claim>;
+    /// The store's step batches ([`steps`]).
+    fn steps(&self) -> &Coalescer<StepRequest, ()>;
+}
+
+/// Gathers claims into batches of [`claim_all`], `in_flight` at a time (see
+/// [`set_based`] for a message claimed twice in a batch, and for failures).
+pub(crate) fn claims<DB: sqlx::Database>(
+    group: Arc<GroupCommit<DB>>,
+    in_flight: usize,
+) -> Coalescer<ClaimRequest, Claim>
+where
+    DB::Connection: DeliverySql,
+{
+    fn all<'c, C: DeliverySql>(
+        conn: &'c mut C,
+        requests: &'c [ClaimRequest],
+    ) -> BoxFuture<'c, Result<Vec<Result<Claim, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            Ok(claim_all(conn, requests)
+                .await?
+                .into_iter()
+                .map(Ok)
+                .collect())
+        })
+    }
+    let run: BatchFn<ClaimRequest, Claim> = Arc::new(move |batch: Vec<ClaimRequest>| {
+        let group = group.clone();
+        Box::pin(async move {
+            set_based(
+                &group,
+                batch,
+                |r| r.message.event_id.clone(),
+                all::<DB::Connection>,
+            )
+            .await
+        })
+    });
+    Coalescer::start(BATCH, in_flight, run)
+}
+
+/// Gathers steps into batches of [`record_steps_all`], `in_flight` at a time.
+pub(crate) fn steps<DB: sqlx::Database>(
+    group: Arc<GroupCommit<DB>>,
+    in_flight: usize,
+) -> Coalescer<StepRequest, ()>
+where
+    DB::Connection: DeliverySql,
+{
+    fn all<'c, C: DeliverySql>(
+        conn: &'c mut C,
+        requests: &'c [StepRequest],
+    ) -> BoxFuture<'c, Result<Vec<Result<(), StoreError>>, StoreError>> {
+        Box::pin(record_steps_all(conn, requests))
+    }
+    let run: BatchFn<StepRequest, ()> = Arc::new(move |batch: Vec<StepRequest>| {
+        let group = group.clone();
+        Box::pin(async move {
+            set_based(&group, batch, |r| r.event.clone(), all::<DB::Connection>).await
+        })
+    });
+    Coalescer::start(BATCH, in_flight, run)
+}
+
+#[async_trait::async_trait]
+impl<T> Delivery for T
+where
+    T: Batches,
+    Conn<T>: DeliverySql,
+{
+    async fn claim_message(
+        &self,
+        message: &NewMessage,
+        contacts: &SubscriberContacts,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claims()
+            .submit(ClaimRequest {
+                message: message.clone(),
+                contacts: contacts.clone(),
+                owner: owner.to_string(),
+                lease,
+            })
+            .await
+    }
+
+    async fn record_step(
+        &self,
+        event: &EventId,
+        owner: &str,
+        lease: Duration,
+        step: &Step,
+    ) -> Result<(), StoreError> {
+        self.steps()
+            .submit(StepRequest {
+                event: event.clone(),
+                owner: owner.to_string(),
+                lease,
+                step: step.clone(),
+            })
+            .await
+    }
+}
