@@ -25,8 +25,12 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
 
 /// Opens every group-commit batch: a write waiting longer than this on a row lock fails
-/// alone (its caller retries it) rather than hold up its batch. One simple query.
-const LANE_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '2s'";
+/// alone (its caller retries it) rather than hold up its batch. And every statement is
+/// planned for its own arguments: the set-based statements take arrays, and a generic
+/// plan made while a table was small (a new database) scans the whole table for ever
+/// after instead of looking the rows up by index. One simple query.
+const LANE_BEGIN: &str =
+    "BEGIN; SET LOCAL lock_timeout = '2s'; SET LOCAL plan_cache_mode = force_custom_plan";
 
 /// Lanes committing delivery writes in parallel: each holds one connection while it
 /// commits, so concurrent batches keep the server busy without taking the pool.
