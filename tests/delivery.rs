@@ -1219,14 +1219,14 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
         accepted_at: chrono::Utc::now(),
         request,
     };
-    let dispatcher = switchboard::worker::dispatch::Dispatcher {
-        store: gw.state.ingest.store.clone(),
-        config: gw.state.config_cache.clone(),
-        plugins: gw.state.plugins.clone(),
-        owner: "wkr_same_process".into(),
-        lease: Duration::from_secs(30),
-        send_timeout: Duration::from_secs(5),
-    };
+    let dispatcher = switchboard::worker::dispatch::Dispatcher::new(
+        gw.state.ingest.store.clone(),
+        gw.state.config_cache.clone(),
+        gw.state.plugins.clone(),
+        "wkr_same_process".into(),
+        Duration::from_secs(30),
+        Duration::from_secs(5),
+    );
     let (a, b) = tokio::join!(dispatcher.dispatch(&envelope), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         dispatcher.dispatch(&envelope).await

@@ -238,14 +238,14 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
     // message over while the call is still running.
     let send_timeout =
         (state.plugins.runtime().config().http_timeout + Duration::from_secs(2)).min(lease / 2);
-    let dispatcher = worker::dispatch::Dispatcher {
-        store: state.ingest.store.clone(),
-        config: state.config_cache.clone(),
-        plugins: state.plugins.clone(),
-        owner: format!("wkr_{}", uuid::Uuid::new_v4().simple()),
+    let dispatcher = worker::dispatch::Dispatcher::new(
+        state.ingest.store.clone(),
+        state.config_cache.clone(),
+        state.plugins.clone(),
+        format!("wkr_{}", uuid::Uuid::new_v4().simple()),
         lease,
         send_timeout,
-    };
+    );
     worker::Worker::new(
         dispatcher,
         state.queue.clone(),

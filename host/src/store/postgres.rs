@@ -8,8 +8,10 @@
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
+use super::receipts::{self, ReceiptBatches};
 use super::{Store, StoreError};
 use crate::model::Claim;
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use sqlx::Postgres;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -43,6 +45,7 @@ pub struct PgStore {
     group: Arc<GroupCommit<Postgres>>,
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
+    receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
 }
 
 impl PgStore {
@@ -68,14 +71,16 @@ impl PgStore {
             },
         );
         let group = Arc::new(group);
-        // Two batches of claims (and of steps) at a time across the lanes, the next gathering meanwhile.
+        // Two batches of claims (and of steps, of receipts) at a time across the lanes, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 2));
         let steps = Arc::new(delivery::steps(group.clone(), 2));
+        let receipts = Arc::new(receipts::receipts(group.clone(), 2));
         Ok(Self {
             pool,
             group,
             claims,
             steps,
+            receipts,
         })
     }
 
@@ -123,6 +128,12 @@ impl Batches for PgStore {
 
     fn steps(&self) -> &Coalescer<StepRequest, ()> {
         &self.steps
+    }
+}
+
+impl ReceiptBatches for PgStore {
+    fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome> {
+        &self.receipts
     }
 }
 
@@ -349,6 +360,7 @@ mod tests {
         list_messages_filters_and_paging,
         delivery_stats_by_group,
         preferences_merge,
+        preferences_of_many,
         concurrent_preference_updates,
         erasure,
         erasure_scrubs_kept_messages_as_they_pass_the_window,
@@ -359,6 +371,7 @@ mod tests {
         receipts_apply_by_precedence,
         pending_receipts_apply_when_the_id_is_recorded,
         concurrent_receipts,
+        batched_receipts,
         receipts_race_the_provider_id,
         receipts_prune,
         plugin_versions_insert_and_list,

@@ -9,8 +9,10 @@
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
+use super::receipts::{self, ReceiptBatches};
 use super::{Store, StoreError};
 use crate::model::Claim;
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::Sqlite;
 use sqlx::sqlite::{
@@ -74,6 +76,7 @@ pub struct SqliteStore {
     group: Arc<GroupCommit<Sqlite>>,
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
+    receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
 }
 
 impl SqliteStore {
@@ -95,14 +98,16 @@ impl SqliteStore {
             .await
             .map_err(map_err)?;
         let group = writer(&pool);
-        // One lane: one batch of claims (and of steps) at a time, the next gathering meanwhile.
+        // One lane: one batch of claims (and of steps, of receipts) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
+        let receipts = Arc::new(receipts::receipts(group.clone(), 1));
         Ok(Self {
             pool,
             group,
             claims,
             steps,
+            receipts,
         })
     }
 
@@ -156,6 +161,12 @@ impl Batches for SqliteStore {
 
     fn steps(&self) -> &Coalescer<StepRequest, ()> {
         &self.steps
+    }
+}
+
+impl ReceiptBatches for SqliteStore {
+    fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome> {
+        &self.receipts
     }
 }
 
@@ -345,6 +356,7 @@ mod tests {
         list_messages_filters_and_paging,
         delivery_stats_by_group,
         preferences_merge,
+        preferences_of_many,
         concurrent_preference_updates,
         erasure,
         erasure_scrubs_kept_messages_as_they_pass_the_window,
@@ -355,6 +367,7 @@ mod tests {
         receipts_apply_by_precedence,
         pending_receipts_apply_when_the_id_is_recorded,
         concurrent_receipts,
+        batched_receipts,
         receipts_race_the_provider_id,
         receipts_prune,
         plugin_versions_insert_and_list,

@@ -395,12 +395,14 @@ pub(crate) use super::erasure::tests::{
     erasure, erasure_scrubs_kept_messages_as_they_pass_the_window,
 };
 pub(crate) use super::messages::tests::insert_messages_writes_queued_entries;
-pub(crate) use super::preferences::tests::{concurrent_preference_updates, preferences_merge};
+pub(crate) use super::preferences::tests::{
+    concurrent_preference_updates, preferences_merge, preferences_of_many,
+};
 pub(crate) use super::queries::tests::{
     delivery_stats_by_group, get_message_timeline, list_messages_filters_and_paging,
 };
 pub(crate) use super::receipts::tests::{
-    concurrent_receipts, concurrent_replay_reserves,
+    batched_receipts, concurrent_receipts, concurrent_replay_reserves,
     pending_receipts_apply_when_the_id_is_recorded, receipts_apply_by_precedence, receipts_prune,
     receipts_race_the_provider_id, replay_keys,
 };

@@ -9,6 +9,7 @@
 //! provider under the same idempotency key (the event id, which every bundled provider
 //! de-duplicates on), so the provider sees one message.
 
+use crate::ids::WorkspaceId;
 use crate::ingest::Envelope;
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, Claim, KeyMode, MessageStatus, MessageUpdate,
@@ -17,6 +18,7 @@ use crate::model::{
 use crate::plugins::registry::Registry;
 use crate::plugins::types;
 use crate::routing::{self, Channel};
+use crate::store::coalesce::{BatchFn, Coalescer};
 use crate::store::{Store, StoreError};
 use crate::voice;
 use crate::workflow::{self, BuildError, Workflow};
@@ -93,9 +95,45 @@ pub struct Dispatcher {
     pub lease: Duration,
     /// Longest one provider call may take, HTTP included.
     pub send_timeout: Duration,
+    /// Preferences, read for the deliveries starting together in one statement.
+    preferences: Coalescer<(WorkspaceId, String), Preferences>,
 }
 
+/// Most subscribers whose preferences are read in one statement.
+const PREFERENCES_BATCH: usize = 128;
+
 impl Dispatcher {
+    /// A dispatcher over `store`; `owner` names its leases, which last `lease`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: Arc<crate::config_cache::ConfigCache>,
+        plugins: Arc<Registry>,
+        owner: String,
+        lease: Duration,
+        send_timeout: Duration,
+    ) -> Self {
+        let reader = store.clone();
+        let read: BatchFn<(WorkspaceId, String), Preferences> = Arc::new(move |keys| {
+            let store = reader.clone();
+            Box::pin(async move {
+                match store.preferences_of(&keys).await {
+                    Ok(all) => all.into_iter().map(Ok).collect(),
+                    Err(e) => vec![Err(e); keys.len()],
+                }
+            })
+        });
+        Self {
+            store,
+            config,
+            plugins,
+            owner,
+            lease,
+            send_timeout,
+            // Reads run on the pool, several at once.
+            preferences: Coalescer::start(PREFERENCES_BATCH, 4, read),
+        }
+    }
+
     /// Takes the message through dispatch. Store errors are returned (the delivery is
     /// then retried); everything about the event itself ends in a recorded status.
     #[tracing::instrument(skip_all, fields(event_id = %envelope.event_id, workspace = %envelope.workspace_id))]
@@ -226,8 +264,8 @@ impl Run<'_> {
         // in the queue is honoured.
         let prefs = self
             .d
-            .store
-            .preferences(ws, &env.request.to.subscriber_id)
+            .preferences
+            .submit((ws.clone(), env.request.to.subscriber_id.clone()))
             .await?;
         let (channels, opted_out): (Vec<Channel>, Vec<Channel>) = env
             .channels

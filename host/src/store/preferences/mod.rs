@@ -9,6 +9,7 @@ use super::{StoreError, decode_json};
 use crate::ids::WorkspaceId;
 use crate::model::{PreferenceUpdate, Preferences};
 use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 
 mod postgres;
 mod sqlite;
@@ -33,7 +34,30 @@ pub trait SubscriberPreferences: Send + Sync {
         &self,
         workspace: &WorkspaceId,
         subscriber: &str,
-    ) -> Result<Preferences, StoreError>;
+    ) -> Result<Preferences, StoreError> {
+        let key = (workspace.clone(), subscriber.to_string());
+        let mut all = self.preferences_of(std::slice::from_ref(&key)).await?;
+        Ok(all.pop().unwrap_or_default())
+    }
+
+    /// The preferences of several subscribers, `(workspace, subscriber)`, in order,
+    /// read in one statement (one snapshot).
+    async fn preferences_of(
+        &self,
+        subscribers: &[(WorkspaceId, String)],
+    ) -> Result<Vec<Preferences>, StoreError>;
+}
+
+/// One stored preference: a channel's flag or a category's flags (JSON text), of the
+/// subscriber `(workspace_id, subscriber_id)`.
+#[derive(sqlx::FromRow)]
+pub(crate) struct PreferenceRow {
+    workspace_id: String,
+    subscriber_id: String,
+    channel: Option<String>,
+    enabled: Option<bool>,
+    category: Option<String>,
+    flags: Option<String>,
 }
 
 /// What each backend says in SQL; category flags travel as JSON text.
@@ -49,13 +73,12 @@ pub(crate) trait PreferencesSql: Send + Sync {
         channels: &[(&str, bool)],
         categories: &[(&str, String)],
     ) -> Result<DateTime<Utc>, StoreError>;
-    /// `(channel, enabled)` and `(category, flags)` rows, from one snapshot.
-    #[allow(clippy::type_complexity)]
+    /// The channel and category rows of the subscribers `(workspace, subscriber)`, in
+    /// one statement (one snapshot).
     async fn preference_rows(
         &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<(Vec<(String, bool)>, Vec<(String, String)>), StoreError>;
+        subscribers: &[(&str, &str)],
+    ) -> Result<Vec<PreferenceRow>, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -82,19 +105,41 @@ impl<T: PreferencesSql> SubscriberPreferences for T {
             .await
     }
 
-    async fn preferences(
+    async fn preferences_of(
         &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<Preferences, StoreError> {
-        let (channels, categories) = self.preference_rows(workspace, subscriber).await?;
-        let categories = categories
-            .into_iter()
-            .map(|(category, flags)| Ok((category, decode_json(&flags, "category flags")?)))
-            .collect::<Result<_, StoreError>>()?;
-        Ok(Preferences {
-            channels: channels.into_iter().collect(),
-            categories,
-        })
+        subscribers: &[(WorkspaceId, String)],
+    ) -> Result<Vec<Preferences>, StoreError> {
+        if subscribers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<(&str, &str)> = subscribers
+            .iter()
+            .map(|(w, s)| (w.as_str(), s.as_str()))
+            .collect();
+        let mut found: HashMap<(String, String), Preferences> = HashMap::new();
+        for row in self.preference_rows(&keys).await? {
+            let prefs = found
+                .entry((row.workspace_id, row.subscriber_id))
+                .or_default();
+            match (row.channel, row.enabled, row.category, row.flags) {
+                (Some(channel), Some(enabled), _, _) => {
+                    prefs.channels.insert(channel, enabled);
+                }
+                (_, _, Some(category), Some(flags)) => {
+                    let flags = decode_json(&flags, "category flags")?;
+                    prefs.categories.insert(category, flags);
+                }
+                _ => return Err(StoreError::Other("a preference row without a key".into())),
+            }
+        }
+        Ok(subscribers
+            .iter()
+            .map(|(w, s)| {
+                found
+                    .get(&(w.to_string(), s.clone()))
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect())
     }
 }

@@ -1,6 +1,6 @@
 //! [`PreferencesSql`] on PostgreSQL.
 
-use super::PreferencesSql;
+use super::{PreferenceRow, PreferencesSql};
 use crate::ids::WorkspaceId;
 use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
@@ -66,27 +66,22 @@ impl PreferencesSql for PgStore {
 
     async fn preference_rows(
         &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<(Vec<(String, bool)>, Vec<(String, String)>), StoreError> {
-        let channels = sqlx::query_as(
-            "SELECT channel, enabled FROM preference_channels \
-             WHERE workspace_id = $1 AND subscriber_id = $2",
+        subscribers: &[(&str, &str)],
+    ) -> Result<Vec<PreferenceRow>, StoreError> {
+        // One statement: one snapshot of both tables.
+        sqlx::query_as(
+            "WITH wanted AS (SELECT * FROM UNNEST($1::text[], $2::text[]) AS k(w, s)) \
+             SELECT c.workspace_id, c.subscriber_id, c.channel, c.enabled, NULL AS category, \
+             NULL AS flags FROM preference_channels c JOIN wanted \
+             ON c.workspace_id = wanted.w AND c.subscriber_id = wanted.s \
+             UNION ALL SELECT g.workspace_id, g.subscriber_id, NULL, NULL, g.category, \
+             g.flags::text FROM preference_categories g JOIN wanted \
+             ON g.workspace_id = wanted.w AND g.subscriber_id = wanted.s",
         )
-        .bind(workspace.as_str())
-        .bind(subscriber)
+        .bind(subscribers.iter().map(|(w, _)| *w).collect::<Vec<_>>())
+        .bind(subscribers.iter().map(|(_, s)| *s).collect::<Vec<_>>())
         .fetch_all(self.pool())
         .await
-        .map_err(map_err)?;
-        let categories = sqlx::query_as(
-            "SELECT category, flags::text FROM preference_categories \
-             WHERE workspace_id = $1 AND subscriber_id = $2",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(self.pool())
-        .await
-        .map_err(map_err)?;
-        Ok((channels, categories))
+        .map_err(map_err)
     }
 }

@@ -1,11 +1,12 @@
 //! [`PreferencesSql`] on SQLite. Times are written in the stored text form
 //! ([`encode_timestamp`]).
 
-use super::PreferencesSql;
+use super::{PreferenceRow, PreferencesSql};
 use crate::ids::WorkspaceId;
 use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
+use sqlx::{QueryBuilder, Sqlite};
 
 #[async_trait::async_trait]
 impl PreferencesSql for SqliteStore {
@@ -56,28 +57,25 @@ impl PreferencesSql for SqliteStore {
 
     async fn preference_rows(
         &self,
-        workspace: &WorkspaceId,
-        subscriber: &str,
-    ) -> Result<(Vec<(String, bool)>, Vec<(String, String)>), StoreError> {
-        // One snapshot for both tables.
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
-        let channels = sqlx::query_as(
-            "SELECT channel, enabled FROM preference_channels WHERE workspace_id = ? AND subscriber_id = ?",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let categories = sqlx::query_as(
-            "SELECT category, flags FROM preference_categories WHERE workspace_id = ? AND subscriber_id = ?",
-        )
-        .bind(workspace.as_str())
-        .bind(subscriber)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok((channels, categories))
+        subscribers: &[(&str, &str)],
+    ) -> Result<Vec<PreferenceRow>, StoreError> {
+        // One statement: one snapshot of both tables.
+        let mut query = QueryBuilder::<Sqlite>::new("WITH wanted (w, s) AS (");
+        query.push_values(subscribers, |mut row, (workspace, subscriber)| {
+            row.push_bind(*workspace).push_bind(*subscriber);
+        });
+        query.push(
+            ") SELECT workspace_id, subscriber_id, channel, enabled, NULL AS category, \
+             NULL AS flags FROM preference_channels JOIN wanted \
+             ON workspace_id = wanted.w AND subscriber_id = wanted.s \
+             UNION ALL SELECT workspace_id, subscriber_id, NULL, NULL, category, flags \
+             FROM preference_categories JOIN wanted \
+             ON workspace_id = wanted.w AND subscriber_id = wanted.s",
+        );
+        query
+            .build_query_as()
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)
     }
 }

@@ -4,6 +4,61 @@
 
 use crate::store::tests::*;
 
+/// Several subscribers' preferences in one read: each gets its own, in the order
+/// asked (the same one twice, too), a subscriber with none gets the defaults, and a
+/// namesake in another workspace is not mixed in.
+pub(crate) async fn preferences_of_many(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("prefs-many", None).await.unwrap();
+    let other = store
+        .ensure_workspace("prefs-many-other", None)
+        .await
+        .unwrap();
+    let alice = PreferenceUpdate {
+        channels: [("sms".to_string(), false)].into(),
+        categories: [("orders".to_string(), [("email".to_string(), false)].into())].into(),
+    };
+    let bob = PreferenceUpdate {
+        channels: [("push".to_string(), false), ("email".to_string(), true)].into(),
+        categories: Default::default(),
+    };
+    let elsewhere = PreferenceUpdate {
+        channels: [("voice".to_string(), false)].into(),
+        categories: [("news".to_string(), [("sms".to_string(), true)].into())].into(),
+    };
+    store
+        .update_preferences(&ws.id, "alice", &alice)
+        .await
+        .unwrap();
+    store.update_preferences(&ws.id, "bob", &bob).await.unwrap();
+    store
+        .update_preferences(&other.id, "alice", &elsewhere)
+        .await
+        .unwrap();
+    let of = |u: &PreferenceUpdate| Preferences {
+        channels: u.channels.clone(),
+        categories: u.categories.clone(),
+    };
+    let asked = [
+        (ws.id.clone(), "bob".to_string()),
+        (ws.id.clone(), "carol".to_string()),
+        (ws.id.clone(), "alice".to_string()),
+        (other.id.clone(), "alice".to_string()),
+        (ws.id.clone(), "bob".to_string()),
+    ];
+    assert_eq!(
+        store.preferences_of(&asked).await.unwrap(),
+        vec![
+            of(&bob),
+            Preferences::default(),
+            of(&alice),
+            of(&elsewhere),
+            of(&bob)
+        ]
+    );
+    assert_eq!(store.preferences_of(&[]).await.unwrap(), vec![]);
+}
+
 /// A one-level merge: channels set one by one, categories replaced wholesale, per
 /// subscriber and workspace.
 pub(crate) async fn preferences_merge(store: Arc<dyn Store>) {

@@ -8,13 +8,16 @@
 //! which each backend implements with SQL and bindings only (`postgres.rs`,
 //! `sqlite.rs`).
 
-use super::group::{Conn, Grouped};
+use super::coalesce::{BatchFn, Coalescer, set_based};
+use super::group::{Conn, GroupCommit, Grouped};
 use super::messages::TimelineSql;
 use super::{StoreError, decode_json, decode_status};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageStatus, NewTimelineEntry, StepStatus};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,8 +85,20 @@ pub(crate) struct ReceiptRow {
 /// A message's id and status.
 #[derive(sqlx::FromRow)]
 pub(crate) struct TargetRow {
+    /// Which receipt (1-based, in the order given) it is the target of.
+    ord: i64,
     event_id: String,
     status: String,
+}
+
+/// What a message takes from the receipts applied to it: the last one's status and
+/// error, and the last cost given (none: the cost stays).
+#[derive(Clone)]
+pub(crate) struct Advance<'a> {
+    pub status: MessageStatus,
+    pub cost_micro_usd: Option<i64>,
+    pub error_code: Option<&'a str>,
+    pub error_detail: Option<&'a str>,
 }
 
 /// Statements on one connection, inside a transaction. "Locked" means the backend
@@ -103,31 +118,28 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<Vec<(String, String)>, StoreError>;
-    /// Stores the receipt as pending; false when its key is stored already.
-    async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError>;
-    /// The newest message of `provider` with `provider_message_id` (of `workspace`,
-    /// when given), locked.
-    async fn receipt_target(
+    /// Stores the receipts as pending, except those whose key is stored already;
+    /// returns the keys stored.
+    async fn insert_receipts(
         &mut self,
-        provider: &str,
-        provider_message_id: &str,
-        workspace: Option<&WorkspaceId>,
-    ) -> Result<Option<TargetRow>, StoreError>;
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<String>, StoreError>;
+    /// For each receipt, the newest message of its provider with its provider message
+    /// id (of its workspace, when given), locked; receipts without one have no row.
+    async fn receipt_targets(
+        &mut self,
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<TargetRow>, StoreError>;
     /// The message's status.
     async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError>;
-    /// Moves the message to the receipt's status, cost (when given) and error.
-    async fn advance_message(
+    /// Moves each message (one row each) as its [`Advance`] says.
+    async fn advance_messages(
         &mut self,
-        event: &EventId,
-        receipt: &ReceiptWrite,
+        advances: &[(&EventId, Advance<'_>)],
     ) -> Result<(), StoreError>;
-    /// Marks a stored receipt `state` (applied or ignored) for message `event`.
-    async fn mark_receipt(
-        &mut self,
-        receipt_key: &str,
-        state: &str,
-        event: &EventId,
-    ) -> Result<(), StoreError>;
+    /// Marks stored receipts `(receipt_key, state, event)`: applied or ignored, for
+    /// that message.
+    async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError>;
     /// The pending receipts of `provider`/`provider_message_id` that may match message
     /// `event` (of no workspace, or of the message's), locked, oldest first (received,
     /// then insertion order).
@@ -186,32 +198,106 @@ impl TryFrom<ReceiptRow> for ReceiptWrite {
     }
 }
 
-/// [`Receipts::apply_receipt`] on `conn`, inside a transaction.
-pub(crate) async fn apply<C: ReceiptsSql + ?Sized>(
+/// [`Receipts::apply_receipt`] for several receipts at once, on `conn`, inside a
+/// transaction: each statement covers every receipt, and receipts for one message
+/// apply in the order given, each against the status the previous one left, as one
+/// after the other would. Their keys must be distinct.
+pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
     conn: &mut C,
-    receipt: &ReceiptWrite,
-) -> Result<ReceiptOutcome, StoreError> {
+    receipts: &[ReceiptWrite],
+) -> Result<Vec<ReceiptOutcome>, StoreError> {
     // First, as a step recording a provider id does: the two cannot miss each other.
-    conn.lock_provider_messages(&[(&receipt.provider, &receipt.provider_message_id)])
-        .await?;
-    // A concurrent writer of the same key makes this wait for its commit, then do
-    // nothing.
-    if !conn.insert_receipt(receipt).await? {
-        return Ok(ReceiptOutcome::Duplicate);
+    let mut locks: Vec<(&str, &str)> = receipts
+        .iter()
+        .map(|r| (r.provider.as_str(), r.provider_message_id.as_str()))
+        .collect();
+    locks.sort_unstable();
+    locks.dedup();
+    conn.lock_provider_messages(&locks).await?;
+    // A concurrent writer of the same key makes this wait for its commit; then the
+    // receipt is a duplicate.
+    let all: Vec<&ReceiptWrite> = receipts.iter().collect();
+    let stored: HashSet<String> = conn.insert_receipts(&all).await?.into_iter().collect();
+    let fresh: Vec<&ReceiptWrite> = all
+        .iter()
+        .copied()
+        .filter(|r| stored.contains(&r.receipt_key))
+        .collect();
+    let mut targets: Vec<Option<(EventId, MessageStatus)>> = vec![None; fresh.len()];
+    if !fresh.is_empty() {
+        for row in conn.receipt_targets(&fresh).await? {
+            let slot = usize::try_from(row.ord - 1)
+                .ok()
+                .and_then(|i| targets.get_mut(i))
+                .ok_or_else(|| StoreError::Other(format!("no receipt {}", row.ord)))?;
+            let event = EventId::parse(&row.event_id).map_err(super::corrupt)?;
+            *slot = Some((event, decode_status(&row.status)?));
+        }
     }
-    let target = conn
-        .receipt_target(
-            &receipt.provider,
-            &receipt.provider_message_id,
-            receipt.workspace.as_ref(),
-        )
-        .await?;
-    let Some(target) = target else {
-        return Ok(ReceiptOutcome::Pending);
-    };
-    let event = EventId::parse(&target.event_id).map_err(super::corrupt)?;
-    let current = decode_status(&target.status)?;
-    Ok(settle(conn, &event, current, receipt).await?.1)
+    // Each message's receipts in order, against the status the previous one left.
+    let mut current: HashMap<EventId, MessageStatus> = HashMap::new();
+    let mut outcome: HashMap<&str, ReceiptOutcome> = HashMap::new();
+    let mut advanced: Vec<(EventId, Advance<'_>)> = Vec::new();
+    let mut entries: Vec<(EventId, &NewTimelineEntry)> = Vec::new();
+    let mut marks: Vec<(&str, &str, EventId)> = Vec::new();
+    for (receipt, target) in fresh.iter().zip(targets) {
+        let Some((event, found)) = target else {
+            outcome.insert(&receipt.receipt_key, ReceiptOutcome::Pending);
+            continue;
+        };
+        let status = current.entry(event.clone()).or_insert(found);
+        let applied = crate::receipts::advances(*status, receipt.status);
+        if applied {
+            *status = receipt.status;
+            match advanced.iter_mut().find(|(e, _)| *e == event) {
+                Some((_, advance)) => {
+                    advance.status = receipt.status;
+                    advance.cost_micro_usd = receipt.cost_micro_usd.or(advance.cost_micro_usd);
+                    advance.error_code = receipt.error_code.as_deref();
+                    advance.error_detail = receipt.error_detail.as_deref();
+                }
+                None => advanced.push((event.clone(), advance_of(receipt))),
+            }
+            entries.push((event.clone(), &receipt.timeline));
+        }
+        let (state, result) = if applied {
+            ("applied", ReceiptOutcome::Applied(event.clone()))
+        } else {
+            ("ignored", ReceiptOutcome::Ignored(event.clone()))
+        };
+        marks.push((&receipt.receipt_key, state, event));
+        outcome.insert(&receipt.receipt_key, result);
+    }
+    if !advanced.is_empty() {
+        let rows: Vec<(&EventId, Advance<'_>)> =
+            advanced.iter().map(|(e, a)| (e, a.clone())).collect();
+        conn.advance_messages(&rows).await?;
+        let rows: Vec<(&EventId, &NewTimelineEntry)> =
+            entries.iter().map(|(e, entry)| (e, *entry)).collect();
+        conn.insert_timelines(&rows).await?;
+    }
+    if !marks.is_empty() {
+        let rows: Vec<(&str, &str, &EventId)> = marks.iter().map(|(k, s, e)| (*k, *s, e)).collect();
+        conn.mark_receipts(&rows).await?;
+    }
+    Ok(receipts
+        .iter()
+        .map(|r| {
+            outcome
+                .remove(r.receipt_key.as_str())
+                .unwrap_or(ReceiptOutcome::Duplicate)
+        })
+        .collect())
+}
+
+/// What one receipt gives its message (see [`Advance`]).
+fn advance_of(receipt: &ReceiptWrite) -> Advance<'_> {
+    Advance {
+        status: receipt.status,
+        cost_micro_usd: receipt.cost_micro_usd,
+        error_code: receipt.error_code.as_deref(),
+        error_detail: receipt.error_detail.as_deref(),
+    }
 }
 
 /// Applies a stored receipt to message `event`, locked and at `current`, by the rules
@@ -226,12 +312,13 @@ async fn settle<C: ReceiptsSql + ?Sized>(
 ) -> Result<(MessageStatus, ReceiptOutcome), StoreError> {
     let applied = crate::receipts::advances(current, receipt.status);
     if applied {
-        conn.advance_message(event, receipt).await?;
+        conn.advance_messages(&[(event, advance_of(receipt))])
+            .await?;
         conn.insert_timeline(event, std::slice::from_ref(&receipt.timeline))
             .await?;
     }
     let state = if applied { "applied" } else { "ignored" };
-    conn.mark_receipt(&receipt.receipt_key, state, event)
+    conn.mark_receipts(&[(&receipt.receipt_key, state, event)])
         .await?;
     Ok(if applied {
         (receipt.status, ReceiptOutcome::Applied(event.clone()))
@@ -264,10 +351,55 @@ pub(crate) async fn apply_pending<C: ReceiptsSql + ?Sized>(
     Ok(())
 }
 
+/// Most receipts applied in one batch.
+const BATCH: usize = 64;
+
+/// A store whose receipts are gathered into set-based batches ([`receipts`]).
+pub(crate) trait ReceiptBatches: Grouped {
+    /// The store's receipt batches.
+    fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome>;
+}
+
+/// Gathers receipts into batches of [`apply_all`], `in_flight` at a time (see
+/// [`set_based`] for a key twice in a batch, and for failures).
+pub(crate) fn receipts<DB: sqlx::Database>(
+    group: Arc<GroupCommit<DB>>,
+    in_flight: usize,
+) -> Coalescer<ReceiptWrite, ReceiptOutcome>
+where
+    DB::Connection: ReceiptsSql,
+{
+    fn all<'c, C: ReceiptsSql>(
+        conn: &'c mut C,
+        receipts: &'c [ReceiptWrite],
+    ) -> BoxFuture<'c, Result<Vec<Result<ReceiptOutcome, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            Ok(apply_all(conn, receipts)
+                .await?
+                .into_iter()
+                .map(Ok)
+                .collect())
+        })
+    }
+    let run: BatchFn<ReceiptWrite, ReceiptOutcome> = Arc::new(move |batch: Vec<ReceiptWrite>| {
+        let group = group.clone();
+        Box::pin(async move {
+            set_based(
+                &group,
+                batch,
+                |r| r.receipt_key.clone(),
+                all::<DB::Connection>,
+            )
+            .await
+        })
+    });
+    Coalescer::start(BATCH, in_flight, run)
+}
+
 #[async_trait::async_trait]
 impl<T> Receipts for T
 where
-    T: Grouped,
+    T: ReceiptBatches,
     Conn<T>: ReceiptsSql,
 {
     async fn reserve_replay(
@@ -296,13 +428,7 @@ where
     }
 
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
-        let receipt = Arc::new(receipt.clone());
-        self.group()
-            .run(Box::new(move |conn| {
-                let receipt = receipt.clone();
-                Box::pin(async move { apply(conn, &receipt).await })
-            }))
-            .await
+        self.receipts().submit(receipt.clone()).await
     }
 
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {

@@ -1,7 +1,7 @@
 //! [`ReceiptsSql`] on PostgreSQL: row locks (`FOR UPDATE`) and an advisory lock per
 //! provider message id keep concurrent receipts and steps apart.
 
-use super::{ReceiptRow, ReceiptsSql, TargetRow};
+use super::{Advance, ReceiptRow, ReceiptsSql, TargetRow};
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::ReceiptWrite;
 use crate::store::StoreError;
@@ -54,55 +54,128 @@ impl ReceiptsSql for PgConnection {
         .map_err(map_err)
     }
 
-    async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError> {
-        let detail = receipt
-            .timeline
-            .detail
-            .as_ref()
-            .map(encode_json)
-            .transpose()?;
-        let inserted = sqlx::query(
+    async fn insert_receipts(
+        &mut self,
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut details = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            details.push(r.timeline.detail.as_ref().map(encode_json).transpose()?);
+        }
+        sqlx::query_scalar(
             "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
              status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
              timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
-             received_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7, $8, $9, $10, $11, $12, \
-             $13::jsonb, now()) ON CONFLICT (receipt_key) DO NOTHING",
+             received_at) SELECT k, p, i, w, s, 'pending', o, c, ec, ed, ts, tat, tp, td::jsonb, \
+             now() FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+             $6::timestamptz[], $7::int8[], $8::text[], $9::text[], $10::text[], \
+             $11::timestamptz[], $12::text[], $13::text[]) WITH ORDINALITY \
+             AS r(k, p, i, w, s, o, c, ec, ed, ts, tat, tp, td, ord) ORDER BY ord \
+             ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
         )
-        .bind(&receipt.receipt_key)
-        .bind(&receipt.provider)
-        .bind(&receipt.provider_message_id)
-        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
-        .bind(receipt.status.as_str())
-        .bind(receipt.occurred_at)
-        .bind(receipt.cost_micro_usd)
-        .bind(receipt.error_code.as_deref())
-        .bind(receipt.error_detail.as_deref())
-        .bind(receipt.timeline.status.as_str())
-        .bind(receipt.timeline.occurred_at)
-        .bind(receipt.timeline.provider.as_deref())
-        .bind(detail)
-        .execute(self)
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.receipt_key.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.provider.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.provider_message_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.workspace.as_ref().map(WorkspaceId::as_str))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.status.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(receipts.iter().map(|r| r.occurred_at).collect::<Vec<_>>())
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.cost_micro_usd)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.error_code.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.error_detail.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.timeline.status.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.timeline.occurred_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.timeline.provider.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(details)
+        .fetch_all(self)
         .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(inserted == 1)
+        .map_err(map_err)
     }
 
-    async fn receipt_target(
+    async fn receipt_targets(
         &mut self,
-        provider: &str,
-        provider_message_id: &str,
-        workspace: Option<&WorkspaceId>,
-    ) -> Result<Option<TargetRow>, StoreError> {
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<TargetRow>, StoreError> {
         sqlx::query_as(
-            "SELECT event_id, status FROM messages WHERE provider = $1 \
-             AND provider_message_id = $2 AND ($3::text IS NULL OR workspace_id = $3) \
-             ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE",
+            "SELECT k.ord, t.event_id, t.status \
+             FROM UNNEST($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(p, i, w, ord) \
+             JOIN LATERAL (SELECT event_id, status FROM messages WHERE provider = k.p \
+             AND provider_message_id = k.i AND (k.w IS NULL OR workspace_id = k.w) \
+             ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE) AS t ON true",
         )
-        .bind(provider)
-        .bind(provider_message_id)
-        .bind(workspace.map(WorkspaceId::as_str))
-        .fetch_optional(self)
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.provider.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.provider_message_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.workspace.as_ref().map(WorkspaceId::as_str))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(self)
         .await
         .map_err(map_err)
     }
@@ -115,39 +188,61 @@ impl ReceiptsSql for PgConnection {
             .map_err(map_err)
     }
 
-    async fn advance_message(
+    async fn advance_messages(
         &mut self,
-        event: &EventId,
-        receipt: &ReceiptWrite,
+        advances: &[(&EventId, Advance<'_>)],
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE messages SET status = $2, cost_micro_usd = COALESCE($3, cost_micro_usd), \
-             error_code = $4, error_detail = $5, updated_at = now() WHERE event_id = $1",
+            "UPDATE messages m SET status = a.status, \
+             cost_micro_usd = COALESCE(a.cost, m.cost_micro_usd), error_code = a.error_code, \
+             error_detail = a.error_detail, updated_at = now() \
+             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[]) \
+             AS a(event_id, status, cost, error_code, error_detail) \
+             WHERE m.event_id = a.event_id",
         )
-        .bind(event.as_str())
-        .bind(receipt.status.as_str())
-        .bind(receipt.cost_micro_usd)
-        .bind(receipt.error_code.as_deref())
-        .bind(receipt.error_detail.as_deref())
+        .bind(advances.iter().map(|(e, _)| e.as_str()).collect::<Vec<_>>())
+        .bind(
+            advances
+                .iter()
+                .map(|(_, a)| a.status.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            advances
+                .iter()
+                .map(|(_, a)| a.cost_micro_usd)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            advances
+                .iter()
+                .map(|(_, a)| a.error_code)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            advances
+                .iter()
+                .map(|(_, a)| a.error_detail)
+                .collect::<Vec<_>>(),
+        )
         .execute(self)
         .await
         .map_err(map_err)?;
         Ok(())
     }
 
-    async fn mark_receipt(
-        &mut self,
-        receipt_key: &str,
-        state: &str,
-        event: &EventId,
-    ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE receipts SET state = $2, event_id = $3 WHERE receipt_key = $1")
-            .bind(receipt_key)
-            .bind(state)
-            .bind(event.as_str())
-            .execute(self)
-            .await
-            .map_err(map_err)?;
+    async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE receipts r SET state = k.state, event_id = k.event_id \
+             FROM UNNEST($1::text[], $2::text[], $3::text[]) AS k(receipt_key, state, event_id) \
+             WHERE r.receipt_key = k.receipt_key",
+        )
+        .bind(marks.iter().map(|(k, ..)| *k).collect::<Vec<_>>())
+        .bind(marks.iter().map(|(_, s, _)| *s).collect::<Vec<_>>())
+        .bind(marks.iter().map(|(.., e)| e.as_str()).collect::<Vec<_>>())
+        .execute(self)
+        .await
+        .map_err(map_err)?;
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! its start (the group commit begins `IMMEDIATE`), so receipts and the steps that
 //! record provider ids run one at a time and nothing needs a row lock.
 
-use super::{ReceiptRow, ReceiptsSql, TargetRow};
+use super::{Advance, ReceiptRow, ReceiptsSql, TargetRow};
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::ReceiptWrite;
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
@@ -45,59 +45,75 @@ impl ReceiptsSql for SqliteConnection {
             .map_err(map_err)
     }
 
-    async fn insert_receipt(&mut self, receipt: &ReceiptWrite) -> Result<bool, StoreError> {
-        let detail = receipt
-            .timeline
-            .detail
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
-        let inserted = sqlx::query(
-            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, status, \
-             state, occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, \
-             timeline_occurred_at, timeline_provider, timeline_detail, received_at) \
-             VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (receipt_key) DO NOTHING",
-        )
-        .bind(receipt.receipt_key.as_str())
-        .bind(receipt.provider.as_str())
-        .bind(receipt.provider_message_id.as_str())
-        .bind(receipt.workspace.as_ref().map(WorkspaceId::as_str))
-        .bind(receipt.status.as_str())
-        .bind(encode_timestamp(&receipt.occurred_at))
-        .bind(receipt.cost_micro_usd)
-        .bind(receipt.error_code.as_deref())
-        .bind(receipt.error_detail.as_deref())
-        .bind(receipt.timeline.status.as_str())
-        .bind(encode_timestamp(&receipt.timeline.occurred_at))
-        .bind(receipt.timeline.provider.as_deref())
-        .bind(detail)
-        .bind(now_text())
-        .execute(self)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(inserted == 1)
+    async fn insert_receipts(
+        &mut self,
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut details = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            details.push(
+                r.timeline
+                    .detail
+                    .as_ref()
+                    .map(serde_json::to_string)
+                    .transpose()
+                    .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?,
+            );
+        }
+        let now = now_text();
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
+             status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+             timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
+             received_at) ",
+        );
+        query.push_values(receipts.iter().zip(details), |mut row, (r, detail)| {
+            row.push_bind(r.receipt_key.as_str())
+                .push_bind(r.provider.as_str())
+                .push_bind(r.provider_message_id.as_str())
+                .push_bind(r.workspace.as_ref().map(WorkspaceId::as_str))
+                .push_bind(r.status.as_str())
+                .push("'pending'")
+                .push_bind(encode_timestamp(&r.occurred_at))
+                .push_bind(r.cost_micro_usd)
+                .push_bind(r.error_code.as_deref())
+                .push_bind(r.error_detail.as_deref())
+                .push_bind(r.timeline.status.as_str())
+                .push_bind(encode_timestamp(&r.timeline.occurred_at))
+                .push_bind(r.timeline.provider.as_deref())
+                .push_bind(detail)
+                .push_bind(now.clone());
+        });
+        query.push(" ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key");
+        query
+            .build_query_scalar()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
-    async fn receipt_target(
+    async fn receipt_targets(
         &mut self,
-        provider: &str,
-        provider_message_id: &str,
-        workspace: Option<&WorkspaceId>,
-    ) -> Result<Option<TargetRow>, StoreError> {
-        sqlx::query_as(
-            "SELECT event_id, status FROM messages WHERE provider = ?1 \
-             AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
-             ORDER BY created_at DESC, event_id DESC LIMIT 1",
-        )
-        .bind(provider)
-        .bind(provider_message_id)
-        .bind(workspace.map(WorkspaceId::as_str))
-        .fetch_optional(self)
-        .await
-        .map_err(map_err)
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<TargetRow>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new("WITH k (ord, p, i, w) AS (");
+        query.push_values(receipts.iter().enumerate(), |mut row, (n, r)| {
+            row.push_bind(n as i64 + 1)
+                .push_bind(r.provider.as_str())
+                .push_bind(r.provider_message_id.as_str())
+                .push_bind(r.workspace.as_ref().map(WorkspaceId::as_str));
+        });
+        query.push(
+            ") SELECT k.ord, m.event_id, m.status FROM k JOIN messages m ON m.event_id = \
+             (SELECT event_id FROM messages WHERE provider = k.p AND provider_message_id = k.i \
+             AND (k.w IS NULL OR workspace_id = k.w) \
+             ORDER BY created_at DESC, event_id DESC LIMIT 1)",
+        );
+        query
+            .build_query_as()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError> {
@@ -108,40 +124,40 @@ impl ReceiptsSql for SqliteConnection {
             .map_err(map_err)
     }
 
-    async fn advance_message(
+    async fn advance_messages(
         &mut self,
-        event: &EventId,
-        receipt: &ReceiptWrite,
+        advances: &[(&EventId, Advance<'_>)],
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE messages SET status = ?, cost_micro_usd = COALESCE(?, cost_micro_usd), \
-             error_code = ?, error_detail = ?, updated_at = ? WHERE event_id = ?",
-        )
-        .bind(receipt.status.as_str())
-        .bind(receipt.cost_micro_usd)
-        .bind(receipt.error_code.as_deref())
-        .bind(receipt.error_detail.as_deref())
-        .bind(now_text())
-        .bind(event.as_str())
-        .execute(self)
-        .await
-        .map_err(map_err)?;
+        let mut query = QueryBuilder::<Sqlite>::new("UPDATE messages SET updated_at = ");
+        query.push_bind(now_text());
+        // A VALUES list names its columns column1, column2, ...
+        query.push(
+            ", status = a.column2, cost_micro_usd = COALESCE(a.column3, cost_micro_usd), \
+             error_code = a.column4, error_detail = a.column5 FROM (",
+        );
+        query.push_values(advances, |mut row, (event, a)| {
+            row.push_bind(event.as_str())
+                .push_bind(a.status.as_str())
+                .push_bind(a.cost_micro_usd)
+                .push_bind(a.error_code)
+                .push_bind(a.error_detail);
+        });
+        query.push(") AS a WHERE messages.event_id = a.column1");
+        query.build().execute(self).await.map_err(map_err)?;
         Ok(())
     }
 
-    async fn mark_receipt(
-        &mut self,
-        receipt_key: &str,
-        state: &str,
-        event: &EventId,
-    ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE receipts SET state = ?, event_id = ? WHERE receipt_key = ?")
-            .bind(state)
-            .bind(event.as_str())
-            .bind(receipt_key)
-            .execute(self)
-            .await
-            .map_err(map_err)?;
+    async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "UPDATE receipts SET state = k.column2, event_id = k.column3 FROM (",
+        );
+        query.push_values(marks, |mut row, (key, state, event)| {
+            row.push_bind(*key)
+                .push_bind(*state)
+                .push_bind(event.as_str());
+        });
+        query.push(") AS k WHERE receipts.receipt_key = k.column1");
+        query.build().execute(self).await.map_err(map_err)?;
         Ok(())
     }
 

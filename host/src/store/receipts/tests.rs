@@ -533,6 +533,138 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
     );
 }
 
+/// Receipts applied together (one set-based batch) answer as one after the other
+/// would: several for one message apply in order, each against the status the one
+/// before left (the cost is the last one given, the error the last applied receipt's);
+/// a late one is ignored; one for an id nobody recorded stays pending; a key seen
+/// before, or twice in the batch, is a duplicate.
+pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
+    let s = &*store;
+    let ws = s.ensure_workspace("receipt-batch", None).await.unwrap();
+    let a = sent(s, &ws.id, 1, "provc", "SM-A").await;
+    let b = sent(s, &ws.id, 2, "provc", "SM-B").await;
+    let before = receipt(
+        "dlr_before.0",
+        "provd",
+        "SM-X",
+        None,
+        MessageStatus::Sent,
+        None,
+    );
+    assert_eq!(
+        s.apply_receipt(&before).await.unwrap(),
+        ReceiptOutcome::Pending
+    );
+    let soft = ReceiptWrite {
+        error_code: Some("MAILBOX_FULL".into()),
+        error_detail: Some("try later".into()),
+        ..receipt(
+            "dlr_b.1",
+            "provc",
+            "SM-B",
+            None,
+            MessageStatus::BouncedSoft,
+            Some(3),
+        )
+    };
+    let batch = [
+        receipt(
+            "dlr_a.1",
+            "provc",
+            "SM-A",
+            None,
+            MessageStatus::Delivered,
+            Some(9),
+        ),
+        receipt(
+            "dlr_a.2",
+            "provc",
+            "SM-A",
+            None,
+            MessageStatus::Sent,
+            Some(1),
+        ),
+        soft,
+        receipt("dlr_a.3", "provc", "SM-A", None, MessageStatus::Seen, None),
+        receipt(
+            "dlr_b.2",
+            "provc",
+            "SM-B",
+            None,
+            MessageStatus::Delivered,
+            None,
+        ),
+        receipt(
+            "dlr_c.1",
+            "provc",
+            "SM-nobody",
+            None,
+            MessageStatus::Delivered,
+            None,
+        ),
+        receipt(
+            "dlr_a.1",
+            "provc",
+            "SM-A",
+            None,
+            MessageStatus::Clicked,
+            None,
+        ),
+        before.clone(),
+    ];
+    let outcomes: Vec<ReceiptOutcome> =
+        futures::future::join_all(batch.iter().map(|r| s.apply_receipt(r)))
+            .await
+            .into_iter()
+            .map(|o| o.expect("apply_receipt"))
+            .collect();
+    use ReceiptOutcome::*;
+    assert_eq!(
+        outcomes,
+        vec![
+            Applied(a.event_id.clone()),
+            Ignored(a.event_id.clone()),
+            Applied(b.event_id.clone()),
+            Applied(a.event_id.clone()),
+            Applied(b.event_id.clone()),
+            Pending,
+            Duplicate,
+            Duplicate,
+        ]
+    );
+    let first = get(s, &ws.id, &a.event_id).await;
+    assert_eq!(first.status, MessageStatus::Seen);
+    assert_eq!(first.cost_micro_usd, 9, "the last cost given");
+    let steps: Vec<StepStatus> = timeline_of(&first).iter().map(|e| e.status).collect();
+    assert_eq!(
+        steps,
+        [
+            StepStatus::Queued,
+            StepStatus::Sent,
+            StepStatus::Delivered,
+            StepStatus::Delivered
+        ]
+    );
+    let second = get(s, &ws.id, &b.event_id).await;
+    assert_eq!(second.status, MessageStatus::Delivered);
+    assert_eq!(second.cost_micro_usd, 3);
+    assert_eq!(
+        (second.error_code.clone(), second.error_detail.clone()),
+        (None, None),
+        "the delivery replaced the soft bounce's error"
+    );
+    let steps: Vec<StepStatus> = timeline_of(&second).iter().map(|e| e.status).collect();
+    assert_eq!(
+        steps,
+        [
+            StepStatus::Queued,
+            StepStatus::Sent,
+            StepStatus::Failed,
+            StepStatus::Delivered
+        ]
+    );
+}
+
 /// Ten receipts for one message at once, of different ranks: they serialise, so the
 /// message ends at the highest rank and its timeline has one entry per receipt
 /// applied, in increasing rank.
