@@ -10,8 +10,8 @@
 //! (JetStream's duplicate window) after it was acknowledged: the ack moves the id, and
 //! nothing else, to `broker_seen (msg_id, acked_at)`, and a publish of an id found
 //! there is a duplicate (it counts as done, stores nothing). Entries older than that
-//! are pruned on each ack and at start-up. So de-duplication lasts at least as long as
-//! JetStream's, which counts its window from the publish.
+//! are pruned with each batch of acks and at start-up. So de-duplication lasts at
+//! least as long as JetStream's, which counts its window from the publish.
 //!
 //! Workers read it through [`WorkQueue`]; like a JetStream work-queue stream, a stream
 //! has one durable consumer (a second name is refused). Everything about a consumer
@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::StoreError;
-use crate::store::coalesce::{BatchFn, Coalescer};
+use crate::store::coalesce::Coalescer;
 use crate::store::group::GroupCommit;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -48,6 +48,10 @@ use super::{
     Broker, BrokerError, ConsumerSettings, Delivery, Publish, Settle, StreamClass, StreamNames,
     WorkQueue,
 };
+
+#[path = "embedded_writes.rs"]
+mod writes;
+use writes::{BATCHES, Batch, QueueRow, acks, publishes};
 
 /// How often an idle subscriber looks for rows published through another handle or
 /// process; publishes through this broker wake subscribers at once.
@@ -99,10 +103,10 @@ pub type QueuedMessage = (i64, String, String, Vec<u8>);
 #[derive(Clone)]
 pub struct EmbeddedBroker {
     pool: SqlitePool,
-    /// Every write to the queue goes through the file's one group commit.
-    writer: Arc<GroupCommit<Sqlite>>,
     /// Acks, gathered into one delete per batch.
     acks: Arc<Coalescer<i64, ()>>,
+    /// Publishes, gathered into one insert per batch.
+    publishes: Arc<Coalescer<Batch, ()>>,
     names: StreamNames,
     shared: Arc<Shared>,
 }
@@ -145,7 +149,7 @@ impl EmbeddedBroker {
         let broker = Self {
             pool,
             acks: Arc::new(acks(writer.clone())),
-            writer,
+            publishes: Arc::new(publishes(writer)),
             names,
             shared,
         };
@@ -249,47 +253,20 @@ impl EmbeddedBroker {
             .map_err(|err| BrokerError(format!("cannot decode the embedded queue {stream}: {err}")))
     }
 
-    /// Inserts the whole batch atomically (in the writer's next batch): all stored, or
-    /// none.
+    /// Inserts the whole batch atomically: all stored, or none. Batches published
+    /// at the same time are inserted together, in one write of the file's group commit.
     async fn insert_batch(&self, messages: &[Publish]) -> Result<(), StoreError> {
-        let rows: Arc<Vec<_>> = messages
+        let rows: Vec<QueueRow> = messages
             .iter()
-            .map(|m| {
-                let stream = self.names.stream(m.class).to_owned();
-                (
-                    stream,
-                    m.subject.clone(),
-                    m.msg_id.clone(),
-                    m.payload.clone(),
-                )
+            .map(|m| QueueRow {
+                stream: self.names.stream(m.class).to_owned(),
+                subject: m.subject.clone(),
+                msg_id: m.msg_id.clone(),
+                payload: m.payload.clone(),
             })
-            .collect::<Vec<_>>()
-            .into();
-        self.writer
-            .run(Box::new(move |conn| {
-                let rows = rows.clone();
-                Box::pin(async move {
-                    let insert = format!(
-                        "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at)
-                         SELECT ?1, ?2, ?3, ?4, {NOW}
-                         WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE msg_id = ?3)"
-                    );
-                    for (stream, subject, msg_id, payload) in rows.iter() {
-                        // OR IGNORE, and the `broker_seen` check: a message id stored or
-                        // recently acknowledged is a duplicate, which counts as done.
-                        sqlx::query(&insert)
-                            .bind(stream)
-                            .bind(subject)
-                            .bind(msg_id)
-                            .bind(payload.as_ref())
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(crate::store::sqlite::map_err)?;
-                    }
-                    Ok(())
-                })
-            }))
-            .await
+            .collect();
+        let number = BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.publishes.submit(Batch { number, rows }).await
     }
 }
 
@@ -577,53 +554,6 @@ impl Subscription {
             }
         }
     }
-}
-
-/// Most acks deleted in one batch.
-const ACK_BATCH: usize = 256;
-
-/// Gathers acks: each batch moves its messages' ids to `broker_seen`, deletes their
-/// rows and prunes `broker_seen`, atomically, in one write of the file's group commit.
-fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
-    let run: BatchFn<i64, ()> = Arc::new(move |seqs: Vec<i64>| {
-        let writer = writer.clone();
-        Box::pin(async move {
-            let count = seqs.len();
-            let seqs = Arc::new(seqs);
-            let done = writer
-                .run(Box::new(move |conn| {
-                    let seqs = seqs.clone();
-                    Box::pin(async move { delete_rows(conn, &seqs).await })
-                }))
-                .await;
-            vec![done; count]
-        })
-    });
-    Coalescer::start(ACK_BATCH, 1, run)
-}
-
-/// The statements of an ack batch (see [`acks`]).
-async fn delete_rows(conn: &mut sqlx::SqliteConnection, seqs: &[i64]) -> Result<(), StoreError> {
-    let map_err = crate::store::sqlite::map_err;
-    let list = vec!["?"; seqs.len()].join(", ");
-    let insert_sql = format!(
-        "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at) \
-         SELECT msg_id, {NOW} FROM broker_queue WHERE seq IN ({list})"
-    );
-    let delete_sql = format!("DELETE FROM broker_queue WHERE seq IN ({list})");
-    let mut insert = sqlx::query(&insert_sql);
-    let mut delete = sqlx::query(&delete_sql);
-    for seq in seqs {
-        insert = insert.bind(seq);
-        delete = delete.bind(seq);
-    }
-    insert.execute(&mut *conn).await.map_err(map_err)?;
-    delete.execute(&mut *conn).await.map_err(map_err)?;
-    sqlx::query(&prune_seen_sql())
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    Ok(())
 }
 
 /// Settles one embedded delivery.

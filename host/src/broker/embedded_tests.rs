@@ -83,6 +83,45 @@ async fn order_is_preserved_and_duplicates_ignored() {
     assert_eq!(critical[0].3, b"two");
 }
 
+/// Batches published at once are inserted together: each is stored whole, its rows
+/// in order, and an id another batch of the gathering also carries is stored once.
+#[tokio::test]
+async fn concurrent_batches_are_each_stored_whole_and_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = StreamNames::default();
+    let broker = EmbeddedBroker::open(pool(&dir.path().join("dev.db")).await, names.clone())
+        .await
+        .expect("open");
+    broker.setup().await.expect("setup");
+    let batches: Vec<Vec<Publish>> = (0..20)
+        .map(|b| {
+            (0..5)
+                .map(|i| {
+                    // Batch 19 repeats batch 0's ids.
+                    let id = format!("evt-{}-{i}", if b == 19 { 0 } else { b });
+                    message(&names, StreamClass::Bulk, "email", &id, &format!("{b}.{i}"))
+                })
+                .collect()
+        })
+        .collect();
+    let results =
+        futures::future::join_all(batches.iter().map(|batch| broker.publish_batch(batch))).await;
+    for r in results.iter().flatten() {
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let stored = broker.read(&names.bulk, 0, 1000).await.expect("read");
+    assert_eq!(stored.len(), 19 * 5, "batch 19's ids are duplicates");
+    for b in 0..19 {
+        let seqs: Vec<i64> = stored
+            .iter()
+            .filter(|(_, _, id, _)| id.starts_with(&format!("evt-{b}-")))
+            .map(|(seq, ..)| *seq)
+            .collect();
+        assert_eq!(seqs.len(), 5, "batch {b}");
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "batch {b} in order");
+    }
+}
+
 #[tokio::test]
 async fn read_pages_by_sequence() {
     let dir = tempfile::tempdir().expect("tempdir");

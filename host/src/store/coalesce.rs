@@ -224,6 +224,62 @@ mod tests {
         assert_eq!(sizes.lock().unwrap().as_slice(), &[1, 10]);
     }
 
+    /// A set-based write that fails (one bad request among good ones) is undone as a
+    /// whole, and every request is written again alone: the bad one gets its own
+    /// error, the others are stored once; a request repeated in the batch runs alone,
+    /// after it.
+    #[tokio::test]
+    async fn a_failed_batch_is_written_one_by_one() {
+        use sqlx::Executor;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("c.db"))
+            .await
+            .unwrap();
+        store
+            .pool()
+            .execute("CREATE TABLE kept (k INTEGER PRIMARY KEY CHECK (k >= 0))")
+            .await
+            .unwrap();
+        let group = store.writer();
+        fn all<'c>(
+            conn: &'c mut sqlx::SqliteConnection,
+            keys: &'c [i64],
+        ) -> BoxFuture<'c, Result<Vec<Result<i64, StoreError>>, StoreError>> {
+            Box::pin(async move {
+                let mut query = sqlx::QueryBuilder::new("INSERT INTO kept (k) ");
+                query.push_values(keys, |mut row, k| {
+                    row.push_bind(*k);
+                });
+                query
+                    .build()
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::store::sqlite::map_err)?;
+                Ok(keys.iter().map(|k| Ok(*k)).collect())
+            })
+        }
+        // -1 breaks the CHECK; the second 2 is a duplicate of the first.
+        let answers = set_based(&group, vec![1, -1, 2, 3, 2], |k| *k, all).await;
+        assert!(matches!(answers[0], Ok(1)), "{:?}", answers[0]);
+        assert!(
+            matches!(answers[1], Err(StoreError::Other(_))),
+            "{:?}",
+            answers[1]
+        );
+        assert!(matches!(answers[2], Ok(2)), "{:?}", answers[2]);
+        assert!(matches!(answers[3], Ok(3)), "{:?}", answers[3]);
+        assert!(
+            matches!(answers[4], Err(StoreError::Conflict(_))),
+            "the repeat ran after the batch: {:?}",
+            answers[4]
+        );
+        let kept: Vec<i64> = sqlx::query_scalar("SELECT k FROM kept ORDER BY k")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(kept, [1, 2, 3]);
+    }
+
     /// A batch function that answers fewer requests than it was given fails the rest
     /// rather than leaving them waiting; urgent requests run alone.
     #[tokio::test]

@@ -1,0 +1,133 @@
+//! The embedded queue's writes, gathered: publishes inserted and acks deleted in one
+//! write of the file's group commit per gathering (see [`crate::store::coalesce`]).
+
+use super::{NOW, prune_seen_sql};
+use crate::store::StoreError;
+use crate::store::coalesce::{BatchFn, Coalescer, set_based};
+use crate::store::group::GroupCommit;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use sqlx::Sqlite;
+use std::sync::Arc;
+
+/// A message to store in `broker_queue`.
+pub(super) struct QueueRow {
+    pub stream: String,
+    pub subject: String,
+    pub msg_id: String,
+    pub payload: Bytes,
+}
+
+/// One publish's rows, numbered so that batches gathered together stay apart.
+pub(super) struct Batch {
+    pub number: u64,
+    pub rows: Vec<QueueRow>,
+}
+
+/// Numbers publish batches.
+pub(super) static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Rows of one multi-row insert: four values each, within SQLite's limit on binds.
+const INSERT_ROWS: usize = crate::store::sqlite::MAX_BINDS / 4;
+
+/// Most publish batches inserted together.
+const PUBLISH_BATCHES: usize = 64;
+
+/// Gathers publish batches: each gathering is inserted by one write of the file's
+/// group commit (a failure there inserts each batch alone, so one batch's failure is
+/// only its own).
+pub(super) fn publishes(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<Batch, ()> {
+    fn all<'c>(
+        conn: &'c mut sqlx::SqliteConnection,
+        batches: &'c [Batch],
+    ) -> BoxFuture<'c, Result<Vec<Result<(), StoreError>>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<&QueueRow> = batches.iter().flat_map(|b| &b.rows).collect();
+            insert_rows(conn, &rows).await?;
+            Ok(batches.iter().map(|_| Ok(())).collect())
+        })
+    }
+    let run: BatchFn<Batch, ()> = Arc::new(move |batches: Vec<Batch>| {
+        let writer = writer.clone();
+        Box::pin(async move { set_based(&writer, batches, |b| b.number, all).await })
+    });
+    Coalescer::start(PUBLISH_BATCHES, 1, run)
+}
+
+/// Inserts `rows` in order (so their seqs follow it), skipping any whose message id is
+/// stored or was acknowledged recently: a duplicate, which counts as done.
+async fn insert_rows(
+    conn: &mut sqlx::SqliteConnection,
+    rows: &[&QueueRow],
+) -> Result<(), StoreError> {
+    for chunk in rows.chunks(INSERT_ROWS) {
+        let mut query = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at) \
+             SELECT column1, column2, column3, column4, ",
+        );
+        query.push(NOW);
+        query.push(" FROM (");
+        query.push_values(chunk, |mut row, r| {
+            row.push_bind(r.stream.as_str())
+                .push_bind(r.subject.as_str())
+                .push_bind(r.msg_id.as_str())
+                .push_bind(r.payload.as_ref());
+        });
+        query.push(
+            ") AS v WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE broker_seen.msg_id = v.column3)",
+        );
+        query
+            .build()
+            .execute(&mut *conn)
+            .await
+            .map_err(crate::store::sqlite::map_err)?;
+    }
+    Ok(())
+}
+
+/// Most acks deleted in one batch.
+const ACK_BATCH: usize = 256;
+
+/// Gathers acks: each batch moves its messages' ids to `broker_seen`, deletes their
+/// rows and prunes `broker_seen`, atomically, in one write of the file's group commit.
+pub(super) fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
+    let run: BatchFn<i64, ()> = Arc::new(move |seqs: Vec<i64>| {
+        let writer = writer.clone();
+        Box::pin(async move {
+            let count = seqs.len();
+            let seqs = Arc::new(seqs);
+            let done = writer
+                .run(Box::new(move |conn| {
+                    let seqs = seqs.clone();
+                    Box::pin(async move { delete_rows(conn, &seqs).await })
+                }))
+                .await;
+            vec![done; count]
+        })
+    });
+    Coalescer::start(ACK_BATCH, 1, run)
+}
+
+/// The statements of an ack batch (see [`acks`]).
+async fn delete_rows(conn: &mut sqlx::SqliteConnection, seqs: &[i64]) -> Result<(), StoreError> {
+    let map_err = crate::store::sqlite::map_err;
+    let list = vec!["?"; seqs.len()].join(", ");
+    let insert_sql = format!(
+        "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at) \
+         SELECT msg_id, {NOW} FROM broker_queue WHERE seq IN ({list})"
+    );
+    let delete_sql = format!("DELETE FROM broker_queue WHERE seq IN ({list})");
+    let mut insert = sqlx::query(&insert_sql);
+    let mut delete = sqlx::query(&delete_sql);
+    for seq in seqs {
+        insert = insert.bind(seq);
+        delete = delete.bind(seq);
+    }
+    insert.execute(&mut *conn).await.map_err(map_err)?;
+    delete.execute(&mut *conn).await.map_err(map_err)?;
+    sqlx::query(&prune_seen_sql())
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
