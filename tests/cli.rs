@@ -757,7 +757,7 @@ fn workflows_apply_and_list_round_trip_and_an_invalid_file_writes_nothing() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
         stdout,
-        "applied 2 workflows to workspace acme\nrunning workers follow within 1000 ms\n"
+        "applied 2 workflows to workspace acme\nrunning processes follow within 1000 ms\n"
     );
     let (code, listing, _) = on_dev(&data, &["workflows", "list", "--workspace", "acme"]);
     assert_eq!(code, 0);
@@ -994,7 +994,7 @@ fn admin_commands_and_the_worker_run_on_the_production_backends() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
         stdout,
-        "applied 1 workflows to workspace acme\nannounced to running workers over NATS\n"
+        "applied 1 workflows to workspace acme\nannounced to running processes over NATS\n"
     );
     let (_, listing, _) = run(&["workflows", "list", "--workspace", "acme"]);
     assert!(
@@ -1002,6 +1002,20 @@ fn admin_commands_and_the_worker_run_on_the_production_backends() {
             .lines()
             .any(|l| l.starts_with("otp ") && l.contains("sms")),
         "{listing}"
+    );
+    // A secret set is announced too: running gateways drop their cached secrets.
+    let (code, stdout, stderr) = run(&[
+        "webhooks",
+        "set-secret",
+        "--provider",
+        "provc",
+        "whsec_rotated_in_production",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.ends_with("announced to running processes over NATS\n")
+            && !stdout.contains("whsec_"),
+        "{stdout}"
     );
 
     let providers = dir.path().join("providers.yaml");

@@ -625,6 +625,7 @@ async fn tampered_and_unknown_callbacks_are_refused_and_retries_answered_again(b
         .put_webhook_secret("provc", Some(&other.id), "whsec_globex")
         .await
         .unwrap();
+    common::announce_config_change(&lp.state, "provc").await;
     let c_event = sent_message(&lp, "provc", "SMc-1").await;
     let c_body = br#"{"message_id":"SMc-1","status":"DELIVERED"}"#;
     let (s, e) = lp.post_signed("provc", "whsec_globex", c_body, now).await;
@@ -693,6 +694,7 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
         .put_webhook_secret("provc", Some(&globex.id), "whsec_globex")
         .await
         .unwrap();
+    common::announce_config_change(&lp.state, "provc").await;
     let now = now_secs();
     let body = br#"{"message_id":"SM-ws-1","status":"DELIVERED"}"#;
     let signed = native::sign("provc", "whsec_globex", body, now).unwrap();

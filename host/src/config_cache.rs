@@ -1,10 +1,11 @@
-//! Workspace configuration as the workers read it, cached: a delivery reads its
-//! workflow and its workspace's provider routes, which change rarely, from memory
-//! instead of from the database.
+//! Configuration as the hot paths read it, cached: a delivery reads its workflow and
+//! its workspace's provider routes, and a provider callback its provider's webhook
+//! secrets, which change rarely, from memory instead of from the database.
 //!
-//! A change is followed at once when it is announced (the CLI's `workflows apply` and
-//! `providers apply` announce on `broker.streams.config_subject`; every process running
-//! workers drops its cache on hearing it, and answers), and within [`CONFIG_TTL`]
+//! A change is followed at once when it is announced (the CLI's `workflows apply`,
+//! `providers apply` and `webhooks set-secret` announce on
+//! `broker.streams.config_subject`; every gateway and worker process drops its cache
+//! on hearing it, and answers), and within [`CONFIG_TTL`]
 //! otherwise: an entry is never served older than that, which is the safety net for a
 //! change made with the database alone or while the announcement was lost (and, with
 //! the embedded broker, for a CLI change: there is no cross-process channel).
@@ -12,7 +13,7 @@
 use crate::announce::Announcer;
 use crate::ids::WorkspaceId;
 use crate::model::ProviderRoute;
-use crate::store::{Configuration, StoreError};
+use crate::store::{Configuration, StoreError, WebhookSecret};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +32,8 @@ pub type Routes = Arc<BTreeMap<String, Vec<ProviderRoute>>>;
 
 type Map<K, V> = Mutex<HashMap<K, (Instant, V)>>;
 
-/// Workflows and provider routes, read through from a [`Configuration`] store.
+/// Workflows, provider routes and webhook secrets, read through from a
+/// [`Configuration`] store.
 pub struct ConfigCache {
     store: Arc<dyn Configuration>,
     ttl: Duration,
@@ -39,6 +41,7 @@ pub struct ConfigCache {
     generation: AtomicU64,
     workflows: Map<(WorkspaceId, String), Option<Arc<serde_json::Value>>>,
     routes: Map<WorkspaceId, Routes>,
+    secrets: Map<String, Arc<Vec<WebhookSecret>>>,
 }
 
 impl ConfigCache {
@@ -55,6 +58,7 @@ impl ConfigCache {
             generation: AtomicU64::new(0),
             workflows: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
+            secrets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -79,6 +83,18 @@ impl ConfigCache {
         .await
     }
 
+    /// Every webhook secret of `provider` (as [`Configuration::webhook_secrets`]
+    /// orders them).
+    pub async fn webhook_secrets(
+        &self,
+        provider: &str,
+    ) -> Result<Arc<Vec<WebhookSecret>>, StoreError> {
+        self.read_through(&self.secrets, provider.to_string(), async {
+            Ok(Arc::new(self.store.webhook_secrets(provider).await?))
+        })
+        .await
+    }
+
     /// How many times the cache was dropped so far.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
@@ -89,6 +105,7 @@ impl ConfigCache {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.workflows.lock().expect("cache lock").clear();
         self.routes.lock().expect("cache lock").clear();
+        self.secrets.lock().expect("cache lock").clear();
     }
 
     /// Drops the cache on every announced change until `stop` turns true.
@@ -252,6 +269,56 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        stop.send(true).unwrap();
+        follower.await.unwrap();
+    }
+
+    /// A rotated webhook secret: the old one verifies until the rotation is announced
+    /// (or the TTL runs out), the new one from then on.
+    #[tokio::test]
+    async fn webhook_secrets_follow_an_announced_rotation() {
+        let (_dir, store, ws) = store().await;
+        store
+            .put_webhook_secret("provc", None, "whsec_old")
+            .await
+            .unwrap();
+        let cache = ConfigCache::with_ttl(store.clone(), Duration::from_secs(60));
+        let announcer = Announcer::local();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let follower = tokio::spawn(cache.clone().follow(announcer.clone(), stopped));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let secrets = |all: &[WebhookSecret]| -> Vec<String> {
+            all.iter().map(|s| s.secret.clone()).collect()
+        };
+        assert_eq!(
+            secrets(&cache.webhook_secrets("provc").await.unwrap()),
+            ["whsec_old"]
+        );
+        store
+            .put_webhook_secret("provc", None, "whsec_new")
+            .await
+            .unwrap();
+        store
+            .put_webhook_secret("provc", Some(&ws), "whsec_ws")
+            .await
+            .unwrap();
+        assert_eq!(
+            secrets(&cache.webhook_secrets("provc").await.unwrap()),
+            ["whsec_old"],
+            "served from memory"
+        );
+        let before = cache.generation();
+        announcer.announce("provc").await;
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while cache.generation() == before {
+            assert!(Instant::now() < deadline, "announcement not followed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            secrets(&cache.webhook_secrets("provc").await.unwrap()),
+            ["whsec_ws", "whsec_new"]
+        );
+        assert!(cache.webhook_secrets("provd").await.unwrap().is_empty());
         stop.send(true).unwrap();
         follower.await.unwrap();
     }

@@ -200,8 +200,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let auth = Arc::new(auth::Authenticator::new(store.clone()));
     let plugins = Arc::new(registry);
     let metrics = Arc::new(metrics::Metrics::default());
+    let config_cache = config_cache::ConfigCache::new(store.clone());
     let webhooks = Arc::new(webhooks::Webhooks {
         store: store.clone(),
+        secrets: config_cache.clone(),
         broker: broker.clone(),
         streams: streams.clone(),
         plugins: plugins.clone(),
@@ -212,7 +214,6 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         in_flight: tokio::sync::Semaphore::new((config.plugins.max_instances as usize / 2).max(1)),
         failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
-    let config_cache = config_cache::ConfigCache::new(store.clone());
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
     Ok(AppState {
         plugins,
@@ -273,12 +274,6 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
 /// turns true.
 async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Receiver<bool>) {
     let receipts = tokio::spawn(receipt_consumer(&state).run(stop.clone()));
-    let config_follower = tokio::spawn(
-        state
-            .config_cache
-            .clone()
-            .follow(state.config_changes.clone(), stop.clone()),
-    );
     let scrubber = tokio::spawn(worker::erasure::run(
         state.ingest.store.clone(),
         state.config.erasure.audit_window(),
@@ -288,7 +283,19 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
     worker(&state).run(stop).await;
     let _ = receipts.await;
     let _ = scrubber.await;
-    let _ = config_follower.await;
+}
+
+/// Drops the configuration cache on every announced change, until `stop` turns true.
+fn follow_config_changes(
+    state: &AppState,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(
+        state
+            .config_cache
+            .clone()
+            .follow(state.config_changes.clone(), stop),
+    )
 }
 
 /// Runs only the delivery workers, the receipt consumer and the erasure scrubber
@@ -306,11 +313,13 @@ pub async fn run_worker(
         state.config.plugins.sync_every(),
         stopped.clone(),
     ));
+    let config_follower = follow_config_changes(&state, stopped.clone());
     let running = tokio::spawn(run_background_workers(state, stopped));
     shutdown.await;
     let _ = stop.send(true);
     running.await?;
     let _ = follower.await;
+    let _ = config_follower.await;
     Ok(())
 }
 
@@ -352,6 +361,8 @@ pub async fn serve(
         state.config.plugins.sync_every(),
         workers_stopped.clone(),
     ));
+    // Every process serving the API caches webhook secrets, workers or not.
+    let config_follower = follow_config_changes(&state, workers_stopped.clone());
     let dropbox = match &state.config.plugins.watch_dir {
         Some(dir) => Some(tokio::spawn(plugins::install::watch_dir(
             dir.clone(),
@@ -391,6 +402,7 @@ pub async fn serve(
         let _ = w.await;
     }
     let _ = follower.await;
+    let _ = config_follower.await;
     if let Some(d) = dropbox {
         d.abort();
     }

@@ -754,7 +754,7 @@ async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<
             let ws = admin::workspace(&*store, &workspace).await?;
             let n = admin::apply_workflows(&*store, &ws, &flows).await?;
             println!("applied {n} workflows to workspace {}", ws.name);
-            announce_config_change(&config, &ws).await;
+            announce_config_change(&config, ws.id.as_str()).await;
         }
         WorkflowsCommand::List { workspace, target } => {
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;
@@ -765,17 +765,18 @@ async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<
     Ok(ExitCode::SUCCESS)
 }
 
-/// Tells running workers that `ws`'s workflows or routes changed, and says how they
-/// will follow.
-async fn announce_config_change(config: &Config, ws: &switchboard::model::Workspace) {
+/// Tells running processes that configuration they cache changed (`what`: a
+/// workspace id, or a provider's slug for its webhook secrets), and says how they will
+/// follow.
+async fn announce_config_change(config: &Config, what: &str) {
     let subject = &config.broker.streams.config_subject;
     match switchboard::announce::Announcer::connect(config, subject).await {
         Some(announcer) => {
-            announcer.announce(ws.id.as_str()).await;
-            println!("announced to running workers over NATS");
+            announcer.announce(what).await;
+            println!("announced to running processes over NATS");
         }
         None => println!(
-            "running workers follow within {} ms",
+            "running processes follow within {} ms",
             switchboard::config_cache::CONFIG_TTL.as_millis()
         ),
     }
@@ -794,7 +795,7 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             let routes = admin::load_providers(&file, &plugins)?;
             let ws = admin::workspace(&*store, &workspace).await?;
             print!("{}", admin::apply_routes(&*store, &ws, &routes).await?);
-            announce_config_change(&config, &ws).await;
+            announce_config_change(&config, ws.id.as_str()).await;
         }
         ProvidersCommand::List { workspace, target } => {
             let config = target.apply(config);
@@ -824,7 +825,8 @@ async fn webhooks(command: WebhooksCommand, config: Config) -> anyhow::Result<Ex
             };
             // Checked before the database is opened; the error never repeats the secret.
             admin::webhook_secret_input(&provider, &secret)?;
-            let (store, _) = switchboard::open_store(&target.apply(config)).await?;
+            let config = target.apply(config);
+            let (store, _) = switchboard::open_store(&config).await?;
             let ws = match &workspace {
                 Some(name) => Some(admin::workspace(&*store, name).await?),
                 None => None,
@@ -833,6 +835,7 @@ async fn webhooks(command: WebhooksCommand, config: Config) -> anyhow::Result<Ex
                 "{}",
                 admin::webhook_secret_set(&*store, &provider, ws.as_ref(), &secret).await?
             );
+            announce_config_change(&config, &provider).await;
         }
         WebhooksCommand::List { provider, target } => {
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;

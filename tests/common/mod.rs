@@ -230,23 +230,20 @@ impl Drop for Private {
     }
 }
 
-/// Announces a workflow or route change written straight to the store, as the CLI
-/// does, and, when this gateway runs workers, waits until their cache has dropped what
-/// it held (so the next delivery reads the change); panics when they do not follow the
-/// announcement. (Worker processes of their own follow it over NATS, or within the
+/// Announces a workflow, route or webhook secret change written straight to the
+/// store, as the CLI does, and waits until this gateway's cache has dropped what it
+/// held (so the next delivery or callback reads the change); panics when it does not
+/// follow the announcement. (Other processes follow it over NATS, or within the
 /// cache's TTL.)
 #[allow(dead_code)]
 pub async fn announce_config_change(state: &switchboard::AppState, ws: &str) {
     let before = state.config_cache.generation();
     state.config_changes.announce(ws).await;
-    if !state.config.worker.enabled {
-        return;
-    }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     while state.config_cache.generation() == before {
         assert!(
             std::time::Instant::now() < deadline,
-            "the workers' configuration cache did not follow the announcement"
+            "the configuration cache did not follow the announcement"
         );
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }

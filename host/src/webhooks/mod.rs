@@ -69,8 +69,10 @@ pub struct Accepted {
 
 /// The webhook pipeline and its dependencies.
 pub struct Webhooks {
-    /// Webhook secrets and replay keys.
+    /// Replay keys (and workspaces named in callback URLs).
     pub store: Arc<dyn Store>,
+    /// Webhook secrets, cached (dropped on every announced change).
+    pub secrets: Arc<crate::config_cache::ConfigCache>,
     /// Where receipts are published.
     pub broker: Arc<dyn Broker>,
     /// The telemetry stream's names.
@@ -304,11 +306,12 @@ impl Webhooks {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Verified, WebhookError> {
-        let mut secrets = self
-            .store
+        let mut secrets: Vec<_> = self
+            .secrets
             .webhook_secrets(slug)
             .await
-            .map_err(|e| WebhookError::Internal(e.into()))?;
+            .map_err(|e| WebhookError::Internal(e.into()))?
+            .to_vec();
         // A callback URL that names its workspace is checked against that workspace's
         // secret and the provider-wide one only: one or two sandbox calls, however many
         // tenants there are. (An unknown name leaves only the provider-wide secret.)
