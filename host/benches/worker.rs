@@ -67,6 +67,8 @@ impl Bench {
         config.counters.key_prefix = format!("sbbench:{id}:");
         config.worker.enabled = false;
         config.worker.consumer = format!("wb{id}");
+        // Metrics are read from the state; a fixed port would clash with the set before.
+        config.metrics_listen = None;
         config.plugins.cache_dir =
             Some(std::env::temp_dir().join("switchboard-bench-plugin-cache"));
         config
@@ -76,11 +78,14 @@ impl Bench {
         let state = switchboard::build_state(config.clone()).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(switchboard::serve(
-            state.clone(),
-            listener,
-            std::future::pending(),
-        ));
+        let serving = switchboard::serve(state.clone(), listener, std::future::pending());
+        tokio::spawn(async move {
+            // Said at once: the next request would only see a refused connection.
+            match serving.await {
+                Ok(()) => eprintln!("the gateway stopped serving"),
+                Err(e) => eprintln!("the gateway stopped serving: {e:#}"),
+            }
+        });
         let ws = state
             .ingest
             .store
