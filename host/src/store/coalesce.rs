@@ -17,6 +17,7 @@ use super::StoreError;
 use super::group::GroupCommit;
 use futures::future::BoxFuture;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// Runs a batch of requests; answers them in order, one result each.
@@ -74,7 +75,8 @@ pub(crate) type SetFn<DB, Req, Resp> =
 /// Runs `batch` through `all` as one write of `group`. A request whose `key` came
 /// earlier in the batch (the same message twice) waits for the batch and runs alone
 /// after it. When the batch's write fails, each request runs alone, each its own
-/// group-commit write, so a failure is only its own.
+/// group-commit write, so a failure is only its own; when the transaction around it
+/// fails (begin, commit), every request gets that error, as it would have alone.
 pub(crate) async fn set_based<DB, Req, Resp, K>(
     group: &GroupCommit<DB>,
     batch: Vec<Req>,
@@ -97,10 +99,18 @@ where
     let (order, first): (Vec<usize>, Vec<Req>) = first.into_iter().unzip();
     let first = Arc::new(first);
     let shared = first.clone();
+    // Whether the write itself failed (its last run), as opposed to the transaction
+    // around it (begin or commit).
+    let refused = Arc::new(AtomicBool::new(false));
+    let flag = refused.clone();
     let written = group
         .run(Box::new(move |conn| {
-            let shared = shared.clone();
-            Box::pin(async move { all(conn, &shared).await })
+            let (shared, flag) = (shared.clone(), flag.clone());
+            Box::pin(async move {
+                let result = all(conn, &shared).await;
+                flag.store(result.is_err(), Ordering::SeqCst);
+                result
+            })
         }))
         .await;
     let alone: Vec<(usize, Arc<Vec<Req>>, usize)> = match written {
@@ -110,9 +120,18 @@ where
             }
             Vec::new()
         }
-        // A lone request's error is its answer.
-        Err(e) if first.len() == 1 => {
-            answers[order[0]] = Some(Err(e));
+        // A lone request's error is its answer. So is the error of a transaction that
+        // failed around the write (a commit that may even have happened) or of a
+        // database gone: writing each request again could apply twice what did commit,
+        // and would only fail again, slower.
+        Err(e)
+            if first.len() == 1
+                || !refused.load(Ordering::SeqCst)
+                || matches!(e, StoreError::Unavailable(_)) =>
+        {
+            for i in &order {
+                answers[*i] = Some(Err(e.clone()));
+            }
             Vec::new()
         }
         Err(e) => {
@@ -278,6 +297,53 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(kept, [1, 2, 3]);
+    }
+
+    /// A batch whose commit fails (a deferred check) gives every request that error
+    /// and is not written again one by one: a commit that fails may also have
+    /// happened, and writing again could apply twice what it did.
+    #[tokio::test]
+    async fn a_failed_commit_fails_the_whole_batch() {
+        use sqlx::Executor;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("c.db"))
+            .await
+            .unwrap();
+        store
+            .pool()
+            .execute(
+                "CREATE TABLE parent (k INTEGER PRIMARY KEY); INSERT INTO parent VALUES (1); \
+                 CREATE TABLE child (k INTEGER PRIMARY KEY, \
+                 p INTEGER REFERENCES parent (k) DEFERRABLE INITIALLY DEFERRED)",
+            )
+            .await
+            .unwrap();
+        let group = store.writer();
+        fn all<'c>(
+            conn: &'c mut sqlx::SqliteConnection,
+            rows: &'c [(i64, i64)],
+        ) -> BoxFuture<'c, Result<Vec<Result<(), StoreError>>, StoreError>> {
+            Box::pin(async move {
+                let mut query = sqlx::QueryBuilder::new("INSERT INTO child (k, p) ");
+                query.push_values(rows, |mut row, (k, p)| {
+                    row.push_bind(*k).push_bind(*p);
+                });
+                query
+                    .build()
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::store::sqlite::map_err)?;
+                Ok(rows.iter().map(|_| Ok(())).collect())
+            })
+        }
+        // Row 2 names no parent: accepted by the statement, refused at commit.
+        let answers = set_based(&group, vec![(1, 1), (2, 9), (3, 1)], |r| r.0, all).await;
+        assert!(answers.iter().all(Result::is_err), "{answers:?}");
+        let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM child")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(kept, 0, "nothing written again one by one");
     }
 
     /// A batch function that answers fewer requests than it was given fails the rest

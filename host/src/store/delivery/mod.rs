@@ -207,8 +207,11 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
     // Ingestion may not have written a row yet. When it has, it wrote the `queued`
     // entry with it.
     let messages: Vec<&NewMessage> = requests.iter().map(|r| &r.message).collect();
+    // Rows written in event id order, like the locks below: two batches meet in one order.
+    let mut by_id = messages.clone();
+    by_id.sort_unstable_by(|a, b| a.event_id.cmp(&b.event_id));
     let inserted: HashSet<String> = conn
-        .insert_messages_if_absent(&messages)
+        .insert_messages_if_absent(&by_id)
         .await?
         .into_iter()
         .collect();
@@ -363,10 +366,12 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
         conn.lock_provider_messages(&locks).await?;
     }
     // The message updates go first: they are the lease check, and take the row locks.
-    let updates: Vec<LeasedUpdate<'_>> = requests
+    // In event id order, the order claims lock the rows in.
+    let mut updates: Vec<LeasedUpdate<'_>> = requests
         .iter()
         .map(|r| (&r.event, r.owner.as_str(), r.lease, &r.step.message))
         .collect();
+    updates.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let updated: HashSet<String> = conn.update_leased(&updates).await?.into_iter().collect();
     let held: Vec<&StepRequest> = requests
         .iter()

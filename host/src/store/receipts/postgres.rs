@@ -62,12 +62,14 @@ impl ReceiptsSql for PgConnection {
         for r in receipts {
             details.push(r.timeline.detail.as_ref().map(encode_json).transpose()?);
         }
+        // `clock_timestamp()`, not the transaction's `now()`: receipts stored in one
+        // batch keep their arrival order, which pending receipts are applied in.
         sqlx::query_scalar(
             "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
              status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
              timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
              received_at) SELECT k, p, i, w, s, 'pending', o, c, ec, ed, ts, tat, tp, td::jsonb, \
-             now() FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+             clock_timestamp() FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
              $6::timestamptz[], $7::int8[], $8::text[], $9::text[], $10::text[], \
              $11::timestamptz[], $12::text[], $13::text[]) WITH ORDINALITY \
              AS r(k, p, i, w, s, o, c, ec, ed, ts, tat, tp, td, ord) ORDER BY ord \
