@@ -10,6 +10,7 @@
 
 pub mod dispatch;
 pub mod erasure;
+mod preferences;
 pub mod receipts;
 
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
