@@ -3,7 +3,7 @@
 
 use super::{NOW, prune_seen_sql};
 use crate::store::StoreError;
-use crate::store::coalesce::{BatchFn, Coalescer, set_based};
+use crate::store::coalesce::{BatchFn, Coalescer};
 use crate::store::group::GroupCommit;
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -47,11 +47,7 @@ pub(super) fn publishes(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<Batch, ()
             Ok(batches.iter().map(|_| Ok(())).collect())
         })
     }
-    let run: BatchFn<Batch, ()> = Arc::new(move |batches: Vec<Batch>| {
-        let writer = writer.clone();
-        Box::pin(async move { set_based(&writer, batches, |b| b.number, all).await })
-    });
-    Coalescer::start(PUBLISH_BATCHES, 1, run)
+    Coalescer::set_based(writer, PUBLISH_BATCHES, 1, |b| b.number, all)
 }
 
 /// Inserts `rows` in order (so their seqs follow it), skipping any whose message id is

@@ -47,6 +47,27 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
         Self { queue, run }
     }
 
+    /// Gathers requests into batches of at most `max`, each written through `all` as
+    /// one write of `group` ([`set_based`]), `in_flight` at a time.
+    pub(crate) fn set_based<DB, K>(
+        group: Arc<GroupCommit<DB>>,
+        max: usize,
+        in_flight: usize,
+        key: fn(&Req) -> K,
+        all: SetFn<DB, Req, Resp>,
+    ) -> Self
+    where
+        DB: sqlx::Database,
+        Req: Sync,
+        K: std::hash::Hash + Eq + Send + 'static,
+    {
+        let run: BatchFn<Req, Resp> = Arc::new(move |batch: Vec<Req>| {
+            let group = group.clone();
+            Box::pin(async move { set_based(&group, batch, key, all).await })
+        });
+        Self::start(max, in_flight, run)
+    }
+
     /// Runs `request` in the next batch and returns its answer.
     pub(crate) async fn submit(&self, request: Req) -> Result<Resp, StoreError> {
         if super::group::is_urgent() {
@@ -209,6 +230,17 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    /// A store on a fresh SQLite file, with `schema` run on it.
+    async fn scratch(schema: &str) -> (tempfile::TempDir, crate::store::sqlite::SqliteStore) {
+        use sqlx::Executor;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("c.db"))
+            .await
+            .unwrap();
+        store.pool().execute(schema).await.unwrap();
+        (dir, store)
+    }
+
     /// While one batch runs, the requests that arrive gather into the next, and each
     /// caller gets its own answer.
     #[tokio::test]
@@ -249,16 +281,8 @@ mod tests {
     /// after it.
     #[tokio::test]
     async fn a_failed_batch_is_written_one_by_one() {
-        use sqlx::Executor;
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("c.db"))
-            .await
-            .unwrap();
-        store
-            .pool()
-            .execute("CREATE TABLE kept (k INTEGER PRIMARY KEY CHECK (k >= 0))")
-            .await
-            .unwrap();
+        let (_dir, store) =
+            scratch("CREATE TABLE kept (k INTEGER PRIMARY KEY CHECK (k >= 0))").await;
         let group = store.writer();
         fn all<'c>(
             conn: &'c mut sqlx::SqliteConnection,
@@ -304,20 +328,12 @@ mod tests {
     /// happened, and writing again could apply twice what it did.
     #[tokio::test]
     async fn a_failed_commit_fails_the_whole_batch() {
-        use sqlx::Executor;
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("c.db"))
-            .await
-            .unwrap();
-        store
-            .pool()
-            .execute(
-                "CREATE TABLE parent (k INTEGER PRIMARY KEY); INSERT INTO parent VALUES (1); \
+        let (_dir, store) = scratch(
+            "CREATE TABLE parent (k INTEGER PRIMARY KEY); INSERT INTO parent VALUES (1); \
                  CREATE TABLE child (k INTEGER PRIMARY KEY, \
                  p INTEGER REFERENCES parent (k) DEFERRABLE INITIALLY DEFERRED)",
-            )
-            .await
-            .unwrap();
+        )
+        .await;
         let group = store.writer();
         fn all<'c>(
             conn: &'c mut sqlx::SqliteConnection,

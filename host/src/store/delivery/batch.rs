@@ -6,7 +6,7 @@ use super::{ClaimRequest, Delivery, DeliverySql, StepRequest, claim_all, record_
 use crate::ids::EventId;
 use crate::model::{Claim, NewMessage, Step, SubscriberContacts};
 use crate::store::StoreError;
-use crate::store::coalesce::{BatchFn, Coalescer, set_based};
+use crate::store::coalesce::Coalescer;
 use crate::store::group::{Conn, GroupCommit, Grouped};
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -24,7 +24,8 @@ pub(crate) trait Batches: Grouped {
 }
 
 /// Gathers claims into batches of [`claim_all`], `in_flight` at a time (see
-/// [`set_based`] for a message claimed twice in a batch, and for failures).
+/// [`crate::store::coalesce::set_based`] for a message claimed twice in a batch, and
+/// for failures).
 pub(crate) fn claims<DB: sqlx::Database>(
     group: Arc<GroupCommit<DB>>,
     in_flight: usize,
@@ -44,19 +45,13 @@ where
                 .collect())
         })
     }
-    let run: BatchFn<ClaimRequest, Claim> = Arc::new(move |batch: Vec<ClaimRequest>| {
-        let group = group.clone();
-        Box::pin(async move {
-            set_based(
-                &group,
-                batch,
-                |r| r.message.event_id.clone(),
-                all::<DB::Connection>,
-            )
-            .await
-        })
-    });
-    Coalescer::start(BATCH, in_flight, run)
+    Coalescer::set_based(
+        group,
+        BATCH,
+        in_flight,
+        |r| r.message.event_id.clone(),
+        all::<DB::Connection>,
+    )
 }
 
 /// Gathers steps into batches of [`record_steps_all`], `in_flight` at a time.
@@ -73,13 +68,13 @@ where
     ) -> BoxFuture<'c, Result<Vec<Result<(), StoreError>>, StoreError>> {
         Box::pin(record_steps_all(conn, requests))
     }
-    let run: BatchFn<StepRequest, ()> = Arc::new(move |batch: Vec<StepRequest>| {
-        let group = group.clone();
-        Box::pin(async move {
-            set_based(&group, batch, |r| r.event.clone(), all::<DB::Connection>).await
-        })
-    });
-    Coalescer::start(BATCH, in_flight, run)
+    Coalescer::set_based(
+        group,
+        BATCH,
+        in_flight,
+        |r| r.event.clone(),
+        all::<DB::Connection>,
+    )
 }
 
 #[async_trait::async_trait]

@@ -139,12 +139,8 @@ pub(crate) trait DeliverySql: ReceiptsSql {
         &mut self,
         starts: &[(&EventId, i32, &str, &str)],
     ) -> Result<(), StoreError>;
-    /// Finishes started attempts (each an [`AttemptWrite::Finish`]); returns how many
-    /// there were.
-    async fn finish_attempts(
-        &mut self,
-        finishes: &[(&EventId, &AttemptWrite)],
-    ) -> Result<u64, StoreError>;
+    /// Finishes started attempts; returns how many there were.
+    async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError>;
 }
 
 /// One subscriber row a claim writes: `(workspace, subscriber_key, subscriber_id)` and
@@ -153,6 +149,16 @@ pub(crate) type SubscriberUpsert<'a> = (&'a WorkspaceId, &'a str, &'a str, &'a S
 
 /// One lease-checked message update: `(event, owner, lease, update)`.
 pub(crate) type LeasedUpdate<'a> = (&'a EventId, &'a str, Duration, &'a MessageUpdate);
+
+/// An attempt's outcome as a step records it (an [`AttemptWrite::Finish`]).
+pub(crate) struct AttemptFinish<'a> {
+    event: &'a str,
+    attempt_no: i32,
+    state: &'a str,
+    provider_message_id: Option<&'a str>,
+    cost_micro_usd: i64,
+    detail: Option<&'a str>,
+}
 
 /// One step as [`Delivery::record_step`] takes it.
 #[derive(Clone)]
@@ -387,7 +393,20 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
                 channel,
                 provider,
             }) => starts.push((&r.event, *attempt_no, channel.as_str(), provider.as_str())),
-            Some(finish @ AttemptWrite::Finish { .. }) => finishes.push((&r.event, finish)),
+            Some(AttemptWrite::Finish {
+                attempt_no,
+                state,
+                provider_message_id,
+                cost_micro_usd,
+                detail,
+            }) => finishes.push(AttemptFinish {
+                event: r.event.as_str(),
+                attempt_no: *attempt_no,
+                state: state.as_str(),
+                provider_message_id: provider_message_id.as_deref(),
+                cost_micro_usd: *cost_micro_usd,
+                detail: detail.as_deref(),
+            }),
         }
     }
     if !starts.is_empty() {
@@ -395,13 +414,14 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
     }
     if !finishes.is_empty() && conn.finish_attempts(&finishes).await? < finishes.len() as u64 {
         // A worker bug: finishing an attempt it never started. Alone, the step says which.
-        let [(event, AttemptWrite::Finish { attempt_no, .. })] = finishes.as_slice() else {
+        let [finish] = finishes.as_slice() else {
             return Err(StoreError::Other(
                 "an attempt finished in a batch was never started".into(),
             ));
         };
         return Err(StoreError::Other(format!(
-            "attempt {attempt_no} of {event} was never started"
+            "attempt {} of {} was never started",
+            finish.attempt_no, finish.event
         )));
     }
     let entries: Vec<(&EventId, &NewTimelineEntry)> = held

@@ -1,9 +1,9 @@
 //! [`DeliverySql`] on PostgreSQL: the subscriber and message rows are locked with
 //! `FOR UPDATE`, subscriber first; the server's clock (`now()`) dates leases.
 
-use super::{AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
+use super::{AttemptFinish, AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{AttemptState, AttemptWrite, MessageStatus, MessageUpdate, NewMessage};
+use crate::model::{AttemptState, MessageStatus, MessageUpdate, NewMessage};
 use crate::store::StoreError;
 use crate::store::postgres::{encode_json, interval, map_err};
 use sqlx::PgConnection;
@@ -296,31 +296,7 @@ impl DeliverySql for PgConnection {
         Ok(())
     }
 
-    async fn finish_attempts(
-        &mut self,
-        finishes: &[(&EventId, &AttemptWrite)],
-    ) -> Result<u64, StoreError> {
-        let mut rows = Vec::with_capacity(finishes.len());
-        for (event, attempt) in finishes {
-            let AttemptWrite::Finish {
-                attempt_no,
-                state,
-                provider_message_id,
-                cost_micro_usd,
-                detail,
-            } = attempt
-            else {
-                return Ok(0);
-            };
-            rows.push((
-                event.as_str(),
-                *attempt_no,
-                state.as_str(),
-                provider_message_id.as_deref(),
-                *cost_micro_usd,
-                detail.as_deref(),
-            ));
-        }
+    async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
         let finished = sqlx::query(
             "UPDATE delivery_attempts d SET state = f.state, \
              provider_message_id = f.provider_message_id, cost_micro_usd = f.cost, \
@@ -329,12 +305,22 @@ impl DeliverySql for PgConnection {
              AS f(event_id, attempt_no, state, provider_message_id, cost, detail) \
              WHERE d.event_id = f.event_id AND d.attempt_no = f.attempt_no",
         )
-        .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.3).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.4).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.5).collect::<Vec<_>>())
+        .bind(finishes.iter().map(|f| f.event).collect::<Vec<_>>())
+        .bind(finishes.iter().map(|f| f.attempt_no).collect::<Vec<_>>())
+        .bind(finishes.iter().map(|f| f.state).collect::<Vec<_>>())
+        .bind(
+            finishes
+                .iter()
+                .map(|f| f.provider_message_id)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            finishes
+                .iter()
+                .map(|f| f.cost_micro_usd)
+                .collect::<Vec<_>>(),
+        )
+        .bind(finishes.iter().map(|f| f.detail).collect::<Vec<_>>())
         .execute(self)
         .await
         .map_err(map_err)?

@@ -2,9 +2,9 @@
 //! its start (the group commit begins `IMMEDIATE`), so nothing needs a row lock; the
 //! process clock dates leases, stored in the fixed-width text form.
 
-use super::{AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
+use super::{AttemptFinish, AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{AttemptState, AttemptWrite, MessageStatus, NewMessage};
+use crate::model::{AttemptState, MessageStatus, NewMessage};
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
@@ -272,48 +272,21 @@ impl DeliverySql for SqliteConnection {
         Ok(())
     }
 
-    async fn finish_attempts(
-        &mut self,
-        finishes: &[(&EventId, &AttemptWrite)],
-    ) -> Result<u64, StoreError> {
-        let mut rows = Vec::with_capacity(finishes.len());
-        for (event, attempt) in finishes {
-            let AttemptWrite::Finish {
-                attempt_no,
-                state,
-                provider_message_id,
-                cost_micro_usd,
-                detail,
-            } = attempt
-            else {
-                return Ok(0);
-            };
-            rows.push((
-                event.as_str(),
-                *attempt_no,
-                state.as_str(),
-                provider_message_id.as_deref(),
-                *cost_micro_usd,
-                detail.as_deref(),
-            ));
-        }
+    async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
         let mut query = QueryBuilder::<Sqlite>::new("UPDATE delivery_attempts SET finished_at = ");
         query.push_bind(now_text());
         query.push(
             ", state = f.column3, provider_message_id = f.column4, cost_micro_usd = f.column5, \
              detail = f.column6 FROM (",
         );
-        query.push_values(
-            rows,
-            |mut row, (event, attempt_no, state, id, cost, detail)| {
-                row.push_bind(event)
-                    .push_bind(attempt_no)
-                    .push_bind(state)
-                    .push_bind(id)
-                    .push_bind(cost)
-                    .push_bind(detail);
-            },
-        );
+        query.push_values(finishes, |mut row, f| {
+            row.push_bind(f.event)
+                .push_bind(f.attempt_no)
+                .push_bind(f.state)
+                .push_bind(f.provider_message_id)
+                .push_bind(f.cost_micro_usd)
+                .push_bind(f.detail);
+        });
         query.push(
             ") AS f WHERE delivery_attempts.event_id = f.column1 \
              AND delivery_attempts.attempt_no = f.column2",

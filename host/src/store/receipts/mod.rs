@@ -8,7 +8,7 @@
 //! which each backend implements with SQL and bindings only (`postgres.rs`,
 //! `sqlite.rs`).
 
-use super::coalesce::{BatchFn, Coalescer, set_based};
+use super::coalesce::Coalescer;
 use super::group::{Conn, GroupCommit, Grouped};
 use super::messages::TimelineSql;
 use super::{StoreError, decode_json, decode_status};
@@ -361,7 +361,7 @@ pub(crate) trait ReceiptBatches: Grouped {
 }
 
 /// Gathers receipts into batches of [`apply_all`], `in_flight` at a time (see
-/// [`set_based`] for a key twice in a batch, and for failures).
+/// [`super::coalesce::set_based`] for a key twice in a batch, and for failures).
 pub(crate) fn receipts<DB: sqlx::Database>(
     group: Arc<GroupCommit<DB>>,
     in_flight: usize,
@@ -381,19 +381,13 @@ where
                 .collect())
         })
     }
-    let run: BatchFn<ReceiptWrite, ReceiptOutcome> = Arc::new(move |batch: Vec<ReceiptWrite>| {
-        let group = group.clone();
-        Box::pin(async move {
-            set_based(
-                &group,
-                batch,
-                |r| r.receipt_key.clone(),
-                all::<DB::Connection>,
-            )
-            .await
-        })
-    });
-    Coalescer::start(BATCH, in_flight, run)
+    Coalescer::set_based(
+        group,
+        BATCH,
+        in_flight,
+        |r| r.receipt_key.clone(),
+        all::<DB::Connection>,
+    )
 }
 
 #[async_trait::async_trait]
