@@ -598,6 +598,7 @@ async fn stored_details(gw: &Gateway, key: &str, event: &str) -> String {
             &switchboard::model::SubscriberContacts::default(),
             "inspector",
             Duration::from_secs(1),
+            None,
         )
         .await
         .unwrap()
@@ -857,7 +858,7 @@ async fn test_keys_never_reach_a_provider(b: Backends) {
     let key = gw.key(KeyMode::Test).await;
     for channel in ["sms", "email", "voice", "push", "whatsapp"] {
         let parsed: switchboard::routing::Channel = serde_json::from_value(json!(channel)).unwrap();
-        let slug = switchboard::worker::dispatch::default_route(parsed)[0];
+        let slug = switchboard::worker::plan::default_route(parsed)[0];
         gw.route(channel, &[(slug, &good.url())]).await;
     }
     let mut events = Vec::new();

@@ -485,7 +485,13 @@ async fn sent_message(lp: &Loop, provider: &str, pmid: &str) -> EventId {
     };
     let lease = Duration::from_secs(30);
     let claim = store
-        .claim_message(&message, &SubscriberContacts::default(), "test", lease)
+        .claim_message(
+            &message,
+            &SubscriberContacts::default(),
+            "test",
+            lease,
+            None,
+        )
         .await
         .unwrap();
     assert!(matches!(claim, Claim::Claimed(_)));

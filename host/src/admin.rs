@@ -377,7 +377,7 @@ pub fn render_routes(
         let (route, default) = match routes.get(channel.as_str()) {
             Some(r) => (r.clone(), false),
             None => (
-                crate::worker::dispatch::default_route(channel)
+                crate::worker::plan::default_route(channel)
                     .iter()
                     .map(|slug| ProviderRoute {
                         provider: slug.to_string(),
@@ -642,7 +642,7 @@ pub async fn dev_simulator_setup(
     }
     let routed = if store.provider_routes(&ws.id).await?.is_empty() {
         for channel in CHANNELS {
-            let route: Vec<ProviderRoute> = crate::worker::dispatch::default_route(channel)
+            let route: Vec<ProviderRoute> = crate::worker::plan::default_route(channel)
                 .iter()
                 .map(|slug| ProviderRoute {
                     provider: slug.to_string(),

@@ -376,6 +376,9 @@ pub struct MessageSnapshot {
     pub attempts: Vec<AttemptRecord>,
     /// True when the subscriber has been erased.
     pub erased: bool,
+    /// The claim recorded the first step it was given: the message was fresh (not
+    /// dispatched, nothing attempted, its subscriber not erased).
+    pub first_step_recorded: bool,
 }
 
 /// Changes to an attempt row, written with a [`Step`].

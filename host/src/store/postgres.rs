@@ -410,7 +410,7 @@ mod tests {
         };
         let lease = Duration::from_secs(30);
         store
-            .claim_message(&m, &contacts, "w", lease)
+            .claim_message(&m, &contacts, "w", lease, None)
             .await
             .unwrap();
         let row = subscriber().await;
@@ -443,7 +443,7 @@ mod tests {
 
         // The latest contacts win; no tokens is NULL.
         store
-            .claim_message(&m, &SubscriberContacts::default(), "w", lease)
+            .claim_message(&m, &SubscriberContacts::default(), "w", lease, None)
             .await
             .unwrap();
         let row = subscriber().await;
@@ -510,7 +510,7 @@ mod tests {
         assert!(report.known);
         let later = crate::store::tests::message(&ws.id, 1);
         store
-            .claim_message(&later, &contacts, "w", lease)
+            .claim_message(&later, &contacts, "w", lease, None)
             .await
             .unwrap();
         let row = subscriber().await;

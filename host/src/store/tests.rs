@@ -288,7 +288,7 @@ pub(crate) async fn claim(
     lease: std::time::Duration,
 ) -> MessageSnapshot {
     match store
-        .claim_message(m, &SubscriberContacts::default(), owner, lease)
+        .claim_message(m, &SubscriberContacts::default(), owner, lease, None)
         .await
         .expect("claim_message")
     {

@@ -10,6 +10,7 @@
 
 pub mod dispatch;
 pub mod erasure;
+pub mod plan;
 mod preferences;
 pub mod receipts;
 
@@ -307,13 +308,13 @@ impl Worker {
             occurred_at: chrono::Utc::now(),
             provider: None,
             detail: Some(
-                serde_json::json!({"error_code": dispatch::DISPATCH_FAILED, "reason": detail}),
+                serde_json::json!({"error_code": plan::DISPATCH_FAILED, "reason": detail}),
             ),
         };
         match self
             .dispatcher
             .store
-            .fail_undispatched(event, dispatch::DISPATCH_FAILED, detail, &[entry])
+            .fail_undispatched(event, plan::DISPATCH_FAILED, detail, &[entry])
             .await
         {
             Err(StoreError::Unavailable(e)) => {

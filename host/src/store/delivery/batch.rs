@@ -89,6 +89,7 @@ where
         contacts: &SubscriberContacts,
         owner: &str,
         lease: Duration,
+        first_step: Option<&Step>,
     ) -> Result<Claim, StoreError> {
         self.claims()
             .submit(ClaimRequest {
@@ -96,6 +97,7 @@ where
                 contacts: contacts.clone(),
                 owner: owner.to_string(),
                 lease,
+                first_step: first_step.cloned(),
             })
             .await
     }

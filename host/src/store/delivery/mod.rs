@@ -41,12 +41,19 @@ pub trait Delivery: Send + Sync {
     /// whichever of ingestion and the worker writes the row. Also upserts the subscriber
     /// row with `contacts` unless the subscriber is erased. An unexpired lease held by
     /// another owner gives [`Claim::Busy`]; an expired one is taken over.
+    ///
+    /// When the claimed message is fresh (not dispatched, nothing attempted, its
+    /// subscriber not erased), `first_step` is recorded in the claim's transaction, as
+    /// [`Delivery::record_step`] would record it right after, and the snapshot says so
+    /// ([`MessageSnapshot::first_step_recorded`]): the worker decides a fresh message's
+    /// first step before claiming it, and saves a write.
     async fn claim_message(
         &self,
         message: &NewMessage,
         contacts: &SubscriberContacts,
         owner: &str,
         lease: Duration,
+        first_step: Option<&Step>,
     ) -> Result<Claim, StoreError>;
 
     /// Writes one step atomically, only while `owner` holds the lease on `event`
@@ -176,6 +183,7 @@ pub(crate) struct ClaimRequest {
     contacts: SubscriberContacts,
     owner: String,
     lease: Duration,
+    first_step: Option<Step>,
 }
 
 /// The lease rule: a claim finds the message busy when another owner holds a lease
@@ -331,9 +339,43 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
             status,
             attempts,
             erased,
+            first_step_recorded: false,
         }));
     }
+    // The fresh messages' first steps, written as steps are, under the leases just taken.
+    let mut firsts = Vec::new();
+    for (i, (request, claim)) in requests.iter().zip(&claims).enumerate() {
+        if let (Some(step), Claim::Claimed(snapshot)) = (&request.first_step, claim)
+            && fresh(snapshot)
+        {
+            firsts.push((
+                i,
+                StepRequest {
+                    event: request.message.event_id.clone(),
+                    owner: request.owner.clone(),
+                    lease: request.lease,
+                    step: step.clone(),
+                },
+            ));
+        }
+    }
+    if !firsts.is_empty() {
+        let (at, steps): (Vec<usize>, Vec<StepRequest>) = firsts.into_iter().unzip();
+        for (i, written) in at.into_iter().zip(record_steps_all(conn, &steps).await?) {
+            // The lease was taken above, in this transaction: a refusal is a bug, and
+            // fails the batch (its claims then run one by one).
+            written?;
+            if let Claim::Claimed(snapshot) = &mut claims[i] {
+                snapshot.first_step_recorded = true;
+            }
+        }
+    }
     Ok(claims)
+}
+
+/// Whether a claimed message is fresh: its first step may be written with the claim.
+pub(crate) fn fresh(snapshot: &MessageSnapshot) -> bool {
+    !snapshot.status.is_dispatched() && snapshot.attempts.is_empty() && !snapshot.erased
 }
 
 /// [`Delivery::record_step`] for several steps at once, on `conn`, inside a

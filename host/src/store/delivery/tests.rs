@@ -21,7 +21,8 @@ pub(crate) async fn claim_inserts_missing_row(store: Arc<dyn Store>) {
         MessageSnapshot {
             status: MessageStatus::Queued,
             attempts: vec![],
-            erased: false
+            erased: false,
+            first_step_recorded: false,
         }
     );
     let record = get(store, &ws.id, &m.event_id).await;
@@ -107,6 +108,7 @@ pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
                     &contacts("racer@example.com"),
                     &format!("w{i}"),
                     LONG_LEASE,
+                    None,
                 )
                 .await
         }));
@@ -129,7 +131,8 @@ pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
 /// after the other: rows the claims insert get their one `queued` entry, a message
 /// leased elsewhere is busy, an erased subscriber's message is marked erased, recorded
 /// attempts come back, several messages of one subscriber share its row, and a message
-/// claimed twice in the batch has one winner.
+/// claimed twice in the batch has one winner. The first step a claim brings is written
+/// for the fresh messages only (not dispatched, nothing attempted, not erased).
 pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
     let s = &*store;
     let ws = s.ensure_workspace("batched-claims", None).await.unwrap();
@@ -196,9 +199,15 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
     batch.push((&missing, "w-missing".into()));
     // The first message twice, by two owners: one of them wins.
     batch.push((&ingested[0], "w-twin".into()));
+    // Every claim brings its first step: only the fresh messages' are written.
+    let start = first_attempt();
     let claims = futures::future::join_all(batch.iter().enumerate().map(|(i, (m, owner))| {
         let contacts = contacts(&format!("alice-{i}@example.com"));
-        async move { s.claim_message(m, &contacts, owner, LONG_LEASE).await }
+        let start = &start;
+        async move {
+            s.claim_message(m, &contacts, owner, LONG_LEASE, Some(start))
+                .await
+        }
     }))
     .await;
     let claims: Vec<Claim> = claims.into_iter().map(|c| c.expect("claim")).collect();
@@ -206,6 +215,7 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
         status: MessageStatus::Queued,
         attempts: vec![],
         erased: false,
+        first_step_recorded: true,
     });
     for i in [1, 2, 6] {
         assert_eq!(claims[i], fresh, "claim {i}");
@@ -223,13 +233,64 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
             assert_eq!(snapshot.attempts.len(), 1);
             assert_eq!(snapshot.attempts[0].state, AttemptState::Started);
             assert!(!snapshot.erased);
+            assert!(!snapshot.first_step_recorded);
         }
         Claim::Busy => panic!("the released message was busy"),
     }
     match &claims[5] {
-        Claim::Claimed(snapshot) => assert!(snapshot.erased, "{snapshot:?}"),
+        Claim::Claimed(snapshot) => {
+            assert!(snapshot.erased, "{snapshot:?}");
+            assert!(!snapshot.first_step_recorded);
+        }
         Claim::Busy => panic!("the erased subscriber's message was busy"),
     }
+    // The fresh messages' first attempts were written with their claims (the step
+    // names the provider), the others' not at all.
+    for (i, (m, _)) in batch.iter().enumerate() {
+        let record = get(s, &ws.id, &m.event_id).await;
+        let recorded = matches!(&claims[i], Claim::Claimed(c) if c.first_step_recorded);
+        let twin = i == 0 || i == batch.len() - 1;
+        if recorded || twin {
+            assert_eq!(record.attempts, 1, "claim {i}");
+            assert_eq!(record.provider.as_deref(), Some("prova"), "claim {i}");
+        } else {
+            // The resumed message keeps the attempt it had.
+            assert_eq!(record.attempts, i32::from(i == 4), "claim {i}");
+            assert_eq!(record.provider, None, "claim {i}");
+        }
+    }
+    // A message dispatched already is not fresh either.
+    let done = message(&ws.id, 10);
+    claim(s, &done, "earlier", LONG_LEASE).await;
+    let delivered = Step {
+        message: MessageUpdate {
+            status: Some(MessageStatus::Delivered),
+            ..release()
+        },
+        ..Step::default()
+    };
+    s.record_step(&done.event_id, "earlier", LONG_LEASE, &delivered)
+        .await
+        .unwrap();
+    match s
+        .claim_message(
+            &done,
+            &contacts("d@example.com"),
+            "w",
+            LONG_LEASE,
+            Some(&start),
+        )
+        .await
+        .unwrap()
+    {
+        Claim::Claimed(snapshot) => {
+            assert_eq!(snapshot.status, MessageStatus::Delivered);
+            assert!(!snapshot.first_step_recorded);
+        }
+        Claim::Busy => panic!("the released message was busy"),
+    }
+    let record = get(s, &ws.id, &done.event_id).await;
+    assert_eq!((record.attempts, record.provider), (0, None));
     // One `queued` entry each, the claimed row included.
     for m in ingested.iter().chain([&missing]) {
         assert_eq!(
@@ -246,6 +307,23 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(report.known);
+}
+
+/// The first attempt of a message, `started`, as a claim may bring it.
+fn first_attempt() -> Step {
+    Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+        }),
+        message: MessageUpdate {
+            attempts: Some(1),
+            provider: Some("prova".into()),
+            ..MessageUpdate::default()
+        },
+        timeline: vec![],
+    }
 }
 
 /// Steps written together (one set-based batch) answer as they would one after the
@@ -431,7 +509,7 @@ pub(crate) async fn claim_lease(store: Arc<dyn Store>) {
 
     claim(store, &m, "a", LONG_LEASE).await;
     let busy = store
-        .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE)
+        .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE, None)
         .await
         .unwrap();
     assert_eq!(busy, Claim::Busy);
@@ -464,7 +542,7 @@ pub(crate) async fn claim_lease(store: Arc<dyn Store>) {
     assert_eq!(get(store, &ws.id, &m.event_id).await, before);
     assert_eq!(
         store
-            .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE)
+            .claim_message(&m, &SubscriberContacts::default(), "b", LONG_LEASE, None)
             .await
             .unwrap(),
         Claim::Busy,
@@ -498,7 +576,7 @@ pub(crate) async fn claim_lease(store: Arc<dyn Store>) {
     tokio::time::sleep(SHORT_LEASE * 2).await;
     assert_eq!(
         store
-            .claim_message(&m, &SubscriberContacts::default(), "a", LONG_LEASE)
+            .claim_message(&m, &SubscriberContacts::default(), "a", LONG_LEASE, None)
             .await
             .unwrap(),
         Claim::Busy,
@@ -660,7 +738,8 @@ pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
         MessageSnapshot {
             status: MessageStatus::Sent,
             attempts: expected_attempts.clone(),
-            erased: false
+            erased: false,
+            first_step_recorded: false,
         }
     );
 
@@ -716,7 +795,13 @@ pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
     assert_eq!(get(store, &ws.id, &m.event_id).await, record);
     assert_eq!(
         store
-            .claim_message(&m, &SubscriberContacts::default(), "other", LONG_LEASE)
+            .claim_message(
+                &m,
+                &SubscriberContacts::default(),
+                "other",
+                LONG_LEASE,
+                None
+            )
             .await
             .unwrap(),
         Claim::Busy,
@@ -745,7 +830,8 @@ pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
         MessageSnapshot {
             status: MessageStatus::Failed,
             attempts: expected_attempts,
-            erased: false
+            erased: false,
+            first_step_recorded: false,
         }
     );
 }

@@ -56,7 +56,7 @@ pub(crate) async fn erasure(store: Arc<dyn Store>) {
         (&alice_elsewhere, "pm-elsewhere"),
     ] {
         let claimed = store
-            .claim_message(m, &contacts("x@example.com"), "w", LONG_LEASE)
+            .claim_message(m, &contacts("x@example.com"), "w", LONG_LEASE, None)
             .await
             .unwrap();
         assert!(matches!(
