@@ -19,6 +19,8 @@
 #   VERIFY_CONCURRENCY [16]  GET /v1/events/{id} in flight while checking messages
 #   CALLBACK_DELAY_MS []  the simulator's delay before a callback (its default: 300)
 #   SKIP_BUILD [0]        1: use the existing target/release binaries
+#   BIN_DIR [target/release]  where the binaries are (another build's, to compare
+#                         commits on one machine; implies SKIP_BUILD=1)
 #   KEEP_DB [0]           1: keep the production set's database afterwards
 #   BUILD_TIMEOUT [5400]  seconds the release build may take (cargo may wait on a lock)
 #   PG_URL_BASE [postgres://postgres@127.0.0.1:5432]  NATS_URL [nats://127.0.0.1:4222]
@@ -37,6 +39,8 @@ STALL=${STALL:-60}
 VERIFY_CONCURRENCY=${VERIFY_CONCURRENCY:-16}
 CALLBACK_DELAY_MS=${CALLBACK_DELAY_MS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
+BIN_DIR=${BIN_DIR:-}
+[[ -n $BIN_DIR ]] && SKIP_BUILD=1
 KEEP_DB=${KEEP_DB:-0}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-5400}
 PG_URL_BASE=${PG_URL_BASE:-postgres://postgres@127.0.0.1:5432}
@@ -46,7 +50,7 @@ REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 # The exact command line, with every setting that was overridden.
 OVERRIDES=""
 for v in EVENTS BULK TEST_EVENTS SETS DEADLINE STALL VERIFY_CONCURRENCY CALLBACK_DELAY_MS \
-    SKIP_BUILD KEEP_DB BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL; do
+    SKIP_BUILD BIN_DIR KEEP_DB BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL; do
     if printenv "$v" >/dev/null 2>&1; then
         val=$(printenv "$v")
         [[ $val == *" "* ]] && val="\"$val\""
@@ -89,9 +93,10 @@ chmod 700 "$WORK"
 OUT="$ROOT/bench/out/delivery"
 rm -rf "$OUT"
 mkdir -p "$OUT"
-SB="$ROOT/target/release/switchboard"
-DRIVER="$ROOT/target/release/delivery"
-LOADGEN="$ROOT/target/release/loadgen"
+BINS=${BIN_DIR:-$ROOT/target/release}
+SB="$BINS/switchboard"
+DRIVER="$BINS/delivery"
+LOADGEN="$BINS/loadgen"
 TICKS=$(getconf CLK_TCK 2>/dev/null || echo 100)
 
 GATEWAY_PID=""
@@ -489,6 +494,7 @@ db_line() { # set
 }
 CPU_MODEL=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 GIT_REV="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- host 2>/dev/null || echo ' (host/ has uncommitted changes)')"
+[[ -n $BIN_DIR ]] && GIT_REV+=" (binaries from $BIN_DIR, not necessarily this commit's)"
 SUMMARY=$(
     cat <<EOF
 Command: \`$COMMAND_LINE\`

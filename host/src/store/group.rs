@@ -15,6 +15,7 @@
 
 use super::StoreError;
 use futures::future::BoxFuture;
+use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -135,6 +136,11 @@ impl<DB: Database> Queues<DB> {
         }
     }
 
+    /// Whether a job is waiting.
+    fn waiting(&self) -> bool {
+        self.held.is_some() || !self.urgent.is_empty() || !self.queue.is_empty()
+    }
+
     /// A job already waiting, urgent first.
     fn try_next(&mut self) -> Option<Box<dyn Job<DB>>> {
         self.urgent
@@ -229,11 +235,21 @@ impl<DB: Database> GroupCommit<DB> {
 
 /// One lane: takes every write waiting (up to [`MAX_BATCH`]), commits them together,
 /// answers them, and again.
+///
+/// While writes keep coming, the lane keeps its connection from one batch to the next:
+/// the pool pings a connection when it is given back (and, on PostgreSQL, before handing
+/// it out), a round trip per batch that every write waiting would wait for. It gives the
+/// connection back whenever it finds nothing waiting, so an idle lane holds none and a
+/// closing pool gets it back.
 async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lanes: Lanes) {
+    let mut conn: Option<PoolConnection<DB>> = None;
     loop {
         let mut jobs = Vec::new();
         {
             let mut queues = queues.lock().await;
+            if !queues.waiting() || pool.is_closed() {
+                conn = None;
+            }
             let alone = match queues.next().await {
                 Some(job) => {
                     let alone = job.alone();
@@ -253,7 +269,14 @@ async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lane
                 }
             }
         }
-        let failed = commit(&pool, &mut jobs, lanes).await.err();
+        let failed = match commit(&pool, &mut conn, &mut jobs, lanes).await {
+            Ok(()) => None,
+            Err(e) => {
+                // The transaction itself failed: the connection may be what is broken.
+                conn = None;
+                Some(e)
+            }
+        };
         for job in jobs {
             job.answer(failed.as_ref());
         }
@@ -266,6 +289,7 @@ async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lane
 /// failing one is undone alone.
 async fn commit<DB: Database>(
     pool: &Pool<DB>,
+    conn: &mut Option<PoolConnection<DB>>,
     jobs: &mut [Box<dyn Job<DB>>],
     lanes: Lanes,
 ) -> Result<(), StoreError> {
@@ -274,14 +298,11 @@ async fn commit<DB: Database>(
         [job] if job.alone() => lanes.alone_begin,
         _ => lanes.begin,
     };
-    let begin = || async {
-        match opening {
-            Some(statement) => pool.begin_with(statement).await,
-            None => pool.begin().await,
-        }
-        .map_err(map_err)
+    let conn = match conn {
+        Some(conn) => conn,
+        None => conn.insert(pool.acquire().await.map_err(map_err)?),
     };
-    let mut tx = begin().await?;
+    let mut tx = begin(conn, opening).await.map_err(map_err)?;
     let mut failed = false;
     for job in jobs.iter_mut() {
         if !run_caught(job, &mut tx).await {
@@ -297,7 +318,7 @@ async fn commit<DB: Database>(
         // A lone write failed: its own result says why, and nothing was written.
         return Ok(());
     }
-    let mut tx = begin().await?;
+    let mut tx = begin(conn, opening).await.map_err(map_err)?;
     for job in jobs.iter_mut() {
         let mut savepoint = tx.begin().await.map_err(map_err)?;
         if run_caught(job, &mut savepoint).await {
@@ -307,6 +328,17 @@ async fn commit<DB: Database>(
         }
     }
     tx.commit().await.map_err(map_err)
+}
+
+/// Opens a batch's transaction on `conn` with `opening` (or a plain `BEGIN`).
+async fn begin<'c, DB: Database>(
+    conn: &'c mut PoolConnection<DB>,
+    opening: Option<&'static str>,
+) -> Result<sqlx::Transaction<'c, DB>, sqlx::Error> {
+    match opening {
+        Some(statement) => conn.begin_with(statement).await,
+        None => conn.begin().await,
+    }
 }
 
 /// Runs one job; a panic counts as its failure, so the lane (the only one, on SQLite)

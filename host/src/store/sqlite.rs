@@ -32,6 +32,13 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections in the pool: concurrent readers (WAL) plus one writer at a time.
 const MAX_CONNECTIONS: u32 = 8;
 
+/// Prepared statements the writer's connection keeps. The set-based writes have a form
+/// per batch size (one placeholder list per row), some twenty statements up to 64 rows
+/// each: sqlx's default of 100 would evict them in turn, and the single writer would
+/// parse and plan nearly every statement it runs. Only the writer's connection keeps
+/// this many: the readers' statements have one form each.
+const WRITER_STATEMENT_CACHE: usize = 2048;
+
 /// SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` (since 3.32): binds per statement.
 pub(crate) const MAX_BINDS: usize = 32_766;
 
@@ -73,6 +80,8 @@ const WRITER_LANES: Lanes = Lanes {
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The group commit's connection.
+    writer_pool: SqlitePool,
     group: Arc<GroupCommit<Sqlite>>,
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
@@ -94,16 +103,29 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options)
+            // A connection to a local file does not go stale: pinging it (a round trip
+            // to its thread) before every use buys nothing.
+            .test_before_acquire(false)
+            .connect_with(options.clone())
             .await
             .map_err(map_err)?;
-        let group = writer(&pool);
+        // The group commit's one lane on a connection of its own, which keeps every form
+        // of the set-based statements prepared.
+        let writer_pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .connect_with(options.statement_cache_capacity(WRITER_STATEMENT_CACHE))
+            .await
+            .map_err(map_err)?;
+        let group = writer(&writer_pool);
         // One lane: one batch of claims (and of steps, of receipts) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
         let receipts = Arc::new(receipts::receipts(group.clone(), 1));
         Ok(Self {
             pool,
+            writer_pool,
             group,
             claims,
             steps,
@@ -125,6 +147,7 @@ impl SqliteStore {
     /// Closes every connection; later calls fail with [`StoreError::Unavailable`].
     pub async fn close(&self) {
         self.pool.close().await;
+        self.writer_pool.close().await;
     }
 }
 
@@ -513,7 +536,7 @@ mod tests {
         let before = Utc::now();
         assert!(matches!(
             store
-                .claim_message(&m, &contacts, "w", lease)
+                .claim_message(&m, &contacts, "w", lease, None)
                 .await
                 .unwrap(),
             Claim::Claimed(_)
@@ -555,7 +578,7 @@ mod tests {
                 .unwrap();
         assert_eq!(tokens.as_deref(), Some(r#"["t1","t2"]"#));
         store
-            .claim_message(&m, &SubscriberContacts::default(), "w", lease)
+            .claim_message(&m, &SubscriberContacts::default(), "w", lease, None)
             .await
             .unwrap();
         let tokens: Option<String> =
