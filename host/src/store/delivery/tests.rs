@@ -200,7 +200,7 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
     // The first message twice, by two owners: one of them wins.
     batch.push((&ingested[0], "w-twin".into()));
     // Every claim brings its first step: only the fresh messages' are written.
-    let start = first_attempt();
+    let start = start(1, "prova");
     let claims = futures::future::join_all(batch.iter().enumerate().map(|(i, (m, owner))| {
         let contacts = contacts(&format!("alice-{i}@example.com"));
         let start = &start;
@@ -309,17 +309,18 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
     assert!(report.known);
 }
 
-/// The first attempt of a message, `started`, as a claim may bring it.
-fn first_attempt() -> Step {
+/// Attempt `attempt_no` of a message, by sms via `provider`, `started` (a claim may
+/// bring the first).
+fn start(attempt_no: i32, provider: &str) -> Step {
     Step {
         attempt: Some(AttemptWrite::Start {
-            attempt_no: 1,
+            attempt_no,
             channel: "sms".into(),
-            provider: "prova".into(),
+            provider: provider.into(),
         }),
         message: MessageUpdate {
-            attempts: Some(1),
-            provider: Some("prova".into()),
+            attempts: Some(attempt_no),
+            provider: Some(provider.into()),
             ..MessageUpdate::default()
         },
         timeline: vec![],
@@ -619,19 +620,7 @@ pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
 
     let t1 = now();
     let steps = [
-        Step {
-            attempt: Some(AttemptWrite::Start {
-                attempt_no: 1,
-                channel: "sms".into(),
-                provider: "prova".into(),
-            }),
-            message: MessageUpdate {
-                attempts: Some(1),
-                provider: Some("prova".into()),
-                ..MessageUpdate::default()
-            },
-            timeline: vec![],
-        },
+        start(1, "prova"),
         Step {
             attempt: Some(AttemptWrite::Finish {
                 attempt_no: 1,
@@ -652,19 +641,7 @@ pub(crate) async fn attempts_round_trip(store: Arc<dyn Store>) {
                 Some(serde_json::json!({ "code": "TIMEOUT", "durationMs": 3000 })),
             )],
         },
-        Step {
-            attempt: Some(AttemptWrite::Start {
-                attempt_no: 2,
-                channel: "sms".into(),
-                provider: "provb".into(),
-            }),
-            message: MessageUpdate {
-                attempts: Some(2),
-                provider: Some("provb".into()),
-                ..MessageUpdate::default()
-            },
-            timeline: vec![],
-        },
+        start(2, "provb"),
         Step {
             attempt: Some(AttemptWrite::Finish {
                 attempt_no: 2,
