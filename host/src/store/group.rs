@@ -239,14 +239,21 @@ impl<DB: Database> GroupCommit<DB> {
 /// While writes keep coming, the lane keeps its connection from one batch to the next:
 /// the pool pings a connection when it is given back (and, on PostgreSQL, before handing
 /// it out), a round trip per batch that every write waiting would wait for. It gives the
-/// connection back whenever it finds nothing waiting, so an idle lane holds none and a
-/// closing pool gets it back.
+/// connection back whenever it finds nothing waiting or must wait for another lane, so
+/// a lane that is not working holds none and a closing pool gets them all back.
 async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lanes: Lanes) {
     let mut conn: Option<PoolConnection<DB>> = None;
     loop {
         let mut jobs = Vec::new();
         {
-            let mut queues = queues.lock().await;
+            // Another lane gathering may wait for writes indefinitely: not with a connection.
+            let mut queues = match queues.try_lock() {
+                Ok(queues) => queues,
+                Err(_) => {
+                    conn = None;
+                    queues.lock().await
+                }
+            };
             if !queues.waiting() || pool.is_closed() {
                 conn = None;
             }
@@ -362,6 +369,24 @@ async fn run_caught<DB: Database>(job: &mut Box<dyn Job<DB>>, conn: &mut DB::Con
 pub(crate) mod tests {
     use super::*;
     use sqlx::Executor;
+
+    /// Once the writes stop, the lanes hold no connection: the pool closes at once.
+    pub(crate) async fn idle_lanes_hold_no_connection<DB: Database>(pool: Pool<DB>, lanes: Lanes) {
+        let group = Arc::new(GroupCommit::start(pool.clone(), lanes));
+        let writes = (0..200).map(|i| {
+            let group = group.clone();
+            tokio::spawn(async move {
+                let work: Work<DB, i32> = Box::new(move |_| Box::pin(async move { Ok(i) }));
+                group.run(work).await
+            })
+        });
+        for write in futures::future::join_all(writes).await {
+            write.unwrap().expect("write");
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), pool.close())
+            .await
+            .expect("the pool closes: no lane keeps a connection once idle");
+    }
 
     /// Concurrent writes, every fifth of them failing (a duplicate key): the failing
     /// ones get their own error, every other one commits. Returns the keys that must be

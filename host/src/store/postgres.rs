@@ -531,6 +531,24 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_idle_lanes_hold_no_connection() {
+        let db = TestDb::create().await;
+        let lanes = Lanes {
+            count: GROUP_LANES,
+            begin: Some(LANE_BEGIN),
+            alone_begin: None,
+            map_err,
+        };
+        // A pool of its own: closing it leaves the test database to its cleanup.
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(db.store.pool().connect_options().as_ref().clone())
+            .await
+            .unwrap();
+        crate::store::group::tests::idle_lanes_hold_no_connection(pool, lanes).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn group_commit_failures_stay_alone() {
         let db = TestDb::create().await;
         let lanes = Lanes {

@@ -249,6 +249,16 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_idle_lanes_hold_no_connection() {
+        let (_dir, store) = open_temp().await;
+        crate::store::group::tests::idle_lanes_hold_no_connection(
+            store.pool().clone(),
+            WRITER_LANES,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn group_commit_failures_stay_alone() {
         let (_dir, store) = open_temp().await;
         let kept =
