@@ -38,6 +38,15 @@ const LANE_BEGIN: &str =
 /// commits, so concurrent batches keep the server busy without taking the pool.
 const GROUP_LANES: usize = 4;
 
+/// The group commit's lanes: [`GROUP_LANES`] of them, each batch opened with
+/// [`LANE_BEGIN`]; a write that runs alone opens a plain `BEGIN` (no lock timeout).
+const LANES: Lanes = Lanes {
+    count: GROUP_LANES,
+    begin: Some(LANE_BEGIN),
+    alone_begin: None,
+    map_err,
+};
+
 /// The PostgreSQL store: a connection pool, and the group commit of the delivery path.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -61,15 +70,7 @@ impl PgStore {
             .connect_with(options)
             .await
             .map_err(map_err)?;
-        let group = GroupCommit::start(
-            pool.clone(),
-            Lanes {
-                count: GROUP_LANES,
-                begin: Some(LANE_BEGIN),
-                alone_begin: None,
-                map_err,
-            },
-        );
+        let group = GroupCommit::start(pool.clone(), LANES);
         let group = Arc::new(group);
         // Two batches of claims (and of steps, of receipts) at a time across the lanes, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 2));
@@ -533,32 +534,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn group_commit_idle_lanes_hold_no_connection() {
         let db = TestDb::create().await;
-        let lanes = Lanes {
-            count: GROUP_LANES,
-            begin: Some(LANE_BEGIN),
-            alone_begin: None,
-            map_err,
-        };
         // A pool of its own: closing it leaves the test database to its cleanup.
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .connect_with(db.store.pool().connect_options().as_ref().clone())
             .await
             .unwrap();
-        crate::store::group::tests::idle_lanes_hold_no_connection(pool, lanes).await;
+        crate::store::group::tests::idle_lanes_hold_no_connection(pool, LANES).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn group_commit_failures_stay_alone() {
         let db = TestDb::create().await;
-        let lanes = Lanes {
-            count: GROUP_LANES,
-            begin: Some(LANE_BEGIN),
-            alone_begin: None,
-            map_err,
-        };
         let kept =
-            crate::store::group::tests::failures_stay_alone(db.store.pool().clone(), lanes).await;
+            crate::store::group::tests::failures_stay_alone(db.store.pool().clone(), LANES).await;
         let stored: Vec<i64> = sqlx::query_scalar("SELECT k FROM group_rows ORDER BY k")
             .fetch_all(db.store.pool())
             .await
@@ -580,12 +569,7 @@ mod tests {
         .unwrap();
         let group = Arc::new(GroupCommit::start(
             db.store.pool().clone(),
-            Lanes {
-                count: 1,
-                begin: Some(LANE_BEGIN),
-                alone_begin: None,
-                map_err,
-            },
+            Lanes { count: 1, ..LANES },
         ));
         let insert = |key: i64, hold: Duration| -> super::super::group::Work<Postgres, i64> {
             Box::new(move |conn| {
@@ -666,12 +650,7 @@ mod tests {
             .unwrap();
         let group = Arc::new(GroupCommit::start(
             pool.clone(),
-            Lanes {
-                count: 1,
-                begin: Some(LANE_BEGIN),
-                alone_begin: None,
-                map_err,
-            },
+            Lanes { count: 1, ..LANES },
         ));
         let write =
             |sql: &'static str, hold: Duration| -> super::super::group::Work<Postgres, ()> {

@@ -374,7 +374,7 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
 }
 
 /// Whether a claimed message is fresh: its first step may be written with the claim.
-pub(crate) fn fresh(snapshot: &MessageSnapshot) -> bool {
+fn fresh(snapshot: &MessageSnapshot) -> bool {
     !snapshot.status.is_dispatched() && snapshot.attempts.is_empty() && !snapshot.erased
 }
 
