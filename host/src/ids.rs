@@ -21,9 +21,15 @@ macro_rules! prefixed_id {
             /// The prefix, e.g. `evt_`.
             pub const PREFIX: &'static str = $prefix;
 
-            /// A new random id: the prefix and 32 lower-case hex digits (128 bits).
+            /// A new id: the prefix and 32 lower-case hex digits, a UUIDv7 (a millisecond
+            /// timestamp, then 74 random bits). Time-ordered so that new rows land at the
+            /// end of every index keyed by the id: the writes of one batch share a few
+            /// pages instead of each touching a random one (on SQLite, where a commit
+            /// writes every page it dirtied, embedded deliveries went up by a third to
+            /// two thirds). Nothing relies on ids being unguessable: every lookup is
+            /// scoped to the caller's workspace.
             pub fn generate() -> Self {
-                Self(format!("{}{}", $prefix, uuid::Uuid::new_v4().simple()))
+                Self(format!("{}{}", $prefix, uuid::Uuid::now_v7().simple()))
             }
 
             /// Parses `prefix` followed by 1-64 hex digits (lower-case accepted only).
