@@ -6,7 +6,10 @@
 //! already dispatching finishes): a bulk backlog cannot delay a critical event by more
 //! than the time to start it, and competes with it only through work already started.
 //! A delivery is acknowledged only after its outcome is recorded; a store failure
-//! leaves it for redelivery with backoff.
+//! leaves it for redelivery with backoff. A delivery gives its slot back as soon as its
+//! outcome is durable and is acknowledged while the next one starts: the ack's round
+//! trip (on the embedded queue, a commit) is not part of every delivery's time in a
+//! slot. An ack that is lost only means a redelivery, which finds the message done.
 
 pub mod dispatch;
 pub mod erasure;
@@ -35,6 +38,23 @@ pub struct Worker {
     /// Critical deliveries received and not yet finished.
     critical_pending: AtomicUsize,
     critical_drained: Notify,
+    /// Deliveries finished and being settled, at most one per slot.
+    settling: Arc<Semaphore>,
+}
+
+/// A dispatch slot. Dropping it lets the next delivery start and, for critical work,
+/// lets bulk resume once no critical work is left.
+struct Slot<'a> {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    critical: Option<&'a Worker>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(worker) = self.critical {
+            worker.critical_done();
+        }
+    }
 }
 
 impl Worker {
@@ -52,10 +72,13 @@ impl Worker {
             },
             dispatcher: Arc::new(dispatcher),
             queue,
-            config,
             metrics,
             critical_pending: AtomicUsize::new(0),
             critical_drained: Notify::new(),
+            settling: Arc::new(Semaphore::new(
+                config.critical_concurrency + config.bulk_concurrency,
+            )),
+            config,
         })
     }
 
@@ -78,13 +101,20 @@ impl Worker {
         ));
         let _ = critical.await;
         let _ = bulk.await;
-        // In-flight dispatches hold permits; having them all back means they finished.
+        // In-flight dispatches and settles hold permits; having them all back means
+        // they finished.
         let wait = async {
             let _c = critical_slots
                 .acquire_many(self.config.critical_concurrency as u32)
                 .await;
             let _b = bulk_slots
                 .acquire_many(self.config.bulk_concurrency as u32)
+                .await;
+            let _s = self
+                .settling
+                .acquire_many(
+                    (self.config.critical_concurrency + self.config.bulk_concurrency) as u32,
+                )
                 .await;
         };
         if tokio::time::timeout(self.config.ack_wait(), wait)
@@ -185,18 +215,22 @@ impl Worker {
         self: Arc<Self>,
         delivery: Delivery,
         class: StreamClass,
-        _permit: tokio::sync::OwnedSemaphorePermit,
+        permit: tokio::sync::OwnedSemaphorePermit,
     ) {
-        if class == StreamClass::Critical {
+        let critical = class == StreamClass::Critical;
+        let slot = Slot {
+            _permit: permit,
+            critical: critical.then_some(&*self),
+        };
+        if critical {
             // Its store writes (and, embedded, its ack) go ahead of bulk's.
-            crate::store::urgent(self.handle_inner(delivery, class)).await;
-            self.critical_done();
+            crate::store::urgent(self.handle_inner(delivery, class, slot)).await;
         } else {
-            self.handle_inner(delivery, class).await;
+            self.handle_inner(delivery, class, slot).await;
         }
     }
 
-    async fn handle_inner(&self, delivery: Delivery, class: StreamClass) {
+    async fn handle_inner(&self, delivery: Delivery, class: StreamClass, slot: Slot<'_>) {
         let envelope: Envelope = match serde_json::from_slice(&delivery.payload) {
             Ok(e) => e,
             Err(e) => return self.undecodable(delivery, e).await,
@@ -232,14 +266,17 @@ impl Worker {
         let settled = match result {
             Ok(Outcome::Done(status)) => {
                 self.count(status.as_str());
+                let _settling = self.release(slot).await;
                 delivery.settle.ack().await
             }
             Ok(Outcome::AlreadyDone(_)) => {
                 self.count("redelivered_done");
+                let _settling = self.release(slot).await;
                 delivery.settle.ack().await
             }
             Ok(Outcome::Busy) => {
                 self.count("busy");
+                let _settling = self.release(slot).await;
                 delivery.settle.nak(self.config.ack_wait() / 4).await
             }
             Err(e)
@@ -332,6 +369,14 @@ impl Worker {
                 delivery.settle.ack().await
             }
         }
+    }
+
+    /// Gives a finished delivery's slot back, in exchange for a settling permit (taken
+    /// first, so the deliveries being settled never outnumber the slots).
+    async fn release(&self, slot: Slot<'_>) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let settling = self.settling.acquire().await.ok();
+        drop(slot);
+        settling
     }
 
     /// One critical delivery is finished (or handed back): bulk may resume when none

@@ -2,7 +2,9 @@
 //! (a durable consumer shared by every worker process) and applies each to its
 //! message. A receipt is acknowledged only once the store has recorded it, so a
 //! consumer that stops or crashes loses nothing: unacknowledged receipts are
-//! redelivered, and a redelivered receipt is a duplicate the store ignores.
+//! redelivered, and a redelivered receipt is a duplicate the store ignores. As with
+//! deliveries, a receipt gives its slot back once it is recorded and is acknowledged
+//! while the next one is applied.
 
 use super::backoff;
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
@@ -12,7 +14,7 @@ use crate::store::Receipts;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// Receipts (applied, ignored or still unmatched) older than this are deleted.
 pub const RECEIPT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
@@ -48,6 +50,7 @@ impl ReceiptConsumer {
     /// Applies receipts until `stop` turns true, then lets those in flight finish.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(self.concurrency));
+        let settling = Arc::new(Semaphore::new(self.concurrency));
         let pruner = tokio::spawn(self.clone().prune_forever());
         'subscribe: while !*stop.borrow() {
             let mut deliveries = match self
@@ -81,9 +84,9 @@ impl ReceiptConsumer {
                     Some(Err(e)) => tracing::warn!(error = %e, "receipt consumer error"),
                     Some(Ok(delivery)) => {
                         let this = self.clone();
+                        let settling = settling.clone();
                         tokio::spawn(async move {
-                            this.handle(delivery).await;
-                            drop(permit);
+                            this.handle(delivery, permit, &settling).await;
                         });
                     }
                 }
@@ -91,10 +94,14 @@ impl ReceiptConsumer {
         }
         pruner.abort();
         let all = u32::try_from(self.concurrency).unwrap_or(u32::MAX);
-        let _ = tokio::time::timeout(self.settings.ack_wait, slots.acquire_many(all)).await;
+        let finished = async {
+            let _s = slots.acquire_many(all).await;
+            let _a = settling.acquire_many(all).await;
+        };
+        let _ = tokio::time::timeout(self.settings.ack_wait, finished).await;
     }
 
-    async fn handle(&self, delivery: Delivery) {
+    async fn handle(&self, delivery: Delivery, slot: OwnedSemaphorePermit, settling: &Semaphore) {
         let event: TelemetryReceiptEvent = match serde_json::from_slice(&delivery.payload) {
             Ok(e) => e,
             Err(e) => {
@@ -132,6 +139,10 @@ impl ReceiptConsumer {
                     ReceiptOutcome::Pending => "pending",
                 };
                 self.count(label);
+                // The settling permit is taken before the slot is given back, so receipts
+                // being acknowledged never outnumber the slots.
+                let _settling = settling.acquire().await;
+                drop(slot);
                 delivery.settle.ack().await
             }
             Err(e) => {
