@@ -8,7 +8,7 @@
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
-use super::receipts::{self, ReceiptBatches};
+use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -55,6 +55,7 @@ pub struct PgStore {
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
+    replays: Arc<Coalescer<ReplayRequest, bool>>,
 }
 
 impl PgStore {
@@ -72,16 +73,18 @@ impl PgStore {
             .map_err(map_err)?;
         let group = GroupCommit::start(pool.clone(), LANES);
         let group = Arc::new(group);
-        // Two batches of claims (and of steps, of receipts) at a time across the lanes, the next gathering meanwhile.
+        // Two batches of claims (and of steps, of receipts, of replay keys) at a time across the lanes, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 2));
         let steps = Arc::new(delivery::steps(group.clone(), 2));
         let receipts = Arc::new(receipts::receipts(group.clone(), 2));
+        let replays = Arc::new(receipts::replays(group.clone(), 2));
         Ok(Self {
             pool,
             group,
             claims,
             steps,
             receipts,
+            replays,
         })
     }
 
@@ -135,6 +138,10 @@ impl Batches for PgStore {
 impl ReceiptBatches for PgStore {
     fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome> {
         &self.receipts
+    }
+
+    fn replays(&self) -> &Coalescer<ReplayRequest, bool> {
+        &self.replays
     }
 }
 
@@ -369,6 +376,7 @@ mod tests {
         webhook_secrets_order_and_upsert,
         replay_keys,
         concurrent_replay_reserves,
+        batched_replay_reserves,
         receipts_apply_by_precedence,
         pending_receipts_apply_when_the_id_is_recorded,
         concurrent_receipts,

@@ -9,7 +9,7 @@
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
-use super::receipts::{self, ReceiptBatches};
+use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -86,6 +86,7 @@ pub struct SqliteStore {
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
+    replays: Arc<Coalescer<ReplayRequest, bool>>,
 }
 
 impl SqliteStore {
@@ -119,10 +120,11 @@ impl SqliteStore {
             .await
             .map_err(map_err)?;
         let group = writer(&writer_pool);
-        // One lane: one batch of claims (and of steps, of receipts) at a time, the next gathering meanwhile.
+        // One lane: one batch of claims (and of steps, of receipts, of replay keys) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
         let receipts = Arc::new(receipts::receipts(group.clone(), 1));
+        let replays = Arc::new(receipts::replays(group.clone(), 1));
         Ok(Self {
             pool,
             writer_pool,
@@ -130,6 +132,7 @@ impl SqliteStore {
             claims,
             steps,
             receipts,
+            replays,
         })
     }
 
@@ -190,6 +193,10 @@ impl Batches for SqliteStore {
 impl ReceiptBatches for SqliteStore {
     fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome> {
         &self.receipts
+    }
+
+    fn replays(&self) -> &Coalescer<ReplayRequest, bool> {
+        &self.replays
     }
 }
 
@@ -397,6 +404,7 @@ mod tests {
         webhook_secrets_order_and_upsert,
         replay_keys,
         concurrent_replay_reserves,
+        batched_replay_reserves,
         receipts_apply_by_precedence,
         pending_receipts_apply_when_the_id_is_recorded,
         concurrent_receipts,

@@ -402,7 +402,7 @@ pub(crate) use super::queries::tests::{
     delivery_stats_by_group, get_message_timeline, list_messages_filters_and_paging,
 };
 pub(crate) use super::receipts::tests::{
-    batched_receipts, concurrent_receipts, concurrent_replay_reserves,
+    batched_receipts, batched_replay_reserves, concurrent_receipts, concurrent_replay_reserves,
     pending_receipts_apply_when_the_id_is_recorded, receipts_apply_by_precedence, receipts_prune,
     receipts_race_the_provider_id, replay_keys,
 };

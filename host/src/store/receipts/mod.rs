@@ -149,13 +149,13 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         provider_message_id: &str,
         event: &EventId,
     ) -> Result<Vec<ReceiptRow>, StoreError>;
-    /// [`Receipts::reserve_replay`] in one statement.
-    async fn reserve_replay_key(
+    /// [`Receipts::reserve_replay`] for many distinct `(provider, key, ttl)`s in one
+    /// statement: a new key is inserted, an expired one is taken over, a live one is
+    /// left alone. Returns the `(provider, key)`s reserved.
+    async fn reserve_replay_keys(
         &mut self,
-        provider: &str,
-        key: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError>;
+        keys: &[(&str, &str, Duration)],
+    ) -> Result<Vec<(String, String)>, StoreError>;
     /// Deletes a replay key.
     async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError>;
     /// Deletes receipts received before `before` (how many) and expired replay keys.
@@ -354,10 +354,57 @@ pub(crate) async fn apply_pending<C: ReceiptsSql + ?Sized>(
 /// Most receipts applied in one batch.
 const BATCH: usize = 64;
 
-/// A store whose receipts are gathered into set-based batches ([`receipts`]).
+/// A store whose receipts and replay keys are gathered into set-based batches
+/// ([`receipts`], [`replays`]).
 pub(crate) trait ReceiptBatches: Grouped {
     /// The store's receipt batches.
     fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome>;
+    /// The store's replay-key batches.
+    fn replays(&self) -> &Coalescer<ReplayRequest, bool>;
+}
+
+/// One [`Receipts::reserve_replay`].
+pub(crate) struct ReplayRequest {
+    provider: String,
+    key: String,
+    ttl: Duration,
+}
+
+/// Gathers replay-key reservations into batches of one statement each, `in_flight` at
+/// a time. Every accepted callback reserves one: one statement per callback was a
+/// round trip each on SQLite's single writer. The same key twice in a batch runs
+/// alone after it (and finds the key taken).
+pub(crate) fn replays<DB: sqlx::Database>(
+    group: Arc<GroupCommit<DB>>,
+    in_flight: usize,
+) -> Coalescer<ReplayRequest, bool>
+where
+    DB::Connection: ReceiptsSql,
+{
+    fn all<'c, C: ReceiptsSql>(
+        conn: &'c mut C,
+        requests: &'c [ReplayRequest],
+    ) -> BoxFuture<'c, Result<Vec<Result<bool, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            let keys: Vec<_> = requests
+                .iter()
+                .map(|r| (r.provider.as_str(), r.key.as_str(), r.ttl))
+                .collect();
+            let reserved: HashSet<(String, String)> =
+                conn.reserve_replay_keys(&keys).await?.into_iter().collect();
+            Ok(requests
+                .iter()
+                .map(|r| Ok(reserved.contains(&(r.provider.clone(), r.key.clone()))))
+                .collect())
+        })
+    }
+    Coalescer::set_based(
+        group,
+        BATCH,
+        in_flight,
+        |r| (r.provider.clone(), r.key.clone()),
+        all::<DB::Connection>,
+    )
 }
 
 /// Gathers receipts into batches of [`apply_all`], `in_flight` at a time (see
@@ -402,12 +449,12 @@ where
         key: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let args = Arc::new((provider.to_string(), key.to_string()));
-        self.group()
-            .run(Box::new(move |conn| {
-                let args = args.clone();
-                Box::pin(async move { conn.reserve_replay_key(&args.0, &args.1, ttl).await })
-            }))
+        self.replays()
+            .submit(ReplayRequest {
+                provider: provider.to_string(),
+                key: key.to_string(),
+                ttl,
+            })
             .await
     }
 

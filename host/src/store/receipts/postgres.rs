@@ -8,6 +8,7 @@ use crate::store::StoreError;
 use crate::store::postgres::{encode_json, interval, map_err};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
+use sqlx::postgres::types::PgInterval;
 use std::time::Duration;
 
 /// First key of the advisory lock of a (provider, provider message id) ("RCPT"). The
@@ -269,28 +270,32 @@ impl ReceiptsSql for PgConnection {
         .map_err(map_err)
     }
 
-    async fn reserve_replay_key(
+    async fn reserve_replay_keys(
         &mut self,
-        provider: &str,
-        key: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        // One statement: a new key is inserted, an expired one is taken over, a live
-        // one is left alone (and no row comes back). Concurrent reserves of one key
-        // queue on its index entry or row lock and re-check the winner's row.
-        let reserved = sqlx::query(
+        keys: &[(&str, &str, Duration)],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let providers: Vec<&str> = keys.iter().map(|k| k.0).collect();
+        let replay_keys: Vec<&str> = keys.iter().map(|k| k.1).collect();
+        let ttls: Vec<PgInterval> = keys.iter().map(|k| interval(k.2)).collect();
+        // One statement, the keys inserted in one order (so two lanes reserving the
+        // same keys wait for each other instead of deadlocking); a new key is inserted,
+        // an expired one is taken over, a live one is left alone (and no row comes
+        // back). Concurrent reserves of one key queue on its index entry or row lock
+        // and re-check the winner's row.
+        sqlx::query_as(
             "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
-             VALUES ($1, $2, now() + $3) ON CONFLICT (provider, replay_key) DO UPDATE SET \
+             SELECT p, k, now() + t FROM UNNEST($1::text[], $2::text[], $3::interval[]) \
+             AS r(p, k, t) ORDER BY p, k \
+             ON CONFLICT (provider, replay_key) DO UPDATE SET \
              expires_at = EXCLUDED.expires_at WHERE webhook_replays.expires_at <= now() \
-             RETURNING 1",
+             RETURNING provider, replay_key",
         )
-        .bind(provider)
-        .bind(key)
-        .bind(interval(ttl))
-        .fetch_optional(self)
+        .bind(&providers)
+        .bind(&replay_keys)
+        .bind(&ttls)
+        .fetch_all(self)
         .await
-        .map_err(map_err)?;
-        Ok(reserved.is_some())
+        .map_err(map_err)
     }
 
     async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {

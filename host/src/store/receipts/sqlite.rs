@@ -182,32 +182,39 @@ impl ReceiptsSql for SqliteConnection {
         .map_err(map_err)
     }
 
-    async fn reserve_replay_key(
+    async fn reserve_replay_keys(
         &mut self,
-        provider: &str,
-        key: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
+        keys: &[(&str, &str, Duration)],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = now_micros();
-        let expires = chrono::Duration::from_std(ttl.min(MAX_TTL))
-            .ok()
-            .and_then(|ttl| now.checked_add_signed(ttl))
-            .unwrap_or(now);
-        // One statement: a new key is inserted, an expired one is taken over, a live
-        // one is left alone and no row comes back.
-        let reserved = sqlx::query(
-            "INSERT INTO webhook_replays (provider, replay_key, expires_at) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (provider, replay_key) DO UPDATE SET expires_at = excluded.expires_at \
-             WHERE webhook_replays.expires_at <= ?4 RETURNING 1",
-        )
-        .bind(provider)
-        .bind(key)
-        .bind(encode_timestamp(&expires))
-        .bind(encode_timestamp(&now))
-        .fetch_optional(self)
-        .await
-        .map_err(map_err)?;
-        Ok(reserved.is_some())
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO webhook_replays (provider, replay_key, expires_at) ",
+        );
+        query.push_values(keys, |mut row, (provider, key, ttl)| {
+            let expires = chrono::Duration::from_std((*ttl).min(MAX_TTL))
+                .ok()
+                .and_then(|ttl| now.checked_add_signed(ttl))
+                .unwrap_or(now);
+            row.push_bind(*provider)
+                .push_bind(*key)
+                .push_bind(encode_timestamp(&expires));
+        });
+        // No row comes back for a live key: the update's condition leaves it alone.
+        query
+            .push(
+                " ON CONFLICT (provider, replay_key) DO UPDATE SET expires_at = \
+                 excluded.expires_at WHERE webhook_replays.expires_at <= ",
+            )
+            .push_bind(encode_timestamp(&now))
+            .push(" RETURNING provider, replay_key");
+        query
+            .build_query_as()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {

@@ -167,6 +167,58 @@ pub(crate) async fn concurrent_replay_reserves(store: Arc<dyn Store>) {
     assert_eq!(race("stale").await, 0, "a live key");
 }
 
+/// Many keys reserved at once (gathered into set-based batches): new and expired keys
+/// are reserved, live ones are not, whatever else shares their batch.
+pub(crate) async fn batched_replay_reserves(store: Arc<dyn Store>) {
+    let ttl = std::time::Duration::from_secs(60);
+    let short = std::time::Duration::from_millis(100);
+    for i in 0..10 {
+        assert!(
+            store
+                .reserve_replay("provc", &format!("live{i}"), ttl)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .reserve_replay("provc", &format!("old{i}"), short)
+                .await
+                .unwrap()
+        );
+    }
+    tokio::time::sleep(short * 3).await;
+    let keys: Vec<(String, bool)> = (0..10)
+        .flat_map(|i| {
+            [
+                (format!("live{i}"), false),
+                (format!("old{i}"), true),
+                (format!("new{i}"), true),
+                (format!("new{}", i + 10), true),
+            ]
+        })
+        .collect();
+    let reserve_all = || {
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|(key, _)| {
+                let (store, key) = (store.clone(), key.clone());
+                tokio::spawn(async move { store.reserve_replay("provc", &key, ttl).await })
+            })
+            .collect();
+        futures::future::join_all(tasks)
+    };
+    for ((key, expected), answer) in keys.iter().zip(reserve_all().await) {
+        let reserved = answer.expect("task").expect("reserve_replay");
+        assert_eq!(reserved, *expected, "key {key}");
+    }
+    for ((key, _), answer) in keys.iter().zip(reserve_all().await) {
+        assert!(
+            !answer.expect("task").expect("reserve_replay"),
+            "key {key} again"
+        );
+    }
+}
+
 /// A receipt moves a message forward only: applied (status, cost replaced, error,
 /// timeline entry), ignored when late, a duplicate when its key was seen, pending when
 /// no message of its workspace has the id.
