@@ -18,10 +18,15 @@ run_child() {
 }
 
 # A port nothing listens on (checked by a refused connection).
+# Drawn from below the kernel's ephemeral range: a port in it may be the local end of
+# an outgoing connection (or one in TIME_WAIT), which the connect test below does not
+# see, and binding it would fail.
 free_port() {
-    local p i
+    local p i low=32768 rest
+    read -r low rest </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
+    ((low > 11000)) || low=32768
     for i in $(seq 1 200); do
-        p=$(shuf -i 20000-60999 -n 1)
+        p=$(shuf -i "10000-$((low - 1))" -n 1)
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"
             return 0
