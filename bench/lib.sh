@@ -22,11 +22,13 @@ run_child() {
 # an outgoing connection (or one in TIME_WAIT), which the connect test below does not
 # see, and binding it would fail.
 free_port() {
-    local p i low=32768 rest
-    read -r low rest </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
-    ((low > 11000)) || low=32768
+    local p i low=32768 rest lo=10000 hi
+    { read -r low rest </proc/sys/net/ipv4/ip_local_port_range; } 2>/dev/null || low=32768
+    hi=$((low - 1))
+    # An ephemeral range starting very low leaves no room below it: draw from the old range.
+    ((hi > lo + 1000)) || { lo=20000 hi=60999; }
     for i in $(seq 1 200); do
-        p=$(shuf -i "10000-$((low - 1))" -n 1)
+        p=$(shuf -i "$lo-$hi" -n 1)
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"
             return 0

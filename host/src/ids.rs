@@ -22,7 +22,8 @@ macro_rules! prefixed_id {
             pub const PREFIX: &'static str = $prefix;
 
             /// A new id: the prefix and 32 lower-case hex digits, a UUIDv7 (a millisecond
-            /// timestamp, then 74 random bits). Time-ordered so that new rows land at the
+            /// timestamp, then a counter seeded at random each millisecond, then random
+            /// bits), so an id tells roughly when it was made. Time-ordered so that new rows land at the
             /// end of every index keyed by the id: the writes of one batch share a few
             /// pages instead of each touching a random one (on SQLite, where a commit
             /// writes every page it dirtied, embedded deliveries went up by a third to

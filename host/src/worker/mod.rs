@@ -35,11 +35,15 @@ pub struct Worker {
     settings: ConsumerSettings,
     config: WorkerConfig,
     metrics: Arc<crate::metrics::Metrics>,
-    /// Critical deliveries received and not yet finished.
+    /// Critical deliveries received whose slot is not yet given back.
     critical_pending: AtomicUsize,
     critical_drained: Notify,
-    /// Deliveries finished and being settled, at most one per slot.
-    settling: Arc<Semaphore>,
+    /// Critical deliveries finished and being settled, at most one per slot they may
+    /// hold (their own and, overflowing, bulk's). Apart from bulk's: a critical delivery
+    /// never waits for bulk acks.
+    settling_critical: Semaphore,
+    /// Bulk deliveries finished and being settled, at most one per bulk slot.
+    settling_bulk: Semaphore,
 }
 
 /// A dispatch slot. Dropping it lets the next delivery start and, for critical work,
@@ -75,9 +79,10 @@ impl Worker {
             metrics,
             critical_pending: AtomicUsize::new(0),
             critical_drained: Notify::new(),
-            settling: Arc::new(Semaphore::new(
+            settling_critical: Semaphore::new(
                 config.critical_concurrency + config.bulk_concurrency,
-            )),
+            ),
+            settling_bulk: Semaphore::new(config.bulk_concurrency),
             config,
         })
     }
@@ -111,10 +116,14 @@ impl Worker {
                 .acquire_many(self.config.bulk_concurrency as u32)
                 .await;
             let _s = self
-                .settling
+                .settling_critical
                 .acquire_many(
                     (self.config.critical_concurrency + self.config.bulk_concurrency) as u32,
                 )
+                .await;
+            let _t = self
+                .settling_bulk
+                .acquire_many(self.config.bulk_concurrency as u32)
                 .await;
         };
         if tokio::time::timeout(self.config.ack_wait(), wait)
@@ -371,12 +380,16 @@ impl Worker {
         }
     }
 
-    /// Gives a finished delivery's slot back, in exchange for a settling permit (taken
-    /// first, so the deliveries being settled never outnumber the slots).
+    /// Gives a finished delivery's slot back, in exchange for a settling permit of its
+    /// class (taken first, so the deliveries being settled never outnumber the slots).
     async fn release(&self, slot: Slot<'_>) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let settling = self.settling.acquire().await.ok();
+        let settling = match slot.critical {
+            Some(_) => &self.settling_critical,
+            None => &self.settling_bulk,
+        };
+        let permit = settling.acquire().await.ok();
         drop(slot);
-        settling
+        permit
     }
 
     /// One critical delivery is finished (or handed back): bulk may resume when none

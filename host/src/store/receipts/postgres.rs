@@ -281,7 +281,9 @@ impl ReceiptsSql for PgConnection {
         // same keys wait for each other instead of deadlocking); a new key is inserted,
         // an expired one is taken over, a live one is left alone (and no row comes
         // back). Concurrent reserves of one key queue on its index entry or row lock
-        // and re-check the winner's row.
+        // and re-check the winner's row; a key held past the lane's lock timeout fails
+        // the batch, whose reserves then run one by one (the same callback delivered
+        // twice at once is rare enough for that).
         sqlx::query_as(
             "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
              SELECT p, k, now() + t FROM UNNEST($1::text[], $2::text[], $3::interval[]) \
