@@ -39,8 +39,8 @@ pub struct Worker {
     critical_pending: AtomicUsize,
     critical_drained: Notify,
     /// Critical deliveries finished and being settled, at most one per slot they may
-    /// hold (their own and, overflowing, bulk's). Apart from bulk's: a critical delivery
-    /// never waits for bulk acks.
+    /// hold (their own and, overflowing, bulk's). Kept apart from bulk's permits, so a
+    /// critical delivery never waits for bulk acks.
     settling_critical: Semaphore,
     /// Bulk deliveries finished and being settled, at most one per bulk slot.
     settling_bulk: Semaphore,
