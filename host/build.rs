@@ -6,8 +6,10 @@
 //! the outer one would deadlock on cargo's build-directory lock.
 
 use std::env;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
 const CRATES: &[&str] = &[
     "switchboard-plugin-prova",
@@ -54,6 +56,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| outer_target_dir().join("wasm-plugins"));
 
+    ensure_wasm_target();
     let mut cmd = nested_cargo(&workspace, &target_dir);
     cmd.args(["--target", TARGET, "--profile", PROFILE]);
     for krate in CRATES {
@@ -61,10 +64,9 @@ fn main() {
     }
     run(
         cmd,
-        &format!(
-            "building the bundled plugins for {TARGET} failed (is the target installed? \
-         `rustup target add {TARGET}`)"
-        ),
+        CRATES,
+        &format!("for {TARGET}"),
+        &format!("building the bundled plugins for {TARGET} failed"),
     );
     let out = target_dir.join(TARGET).join(PROFILE);
     for krate in CRATES {
@@ -82,7 +84,12 @@ fn main() {
             cmd.args(["--features", &format!("{krate}/native")]);
         }
     }
-    run(cmd, "building the native plugin libraries failed");
+    run(
+        cmd,
+        NATIVE_CRATES,
+        "as a native library",
+        "building the native plugin libraries failed",
+    );
     let out = target_dir.join(NATIVE_PROFILE);
     for krate in NATIVE_CRATES {
         let file = out.join(format!(
@@ -142,13 +149,90 @@ fn nested_cargo(workspace: &Path, target_dir: &Path) -> Command {
     cmd
 }
 
-fn run(mut cmd: Command, failure: &str) {
-    let status = cmd
-        .status()
+/// Adds the wasm target to the toolchain building us when it lacks it: a toolchain
+/// that was installed before `rust-toolchain.toml` named the target does not get it
+/// from rustup on its own, and the README's commands must work on such a machine.
+fn ensure_wasm_target() {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let installed = || {
+        Command::new(&rustc)
+            .args(["--print", "target-libdir", "--target", TARGET])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+            .is_some_and(|dir| has_std(&dir))
+    };
+    if installed() {
+        return;
+    }
+    let fix = format!("rustup target add {TARGET}");
+    let toolchain = env::var("RUSTUP_TOOLCHAIN").ok();
+    println!("cargo:warning=the {TARGET} target is missing: running `{fix}` (once)");
+    let mut cmd = Command::new("rustup");
+    cmd.args(["target", "add", TARGET]);
+    if let Some(toolchain) = &toolchain {
+        cmd.args(["--toolchain", toolchain]);
+    }
+    match cmd.status() {
+        Ok(status) if status.success() && installed() => {}
+        Ok(_) => panic!("adding the {TARGET} target failed; run `{fix}` and build again"),
+        Err(_) => panic!(
+            "the {TARGET} target is missing and rustup is not on PATH to add it; \
+             install the target (`{fix}` with rustup) and build again"
+        ),
+    }
+}
+
+/// Whether a target's library directory holds its standard library.
+fn has_std(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("libstd-"))
+    })
+}
+
+/// Runs a nested cargo build, reporting each of `crates` as it is built (a first
+/// build takes minutes, and cargo shows a build script's warnings, not its output).
+fn run(mut cmd: Command, crates: &[&str], what: &str, failure: &str) {
+    cmd.arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
         .unwrap_or_else(|e| panic!("could not run cargo to build the plugins: {e}"));
+    let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut built = 0;
+    for line in stdout.lines().map_while(Result::ok) {
+        if let Some(name) = built_crate(&line, crates) {
+            built += 1;
+            println!(
+                "cargo:warning=built {name} {what} ({built}/{}, {:.0} s)",
+                crates.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let status = child
+        .wait()
+        .unwrap_or_else(|e| panic!("could not wait for cargo building the plugins: {e}"));
     if !status.success() {
         panic!("{failure}");
     }
+}
+
+/// The crate a `compiler-artifact` message of cargo's JSON output reports as compiled
+/// now, when it is one of `crates` (an up-to-date one is "fresh": nothing to report).
+fn built_crate<'a>(line: &str, crates: &[&'a str]) -> Option<&'a str> {
+    if !line.contains("\"reason\":\"compiler-artifact\"") || !line.contains("\"fresh\":false") {
+        return None;
+    }
+    // The library target's name: the crate's, with underscores.
+    crates
+        .iter()
+        .copied()
+        .find(|krate| line.contains(&format!("\"name\":\"{}\"", krate.replace('-', "_"))))
 }
 
 /// `<target>` from `<target>/<profile>/build/<pkg>/out` (or with a `<triple>/` level).
