@@ -25,6 +25,9 @@
 #   BUILD_TIMEOUT [5400]  seconds the release build may take (cargo may wait on a lock)
 #   PG_URL_BASE [postgres://postgres@127.0.0.1:5432]  NATS_URL [nats://127.0.0.1:4222]
 #   REDIS_URL [redis://127.0.0.1:6379]
+#   PGSSLMODE []          read by psql and by the gateway alike: `disable` keeps TLS off
+#                         the PostgreSQL connections (the default, `prefer`, uses it when
+#                         the server offers it, as Debian's does)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -50,7 +53,7 @@ REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 # The exact command line, with every setting that was overridden.
 OVERRIDES=""
 for v in EVENTS BULK TEST_EVENTS SETS DEADLINE STALL VERIFY_CONCURRENCY CALLBACK_DELAY_MS \
-    SKIP_BUILD BIN_DIR KEEP_DB BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL; do
+    SKIP_BUILD BIN_DIR KEEP_DB BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL PGSSLMODE; do
     if printenv "$v" >/dev/null 2>&1; then
         val=$(printenv "$v")
         [[ $val == *" "* ]] && val="\"$val\""

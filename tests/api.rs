@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use switchboard::AppState;
 use switchboard::config::Config;
 use switchboard::model::{KeyMode, Preferences, Tier};
@@ -207,6 +207,17 @@ impl Gateway {
         out
     }
 
+    /// `GET /v1/health/ready`: its status and body.
+    async fn ready(&self) -> (u16, Value) {
+        let resp = self
+            .http
+            .get(format!("{}/v1/health/ready", self.url))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
     async fn cleanup(self) {
         if self.config.broker.backend == switchboard::config::BrokerBackend::Nats {
             let js = async_nats::jetstream::new(
@@ -237,6 +248,7 @@ both!(
     bulk_accepts_items_individually,
     revoked_keys_fail_at_once,
     health_reports_draining,
+    readiness_checks_every_backend,
     metrics_count_requests_decisions_and_publishes,
     get_event_returns_the_message_and_its_timeline,
     get_event_rejects_bad_ids_and_hides_other_workspaces,
@@ -798,6 +810,112 @@ async fn health_reports_draining(b: Backends) {
         .unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.json::<Value>().await.unwrap()["status"], "DRAINING");
+    gw.cleanup().await;
+}
+
+async fn readiness_checks_every_backend(b: Backends) {
+    let gw = Gateway::start(b).await;
+    let (status, body) = gw.ready().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "READY");
+    let checks: Vec<(&str, &str)> = body["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["backend"].as_str().unwrap(), c["kind"].as_str().unwrap()))
+        .collect();
+    let kinds = match b {
+        Backends::Embedded => ["sqlite", "embedded", "memory"],
+        Backends::Production => ["postgres", "nats", "redis"],
+    };
+    assert_eq!(
+        checks,
+        [
+            ("store", kinds[0]),
+            ("broker", kinds[1]),
+            ("counters", kinds[2])
+        ]
+    );
+    gw.state.draining.store(true, Ordering::SeqCst);
+    let (status, body) = gw.ready().await;
+    assert_eq!((status, body["error"].as_str()), (503, Some("NOT_READY")));
+    assert!(body["message"].as_str().unwrap().contains("draining"));
+    gw.cleanup().await;
+}
+
+/// Each production backend taken away in turn (PostgreSQL through a proxy whose path
+/// is cut, private Redis and NATS servers stopped): readiness answers 503 within its
+/// bound and names exactly what is down, and 200 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_readiness_names_the_backend_that_is_down() {
+    let pg = common::Proxy::start(5432).await;
+    let nats_dir = tempfile::tempdir().unwrap();
+    let nats_port = Private::free_port();
+    let nats = Private::nats(nats_port, nats_dir.path()).await;
+    let redis_port = Private::free_port();
+    let redis = Private::redis(redis_port).await;
+    let gw = Gateway::start_with(Backends::Production, |c| {
+        c.store.url = c.store.url.replace(":5432/", &format!(":{}/", pg.port));
+        c.broker.url = format!("nats://127.0.0.1:{nats_port}");
+        c.counters.url = format!("redis://127.0.0.1:{redis_port}");
+    })
+    .await;
+    assert_eq!(gw.ready().await.0, 200);
+
+    // Polls until readiness answers `want`; every answer comes within its bound.
+    let until = |want: u16| {
+        let gw = &gw;
+        async move {
+            for _ in 0..60 {
+                let started = Instant::now();
+                let (status, body) = gw.ready().await;
+                assert!(
+                    started.elapsed() < Duration::from_secs(4),
+                    "readiness took {:?}",
+                    started.elapsed()
+                );
+                if status == want {
+                    return body;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            panic!("readiness never answered {want}");
+        }
+    };
+
+    pg.cut();
+    let body = until(503).await;
+    assert_eq!(body["error"], "NOT_READY");
+    assert_eq!(
+        body["message"],
+        "not ready: store (postgres) did not answer"
+    );
+    pg.restore();
+    until(200).await;
+
+    redis.stop();
+    let body = until(503).await;
+    assert_eq!(
+        body["message"],
+        "not ready: counters (redis) did not answer"
+    );
+    nats.stop();
+    let body = until(503).await;
+    let mut message = body["message"].as_str().unwrap().to_string();
+    for _ in 0..40 {
+        if message.contains("broker") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        message = until(503).await["message"].as_str().unwrap().to_string();
+    }
+    assert_eq!(
+        message,
+        "not ready: broker (nats), counters (redis) did not answer"
+    );
+    let _redis = Private::redis(redis_port).await;
+    let _nats = Private::nats(nats_port, nats_dir.path()).await;
+    until(200).await;
     gw.cleanup().await;
 }
 

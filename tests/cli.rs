@@ -273,6 +273,37 @@ fn start_dev_with(
     panic!("dev exited before listening: {printed:?}");
 }
 
+/// Logs written to a pipe (a log collector, not a terminal) carry no colour codes.
+#[test]
+fn logs_have_no_colour_codes_when_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = switchboard()
+        .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .env("SWITCHBOARD_LOG", "debug,wasmtime=warn,cranelift=warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.map_while(Result::ok) {
+        if line.starts_with("listening on ") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        logs.contains("DEBUG") || logs.contains("INFO"),
+        "no logs: {logs}"
+    );
+    assert!(
+        !logs.contains('\u{1b}'),
+        "colour codes in piped logs: {logs}"
+    );
+}
+
 #[test]
 fn keys_cli_works_beside_a_running_dev_gateway() {
     let dir = tempfile::tempdir().unwrap();
@@ -448,6 +479,7 @@ fn the_committed_openapi_document_matches_the_code() {
         "/v1/events/trigger",
         "/v1/events/bulk",
         "/v1/health",
+        "/v1/health/ready",
         "/v1/mcp",
     ] {
         assert!(doc["paths"][path].is_object(), "{path} missing");
@@ -675,6 +707,14 @@ fn kill_9_under_load_loses_no_accepted_event() {
 fn sigterm_drains_then_exits() {
     let serve = Serve::new();
     let (mut child, url) = serve.start(2);
+    // `serve` runs in production unless told otherwise.
+    let health: HealthStatus = reqwest::blocking::get(format!("{url}/v1/health"))
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(health.environment, "production");
+    let ready = reqwest::blocking::get(format!("{url}/v1/health/ready")).unwrap();
+    assert_eq!(ready.status(), 200);
     let pid = child.id().to_string();
     assert!(
         Command::new("kill")

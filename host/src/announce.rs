@@ -62,8 +62,7 @@ impl Announcer {
         if config.broker.backend != crate::config::BrokerBackend::Nats {
             return None;
         }
-        match crate::broker::jetstream::connect_client(&config.broker.url, "switchboard-cli").await
-        {
+        match crate::broker::nats::connect_client(config.broker.target(), "switchboard-cli").await {
             Ok(client) => Some(Announcer::Nats {
                 client,
                 subject: subject.to_string(),

@@ -3,6 +3,8 @@
 //! `SWITCHBOARD_PLUGINS__MEMORY_LIMIT_MIB`), then command-line flags. Validated once at
 //! start; errors name the setting.
 
+use crate::broker::nats::NatsAuth;
+use crate::tls::TlsFiles;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -152,16 +154,31 @@ pub enum StoreBackend {
     Sqlite,
 }
 
+impl StoreBackend {
+    /// The name the configuration uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreBackend::Postgres => "postgres",
+            StoreBackend::Sqlite => "sqlite",
+        }
+    }
+}
+
 /// Database settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// Backend.
     pub backend: StoreBackend,
-    /// PostgreSQL URL (`SWITCHBOARD_STORE__URL`).
+    /// PostgreSQL URL (`SWITCHBOARD_STORE__URL`); `?sslmode=require` (or `verify-ca`,
+    /// `verify-full`) asks for TLS.
     pub url: String,
     /// Pool size.
     pub max_connections: u32,
+    /// TLS files (`[store.tls]`). A CA file with no `sslmode` in the URL means
+    /// `verify-full`.
+    #[serde(default)]
+    pub tls: TlsFiles,
 }
 
 /// Which broker.
@@ -174,16 +191,44 @@ pub enum BrokerBackend {
     Embedded,
 }
 
+impl BrokerBackend {
+    /// The name the configuration uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerBackend::Nats => "nats",
+            BrokerBackend::Embedded => "embedded",
+        }
+    }
+}
+
 /// Broker settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
     /// Backend.
     pub backend: BrokerBackend,
-    /// NATS URL (`SWITCHBOARD_BROKER__URL`).
+    /// NATS URL (`SWITCHBOARD_BROKER__URL`): `nats://` or `tls://`, several separated
+    /// by commas.
     pub url: String,
+    /// TLS files (`[broker.tls]`); any of them makes TLS required.
+    #[serde(default)]
+    pub tls: TlsFiles,
+    /// Credentials (`[broker.auth]`).
+    #[serde(default)]
+    pub auth: NatsAuth,
     /// Stream and subject names (defaults are the spec's).
     pub streams: crate::broker::StreamNames,
+}
+
+impl BrokerConfig {
+    /// How to reach NATS: the URL, TLS files and credentials.
+    pub fn target(&self) -> crate::broker::nats::NatsTarget<'_> {
+        crate::broker::nats::NatsTarget {
+            url: &self.url,
+            tls: &self.tls,
+            auth: &self.auth,
+        }
+    }
 }
 
 /// Which counter store.
@@ -196,14 +241,27 @@ pub enum CountersBackend {
     Memory,
 }
 
+impl CountersBackend {
+    /// The name the configuration uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CountersBackend::Redis => "redis",
+            CountersBackend::Memory => "memory",
+        }
+    }
+}
+
 /// Counter-store settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CountersConfig {
     /// Backend.
     pub backend: CountersBackend,
-    /// Redis URL (`SWITCHBOARD_COUNTERS__URL`).
+    /// Redis URL (`SWITCHBOARD_COUNTERS__URL`); `rediss://` asks for TLS.
     pub url: String,
+    /// TLS files (`[counters.tls]`), for a `rediss://` URL.
+    #[serde(default)]
+    pub tls: TlsFiles,
     /// Prefix of every Redis key.
     pub key_prefix: String,
 }
@@ -301,16 +359,20 @@ impl Default for Config {
                 backend: StoreBackend::Postgres,
                 url: "postgres://postgres@127.0.0.1:5432/switchboard".into(),
                 max_connections: 16,
+                tls: TlsFiles::default(),
             },
             broker: BrokerConfig {
                 backend: BrokerBackend::Nats,
                 url: "nats://127.0.0.1:4222".into(),
                 streams: crate::broker::StreamNames::default(),
+                tls: TlsFiles::default(),
+                auth: NatsAuth::default(),
             },
             counters: CountersConfig {
                 backend: CountersBackend::Redis,
                 url: "redis://127.0.0.1:6379".into(),
                 key_prefix: "switchboard:".into(),
+                tls: TlsFiles::default(),
             },
             max_body_bytes: 8 << 20,
             // Loopback only: counts of every tenant's traffic are for the operator.
@@ -371,7 +433,13 @@ const TOP_LEVEL: &[&str] = &[
 impl Config {
     /// Defaults, then `file` (which must exist when given), then `SWITCHBOARD_*`.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        Self::load_over(Config::default(), file)
+    }
+
+    /// [`Config::load`] over other defaults (`serve` and `worker` run in `production`
+    /// unless told otherwise).
+    pub fn load_over(defaults: Config, file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut figment = Figment::from(Serialized::defaults(defaults));
         if let Some(file) = file {
             anyhow::ensure!(
                 file.exists(),
@@ -495,6 +563,25 @@ impl Config {
         self.sim
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        self.validate_tls()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
+    }
+
+    /// TLS files of the backends in use; Redis TLS files need a `rediss://` URL (a
+    /// plain one would silently ignore them).
+    fn validate_tls(&self) -> Result<(), String> {
+        if self.store.backend == StoreBackend::Postgres {
+            self.store.tls.validate("store.tls")?;
+        }
+        if self.broker.backend == BrokerBackend::Nats {
+            self.broker.tls.validate("broker.tls")?;
+        }
+        if self.counters.backend == CountersBackend::Redis {
+            self.counters.tls.validate("counters.tls")?;
+            if self.counters.tls.is_set() && !self.counters.url.starts_with("rediss://") {
+                return Err("counters.tls needs a rediss:// counters.url".into());
+            }
+        }
         Ok(())
     }
 }

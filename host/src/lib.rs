@@ -24,6 +24,7 @@ pub mod routing;
 pub mod sim;
 pub mod store;
 pub mod template;
+pub mod tls;
 pub mod voice;
 pub mod webhooks;
 pub mod worker;
@@ -69,12 +70,13 @@ pub async fn open_store(
 ) -> anyhow::Result<(Arc<dyn store::Store>, Option<store::sqlite::SqliteStore>)> {
     let (store, lite): (Arc<dyn store::Store>, _) = match config.store.backend {
         StoreBackend::Postgres => {
-            let pg =
-                store::postgres::PgStore::connect(&config.store.url, config.store.max_connections)
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!("store.url ({}): {e}", redact(&config.store.url))
-                    })?;
+            let pg = store::postgres::PgStore::connect_tls(
+                &config.store.url,
+                config.store.max_connections,
+                &config.store.tls,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("store.url ({}): {e}", redact(&config.store.url)))?;
             (Arc::new(pg), None)
         }
         StoreBackend::Sqlite => {
@@ -107,11 +109,12 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     ) = match config.broker.backend {
         BrokerBackend::Nats => {
             let b = Arc::new(
-                broker::jetstream::JetStreamBroker::connect(&config.broker.url, streams.clone())
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url))
-                    })?,
+                broker::jetstream::JetStreamBroker::connect_to(
+                    config.broker.target(),
+                    streams.clone(),
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url)))?,
             );
             let announcer = announce::Announcer::Nats {
                 client: b.client(),
@@ -163,13 +166,15 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         CountersBackend::Redis => {
             let url = &config.counters.url;
             let prefix = config.counters.key_prefix.clone();
-            let c = ratelimit::redis::RedisCounters::connect(url, prefix.clone())
-                .await
-                .map_err(|e| anyhow::anyhow!("counters.url ({}): {e}", redact(url)))?;
-            let i = idempotency::redis::RedisIdempotency::connect(url, prefix)
-                .await
-                .map_err(|e| anyhow::anyhow!("counters.url ({}): {e}", redact(url)))?;
-            (Arc::new(c), Arc::new(i))
+            let connect = || async {
+                ratelimit::redis::connect_manager(url, &config.counters.tls)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("counters.url ({}): {e}", redact(url)))
+            };
+            // A connection each, as before TLS: neither waits behind the other's replies.
+            let counters = ratelimit::redis::RedisCounters::new(connect().await?, prefix.clone());
+            let idempotency = idempotency::redis::RedisIdempotency::new(connect().await?, prefix);
+            (Arc::new(counters), Arc::new(idempotency))
         }
         // With the dev database at hand, idempotency keys live in it and survive restarts.
         CountersBackend::Memory => {

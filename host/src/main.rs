@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use switchboard::admin;
-use switchboard::config::Config;
+use switchboard::config::{Config, Environment};
 use switchboard::model::{KeyMode, Tier};
 use switchboard::plugins::conformance::{self, KitOptions};
 use switchboard::plugins::{PluginRuntime, bundled};
@@ -359,7 +359,16 @@ fn limit_malloc_arenas() {
 fn limit_malloc_arenas() {}
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut config = Config::load(cli.config.as_deref())?;
+    // The processes that run a deployment are in production unless told otherwise:
+    // its stricter rules must not hang on an operator remembering a setting.
+    let defaults = match cli.command {
+        Command::Serve(_) | Command::Worker(Target { dev: false, .. }) => Config {
+            environment: Environment::Production,
+            ..Config::default()
+        },
+        _ => Config::default(),
+    };
+    let mut config = Config::load_over(defaults, cli.config.as_deref())?;
     match cli.command {
         Command::Dev(args) => {
             if let Some(listen) = args.listen {
@@ -981,8 +990,12 @@ fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SWITCHBOARD_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
+    // Colour only for a person at a terminal: escape codes garble collected logs.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if std::env::var("SWITCHBOARD_LOG_FORMAT").is_ok_and(|f| f == "json") {
         builder.json().init();

@@ -60,4 +60,7 @@ pub trait Counters: Send + Sync + 'static {
         subscribers: &[&str],
         all_or_nothing: bool,
     ) -> Result<Admission, CounterError>;
+
+    /// One round trip to the counter store, for readiness.
+    async fn ping(&self) -> Result<(), CounterError>;
 }

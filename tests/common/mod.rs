@@ -4,6 +4,7 @@ use switchboard::broker::StreamNames;
 use switchboard::config::Config;
 
 /// Which backend set a test runs on.
+#[allow(dead_code)] // not every test binary uses it
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Backends {
     /// SQLite, the embedded queue, in-process counters.
@@ -43,6 +44,7 @@ pub async fn serve(config: Config) -> (String, switchboard::AppState) {
 }
 
 /// Creates a fresh PostgreSQL database.
+#[allow(dead_code)]
 pub async fn create_database(name: &str) {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres")
@@ -56,6 +58,7 @@ pub async fn create_database(name: &str) {
 
 /// Points `config` at `backends`; for production, at a fresh database, stream names,
 /// worker consumer and counter key prefix of its own (`tag` tells whose they are).
+#[allow(dead_code)]
 pub async fn isolate(config: &mut Config, backends: Backends, tag: &str) {
     config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
     // The tests read `/metrics` on the API port; the default listener of its own
@@ -227,6 +230,74 @@ impl Drop for Private {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy on a free port to a real server, whose path can be cut (every
+/// connection closed, new ones refused at once) and restored: an outage of a server
+/// this test does not own (the machine's PostgreSQL), seen from the gateway.
+#[allow(dead_code)]
+pub struct Proxy {
+    /// Where it listens.
+    pub port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[allow(dead_code)]
+impl Proxy {
+    /// Forwards a free port on 127.0.0.1 to `127.0.0.1:target`.
+    pub async fn start(target: u16) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cut, _) = tokio::sync::watch::channel(0u64);
+        let (up2, cut2) = (up.clone(), cut.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: the connection is reset
+                }
+                let mut cuts = cut2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            up,
+            cut,
+            task,
+        }
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Lets connections through again.
+    pub fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.task.abort();
     }
 }
 

@@ -54,6 +54,10 @@ pub enum ApiError {
     /// 503 `SERVICE_UNAVAILABLE`: the database is unreachable; the cause is logged only.
     #[error("database unavailable: retry with backoff")]
     Unavailable(#[source] anyhow::Error),
+    /// 503 `NOT_READY`: readiness failed; the message names the backends that did not
+    /// answer (their causes are logged only), or says the process is draining.
+    #[error("{0}")]
+    NotReady(String),
 }
 
 /// The spec's ErrorResponse.
@@ -103,6 +107,8 @@ pub enum ErrorCode {
     InternalServerError,
     /// 503.
     ServiceUnavailable,
+    /// 503: `GET /v1/health/ready` found a backend down, or the process draining.
+    NotReady,
 }
 
 impl ApiError {
@@ -125,6 +131,7 @@ impl ApiError {
             ApiError::NotAcceptable(_) => (StatusCode::NOT_ACCEPTABLE, "NOT_ACCEPTABLE"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_SERVER_ERROR"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
+            ApiError::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "NOT_READY"),
         }
     }
 }
@@ -213,6 +220,7 @@ mod tests {
             ApiError::NotAcceptable(String::new()),
             ApiError::Internal(anyhow::anyhow!("x")),
             ApiError::Unavailable(anyhow::anyhow!("x")),
+            ApiError::NotReady(String::new()),
         ];
         for e in produced {
             assert!(

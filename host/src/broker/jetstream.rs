@@ -23,20 +23,16 @@ use async_nats::connection::State;
 use async_nats::jetstream::consumer::{self, PullConsumer, pull};
 use async_nats::jetstream::stream::ConsumerErrorKind;
 use async_nats::jetstream::{self, AckKind, context::PublishAckFuture, stream};
-use async_nats::{ConnectOptions, HeaderMap, ServerAddr, Subject};
+use async_nats::{HeaderMap, Subject};
 use futures::stream::{BoxStream, FuturesUnordered, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
+use super::nats::{NatsTarget, connect_client};
 use super::{
     Broker, BrokerError, ConsumerSettings, Delivery, Publish, Settle, StreamClass, StreamNames,
     WorkQueue,
 };
 
-/// How long one TCP/TLS/handshake attempt may take when connecting.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
-/// Upper bound on the whole start-up connect, DNS included (async-nats does not time
-/// out name resolution), so a missing NATS is reported in seconds, not hung on.
-const STARTUP_CONNECT_DEADLINE: Duration = Duration::from_secs(5);
 /// Bound on JetStream API requests (stream create/update) and on handing a publish to
 /// the client's send queue.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -95,7 +91,15 @@ impl JetStreamBroker {
     /// reached: start-up should not hang on a missing NATS. Once connected, lost
     /// connections are re-established automatically and indefinitely.
     pub async fn connect(url: &str, names: StreamNames) -> Result<Self, BrokerError> {
-        let client = connect_client(url, "switchboard").await?;
+        Self::connect_to(NatsTarget::plain(url), names).await
+    }
+
+    /// [`JetStreamBroker::connect`] with TLS files and credentials.
+    pub async fn connect_to(
+        target: NatsTarget<'_>,
+        names: StreamNames,
+    ) -> Result<Self, BrokerError> {
+        let client = connect_client(target, "switchboard").await?;
         let js = jetstream::ContextBuilder::new()
             .timeout(API_TIMEOUT)
             // Our own semaphore enforces MAX_IN_FLIGHT; the context's limit only has to
@@ -282,6 +286,17 @@ impl Broker for JetStreamBroker {
 
     fn connected(&self) -> bool {
         self.client.connection_state() == State::Connected
+    }
+
+    /// The critical stream's info: a request JetStream itself answers, so a server that
+    /// is up with JetStream unavailable, or without our stream, fails it too. (Not the
+    /// account info: that request failed against the NATS 2.9 server the tests run on.)
+    async fn ping(&self) -> Result<(), BrokerError> {
+        self.js
+            .get_stream(&self.names.critical)
+            .await
+            .map(|_| ())
+            .map_err(|e| BrokerError(format!("stream {}: {e}", self.names.critical)))
     }
 }
 
@@ -579,67 +594,6 @@ fn await_ack<'a>(
         });
         (index, result)
     }
-}
-
-/// Parses one server URL or a comma-separated list of them.
-/// Connects a NATS client named `name` to `url`, failing within a few seconds, with an
-/// error naming the (redacted) URL, when no server can be reached.
-pub(crate) async fn connect_client(
-    url: &str,
-    name: &str,
-) -> Result<async_nats::Client, BrokerError> {
-    let shown = redact_url(url);
-    let servers = parse_servers(url)
-        .map_err(|err| BrokerError(format!("invalid NATS URL {shown}: {err}")))?;
-
-    // Defaults kept on purpose: `retry_on_initial_connect` stays off, so the first
-    // connect fails fast instead of retrying in the background, and `max_reconnects`
-    // stays unlimited, so the client reconnects forever once it is up.
-    let options = ConnectOptions::new()
-        .name(name)
-        .connection_timeout(CONNECTION_TIMEOUT);
-    match tokio::time::timeout(STARTUP_CONNECT_DEADLINE, options.connect(servers)).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(err)) => Err(BrokerError(format!(
-            "cannot connect to NATS at {shown}: {err}"
-        ))),
-        Err(_elapsed) => Err(BrokerError(format!(
-            "cannot connect to NATS at {shown}: no connection within {}s",
-            STARTUP_CONNECT_DEADLINE.as_secs()
-        ))),
-    }
-}
-
-fn parse_servers(url: &str) -> Result<Vec<ServerAddr>, String> {
-    let servers = url
-        .split(',')
-        .map(str::trim)
-        .filter(|part| !part.is_empty())
-        .map(|part| part.parse::<ServerAddr>().map_err(|err| err.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    if servers.is_empty() {
-        return Err("no server given".into());
-    }
-    Ok(servers)
-}
-
-/// The URL with any `user:password@` replaced, so errors and logs never show credentials.
-fn redact_url(url: &str) -> String {
-    url.split(',')
-        .map(|part| {
-            let part = part.trim();
-            let host_start = part.find("://").map_or(0, |i| i + 3);
-            match part[host_start..].rfind('@') {
-                Some(at) => format!(
-                    "{}***@{}",
-                    &part[..host_start],
-                    &part[host_start + at + 1..]
-                ),
-                None => part.to_owned(),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod embedded;
 pub mod jetstream;
+pub mod nats;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -149,6 +150,8 @@ pub trait Broker: Send + Sync + 'static {
     async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<(), BrokerError>>;
     /// Whether the broker is reachable right now (health's `nats_connected`).
     fn connected(&self) -> bool;
+    /// One round trip to the broker's storage, for readiness.
+    async fn ping(&self) -> Result<(), BrokerError>;
 }
 
 /// Settles one delivery with the broker.

@@ -114,7 +114,9 @@ impl RedisIdempotency {
         url: &str,
         key_prefix: impl Into<String>,
     ) -> Result<Self, IdempotencyError> {
-        let conn = connect_manager(url).await.map_err(IdempotencyError)?;
+        let conn = connect_manager(url, &crate::tls::TlsFiles::default())
+            .await
+            .map_err(IdempotencyError)?;
         Ok(Self::new(conn, key_prefix))
     }
 

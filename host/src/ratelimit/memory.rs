@@ -112,6 +112,11 @@ impl Counters for MemoryCounters {
             events,
         })
     }
+
+    /// In the process: always there.
+    async fn ping(&self) -> Result<(), CounterError> {
+        Ok(())
+    }
 }
 
 /// Behaviour tests shared by every [`Counters`] implementation.

@@ -17,10 +17,11 @@
 
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ClientTlsConfig, Script, TlsCertificates};
 
 use super::{Admission, CounterError, Counters, Quota};
+use crate::tls::TlsFiles;
 
 /// Upper bound on one admission round trip: an unreachable or stalled Redis must
 /// fail the request quickly rather than hold it.
@@ -93,8 +94,38 @@ return out
 ///
 /// Shared with [`crate::idempotency::redis`] so both stores fail the same way.
 /// Few retries are enough: a failed command triggers a new reconnection anyway.
-pub(crate) async fn connect_manager(url: &str) -> Result<ConnectionManager, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("invalid redis url: {e}"))?;
+///
+/// A `rediss://` URL connects over TLS, verified against the system's roots or
+/// `tls.ca_file`, presenting `tls.cert_file` when set.
+pub(crate) async fn connect_manager(
+    url: &str,
+    tls: &TlsFiles,
+) -> Result<ConnectionManager, String> {
+    let client = if tls.is_set() {
+        let read = |name, file| TlsFiles::read("counters.tls", name, file);
+        let client_tls = match tls.client() {
+            Some((cert, key)) => Some(ClientTlsConfig {
+                client_cert: read("cert_file", cert)?,
+                client_key: read("key_file", key)?,
+            }),
+            None => None,
+        };
+        let root_cert = tls
+            .ca_file
+            .as_deref()
+            .map(|ca| read("ca_file", ca))
+            .transpose()?;
+        redis::Client::build_with_tls(
+            url,
+            TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        )
+    } else {
+        redis::Client::open(url)
+    }
+    .map_err(|e| format!("invalid redis url or TLS files: {e}"))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(OP_TIMEOUT))
         .set_response_timeout(Some(OP_TIMEOUT))
@@ -132,7 +163,9 @@ impl RedisCounters {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379`), failing within about
     /// [`CONNECT_TIMEOUT`] when Redis is unreachable.
     pub async fn connect(url: &str, key_prefix: impl Into<String>) -> Result<Self, CounterError> {
-        let conn = connect_manager(url).await.map_err(CounterError)?;
+        let conn = connect_manager(url, &TlsFiles::default())
+            .await
+            .map_err(CounterError)?;
         Ok(Self::new(conn, key_prefix))
     }
 }
@@ -182,6 +215,20 @@ impl Counters for RedisCounters {
             .map_err(|_| CounterError(format!("redis did not answer within {OP_TIMEOUT:?}")))?
             .map_err(|e| CounterError(format!("redis: {e}")))?;
         decode(&raw, subscribers.len())
+    }
+
+    /// `PING`, bounded by [`OP_TIMEOUT`].
+    async fn ping(&self) -> Result<(), CounterError> {
+        let mut conn = self.conn.clone();
+        let pong: String =
+            tokio::time::timeout(OP_TIMEOUT, redis::cmd("PING").query_async(&mut conn))
+                .await
+                .map_err(|_| CounterError(format!("redis did not answer within {OP_TIMEOUT:?}")))?
+                .map_err(|e| CounterError(format!("redis: {e}")))?;
+        if pong != "PONG" {
+            return Err(CounterError(format!("redis answered {pong:?} to PING")));
+        }
+        Ok(())
     }
 }
 

@@ -12,9 +12,10 @@ use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
+use crate::tls::TlsFiles;
 use sqlx::Postgres;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,7 +65,27 @@ impl PgStore {
     /// that is down is reported at start-up (as [`StoreError::Unavailable`] within a
     /// few seconds when the server cannot be reached).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse().map_err(map_err)?;
+        Self::connect_tls(url, max_connections, &TlsFiles::default()).await
+    }
+
+    /// [`PgStore::connect`] with TLS files (`store.tls`): the CA verifies the server, a
+    /// client certificate is presented when set. A CA with no `sslmode` in the URL means
+    /// `verify-full`, since a CA given only to be ignored would be a surprise.
+    pub async fn connect_tls(
+        url: &str,
+        max_connections: u32,
+        tls: &TlsFiles,
+    ) -> Result<Self, StoreError> {
+        let mut options: PgConnectOptions = url.parse().map_err(map_err)?;
+        if let Some(ca) = &tls.ca_file {
+            options = options.ssl_root_cert(ca);
+            if !url.contains("sslmode=") {
+                options = options.ssl_mode(PgSslMode::VerifyFull);
+            }
+        }
+        if let Some((cert, key)) = tls.client() {
+            options = options.ssl_client_cert(cert).ssl_client_key(key);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(ACQUIRE_TIMEOUT)

@@ -211,7 +211,8 @@ fn append(schema: &mut Value, text: &str) {
 }
 
 /// The statuses every operation of a kind can answer: 401 where a key is needed, 400,
-/// 413 and 415 where a JSON body is read, 500 everywhere but liveness.
+/// 413 and 415 where a JSON body is read, 500 everywhere but liveness and readiness
+/// (which answer 200 or 503 whatever fails).
 fn operation_statuses(operation: &mut Value) {
     let keyed = operation["security"]
         .as_array()
@@ -219,7 +220,8 @@ fn operation_statuses(operation: &mut Value) {
     let json_body = operation["requestBody"]["content"]
         .get("application/json")
         .is_some();
-    let liveness = operation["operationId"] == "getHealth";
+    let liveness =
+        operation["operationId"] == "getHealth" || operation["operationId"] == "getReadiness";
     let responses = &mut operation["responses"];
     let mut ensure = |status: &str, description: &str| {
         if responses.get(status).is_none() {

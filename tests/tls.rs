@@ -1,0 +1,461 @@
+//! TLS to every production backend, against private servers started here with a CA
+//! generated here: PostgreSQL (`ssl = on`, only `hostssl` with client certificates),
+//! Redis (TLS port only, clients authenticated) and NATS (a `tls` block that verifies
+//! clients, and a user with a password). The gateway runs on all three at once; each
+//! way of getting a setting wrong fails at start with an error naming the setting.
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use switchboard::config::Config;
+use switchboard::model::{KeyMode, Tier};
+use switchboard::tls::TlsFiles;
+
+mod common;
+use common::Private;
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate for `postgres`
+/// (PostgreSQL's `cert` authentication maps the common name to the user), as PEM files.
+struct Pki {
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+impl Pki {
+    fn generate(dir: &Path) -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "switchboard test CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        let issuer: &rcgen::Issuer<'_, KeyPair> = &ca;
+
+        let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
+            let mut params = CertificateParams::new(names).unwrap();
+            params.distinguished_name.push(DnType::CommonName, cn);
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, issuer).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let server = leaf(
+            vec!["127.0.0.1".into(), "localhost".into()],
+            "127.0.0.1",
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let client = leaf(Vec::new(), "postgres", ExtendedKeyUsagePurpose::ClientAuth);
+        let write = |name: &str, pem: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        Self {
+            ca: write("ca.pem", &ca.pem()),
+            server_cert: write("server.pem", &server.0),
+            server_key: write("server.key", &server.1),
+            client_cert: write("client.pem", &client.0),
+            client_key: write("client.key", &client.1),
+        }
+    }
+
+    fn client_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: Some(self.ca.clone()),
+            cert_file: Some(self.client_cert.clone()),
+            key_file: Some(self.client_key.clone()),
+        }
+    }
+}
+
+/// PostgreSQL's server programs: on `PATH`, else Debian's versioned directory.
+fn pg_bin(name: &str) -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file());
+    on_path
+        .or_else(|| {
+            let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+                .ok()?
+                .flatten()
+                .map(|e| e.path().join("bin").join(name))
+                .filter(|p| p.is_file())
+                .collect();
+            found.sort();
+            found.pop()
+        })
+        .unwrap_or_else(|| panic!("PostgreSQL's {name} must be installed"))
+}
+
+/// Runs `program` as the `postgres` user when we are root (PostgreSQL refuses root).
+fn as_postgres(program: &Path) -> Command {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A private PostgreSQL that takes only TLS connections with a client certificate.
+struct PrivatePg {
+    child: Child,
+    port: u16,
+    data: PathBuf,
+}
+
+impl PrivatePg {
+    async fn start(dir: &Path, pki: &Pki) -> Self {
+        let data = dir.join("pgdata");
+        chown_to_postgres(dir);
+        let out = as_postgres(&pg_bin("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (from, to) in [
+            (&pki.server_cert, "server.crt"),
+            (&pki.server_key, "server.key"),
+            (&pki.ca, "root.crt"),
+        ] {
+            std::fs::copy(from, data.join(to)).unwrap();
+        }
+        let port = Private::free_port();
+        let conf = format!(
+            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'root.crt'\nfsync = off\n",
+            dir.display()
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        std::io::Write::write_all(&mut file, conf.as_bytes()).unwrap();
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "hostssl all all 127.0.0.1/32 cert\n",
+        )
+        .unwrap();
+        chown_to_postgres(dir);
+        set_mode(&data.join("server.key"), 0o600);
+        let mut child = as_postgres(&pg_bin("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Self { child, port, data };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("private PostgreSQL did not start");
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        // The server's own pid (the child may be `runuser`): SIGQUIT stops it at once.
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_string));
+        if let Some(pid) = pid {
+            let _ = Command::new("kill").args(["-QUIT", &pid]).status();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn chown_to_postgres(dir: &Path) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Redis listening on TLS only, verifying clients against the CA.
+fn redis_tls(port: u16, pki: &Pki) -> Child {
+    Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--tls-port", &port.to_string(), "--tls-auth-clients", "yes"])
+        .arg("--tls-cert-file")
+        .arg(&pki.server_cert)
+        .arg("--tls-key-file")
+        .arg(&pki.server_key)
+        .arg("--tls-ca-cert-file")
+        .arg(&pki.ca)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed")
+}
+
+/// NATS with JetStream, TLS verifying clients, and one user with a password.
+fn nats_tls(port: u16, dir: &Path, pki: &Pki) -> Child {
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\n\
+             tls {{ cert_file: {:?}, key_file: {:?}, ca_file: {:?}, verify: true }}\n\
+             authorization {{ user: svc, password: \"s3cret-pw\" }}\n",
+            dir.join("js"),
+            pki.server_cert,
+            pki.server_key,
+            pki.ca
+        ),
+    )
+    .unwrap();
+    Command::new("nats-server")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nats-server must be installed")
+}
+
+async fn wait_port(port: u16) {
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nothing listens on {port}");
+}
+
+/// Kills a child on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The three servers, and a config that reaches each over TLS with a client
+/// certificate (NATS also with its user and password).
+struct Backends3 {
+    _pg: PrivatePg,
+    _redis: Killed,
+    _nats: Killed,
+    pki: Pki,
+    config: Config,
+    _dir: tempfile::TempDir,
+}
+
+async fn tls_backends() -> Backends3 {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(dir.path());
+    let pg = PrivatePg::start(dir.path(), &pki).await;
+    let redis_port = Private::free_port();
+    let redis = Killed(redis_tls(redis_port, &pki));
+    let nats_port = Private::free_port();
+    let nats = Killed(nats_tls(nats_port, dir.path(), &pki));
+    wait_port(redis_port).await;
+    wait_port(nats_port).await;
+
+    let mut config = Config {
+        data_dir: dir.path().join("data"),
+        ..Config::default()
+    };
+    // Private servers: nothing to isolate from, but the plugin cache and no metrics
+    // listener of its own, as every test gateway.
+    config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-test-plugin-cache"));
+    config.metrics_listen = None;
+    config.store.url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full",
+        pg.port
+    );
+    config.store.tls = pki.client_files();
+    config.broker.url = format!("tls://127.0.0.1:{nats_port}");
+    config.broker.tls = pki.client_files();
+    config.broker.auth.user = Some("svc".into());
+    config.broker.auth.password = Some("s3cret-pw".into());
+    config.counters.url = format!("rediss://127.0.0.1:{redis_port}");
+    config.counters.tls = pki.client_files();
+    config.worker.enabled = false;
+    Backends3 {
+        _pg: pg,
+        _redis: redis,
+        _nats: nats,
+        pki,
+        config,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_runs_on_tls_backends_with_client_certificates() {
+    let b = tls_backends().await;
+    b.config.validate().unwrap();
+    let (url, state) = common::serve(b.config.clone()).await;
+    let http = reqwest::Client::new();
+    let ready: Value = http
+        .get(format!("{url}/v1/health/ready"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["status"], "READY", "{ready}");
+
+    let store = &state.ingest.store;
+    let ws = store
+        .ensure_workspace("acme", Some(Tier::Paid))
+        .await
+        .unwrap();
+    let (key, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+    store.insert_api_key(&record).await.unwrap();
+    // Counters (Redis), the store (PostgreSQL) and the broker (NATS) all take part.
+    let resp = http
+        .post(format!("{url}/v1/events/trigger"))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "tls-1")
+        .json(&json!({"name": "order-shipped", "to": {"subscriberId": "u1", "email": "ada@example.com"},
+            "payload": {"order": "A-1", "eta": "tomorrow"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let id = resp.json::<Value>().await.unwrap()["eventId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let event: Value = http
+        .get(format!("{url}/v1/events/{id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(event["status"], "QUEUED", "{event}");
+}
+
+/// Starts a gateway on `config` and returns its start-up error.
+async fn start_error(config: Config) -> String {
+    match switchboard::build_state(config).await {
+        Ok(_) => panic!("the gateway started"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_mistakes_fail_at_start_naming_the_setting() {
+    let b = tls_backends().await;
+
+    // PostgreSQL: no client certificate, and no TLS at all.
+    let mut c = b.config.clone();
+    c.store.tls.cert_file = None;
+    c.store.tls.key_file = None;
+    let err = start_error(c).await;
+    assert!(
+        err.starts_with("store.url") && err.contains("client certificate"),
+        "{err}"
+    );
+    let mut c = b.config.clone();
+    c.store.url = c.store.url.replace("verify-full", "disable");
+    let err = start_error(c).await;
+    assert!(
+        err.starts_with("store.url") && err.contains("no encryption"),
+        "{err}"
+    );
+
+    // Redis: a plain connection to its TLS port; TLS files with a plain URL.
+    let mut c = b.config.clone();
+    c.counters.url = c.counters.url.replace("rediss://", "redis://");
+    c.counters.tls = TlsFiles::default();
+    let err = start_error(c).await;
+    assert!(err.starts_with("counters.url"), "{err}");
+    let mut c = b.config.clone();
+    c.counters.url = c.counters.url.replace("rediss://", "redis://");
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("counters.tls needs a rediss://"), "{err}");
+
+    // NATS: a wrong password; the system's roots instead of the CA; no client certificate.
+    let mut c = b.config.clone();
+    c.broker.auth.password = Some("wrong".into());
+    let err = start_error(c).await;
+    assert!(
+        err.starts_with("broker.url") && err.contains("authorization"),
+        "{err}"
+    );
+    assert!(!err.contains("wrong"), "the password is not shown: {err}");
+    let mut c = b.config.clone();
+    c.broker.tls.ca_file = None;
+    let err = start_error(c).await;
+    assert!(
+        err.starts_with("broker.url") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    let mut c = b.config.clone();
+    c.broker.tls = TlsFiles {
+        ca_file: Some(b.pki.ca.clone()),
+        ..TlsFiles::default()
+    };
+    let err = start_error(c).await;
+    assert!(
+        err.starts_with("broker.url") && err.contains("Certificate"),
+        "{err}"
+    );
+
+    // A certificate without its key is a configuration error before any connection.
+    let mut c = b.config.clone();
+    c.broker.tls.key_file = None;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("broker.tls.cert_file needs broker.tls.key_file"),
+        "{err}"
+    );
+}
