@@ -1,7 +1,17 @@
-//! `{{key}}` placeholders rendered from a trigger's `payload`.
+//! Workflow templates rendered from a trigger's `payload` with minijinja (Jinja syntax):
+//! `{{ name }}`, dotted paths (`{{ user.name }}`), filters (`{{ name | title }}`),
+//! conditionals (`{% if vip %}…{% endif %}`) and loops over payload lists.
+//!
+//! Strings are inserted as they are, numbers and booleans as their JSON text (`true`),
+//! `null` as nothing, lists and objects as their JSON text; in email HTML every inserted value is
+//! HTML-escaped. A template whose syntax is wrong is refused when it is applied
+//! ([`check`]); rendering is bounded (fuel), so no template can hold a worker.
 
-use serde_json::{Map, Value};
+use minijinja::value::{Serde, ValueKind};
+use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value};
+use serde_json::Map;
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 /// How values are escaped when inserted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,126 +22,253 @@ pub enum Escape {
     Html,
 }
 
+/// What an undefined variable does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undefined {
+    /// Renders as nothing (and an attribute of it too): the spec's silent behaviour for
+    /// every channel but voice.
+    Empty,
+    /// Fails the render, listing every variable the payload lacks (spec voice rule 5).
+    /// Testing one in `{% if %}` is allowed: that is how a template asks.
+    Fail,
+}
+
 /// Placeholders the payload does not provide, sorted and without repeats.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("missing template variables: {}", .0.iter().cloned().collect::<Vec<_>>().join(", "))]
 pub struct MissingKeys(pub BTreeSet<String>);
 
-/// Renders `{{key}}` (spaces inside the braces allowed) from `payload`. Strings are
-/// inserted as they are, other JSON values as their JSON text, `null` as nothing. An
-/// unterminated `{{` is kept literally. Every missing key is reported, not just the first.
+/// Why a template did not render.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// Variables the payload lacks ([`Undefined::Fail`] only).
+    #[error(transparent)]
+    Missing(MissingKeys),
+    /// The template is broken, or failed while rendering (a filter given the wrong
+    /// kind of value, the fuel spent); the text says where.
+    #[error("template error: {0}")]
+    Invalid(String),
+}
+
+/// A template's syntax error: where and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("template syntax error on line {line}: {detail}")]
+pub struct SyntaxError {
+    /// 1-based line of the template.
+    pub line: usize,
+    /// What is wrong.
+    pub detail: String,
+}
+
+/// Instructions one render may run: far above any real notification, far below a
+/// template that would keep a worker busy.
+const FUEL: u64 = 200_000;
+
+/// One environment per (escape, undefined) pair, built once.
+static ENVIRONMENTS: LazyLock<[Environment<'static>; 4]> = LazyLock::new(|| {
+    [
+        environment(Escape::None, Undefined::Empty),
+        environment(Escape::None, Undefined::Fail),
+        environment(Escape::Html, Undefined::Empty),
+        environment(Escape::Html, Undefined::Fail),
+    ]
+});
+
+fn environment(escape: Escape, undefined: Undefined) -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_auto_escape_callback(move |_| match escape {
+        Escape::None => AutoEscape::None,
+        Escape::Html => AutoEscape::Html,
+    });
+    env.set_undefined_behavior(match undefined {
+        Undefined::Empty => UndefinedBehavior::Chainable,
+        Undefined::Fail => UndefinedBehavior::SemiStrict,
+    });
+    env.set_fuel(Some(FUEL));
+    env.set_formatter(|out, state, value| {
+        if value.is_none() {
+            return Ok(());
+        }
+        // JSON's words, not Python's (`True`): the payload is JSON.
+        if value.kind() == ValueKind::Bool {
+            let text = if value.is_true() { "true" } else { "false" };
+            return minijinja::escape_formatter(out, state, &Value::from(text));
+        }
+        if matches!(value.kind(), ValueKind::Seq | ValueKind::Map) {
+            let json = serde_json::to_string(value)
+                .map_err(|e| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string()))?;
+            return minijinja::escape_formatter(out, state, &Value::from(json));
+        }
+        minijinja::escape_formatter(out, state, value)
+    });
+    env
+}
+
+fn env(escape: Escape, undefined: Undefined) -> &'static Environment<'static> {
+    let i = match (escape, undefined) {
+        (Escape::None, Undefined::Empty) => 0,
+        (Escape::None, Undefined::Fail) => 1,
+        (Escape::Html, Undefined::Empty) => 2,
+        (Escape::Html, Undefined::Fail) => 3,
+    };
+    &ENVIRONMENTS[i]
+}
+
+/// Checks a template's syntax, for a workflow being applied.
+pub fn check(template: &str) -> Result<(), SyntaxError> {
+    env(Escape::None, Undefined::Empty)
+        .template_from_str(template)
+        .map(|_| ())
+        .map_err(|e| SyntaxError {
+            line: e.line().unwrap_or(1),
+            detail: e.detail().unwrap_or("invalid template").to_string(),
+        })
+}
+
+/// Renders `template` from `payload`.
 pub fn render(
     template: &str,
-    payload: Option<&Map<String, Value>>,
+    payload: Option<&Map<String, serde_json::Value>>,
     escape: Escape,
-) -> Result<String, MissingKeys> {
-    let (out, missing) = render_inner(template, payload, escape);
-    if missing.is_empty() {
-        Ok(out)
-    } else {
-        Err(MissingKeys(missing))
-    }
-}
-
-/// Like [`render`], but a missing key renders as nothing: the spec makes undefined
-/// variables a failure only on the voice path.
-pub fn render_lenient(
-    template: &str,
-    payload: Option<&Map<String, Value>>,
-    escape: Escape,
-) -> String {
-    render_inner(template, payload, escape).0
-}
-
-fn render_inner(
-    template: &str,
-    payload: Option<&Map<String, Value>>,
-    escape: Escape,
-) -> (String, BTreeSet<String>) {
-    let mut out = String::with_capacity(template.len());
-    let mut missing = BTreeSet::new();
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            out.push_str(&rest[start..]);
-            rest = "";
-            break;
-        };
-        let key = after[..end].trim();
-        match payload.and_then(|p| p.get(key)) {
-            Some(value) => {
-                let text = match value {
-                    Value::String(s) => s.clone(),
-                    Value::Null => String::new(),
-                    other => other.to_string(),
-                };
-                match escape {
-                    Escape::None => out.push_str(&text),
-                    Escape::Html => out.push_str(&html_escape(&text)),
-                }
-            }
-            None => {
-                missing.insert(key.to_string());
-            }
+    undefined: Undefined,
+) -> Result<String, RenderError> {
+    let env = env(escape, undefined);
+    let empty = Map::new();
+    let payload = payload.unwrap_or(&empty);
+    let compiled = env.template_from_str(template).map_err(invalid)?;
+    compiled.render(Serde(payload)).map_err(|e| {
+        if e.kind() != ErrorKind::UndefinedError {
+            return invalid(e);
         }
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    (out, missing)
+        let missing: BTreeSet<String> = compiled
+            .undeclared_variables(true)
+            .into_iter()
+            .filter(|path| !is_global(env, path) && !resolves(payload, path))
+            .collect();
+        if missing.is_empty() {
+            // An undefined the static analysis cannot name (an index past a list's
+            // end, say): say what minijinja says.
+            return invalid(e);
+        }
+        RenderError::Missing(MissingKeys(missing))
+    })
 }
 
-fn html_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+fn invalid(e: minijinja::Error) -> RenderError {
+    let detail = e.detail().unwrap_or("cannot render");
+    RenderError::Invalid(match e.line() {
+        Some(line) => format!("line {line}: {detail}"),
+        None => detail.to_string(),
+    })
+}
+
+/// Whether `path`'s first name is one of the engine's own functions (`range`, `dict`).
+fn is_global(env: &Environment<'_>, path: &str) -> bool {
+    let first = path.split('.').next().unwrap_or(path);
+    env.globals().any(|(name, _)| name == first)
+}
+
+/// Whether a dotted path names a value of the payload (`null` counts: it renders as
+/// nothing, it is not missing).
+fn resolves(payload: &Map<String, serde_json::Value>, path: &str) -> bool {
+    let mut parts = path.split('.');
+    let Some(mut value) = parts.next().and_then(|first| payload.get(first)) else {
+        return false;
+    };
+    for part in parts {
+        match value.get(part) {
+            Some(next) => value = next,
+            None => return false,
         }
     }
-    out
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lenient_rendering_drops_missing_keys() {
-        let payload = serde_json::json!({"a": "x"});
-        let p = payload.as_object();
-        assert_eq!(render_lenient("{{a}}-{{b}}!", p, Escape::None), "x-!");
-        assert!(render("{{a}}-{{b}}!", p, Escape::None).is_err());
-    }
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn payload(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
     }
 
+    fn lenient(t: &str, p: &Map<String, Value>, escape: Escape) -> String {
+        render(t, Some(p), escape, Undefined::Empty).unwrap()
+    }
+
     #[test]
-    fn renders_values_and_reports_every_missing_key() {
-        let p = payload(json!({"name": "Ada", "n": 3, "flag": true, "nothing": null}));
+    fn renders_values_paths_filters_and_conditionals() {
+        let p = payload(json!({
+            "name": "ada", "n": 3, "flag": true, "nothing": null,
+            "user": {"name": "Ada", "tier": "gold"}, "items": ["a", "b"], "obj": {"k": 1}
+        }));
+        assert_eq!(
+            lenient(
+                "Hi {{name}}, {{ n }} items {{flag}}{{nothing}}",
+                &p,
+                Escape::None
+            ),
+            "Hi ada, 3 items true"
+        );
+        assert_eq!(
+            lenient(
+                "{{ user.name }} ({{ user.tier | upper }})",
+                &p,
+                Escape::None
+            ),
+            "Ada (GOLD)"
+        );
+        assert_eq!(lenient("{{ name | title }}", &p, Escape::None), "Ada");
+        assert_eq!(
+            lenient(
+                "{% if user.tier == 'gold' %}VIP {% endif %}{% for i in items %}[{{ i }}]{% endfor %}",
+                &p,
+                Escape::None
+            ),
+            "VIP [a][b]"
+        );
+        assert_eq!(
+            lenient("{{ items }} {{ obj }}", &p, Escape::None),
+            r#"["a","b"] {"k":1}"#
+        );
+    }
+
+    #[test]
+    fn undefined_is_silent_except_when_asked_to_fail() {
+        let p = payload(json!({"a": "x", "user": {"name": "Ada"}}));
+        assert_eq!(
+            lenient("{{a}}-{{b}}-{{ c.d.e }}-{{ user.age }}!", &p, Escape::None),
+            "x---!"
+        );
+        let err = render(
+            "{{b}} {{a}} {{b}} {{ user.age }} {{ user.name }} {{ range(2) }}",
+            Some(&p),
+            Escape::None,
+            Undefined::Fail,
+        )
+        .unwrap_err();
+        let RenderError::Missing(keys) = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            keys.0.into_iter().collect::<Vec<_>>(),
+            vec!["b", "user.age"]
+        );
+        assert!(matches!(
+            render("{{x}}", None, Escape::None, Undefined::Fail),
+            Err(RenderError::Missing(_))
+        ));
+        // Asking is allowed: a conditional on an absent key is false.
         assert_eq!(
             render(
-                "Hi {{name}}, {{ n }} items {{flag}}{{nothing}}",
+                "{% if promo %}{{ promo }}{% else %}none{% endif %}",
                 Some(&p),
-                Escape::None
+                Escape::None,
+                Undefined::Fail
             )
             .unwrap(),
-            "Hi Ada, 3 items true"
-        );
-        let err = render("{{b}} {{a}} {{b}} {{name}}", Some(&p), Escape::None).unwrap_err();
-        assert_eq!(err.0.into_iter().collect::<Vec<_>>(), vec!["a", "b"]);
-        assert!(render("{{x}}", None, Escape::None).is_err());
-        assert_eq!(
-            render("no placeholders {{ open", None, Escape::None).unwrap(),
-            "no placeholders {{ open"
+            "none"
         );
     }
 
@@ -139,9 +276,32 @@ mod tests {
     fn html_escaping_only_when_asked() {
         let p = payload(json!({"x": "<b>&\"'"}));
         assert_eq!(
-            render("{{x}}", Some(&p), Escape::Html).unwrap(),
-            "&lt;b&gt;&amp;&quot;&#39;"
+            lenient("<p>{{x}}</p>", &p, Escape::Html),
+            "<p>&lt;b&gt;&amp;&quot;&#x27;</p>"
         );
-        assert_eq!(render("{{x}}", Some(&p), Escape::None).unwrap(), "<b>&\"'");
+        assert_eq!(lenient("{{x}}", &p, Escape::None), "<b>&\"'");
+    }
+
+    #[test]
+    fn syntax_errors_name_the_line_and_broken_renders_fail() {
+        assert!(check("Hi {{ name }}").is_ok());
+        let err = check("line one\n{% if x %}never closed").unwrap_err();
+        assert_eq!(err.line, 2, "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("template syntax error on line 2: ")
+        );
+        assert!(check("{{ open").is_err());
+        let err = render("{{ open", None, Escape::None, Undefined::Empty).unwrap_err();
+        assert!(matches!(err, RenderError::Invalid(_)), "{err:?}");
+        // Runaway templates run out of fuel instead of holding a worker.
+        let err = render(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            None,
+            Escape::None,
+            Undefined::Empty,
+        )
+        .unwrap_err();
+        assert!(matches!(err, RenderError::Invalid(_)), "{err:?}");
     }
 }

@@ -2,7 +2,7 @@
 //! normalisation, the script, cost, and the masked recipient kept in receipts; also the
 //! one masking rule for contacts (numbers and email addresses) in stored details.
 
-use crate::template::{self, Escape, MissingKeys};
+use crate::template::{self, Escape, RenderError, Undefined};
 use serde_json::{Map, Value};
 
 /// Spec rule 6: a call costs 15000 micro-USD.
@@ -66,8 +66,8 @@ pub fn normalize_language(tag: Option<&str>) -> String {
 /// Rules 3 and 5: the spoken script, rendered from the payload then paced. A
 /// placeholder the payload lacks is an error naming every missing key; no call may be
 /// placed then.
-pub fn script(template: &str, payload: Option<&Map<String, Value>>) -> Result<String, MissingKeys> {
-    template::render(template, payload, Escape::None).map(|s| pace_digits(&s))
+pub fn script(template: &str, payload: Option<&Map<String, Value>>) -> Result<String, RenderError> {
+    template::render(template, payload, Escape::None, Undefined::Fail).map(|s| pace_digits(&s))
 }
 
 /// The recipient kept in voice receipts: `+` and the first three digits, then `*` for

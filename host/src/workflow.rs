@@ -10,7 +10,7 @@
 use crate::ingest::Envelope;
 use crate::plugins::types;
 use crate::routing::Channel;
-use crate::template::{self, Escape, MissingKeys};
+use crate::template::{self, Escape, MissingKeys, RenderError, Undefined};
 use crate::voice;
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +20,9 @@ pub const WORKFLOW_NOT_FOUND: &str = "WORKFLOW_NOT_FOUND";
 pub const TEMPLATE_MISSING: &str = "TEMPLATE_MISSING";
 /// Error code on a voice message whose script references keys the payload lacks.
 pub const TEMPLATE_VARIABLES_MISSING: &str = "TEMPLATE_VARIABLES_MISSING";
+/// Error code on a message whose template could not be rendered (a filter given the
+/// wrong kind of value, a runaway loop, or a template stored before syntax was checked).
+pub const TEMPLATE_INVALID: &str = "TEMPLATE_INVALID";
 
 /// One workflow: per-channel templates.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +178,9 @@ impl Workflow {
         if self.voice.as_ref().is_some_and(|v| blank(&v.script)) {
             return Err(named("voice.script is empty".into()));
         }
+        for (field, text) in self.templates() {
+            template::check(text).map_err(|e| named(format!("{field}: {e}")))?;
+        }
         if self.email.is_none()
             && self.sms.is_none()
             && self.push.is_none()
@@ -184,6 +190,27 @@ impl Workflow {
             return Err(named("has no template for any channel".into()));
         }
         Ok(())
+    }
+
+    /// Every template text with the field it is in (`email.html`).
+    fn templates(&self) -> Vec<(&'static str, &str)> {
+        let mut out = Vec::new();
+        if let Some(e) = &self.email {
+            out.push(("email.subject", e.subject.as_str()));
+            out.extend(e.html.as_deref().map(|h| ("email.html", h)));
+            out.extend(e.text.as_deref().map(|t| ("email.text", t)));
+        }
+        if let Some(s) = &self.sms {
+            out.push(("sms.text", s.text.as_str()));
+        }
+        if let Some(p) = &self.push {
+            out.push(("push.title", p.title.as_str()));
+            out.push(("push.body", p.body.as_str()));
+        }
+        if let Some(v) = &self.voice {
+            out.push(("voice.script", v.script.as_str()));
+        }
+        out
     }
 
     /// Channels this workflow has a template for.
@@ -244,6 +271,14 @@ pub enum BuildError {
     /// The voice script references payload keys that are absent.
     #[error("voice script references missing payload keys: {}", .0.0.iter().cloned().collect::<Vec<_>>().join(", "))]
     VoiceVariablesMissing(MissingKeys),
+    /// A template of the channel could not be rendered.
+    #[error("{channel} template cannot be rendered: {detail}")]
+    TemplateInvalid {
+        /// Channel.
+        channel: &'static str,
+        /// What the engine says, with the line.
+        detail: String,
+    },
     /// The recipient has no contact for the channel (routing should have excluded it).
     #[error("recipient has no contact for {0}")]
     NoContact(&'static str),
@@ -256,6 +291,7 @@ impl BuildError {
             Self::WorkflowNotFound(_) => WORKFLOW_NOT_FOUND,
             Self::TemplateMissing { .. } | Self::NoContact(_) => TEMPLATE_MISSING,
             Self::VoiceVariablesMissing(_) => TEMPLATE_VARIABLES_MISSING,
+            Self::TemplateInvalid { .. } => TEMPLATE_INVALID,
         }
     }
 }
@@ -278,7 +314,15 @@ pub fn build_content(
             channel: channel.as_str(),
         },
     };
-    let lenient = |t: &str| template::render_lenient(t, payload, Escape::None);
+    let render = |t: &str, escape| {
+        template::render(t, payload, escape, Undefined::Empty).map_err(|e| {
+            BuildError::TemplateInvalid {
+                channel: channel.as_str(),
+                detail: e.to_string(),
+            }
+        })
+    };
+    let lenient = |t: &str| render(t, Escape::None);
     let phone = || {
         request
             .to
@@ -299,12 +343,13 @@ pub fn build_content(
                     .clone()
                     .ok_or(BuildError::NoContact("email"))?,
                 from: email.and_then(|e| e.sender.clone()),
-                subject: lenient(&t.subject),
+                subject: lenient(&t.subject)?,
                 html: t
                     .html
                     .as_deref()
-                    .map(|h| template::render_lenient(h, payload, Escape::Html)),
-                text: t.text.as_deref().map(lenient),
+                    .map(|h| render(h, Escape::Html))
+                    .transpose()?,
+                text: t.text.as_deref().map(lenient).transpose()?,
                 custom_headers: email
                     .and_then(|e| e.custom_headers.clone())
                     .map(|h| h.into_iter().collect())
@@ -318,7 +363,7 @@ pub fn build_content(
                 sender: overrides
                     .and_then(|o| o.sms.as_ref())
                     .and_then(|s| s.sender.clone()),
-                text: lenient(&t.text),
+                text: lenient(&t.text)?,
             })
         }
         Channel::Push => {
@@ -336,8 +381,8 @@ pub fn build_content(
             }
             types::Content::Push(types::PushMessage {
                 device_tokens: tokens,
-                title: lenient(&t.title),
-                body: lenient(&t.body),
+                title: lenient(&t.title)?,
+                body: lenient(&t.body)?,
                 data: vec![("event_id".into(), envelope.event_id.to_string())],
             })
         }
@@ -377,8 +422,13 @@ pub fn build_content(
                 .and_then(|o| o.script.clone())
                 .or_else(|| t.map(|t| t.script.clone()))
                 .ok_or_else(missing)?;
-            let script = voice::script(&script_template, payload)
-                .map_err(BuildError::VoiceVariablesMissing)?;
+            let script = voice::script(&script_template, payload).map_err(|e| match e {
+                RenderError::Missing(keys) => BuildError::VoiceVariablesMissing(keys),
+                RenderError::Invalid(detail) => BuildError::TemplateInvalid {
+                    channel: "voice",
+                    detail,
+                },
+            })?;
             let language = o
                 .and_then(|o| o.language.clone())
                 .or_else(|| t.and_then(|t| t.language.clone()));
@@ -584,6 +634,54 @@ mod tests {
         let err = build_content(Some(&w), Channel::Sms, &env).unwrap_err();
         assert_eq!(err.code(), TEMPLATE_MISSING);
         assert_eq!(err.to_string(), "workflow \"e\" has no sms template");
+    }
+
+    #[test]
+    fn a_template_with_a_syntax_error_is_refused_naming_workflow_channel_and_line() {
+        let file = "workflows:\n  - name: broken\n    sms:\n      text: \"Hi {{ name }}\"\n    \
+                    email:\n      subject: ok\n      html: \"<p>\\n{% if vip %}gold\\n</p>\"\n";
+        let err = parse_file(file).unwrap_err();
+        assert_eq!(
+            err,
+            "workflow \"broken\": email.html: template syntax error on line 2: \
+             unexpected end of input, expected end of block"
+        );
+        let ok = "workflows:\n  - name: fine\n    sms:\n      text: \"{% if vip %}Dear {{ user.name | title }}{% endif %}\"\n";
+        assert!(parse_file(ok).is_ok());
+    }
+
+    #[test]
+    fn a_template_that_cannot_render_fails_its_channel_with_a_code() {
+        // Stored before syntax was checked, or a filter given the wrong kind of value.
+        let w = Workflow {
+            name: "old".into(),
+            description: None,
+            promotional: false,
+            email: None,
+            sms: Some(SmsTemplate {
+                text: "Hi {{ name".into(),
+            }),
+            push: None,
+            whatsapp: None,
+            voice: Some(VoiceTemplate {
+                script: "Code {{ code | round(\"x\") }}".into(),
+                language: None,
+                voice_id: None,
+            }),
+        };
+        let env = envelope(serde_json::json!({
+            "name": "old", "to": {"subscriberId": "u1", "phone": "+14155550123"},
+            "payload": {"code": "48291"}
+        }));
+        let err = build_content(Some(&w), Channel::Sms, &env).unwrap_err();
+        assert_eq!(err.code(), TEMPLATE_INVALID);
+        assert!(
+            err.to_string()
+                .starts_with("sms template cannot be rendered: template error: line 1"),
+            "{err}"
+        );
+        let err = build_content(Some(&w), Channel::Voice, &env).unwrap_err();
+        assert_eq!(err.code(), TEMPLATE_INVALID, "{err}");
     }
 
     #[test]
