@@ -1166,6 +1166,25 @@ async fn metrics_count_requests_decisions_and_publishes(b: Backends) {
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+    // No workers here: the accepted event waits in the bulk stream, read at the scrape.
+    let streams = &gw.config.broker.streams;
+    for line in [
+        format!("switchboard_queue_depth{{stream=\"{}\"}} 1", streams.bulk),
+        format!(
+            "switchboard_queue_depth{{stream=\"{}\"}} 0",
+            streams.critical
+        ),
+        format!(
+            "switchboard_queue_depth{{stream=\"{}\"}} 0",
+            streams.telemetry
+        ),
+        format!(
+            "switchboard_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        ),
+    ] {
+        assert!(text.contains(&line), "missing `{line}` in:\n{text}");
+    }
     gw.cleanup().await;
 }
 

@@ -350,6 +350,35 @@ async fn failover_across_providers_then_channels(b: Backends) {
     let sent = good.take_requests();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].header("idempotency-key"), Some(event.as_str()));
+    // Every plugin call and outbound response is counted per slug, and each stream's
+    // depth is read at the scrape.
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    assert!(value("switchboard_plugin_http_responses_total{slug=\"provc\",status=\"5xx\"}") >= 2.0);
+    assert!(value("switchboard_plugin_http_responses_total{slug=\"provd\",status=\"2xx\"}") >= 1.0);
+    assert!(value("switchboard_plugin_http_responses_total{slug=\"prova\",status=\"2xx\"}") >= 1.0);
+    assert_eq!(
+        value("switchboard_plugin_egress_denied_total{slug=\"prova\"}"),
+        0.0
+    );
+    assert!(value("switchboard_plugin_calls_total{slug=\"provc\"}") >= 2.0);
+    assert!(value("switchboard_plugin_guest_seconds_total{slug=\"prova\"}") > 0.0);
+    let streams = &gw.config.broker.streams;
+    for stream in [&streams.critical, &streams.bulk, &streams.telemetry] {
+        value(&format!("switchboard_queue_depth{{stream=\"{stream}\"}}"));
+    }
     gw.cleanup().await;
 }
 
@@ -1288,6 +1317,11 @@ async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
             .contains("could not be decoded"),
         "the detail says why"
     );
+    let text = gw.state.ingest.metrics.render();
+    assert!(
+        text.contains("switchboard_dead_lettered_total{outcome=\"undecodable\"} 1"),
+        "{text}"
+    );
     gw.cleanup().await;
 }
 
@@ -1324,5 +1358,12 @@ async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
     // And never delivered again.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(gave_up(), "given up exactly once:\n{}", metrics.render());
+    assert!(
+        metrics
+            .render()
+            .contains("switchboard_dead_lettered_total{outcome=\"max_deliveries\"} 1"),
+        "{}",
+        metrics.render()
+    );
     gw.cleanup().await;
 }

@@ -204,7 +204,24 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         .map_err(|e| anyhow::anyhow!("loading installed plugin versions: {e}"))?;
     let auth = Arc::new(auth::Authenticator::new(store.clone()));
     let plugins = Arc::new(registry);
-    let metrics = Arc::new(metrics::Metrics::default());
+    let sampled = plugins.clone();
+    let metrics = Arc::new(metrics::Metrics::new(Some(Box::new(move || {
+        sampled
+            .list()
+            .into_iter()
+            .map(|entry| {
+                let stats = entry.plugin.stats();
+                metrics::PluginSample {
+                    slug: entry.plugin.info().slug.clone(),
+                    calls: stats.calls.load(Ordering::Relaxed),
+                    failures: stats.failures.load(Ordering::Relaxed),
+                    guest_seconds: stats.guest_time().as_secs_f64(),
+                    egress_denied: stats.egress_denied.load(Ordering::Relaxed),
+                    http: stats.http_statuses(),
+                }
+            })
+            .collect()
+    }))));
     let config_cache = config_cache::ConfigCache::new(store.clone());
     let webhooks = Arc::new(webhooks::Webhooks {
         store: store.clone(),

@@ -2,11 +2,13 @@
 //! several gateways in one process). Served at `GET /metrics`, or on
 //! `metrics_listen` when that is set.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 /// A request's route and outcome.
@@ -41,6 +43,121 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// A broker stream, for its depth.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    /// Stream name.
+    pub stream: String,
+}
+
+/// A plugin, by slug.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SlugLabels {
+    slug: String,
+}
+
+/// A plugin's outbound HTTP responses of one status class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    slug: String,
+    /// `1xx` … `5xx`, or `error` (timeout, connection, TLS: no status).
+    status: &'static str,
+}
+
+/// One loaded plugin's counters at a scrape (they live in the plugin runtime).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PluginSample {
+    /// Slug.
+    pub slug: String,
+    /// Calls started.
+    pub calls: u64,
+    /// Calls that failed (trap, timeout, memory limit).
+    pub failures: u64,
+    /// Time spent running the plugin's own code, host calls excluded (sandboxed
+    /// plugins only), in seconds.
+    pub guest_seconds: f64,
+    /// Outbound requests refused by the plugin's allow-list or the address check.
+    pub egress_denied: u64,
+    /// Outbound responses by status class: `[error, 1xx, 2xx, 3xx, 4xx, 5xx]`.
+    pub http: [u64; 6],
+}
+
+/// Reads every loaded plugin's counters.
+pub type PluginSampler = Box<dyn Fn() -> Vec<PluginSample> + Send + Sync>;
+
+/// One counter of a [`PluginSample`].
+type SampleField = fn(&PluginSample) -> u64;
+
+/// Encodes [`PluginSample`]s at each scrape.
+struct PluginCollector(PluginSampler);
+
+impl std::fmt::Debug for PluginCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PluginCollector")
+    }
+}
+
+impl Collector for PluginCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples = (self.0)();
+        let slug = |s: &PluginSample| SlugLabels {
+            slug: s.slug.clone(),
+        };
+        let counters: [(&str, &str, SampleField); 3] = [
+            ("plugin_calls", "Plugin calls started, by slug", |s| s.calls),
+            (
+                "plugin_failures",
+                "Plugin calls that trapped, timed out or hit the memory limit, by slug",
+                |s| s.failures,
+            ),
+            (
+                "plugin_egress_denied",
+                "Outbound requests a plugin made that its grants refused, by slug",
+                |s| s.egress_denied,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                ConstCounter::<u64>::new(0).metric_type(),
+            )?;
+            for sample in &samples {
+                ConstCounter::new(value(sample)).encode(family.encode_family(&slug(sample))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "plugin_guest_seconds",
+            "Time sandboxed plugins spent running their own code (host calls such as \
+             outbound HTTP excluded), by slug",
+            None,
+            ConstCounter::<f64>::new(0.0).metric_type(),
+        )?;
+        for sample in &samples {
+            ConstCounter::new(sample.guest_seconds).encode(family.encode_family(&slug(sample))?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "plugin_http_responses",
+            "Plugins' outbound HTTP requests to providers, by slug and status class \
+             (`error`: no response)",
+            None,
+            ConstCounter::<u64>::new(0).metric_type(),
+        )?;
+        const CLASSES: [&str; 6] = ["error", "1xx", "2xx", "3xx", "4xx", "5xx"];
+        for sample in &samples {
+            for (status, n) in CLASSES.iter().zip(sample.http) {
+                let labels = HttpLabels {
+                    slug: sample.slug.clone(),
+                    status,
+                };
+                ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The gateway's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -67,11 +184,47 @@ pub struct Metrics {
     /// `switchboard_receipts_total{outcome}`: applied, ignored, duplicate, pending,
     /// retry, undecodable.
     pub receipts: Family<OutcomeLabels, Counter>,
+    /// `switchboard_dead_lettered_total{outcome}`: events and receipts given up on.
+    /// `max_deliveries` (the store refused the event's progress every time: message
+    /// FAILED), `undecodable` (an event no worker can read: message FAILED when its id
+    /// can be read), `undecodable_receipt` (a receipt dropped).
+    pub dead_lettered: Family<OutcomeLabels, Counter>,
+    /// `switchboard_queue_depth{stream}`: events in each stream not yet acknowledged
+    /// (waiting or being delivered): the workers' lag. Read from the broker at each
+    /// scrape.
+    pub queue_depth: Family<StreamLabels, Gauge>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl Metrics {
+    /// The metrics, with the plugins' counters read by `plugins` at each scrape.
+    pub fn new(plugins: Option<PluginSampler>) -> Self {
         let mut registry = Registry::with_prefix("switchboard");
+        registry.register(
+            "build",
+            "The running binary",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        if let Some(sampler) = plugins {
+            registry.register_collector(Box::new(PluginCollector(sampler)));
+        }
+        let dead_lettered = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "dead_lettered",
+            "Events and receipts given up on, by reason",
+            dead_lettered.clone(),
+        );
+        let queue_depth = Family::<StreamLabels, Gauge>::default();
+        registry.register(
+            "queue_depth",
+            "Events in each broker stream not yet acknowledged (waiting or in delivery)",
+            queue_depth.clone(),
+        );
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 16))
@@ -141,11 +294,11 @@ impl Default for Metrics {
             queue_wait,
             webhooks,
             receipts,
+            dead_lettered,
+            queue_depth,
         }
     }
-}
 
-impl Metrics {
     /// Counts one outcome.
     pub fn count(family: &Family<OutcomeLabels, Counter>, outcome: &'static str, n: u64) {
         family.get_or_create(&OutcomeLabels { outcome }).inc_by(n);
@@ -157,5 +310,49 @@ impl Metrics {
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_info_and_plugin_counters_are_exposed() {
+        let metrics = Metrics::new(Some(Box::new(|| {
+            vec![PluginSample {
+                slug: "provc".into(),
+                calls: 7,
+                failures: 1,
+                guest_seconds: 0.25,
+                egress_denied: 2,
+                http: [1, 0, 5, 0, 1, 0],
+            }]
+        })));
+        Metrics::count(&metrics.dead_lettered, "max_deliveries", 1);
+        metrics
+            .queue_depth
+            .get_or_create(&StreamLabels {
+                stream: "BULK".into(),
+            })
+            .set(42);
+        let text = metrics.render();
+        for line in [
+            &format!(
+                "switchboard_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            ),
+            "switchboard_plugin_calls_total{slug=\"provc\"} 7",
+            "switchboard_plugin_failures_total{slug=\"provc\"} 1",
+            "switchboard_plugin_egress_denied_total{slug=\"provc\"} 2",
+            "switchboard_plugin_guest_seconds_total{slug=\"provc\"} 0.25",
+            "switchboard_plugin_http_responses_total{slug=\"provc\",status=\"2xx\"} 5",
+            "switchboard_plugin_http_responses_total{slug=\"provc\",status=\"error\"} 1",
+            "switchboard_dead_lettered_total{outcome=\"max_deliveries\"} 1",
+            "switchboard_queue_depth{stream=\"BULK\"} 42",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
     }
 }

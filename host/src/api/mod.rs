@@ -90,12 +90,31 @@ pub fn metrics_router(state: AppState) -> Router {
 async fn render_metrics(
     State(state): State<AppState>,
 ) -> ([(&'static str, &'static str); 1], String) {
+    let metrics = &state.ingest.metrics;
+    // Read at the scrape, bounded: a broker that does not answer leaves the last depths.
+    let depths = tokio::time::timeout(
+        crate::api::health::READY_TIMEOUT,
+        state.ingest.broker.depths(),
+    )
+    .await;
+    match depths {
+        Ok(Ok(depths)) => {
+            for (stream, n) in depths {
+                metrics
+                    .queue_depth
+                    .get_or_create(&crate::metrics::StreamLabels { stream })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics: stream depths unavailable"),
+        Err(_) => tracing::warn!("metrics: the broker did not report stream depths in time"),
+    }
     (
         [(
             "content-type",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.ingest.metrics.render(),
+        metrics.render(),
     )
 }
 

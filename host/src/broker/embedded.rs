@@ -303,6 +303,22 @@ impl Broker for EmbeddedBroker {
     async fn ping(&self) -> Result<(), BrokerError> {
         Ok(())
     }
+
+    async fn depths(&self) -> Result<Vec<(String, u64)>, BrokerError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT stream, count(*) FROM broker_queue GROUP BY stream")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| BrokerError(format!("embedded queue: {e}")))?;
+        let n = &self.names;
+        Ok([&n.critical, &n.bulk, &n.telemetry]
+            .into_iter()
+            .map(|stream| {
+                let count = rows.iter().find(|(s, _)| s == stream).map_or(0, |r| r.1);
+                (stream.clone(), u64::try_from(count).unwrap_or(0))
+            })
+            .collect())
+    }
 }
 
 #[async_trait::async_trait]

@@ -298,6 +298,20 @@ impl Broker for JetStreamBroker {
             .map(|_| ())
             .map_err(|e| BrokerError(format!("stream {}: {e}", self.names.critical)))
     }
+
+    async fn depths(&self) -> Result<Vec<(String, u64)>, BrokerError> {
+        let n = &self.names;
+        let mut out = Vec::new();
+        for stream in [&n.critical, &n.bulk, &n.telemetry] {
+            let info = self
+                .js
+                .get_stream(stream)
+                .await
+                .map_err(|e| BrokerError(format!("stream {stream}: {e}")))?;
+            out.push((stream.clone(), info.cached_info().state.messages));
+        }
+        Ok(out)
+    }
 }
 
 #[async_trait::async_trait]

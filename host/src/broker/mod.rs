@@ -152,6 +152,9 @@ pub trait Broker: Send + Sync + 'static {
     fn connected(&self) -> bool;
     /// One round trip to the broker's storage, for readiness.
     async fn ping(&self) -> Result<(), BrokerError>;
+    /// Messages each stream holds, not yet acknowledged (critical, bulk, telemetry, in
+    /// that order): with work-queue retention, the consumers' lag.
+    async fn depths(&self) -> Result<Vec<(String, u64)>, BrokerError>;
 }
 
 /// Settles one delivery with the broker.

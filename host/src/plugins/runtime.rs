@@ -96,9 +96,29 @@ pub struct PluginStats {
     /// Outbound requests refused by the allow-list.
     pub egress_denied: AtomicU64,
     denied_hosts: Mutex<Vec<String>>,
+    /// Microseconds spent running guest code (host calls excluded).
+    guest_micros: AtomicU64,
+    /// Outbound responses by status class: `[no response, 1xx, 2xx, 3xx, 4xx, 5xx]`.
+    http_status: [AtomicU64; 6],
 }
 
 impl PluginStats {
+    /// Time spent running guest code (host calls excluded), over every call.
+    pub fn guest_time(&self) -> Duration {
+        Duration::from_micros(self.guest_micros.load(Ordering::Relaxed))
+    }
+
+    /// Outbound responses by status class: `[no response, 1xx, 2xx, 3xx, 4xx, 5xx]`.
+    pub fn http_statuses(&self) -> [u64; 6] {
+        std::array::from_fn(|i| self.http_status[i].load(Ordering::Relaxed))
+    }
+
+    /// Counts one outbound response (`None`: none came, e.g. a timeout).
+    fn count_http(&self, status: Option<u16>) {
+        let class = status.map_or(0, |s| usize::from(s / 100).clamp(1, 5));
+        self.http_status[class].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Hosts the plugin tried to reach and was refused (the first 32).
     pub fn denied_hosts(&self) -> Vec<String> {
         self.denied_hosts
@@ -696,10 +716,25 @@ impl Session<'_> {
             .switchboard_provider_adapter()
     }
 
+    /// Adds the call that just ended to the plugin's guest time.
+    fn count_guest_time(&self) {
+        let state = self.store.data();
+        let guest = state.started.elapsed().saturating_sub(state.host_time);
+        let micros = u64::try_from(guest.as_micros()).unwrap_or(u64::MAX);
+        self.plugin
+            .inner
+            .stats
+            .guest_micros
+            .fetch_add(micros, Ordering::Relaxed);
+    }
+
     /// Maps a wasmtime error to what happened: timeout, memory limit or trap.
     fn end<R>(&mut self, result: wasmtime::Result<R>) -> Result<R, PluginError> {
         let error = match result {
-            Ok(value) => return Ok(value),
+            Ok(value) => {
+                self.count_guest_time();
+                return Ok(value);
+            }
             Err(error) => error,
         };
         self.poisoned = true;
@@ -708,6 +743,7 @@ impl Session<'_> {
             .stats
             .failures
             .fetch_add(1, Ordering::Relaxed);
+        self.count_guest_time();
         let state = self.store.data();
         let mapped = if state.timed_out {
             PluginError::Timeout(state.budget)
@@ -1077,8 +1113,14 @@ pub(super) async fn perform_http(
                     &format!("{why} the grant does not allow (grant `private:` to opt in)"),
                 );
             }
-            Err(Refusal::Timeout) => return Err(HttpError::Timeout),
-            Err(Refusal::Unresolved(e)) => return Err(HttpError::Transport(e)),
+            Err(Refusal::Timeout) => {
+                stats.count_http(None);
+                return Err(HttpError::Timeout);
+            }
+            Err(Refusal::Unresolved(e)) => {
+                stats.count_http(None);
+                return Err(HttpError::Transport(e));
+            }
         };
         let timeout = timeout.saturating_sub(started.elapsed());
         if timeout.is_zero() {
@@ -1111,8 +1153,12 @@ pub(super) async fn perform_http(
                 HttpError::Transport(e.without_url().to_string())
             }
         };
-        let mut response = builder.send().await.map_err(classify)?;
+        let mut response = builder.send().await.map_err(|e| {
+            stats.count_http(None);
+            classify(e)
+        })?;
         let status = response.status().as_u16();
+        stats.count_http(Some(status));
         let headers = response
             .headers()
             .iter()

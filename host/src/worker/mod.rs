@@ -294,6 +294,7 @@ impl Worker {
             {
                 // The store's own words stay in the log: they may quote stored values.
                 tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
+                self.dead_letter("max_deliveries");
                 let detail = format!(
                     "gave up after {} deliveries: the store refused to record this event's \
                      progress each time (the gateway log has the store's error)",
@@ -325,6 +326,7 @@ impl Worker {
         }
         tracing::error!(subject = %delivery.subject, %error, "undecodable event");
         self.count("undecodable");
+        self.dead_letter("undecodable");
         match serde_json::from_slice::<Head>(&delivery.payload) {
             Ok(head) => {
                 // serde's words stay in the log: they may quote the event's values.
@@ -402,6 +404,10 @@ impl Worker {
 
     fn count(&self, outcome: &'static str) {
         crate::metrics::Metrics::count(&self.metrics.deliveries, outcome, 1);
+    }
+
+    fn dead_letter(&self, reason: &'static str) {
+        crate::metrics::Metrics::count(&self.metrics.dead_lettered, reason, 1);
     }
 }
 

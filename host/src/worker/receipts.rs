@@ -174,5 +174,8 @@ impl ReceiptConsumer {
 
     fn count(&self, outcome: &'static str) {
         Metrics::count(&self.metrics.receipts, outcome, 1);
+        if outcome == "undecodable" {
+            Metrics::count(&self.metrics.dead_lettered, "undecodable_receipt", 1);
+        }
     }
 }
