@@ -1730,3 +1730,180 @@ fn a_native_library_is_installed_only_where_its_slug_is_trusted() {
         "{out}"
     );
 }
+
+/// The files under `examples/` are what they say: the configuration loads, is for
+/// production, and writes out every setting the defaults have; the workflows and the
+/// provider routes apply to a workspace as they stand.
+#[test]
+fn the_examples_load() {
+    use switchboard::config::{Config, Environment};
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let file = examples.join("config.toml");
+    let config = Config::load(Some(&file)).unwrap();
+    assert_eq!(config.environment, Environment::Production);
+
+    fn paths(prefix: &str, value: &toml::Value, out: &mut Vec<String>) {
+        let toml::Value::Table(table) = value else {
+            return;
+        };
+        for (key, value) in table {
+            let path = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            paths(&path, value, out);
+            out.push(path);
+        }
+    }
+    let mut wanted = Vec::new();
+    paths(
+        "",
+        &toml::Value::try_from(Config::default()).unwrap(),
+        &mut wanted,
+    );
+    let mut written = Vec::new();
+    let text = std::fs::read_to_string(&file).unwrap();
+    paths("", &toml::from_str(&text).unwrap(), &mut written);
+    let missing: Vec<&String> = wanted.iter().filter(|p| !written.contains(p)).collect();
+    assert!(missing.is_empty(), "examples/config.toml lacks {missing:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    dev_workspace(dir.path(), "acme");
+    for (command, name) in [
+        ("workflows", "workflows.yaml"),
+        ("providers", "providers.yaml"),
+    ] {
+        let path = examples.join(name);
+        let (code, _, stderr) = on_dev(
+            dir.path(),
+            &[
+                command,
+                "apply",
+                path.to_str().unwrap(),
+                "--workspace",
+                "acme",
+            ],
+        );
+        assert_eq!(code, 0, "{name}: {stderr}");
+    }
+    let (code, stdout, stderr) = on_dev(dir.path(), &["workflows", "list", "--workspace", "acme"]);
+    assert_eq!(code, 0, "{stderr}");
+    for flow in ["welcome", "otp", "order-shipped", "spring-sale"] {
+        assert!(stdout.contains(flow), "{stdout}");
+    }
+}
+
+/// `docs/configuration.md`'s table of every setting is the configuration: each setting
+/// the defaults hold is there with its environment variable and its default, and each
+/// setting it shows as unset ("none") is one the configuration accepts.
+#[test]
+fn the_settings_reference_matches_the_configuration() {
+    use figment::Figment;
+    use figment::providers::{Format, Serialized, Toml};
+    use switchboard::config::Config;
+    let doc_path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let table = doc
+        .split("## Every setting")
+        .nth(1)
+        .expect("docs/configuration.md has `## Every setting`");
+    let rows: Vec<(String, String, String)> = table
+        .lines()
+        .take_while(|l| !l.starts_with("## "))
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            let unquote = |s: &str| {
+                s.trim()
+                    .trim_start_matches('|')
+                    .trim()
+                    .trim_matches('`')
+                    .to_string()
+            };
+            (unquote(cells[0]), unquote(cells[1]), unquote(cells[2]))
+        })
+        .collect();
+    assert!(
+        rows.len() > 50,
+        "the table was not found: {} rows",
+        rows.len()
+    );
+
+    // Every leaf the defaults serialise, as `dotted.path` -> its text.
+    fn leaves(prefix: &str, value: &toml::Value, out: &mut Vec<(String, String)>) {
+        match value {
+            toml::Value::Table(t) if !t.is_empty() => {
+                for (k, v) in t {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaves(&path, v, out);
+                }
+            }
+            toml::Value::String(s) => out.push((prefix.into(), s.clone())),
+            other => out.push((prefix.into(), other.to_string())),
+        }
+    }
+    let mut defaults = Vec::new();
+    leaves(
+        "",
+        &toml::Value::try_from(Config::default()).unwrap(),
+        &mut defaults,
+    );
+
+    for (key, env, _) in &rows {
+        let want = format!(
+            "SWITCHBOARD_{}",
+            key.replace('.', "__")
+                .replace("<slug>", "<SLUG>")
+                .to_uppercase()
+        );
+        assert_eq!(env, &want, "{key}: environment variable");
+    }
+    for (path, value) in &defaults {
+        if value == "{}" {
+            // A map setting (documented per `<slug>`), or a group whose every setting is
+            // unset by default (documented one by one).
+            assert!(
+                rows.iter()
+                    .any(|(k, ..)| k.starts_with(&format!("{path}."))),
+                "nothing under {path} is documented"
+            );
+            continue;
+        }
+        let row = rows
+            .iter()
+            .find(|(k, ..)| k == path)
+            .unwrap_or_else(|| panic!("{path} is not in docs/configuration.md"));
+        assert_eq!(&row.2, value, "{path}: documented default");
+    }
+    for (key, _, default) in rows.iter().filter(|(k, ..)| !k.contains("<slug>")) {
+        if default == "none" {
+            assert!(
+                !defaults.iter().any(|(p, _)| p == key),
+                "{key} has a default, not none"
+            );
+            // Accepted when set: a misspelt key would be refused as unknown.
+            let (table, leaf) = key.rsplit_once('.').unwrap_or(("", key));
+            let toml = if table.is_empty() {
+                format!("{leaf} = \"x\"\n")
+            } else {
+                format!("[{table}]\n{leaf} = \"x\"\n")
+            };
+            let set: Config = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::string(&toml))
+                .extract()
+                .unwrap_or_else(|e| panic!("{key} is not a setting: {e}"));
+            assert_ne!(set, Config::default(), "{key} changed nothing");
+        } else {
+            assert!(
+                defaults.iter().any(|(p, _)| p == key),
+                "{key} is documented but is no setting"
+            );
+        }
+    }
+}
