@@ -51,6 +51,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
     println!("cargo:rerun-if-env-changed=SWITCHBOARD_WASM_TARGET_DIR");
+    println!("cargo:rerun-if-env-changed=CARGO_NET_OFFLINE");
 
     let target_dir = env::var_os("SWITCHBOARD_WASM_TARGET_DIR")
         .map(PathBuf::from)
@@ -167,6 +168,9 @@ fn ensure_wasm_target() {
         return;
     }
     let fix = format!("rustup target add {TARGET}");
+    if env::var_os("CARGO_NET_OFFLINE").is_some_and(|v| v == "true") {
+        panic!("the {TARGET} target is missing and this build is offline: run `{fix}`");
+    }
     let toolchain = env::var("RUSTUP_TOOLCHAIN").ok();
     println!("cargo:warning=the {TARGET} target is missing: running `{fix}` (once)");
     let mut cmd = Command::new("rustup");

@@ -285,6 +285,13 @@ fn logs_have_no_colour_codes_when_not_a_terminal() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Read as it comes: a full pipe would stop the process before it listens.
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut logs = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut logs);
+        logs
+    });
     let lines = BufReader::new(child.stdout.take().unwrap()).lines();
     for line in lines.map_while(Result::ok) {
         if line.starts_with("listening on ") {
@@ -292,8 +299,8 @@ fn logs_have_no_colour_codes_when_not_a_terminal() {
         }
     }
     let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
-    let logs = String::from_utf8_lossy(&out.stderr);
+    let _ = child.wait();
+    let logs = reader.join().unwrap();
     assert!(
         logs.contains("DEBUG") || logs.contains("INFO"),
         "no logs: {logs}"

@@ -97,10 +97,15 @@ fn pg_bin(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("PostgreSQL's {name} must be installed"))
 }
 
+/// Whether this process runs as root.
+fn is_root() -> bool {
+    let out = Command::new("id").arg("-u").output().expect("`id` runs");
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
 /// Runs `program` as the `postgres` user when we are root (PostgreSQL refuses root).
 fn as_postgres(program: &Path) -> Command {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         let mut cmd = Command::new("runuser");
         cmd.args(["-u", "postgres", "--"]).arg(program);
         cmd
@@ -163,11 +168,13 @@ impl PrivatePg {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        // Accepting connections, not merely listening (it listens while starting up).
         for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
+            let ready = Command::new(pg_bin("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
                 return Self { child, port, data };
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -192,8 +199,7 @@ impl Drop for PrivatePg {
 }
 
 fn chown_to_postgres(dir: &Path) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         let status = Command::new("chown")
             .args(["-R", "postgres:postgres"])
             .arg(dir)
@@ -406,6 +412,7 @@ async fn tls_mistakes_fail_at_start_naming_the_setting() {
     );
     let mut c = b.config.clone();
     c.store.url = c.store.url.replace("verify-full", "disable");
+    c.store.tls = TlsFiles::default();
     let err = start_error(c).await;
     assert!(
         err.starts_with("store.url") && err.contains("no encryption"),
@@ -449,6 +456,16 @@ async fn tls_mistakes_fail_at_start_naming_the_setting() {
         err.starts_with("broker.url") && err.contains("Certificate"),
         "{err}"
     );
+
+    // TLS files with a mode that would not use them.
+    let mut c = b.config.clone();
+    c.store.url = c.store.url.replace("verify-full", "prefer");
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("store.tls needs TLS"), "{err}");
+    // `require` with a CA verifies it, as libpq does: still connects.
+    let mut c = b.config.clone();
+    c.store.url = c.store.url.replace("verify-full", "require");
+    switchboard::build_state(c).await.unwrap();
 
     // A certificate without its key is a configuration error before any connection.
     let mut c = b.config.clone();

@@ -114,7 +114,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                     streams.clone(),
                 )
                 .await
-                .map_err(|e| anyhow::anyhow!("broker.url ({}): {e}", redact(&config.broker.url)))?,
+                .map_err(|e| {
+                    let shown = broker::nats::redact_url(&config.broker.url);
+                    anyhow::anyhow!("broker.url ({shown}): {e}")
+                })?,
             );
             let announcer = announce::Announcer::Nats {
                 client: b.client(),

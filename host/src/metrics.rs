@@ -73,8 +73,9 @@ pub struct PluginSample {
     pub calls: u64,
     /// Calls that failed (trap, timeout, memory limit).
     pub failures: u64,
-    /// Time spent running the plugin's own code, host calls excluded (sandboxed
-    /// plugins only), in seconds.
+    /// Time inside sandboxed calls less the time spent in host calls (outbound HTTP,
+    /// logging), in seconds: the guest's own code and its instance's start-up, as the
+    /// guest-time budget counts it.
     pub guest_seconds: f64,
     /// Outbound requests refused by the plugin's allow-list or the address check.
     pub egress_denied: u64,
@@ -129,8 +130,8 @@ impl Collector for PluginCollector {
         }
         let mut family = encoder.encode_descriptor(
             "plugin_guest_seconds",
-            "Time sandboxed plugins spent running their own code (host calls such as \
-             outbound HTTP excluded), by slug",
+            "Time inside sandboxed plugin calls, less host calls such as outbound HTTP \
+             (what the guest-time budget counts), by slug",
             None,
             ConstCounter::<f64>::new(0.0).metric_type(),
         )?;

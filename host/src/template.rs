@@ -10,6 +10,7 @@
 use minijinja::value::{Serde, ValueKind};
 use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value};
 use serde_json::Map;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
@@ -85,6 +86,13 @@ fn environment(escape: Escape, undefined: Undefined) -> Environment<'static> {
         Undefined::Fail => UndefinedBehavior::SemiStrict,
     });
     env.set_fuel(Some(FUEL));
+    // A template's last newline is part of the message, as it always was.
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .keep_trailing_newline(true)
+            .build()
+            .expect("the default delimiters"),
+    );
     env.set_formatter(|out, state, value| {
         if value.is_none() {
             return Ok(());
@@ -114,10 +122,55 @@ fn env(escape: Escape, undefined: Undefined) -> &'static Environment<'static> {
     &ENVIRONMENTS[i]
 }
 
+/// The context variable holding the whole payload, for keys Jinja cannot name.
+const PAYLOAD: &str = "__payload__";
+
+/// `{{ key }}` whose key Jinja would not read as a name (`order-id`, `2fa`, or a key
+/// with dots that the payload holds as it is) becomes a lookup of that literal key, as
+/// placeholders always were. Returns the template and those keys.
+fn literal_keys<'t>(
+    template: &'t str,
+    payload: Option<&Map<String, serde_json::Value>>,
+) -> (Cow<'t, str>, Vec<String>) {
+    let literal = |key: &str| {
+        !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+            && (key.contains('-')
+                || key.starts_with(|c: char| c.is_ascii_digit())
+                || (key.contains('.') && payload.is_some_and(|p| p.contains_key(key))))
+    };
+    let mut keys = Vec::new();
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            break;
+        };
+        let key = after[..end].trim();
+        if literal(key) {
+            out.push_str(&rest[..start]);
+            out.push_str(&format!("{{{{ {PAYLOAD}[\"{key}\"] }}}}"));
+            keys.push(key.to_string());
+        } else {
+            out.push_str(&rest[..start + 2 + end + 2]);
+        }
+        rest = &after[end + 2..];
+    }
+    if keys.is_empty() {
+        return (Cow::Borrowed(template), keys);
+    }
+    out.push_str(rest);
+    (Cow::Owned(out), keys)
+}
+
 /// Checks a template's syntax, for a workflow being applied.
 pub fn check(template: &str) -> Result<(), SyntaxError> {
+    let (template, _) = literal_keys(template, None);
     env(Escape::None, Undefined::Empty)
-        .template_from_str(template)
+        .template_from_str(&template)
         .map(|_| ())
         .map_err(|e| SyntaxError {
             line: e.line().unwrap_or(1),
@@ -135,15 +188,20 @@ pub fn render(
     let env = env(escape, undefined);
     let empty = Map::new();
     let payload = payload.unwrap_or(&empty);
-    let compiled = env.template_from_str(template).map_err(invalid)?;
-    compiled.render(Serde(payload)).map_err(|e| {
+    let (template, literals) = literal_keys(template, Some(payload));
+    let compiled = env.template_from_str(&template).map_err(invalid)?;
+    let context =
+        minijinja::context! { __payload__ => Serde(payload), ..Value::from(Serde(payload)) };
+    compiled.render(context).map_err(|e| {
         if e.kind() != ErrorKind::UndefinedError {
             return invalid(e);
         }
         let missing: BTreeSet<String> = compiled
             .undeclared_variables(true)
             .into_iter()
+            .filter(|path| path != PAYLOAD && !path.starts_with(&format!("{PAYLOAD}.")))
             .filter(|path| !is_global(env, path) && !resolves(payload, path))
+            .chain(literals.into_iter().filter(|k| !payload.contains_key(k)))
             .collect();
         if missing.is_empty() {
             // An undefined the static analysis cannot name (an index past a list's
@@ -152,6 +210,52 @@ pub fn render(
         }
         RenderError::Missing(MissingKeys(missing))
     })
+}
+
+/// Placeholders only, for text a tenant sends with a trigger (a voice script override):
+/// `{{ key }}` or `{{ a.b }}` (the literal key first, then the path) from `payload`,
+/// values as [`render`] writes them, an unterminated `{{` kept as text. No expressions,
+/// filters, conditions or loops: nothing in it can make a worker compute. Every key the
+/// payload lacks is reported.
+pub fn render_placeholders(
+    template: &str,
+    payload: Option<&Map<String, serde_json::Value>>,
+) -> Result<String, MissingKeys> {
+    let mut out = String::with_capacity(template.len());
+    let mut missing = BTreeSet::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[start..]);
+            rest = "";
+            break;
+        };
+        let key = after[..end].trim();
+        let value = payload.and_then(|p| {
+            p.get(key).or_else(|| {
+                let mut parts = key.split('.');
+                let first = p.get(parts.next()?)?;
+                parts.try_fold(first, |v, part| v.get(part))
+            })
+        });
+        match value {
+            Some(serde_json::Value::String(text)) => out.push_str(text),
+            Some(serde_json::Value::Null) => {}
+            Some(other) => out.push_str(&other.to_string()),
+            None => {
+                missing.insert(key.to_string());
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        Err(MissingKeys(missing))
+    }
 }
 
 fn invalid(e: minijinja::Error) -> RenderError {
@@ -269,6 +373,49 @@ mod tests {
             )
             .unwrap(),
             "none"
+        );
+    }
+
+    #[test]
+    fn keys_jinja_cannot_name_are_looked_up_literally() {
+        let p = payload(json!({"order-id": "A-1", "2fa": 7, "user.name": "flat", "trail": "x"}));
+        assert_eq!(
+            lenient(
+                "#{{order-id}} {{ 2fa }} {{ user.name }} {{ gone-key }}.",
+                &p,
+                Escape::None
+            ),
+            "#A-1 7 flat ."
+        );
+        assert!(check("{{order-id}}").is_ok());
+        let err = render(
+            "{{ order-id }} {{ no-such }}",
+            Some(&p),
+            Escape::None,
+            Undefined::Fail,
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "missing template variables: no-such");
+        // The last newline stays.
+        assert_eq!(lenient("{{ trail }}\n", &p, Escape::None), "x\n");
+    }
+
+    #[test]
+    fn placeholders_only_for_tenant_text() {
+        let p = payload(json!({"code": "123", "user": {"name": "Ada"}, "a.b": 1}));
+        assert_eq!(
+            render_placeholders(
+                "{{code}} {{ user.name }} {{a.b}} {% if x %} {{ open",
+                Some(&p)
+            )
+            .unwrap(),
+            "123 Ada 1 {% if x %} {{ open"
+        );
+        let err = render_placeholders("{{ code | upper }} {{ x }}", Some(&p)).unwrap_err();
+        assert_eq!(
+            err.0.into_iter().collect::<Vec<_>>(),
+            vec!["code | upper", "x"],
+            "no filters: the text between the braces is a key"
         );
     }
 

@@ -62,6 +62,15 @@ impl TlsFiles {
     }
 }
 
+/// The `sslmode` a PostgreSQL URL names, if any.
+pub fn pg_sslmode(url: &str) -> Option<String> {
+    url::Url::parse(url)
+        .ok()?
+        .query_pairs()
+        .find(|(k, _)| k == "sslmode")
+        .map(|(_, v)| v.into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +114,15 @@ mod tests {
         assert!(both.validate("x").is_ok());
         assert_eq!(both.client(), Some((pem.as_path(), pem.as_path())));
         assert!(both.is_set());
+    }
+
+    #[test]
+    fn the_sslmode_is_read_from_the_query_only() {
+        assert_eq!(
+            pg_sslmode("postgres://u@h/db?application_name=x&sslmode=require").as_deref(),
+            Some("require")
+        );
+        assert_eq!(pg_sslmode("postgres://u:sslmode=disable@h/db"), None);
+        assert_eq!(pg_sslmode("postgres://u@h/db"), None);
     }
 }

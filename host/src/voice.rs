@@ -70,6 +70,17 @@ pub fn script(template: &str, payload: Option<&Map<String, Value>>) -> Result<St
     template::render(template, payload, Escape::None, Undefined::Fail).map(|s| pace_digits(&s))
 }
 
+/// [`script`] for a script sent with the trigger: placeholders only (a tenant's text is
+/// never run as a template).
+pub fn override_script(
+    template: &str,
+    payload: Option<&Map<String, Value>>,
+) -> Result<String, RenderError> {
+    template::render_placeholders(template, payload)
+        .map(|s| pace_digits(&s))
+        .map_err(RenderError::Missing)
+}
+
 /// The recipient kept in voice receipts: `+` and the first three digits, then `*` for
 /// all but the last two (`+14155550123` → `+141******23`). No plaintext number is stored.
 pub fn mask_phone(number: &str) -> String {

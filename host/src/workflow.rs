@@ -418,11 +418,12 @@ pub fn build_content(
         Channel::Voice => {
             let o = overrides.and_then(|o| o.voice.as_ref());
             let t = workflow.and_then(|w| w.voice.as_ref());
-            let script_template = o
-                .and_then(|o| o.script.clone())
-                .or_else(|| t.map(|t| t.script.clone()))
-                .ok_or_else(missing)?;
-            let script = voice::script(&script_template, payload).map_err(|e| match e {
+            let rendered = match (o.and_then(|o| o.script.as_deref()), t) {
+                (Some(text), _) => voice::override_script(text, payload),
+                (None, Some(t)) => voice::script(&t.script, payload),
+                (None, None) => return Err(missing()),
+            };
+            let script = rendered.map_err(|e| match e {
                 RenderError::Missing(keys) => BuildError::VoiceVariablesMissing(keys),
                 RenderError::Invalid(detail) => BuildError::TemplateInvalid {
                     channel: "voice",

@@ -28,6 +28,16 @@ CREATE TABLE message_events_new (
     detail      TEXT CHECK (detail IS NULL OR json_valid(detail))
 ) STRICT;
 INSERT INTO message_events_new SELECT * FROM message_events;
+-- The AUTOINCREMENT high-water mark goes with the old table: keep it, so that a `seq`
+-- once given (to a row since deleted) is never given again.
+CREATE TEMP TABLE message_events_seq AS
+    SELECT seq FROM sqlite_sequence WHERE name = 'message_events';
 DROP TABLE message_events;
 ALTER TABLE message_events_new RENAME TO message_events;
+UPDATE sqlite_sequence SET seq = max(seq, (SELECT seq FROM message_events_seq))
+    WHERE name = 'message_events' AND EXISTS (SELECT 1 FROM message_events_seq);
+INSERT INTO sqlite_sequence (name, seq)
+    SELECT 'message_events', seq FROM message_events_seq
+    WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'message_events');
+DROP TABLE message_events_seq;
 CREATE INDEX message_events_event ON message_events (event_id, seq);

@@ -176,6 +176,9 @@ pub(crate) async fn connect_client(
     if let Some((cert, key)) = tls.client() {
         options = options.add_client_certificate(cert.to_path_buf(), key.to_path_buf());
     }
+    // The credentials are in the options now: the client logs its server addresses,
+    // so they go without the URL's userinfo.
+    let servers: Vec<ServerAddr> = servers.into_iter().map(without_userinfo).collect();
     match tokio::time::timeout(STARTUP_CONNECT_DEADLINE, options.connect(servers)).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(err)) => Err(BrokerError(format!(
@@ -186,6 +189,18 @@ pub(crate) async fn connect_client(
             STARTUP_CONNECT_DEADLINE.as_secs()
         ))),
     }
+}
+
+/// A server address with no user name or password in it.
+fn without_userinfo(server: ServerAddr) -> ServerAddr {
+    if server.username().is_none() {
+        return server;
+    }
+    let mut url = server.into_inner();
+    // Both succeed on a URL with a host, which every server address has.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    ServerAddr::from_url(url).expect("the address parsed before")
 }
 
 /// Parses one server URL or a comma-separated list of them.
@@ -284,6 +299,18 @@ mod tests {
             user_only.credentials(&bare).unwrap_err(),
             "broker.auth.user needs broker.auth.password"
         );
+    }
+
+    #[test]
+    fn server_addresses_lose_their_userinfo() {
+        let servers = parse_servers("nats://u:p@a:1,tls://tok@b:2,nats://c:3").unwrap();
+        let clean: Vec<ServerAddr> = servers.into_iter().map(without_userinfo).collect();
+        for (server, (host, port)) in clean.iter().zip([("a", 1), ("b", 2), ("c", 3)]) {
+            assert_eq!(server.username(), None);
+            assert_eq!(server.password(), None);
+            assert_eq!((server.host(), server.port()), (host, port));
+        }
+        assert!(clean[1].tls_required());
     }
 
     #[test]

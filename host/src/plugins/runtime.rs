@@ -1124,6 +1124,7 @@ pub(super) async fn perform_http(
         };
         let timeout = timeout.saturating_sub(started.elapsed());
         if timeout.is_zero() {
+            stats.count_http(None);
             return Err(HttpError::Timeout);
         }
         stats.http_requests.fetch_add(1, Ordering::Relaxed);

@@ -77,11 +77,23 @@ impl PgStore {
         tls: &TlsFiles,
     ) -> Result<Self, StoreError> {
         let mut options: PgConnectOptions = url.parse().map_err(map_err)?;
+        if tls.is_set() {
+            options = match crate::tls::pg_sslmode(url).as_deref() {
+                // Files given to be used: TLS, verified (against the CA when given).
+                None => options.ssl_mode(PgSslMode::VerifyFull),
+                // As libpq: a root certificate makes `require` verify the CA.
+                Some("require") if tls.ca_file.is_some() => options.ssl_mode(PgSslMode::VerifyCa),
+                Some("require" | "verify-ca" | "verify-full") => options,
+                Some(other) => {
+                    return Err(StoreError::Other(format!(
+                        "store.tls is set but sslmode={other} would not use it: use require, \
+                         verify-ca or verify-full, or leave sslmode out"
+                    )));
+                }
+            };
+        }
         if let Some(ca) = &tls.ca_file {
             options = options.ssl_root_cert(ca);
-            if !url.contains("sslmode=") {
-                options = options.ssl_mode(PgSslMode::VerifyFull);
-            }
         }
         if let Some((cert, key)) = tls.client() {
             options = options.ssl_client_cert(cert).ssl_client_key(key);

@@ -366,6 +366,77 @@ mod tests {
         crate::store::messages::tests::queued_entries_after_0008(&store, &ws, &messages).await;
     }
 
+    /// 0009 rebuilds the timeline and attempt tables without their foreign keys: rows,
+    /// the index and the AUTOINCREMENT high-water mark survive it.
+    #[tokio::test]
+    async fn migration_0009_keeps_rows_and_sequence_and_drops_the_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("switchboard.db"))
+            .await
+            .unwrap();
+        let before = tempfile::tempdir().unwrap();
+        crate::store::tests::migrator_before("sqlite", 9, before.path())
+            .await
+            .run(store.pool())
+            .await
+            .unwrap();
+        let (_, messages) = crate::store::messages::tests::rows_before_0008(&store).await;
+        // The newest timeline row deleted: its `seq` must not be given again.
+        let high: i64 = sqlx::query_scalar("SELECT max(seq) FROM message_events")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM message_events WHERE seq = ?")
+            .bind(high)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let keys = |table: &'static str| {
+            let pool = store.pool().clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(&format!(
+                    "SELECT count(*) FROM pragma_foreign_key_list('{table}')"
+                ))
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+            }
+        };
+        assert_eq!(keys("message_events").await, 1);
+        store.migrate().await.unwrap();
+        assert_eq!(keys("message_events").await, 0);
+        assert_eq!(keys("delivery_attempts").await, 0);
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM message_events")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows, 1);
+        let index: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'message_events_event'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(index, 1);
+        assert!(
+            store
+                .append_timeline(
+                    &messages[0].event_id,
+                    &[crate::store::tests::queued_entry(&messages[0])]
+                )
+                .await
+                .unwrap()
+        );
+        let next: i64 = sqlx::query_scalar("SELECT max(seq) FROM message_events")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert!(
+            next > high,
+            "seq {next} given again (high-water mark {high})"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_ensure_workspace() {
         let (_dir, store) = open_temp().await;
