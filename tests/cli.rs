@@ -1914,3 +1914,27 @@ fn the_settings_reference_matches_the_configuration() {
         }
     }
 }
+
+/// With --dev the workspace defaults to `default` (the one `dev` creates); without it,
+/// leaving `--workspace` out is an error that says so, before anything is opened.
+#[test]
+fn the_workspace_defaults_to_default_only_with_dev() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = on_dev(dir.path(), &["keys", "create", "--mode", "test"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("for workspace default"), "{stderr}");
+    let flows = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workflows.yaml");
+    let (code, stdout, stderr) =
+        on_dev(dir.path(), &["workflows", "apply", flows.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("to workspace default"), "{stdout}");
+    let (code, _, stderr) = on_dev(dir.path(), &["dnd", "list"]);
+    assert_eq!(code, 0, "{stderr}");
+    let out = switchboard().args(["workflows", "list"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--workspace is required (it defaults to `default` only with --dev)"),
+        "{stderr}"
+    );
+}

@@ -130,9 +130,9 @@ struct Target {
 enum KeysCommand {
     /// Create a key and print it, alone, on stdout. It is never shown again.
     Create {
-        /// Workspace name (created if new).
+        /// Workspace name, created if new (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         /// `test` or `live`.
         #[arg(long, value_parser = ["test", "live"])]
         mode: String,
@@ -150,9 +150,9 @@ enum KeysCommand {
     },
     /// List a workspace's keys (ids and hints, never the keys).
     List {
-        /// Workspace name.
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -172,17 +172,17 @@ enum WorkflowsCommand {
     Apply {
         /// The workflows file.
         file: PathBuf,
-        /// Workspace name (must exist).
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
     /// List a workspace's workflows.
     List {
-        /// Workspace name.
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -195,17 +195,17 @@ enum ProvidersCommand {
     Apply {
         /// The providers file.
         file: PathBuf,
-        /// Workspace name (must exist).
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
     /// List each channel's providers, in order; secret config values are shown as `***`.
     List {
-        /// Workspace name.
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -217,9 +217,9 @@ enum DndCommand {
     Add {
         /// The number, e.g. +14155550123 (stored only as a digest and a masked form).
         number: String,
-        /// Workspace name (must exist).
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -227,17 +227,17 @@ enum DndCommand {
     Remove {
         /// The number.
         number: String,
-        /// Workspace name (must exist).
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
     /// List the numbers, masked.
     List {
-        /// Workspace name.
+        /// Workspace name (`default` when omitted with --dev).
         #[arg(long)]
-        workspace: String,
+        workspace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -686,6 +686,18 @@ fn kit_options(path: Option<&std::path::Path>) -> anyhow::Result<KitOptions> {
 }
 
 impl Target {
+    /// The workspace an operator command works on: `--workspace`, else `default` (the
+    /// one `dev` creates) with --dev.
+    fn workspace(&self, named: Option<String>) -> anyhow::Result<String> {
+        match named {
+            Some(name) => Ok(name),
+            None if self.dev => Ok("default".into()),
+            None => {
+                anyhow::bail!("--workspace is required (it defaults to `default` only with --dev)")
+            }
+        }
+    }
+
     fn apply(&self, mut config: Config) -> Config {
         if let Some(dir) = &self.data_dir {
             config.data_dir = dir.clone();
@@ -703,6 +715,7 @@ async fn keys(command: KeysCommand, config: Config) -> anyhow::Result<ExitCode> 
             scopes,
             target,
         } => {
+            let workspace = target.workspace(workspace)?;
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;
             let tier = tier.as_deref().and_then(Tier::parse);
             let ws = store.ensure_workspace(&workspace, tier).await?;
@@ -720,6 +733,7 @@ async fn keys(command: KeysCommand, config: Config) -> anyhow::Result<ExitCode> 
             println!("{raw}");
         }
         KeysCommand::List { workspace, target } => {
+            let workspace = target.workspace(workspace)?;
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;
             let ws = store
                 .workspace_by_name(&workspace)
@@ -775,6 +789,7 @@ async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<
             workspace,
             target,
         } => {
+            let workspace = target.workspace(workspace)?;
             // The whole file is validated before anything is opened or written.
             let flows = admin::load_workflows(&file)?;
             let config = target.apply(config);
@@ -785,6 +800,7 @@ async fn workflows(command: WorkflowsCommand, config: Config) -> anyhow::Result<
             announce_config_change(&config, ws.id.as_str()).await;
         }
         WorkflowsCommand::List { workspace, target } => {
+            let workspace = target.workspace(workspace)?;
             let (store, _) = switchboard::open_store(&target.apply(config)).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
             print!("{}", admin::workflow_listing(&*store, &ws).await?);
@@ -817,6 +833,7 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             workspace,
             target,
         } => {
+            let workspace = target.workspace(workspace)?;
             let config = target.apply(config);
             let (store, _) = switchboard::open_store(&config).await?;
             let plugins = admin::plugin_infos(&config, &*store).await?;
@@ -826,6 +843,7 @@ async fn providers(command: ProvidersCommand, config: Config) -> anyhow::Result<
             announce_config_change(&config, ws.id.as_str()).await;
         }
         ProvidersCommand::List { workspace, target } => {
+            let workspace = target.workspace(workspace)?;
             let config = target.apply(config);
             let (store, _) = switchboard::open_store(&config).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
@@ -893,12 +911,13 @@ async fn dnd(command: DndCommand, config: Config) -> anyhow::Result<ExitCode> {
         }
         | DndCommand::List { workspace, target } => (workspace, target),
     };
+    let workspace = target.workspace(workspace.clone())?;
     // Checked before the database is opened; the error does not repeat the number.
     if let DndCommand::Add { number, .. } | DndCommand::Remove { number, .. } = &command {
         admin::dnd_number(number)?;
     }
     let (store, _) = switchboard::open_store(&target.apply(config)).await?;
-    let ws = admin::workspace(&*store, workspace).await?;
+    let ws = admin::workspace(&*store, &workspace).await?;
     let out = match &command {
         DndCommand::Add { number, .. } => admin::dnd_add(&*store, &ws, number).await?,
         DndCommand::Remove { number, .. } => admin::dnd_remove(&*store, &ws, number).await?,
