@@ -97,10 +97,13 @@ fn pg_bin(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("PostgreSQL's {name} must be installed"))
 }
 
-/// Whether this process runs as root.
+/// Whether this process runs as root (asked once).
 fn is_root() -> bool {
-    let out = Command::new("id").arg("-u").output().expect("`id` runs");
-    String::from_utf8_lossy(&out.stdout).trim() == "0"
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        let out = Command::new("id").arg("-u").output().expect("`id` runs");
+        String::from_utf8_lossy(&out.stdout).trim() == "0"
+    })
 }
 
 /// Runs `program` as the `postgres` user when we are root (PostgreSQL refuses root).
@@ -264,35 +267,12 @@ fn nats_tls(port: u16, dir: &Path, pki: &Pki) -> Child {
         .expect("nats-server must be installed")
 }
 
-async fn wait_port(port: u16) {
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nothing listens on {port}");
-}
-
-/// Kills a child on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The three servers, and a config that reaches each over TLS with a client
 /// certificate (NATS also with its user and password).
 struct Backends3 {
     _pg: PrivatePg,
-    _redis: Killed,
-    _nats: Killed,
+    _redis: Private,
+    _nats: Private,
     pki: Pki,
     config: Config,
     _dir: tempfile::TempDir,
@@ -303,11 +283,9 @@ async fn tls_backends() -> Backends3 {
     let pki = Pki::generate(dir.path());
     let pg = PrivatePg::start(dir.path(), &pki).await;
     let redis_port = Private::free_port();
-    let redis = Killed(redis_tls(redis_port, &pki));
+    let redis = Private::wait(redis_tls(redis_port, &pki), redis_port).await;
     let nats_port = Private::free_port();
-    let nats = Killed(nats_tls(nats_port, dir.path(), &pki));
-    wait_port(redis_port).await;
-    wait_port(nats_port).await;
+    let nats = Private::wait(nats_tls(nats_port, dir.path(), &pki), nats_port).await;
 
     let mut config = Config {
         data_dir: dir.path().join("data"),

@@ -572,16 +572,7 @@ impl Config {
     fn validate_tls(&self) -> Result<(), String> {
         if self.store.backend == StoreBackend::Postgres {
             self.store.tls.validate("store.tls")?;
-            let mode = crate::tls::pg_sslmode(&self.store.url);
-            if self.store.tls.is_set()
-                && matches!(mode.as_deref(), Some("disable" | "allow" | "prefer"))
-            {
-                return Err(format!(
-                    "store.tls needs TLS: store.url's sslmode={} would not use it (use \
-                     require, verify-ca or verify-full, or leave sslmode out)",
-                    mode.unwrap_or_default()
-                ));
-            }
+            crate::tls::pg_mode_with_files(&self.store.url, &self.store.tls)?;
         }
         if self.broker.backend == BrokerBackend::Nats {
             self.broker.tls.validate("broker.tls")?;

@@ -190,8 +190,13 @@ pub fn render(
     let payload = payload.unwrap_or(&empty);
     let (template, literals) = literal_keys(template, Some(payload));
     let compiled = env.template_from_str(&template).map_err(invalid)?;
-    let context =
-        minijinja::context! { __payload__ => Serde(payload), ..Value::from(Serde(payload)) };
+    let values = Value::from(Serde(payload));
+    // The whole payload under its own name only when a literal key needs it.
+    let context = if literals.is_empty() {
+        values
+    } else {
+        minijinja::context! { __payload__ => values.clone(), ..values }
+    };
     compiled.render(context).map_err(|e| {
         if e.kind() != ErrorKind::UndefinedError {
             return invalid(e);

@@ -62,8 +62,27 @@ impl TlsFiles {
     }
 }
 
+/// The `sslmode` a PostgreSQL connection given `files` (`store.tls`) must use instead
+/// of the URL's; `None` keeps the URL's. Files and no mode: `verify-full`; a CA and
+/// `require`: `verify-ca`, as libpq. A mode that would not use the files is an error
+/// naming the settings.
+pub fn pg_mode_with_files(url: &str, files: &TlsFiles) -> Result<Option<&'static str>, String> {
+    if !files.is_set() {
+        return Ok(None);
+    }
+    match pg_sslmode(url).as_deref() {
+        None => Ok(Some("verify-full")),
+        Some("require") if files.ca_file.is_some() => Ok(Some("verify-ca")),
+        Some("require" | "verify-ca" | "verify-full") => Ok(None),
+        Some(other) => Err(format!(
+            "store.tls needs TLS: store.url's sslmode={other} would not use it (use \
+             require, verify-ca or verify-full, or leave sslmode out)"
+        )),
+    }
+}
+
 /// The `sslmode` a PostgreSQL URL names, if any.
-pub fn pg_sslmode(url: &str) -> Option<String> {
+fn pg_sslmode(url: &str) -> Option<String> {
     url::Url::parse(url)
         .ok()?
         .query_pairs()

@@ -203,7 +203,8 @@ impl Private {
         Self::wait(child, port).await
     }
 
-    async fn wait(child: std::process::Child, port: u16) -> Self {
+    /// A server this test spawned itself, once it listens on `port`.
+    pub async fn wait(child: std::process::Child, port: u16) -> Self {
         for _ in 0..100 {
             if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await

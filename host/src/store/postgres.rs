@@ -15,7 +15,7 @@ use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::tls::TlsFiles;
 use sqlx::Postgres;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,20 +77,8 @@ impl PgStore {
         tls: &TlsFiles,
     ) -> Result<Self, StoreError> {
         let mut options: PgConnectOptions = url.parse().map_err(map_err)?;
-        if tls.is_set() {
-            options = match crate::tls::pg_sslmode(url).as_deref() {
-                // Files given to be used: TLS, verified (against the CA when given).
-                None => options.ssl_mode(PgSslMode::VerifyFull),
-                // As libpq: a root certificate makes `require` verify the CA.
-                Some("require") if tls.ca_file.is_some() => options.ssl_mode(PgSslMode::VerifyCa),
-                Some("require" | "verify-ca" | "verify-full") => options,
-                Some(other) => {
-                    return Err(StoreError::Other(format!(
-                        "store.tls is set but sslmode={other} would not use it: use require, \
-                         verify-ca or verify-full, or leave sslmode out"
-                    )));
-                }
-            };
+        if let Some(mode) = crate::tls::pg_mode_with_files(url, tls).map_err(StoreError::Other)? {
+            options = options.ssl_mode(mode.parse().expect("a mode sqlx knows"));
         }
         if let Some(ca) = &tls.ca_file {
             options = options.ssl_root_cert(ca);
