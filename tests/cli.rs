@@ -1,5 +1,6 @@
 //! The `switchboard` binary as a user runs it, and the API served by `run`.
 
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -923,6 +924,143 @@ fn providers_apply_validates_and_list_never_shows_a_secret() {
     assert!(
         listing.contains("email (default):\n  1. prova\n  2. provb\n"),
         "{listing}"
+    );
+}
+
+#[test]
+fn every_list_and_show_command_prints_json_without_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    dev_workspace(&data, "acme");
+    let secret = "tok-do-not-print-9c1e";
+    let number = "+14155550199";
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        format!("providers:\n  sms:\n    - provider: provc\n      config: {{base_url: 'https://api.provc.example', account_sid: AC5, auth_token: {secret}}}\n"),
+    )
+    .unwrap();
+    let flows = dir.path().join("flows.yaml");
+    std::fs::write(
+        &flows,
+        "workflows:\n  - name: otp\n    sms: {text: 'Code {{code}}'}\n",
+    )
+    .unwrap();
+    for args in [
+        vec![
+            "providers",
+            "apply",
+            providers.to_str().unwrap(),
+            "--workspace",
+            "acme",
+        ],
+        vec![
+            "workflows",
+            "apply",
+            flows.to_str().unwrap(),
+            "--workspace",
+            "acme",
+        ],
+        vec!["dnd", "add", number, "--workspace", "acme"],
+        vec!["webhooks", "set-secret", "--provider", "provc", secret],
+    ] {
+        let (code, _, stderr) = on_dev(&data, &args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+    }
+    let json = |args: &[&str]| -> Value {
+        let (code, stdout, stderr) = on_dev(&data, args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        assert!(
+            !stdout.contains(secret) && !stdout.contains(number),
+            "{args:?} printed a secret: {stdout}"
+        );
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"))
+    };
+
+    let keys = json(&["keys", "list", "--workspace", "acme", "--json"]);
+    assert_eq!(keys[0]["mode"], "test", "{keys}");
+    assert!(
+        keys[0]["id"].as_str().unwrap().starts_with("key_"),
+        "{keys}"
+    );
+    assert_eq!(keys[0]["revoked_at"], Value::Null, "{keys}");
+
+    let workflows = json(&["workflows", "list", "--workspace", "acme", "--json"]);
+    assert_eq!(workflows[0]["name"], "otp", "{workflows}");
+    assert_eq!(workflows[0]["channels"], json!(["sms"]), "{workflows}");
+    assert_eq!(
+        workflows[0]["definition"]["sms"]["text"], "Code {{code}}",
+        "{workflows}"
+    );
+
+    let routes = json(&["providers", "list", "--workspace", "acme", "--json"]);
+    assert_eq!(
+        routes[0],
+        json!({"channel": "sms", "default": false, "providers": [{"provider": "provc", "loaded": true,
+            "config": {"base_url": "https://api.provc.example", "account_sid": "AC5", "auth_token": "***"}}]}),
+        "{routes}"
+    );
+    assert_eq!(routes[1]["default"], true, "{routes}");
+
+    let dnd = json(&["dnd", "list", "--workspace", "acme", "--json"]);
+    assert_eq!(
+        dnd[0]["number"],
+        switchboard::voice::mask_phone(number),
+        "{dnd}"
+    );
+
+    let secrets = json(&["webhooks", "list", "--json"]);
+    assert!(
+        secrets
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["provider"] == "provc" && s["workspace"].is_null()),
+        "{secrets}"
+    );
+
+    let plugins = json(&["plugin", "list", "--json"]);
+    let slugs: Vec<&str> = plugins["loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["slug"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        slugs,
+        ["prova", "provb", "provc", "provd", "prove"],
+        "{plugins}"
+    );
+    assert_eq!(plugins["installed"], json!([]), "{plugins}");
+
+    // `describe`: a plugin's keys, so nobody learns them from an error.
+    let provc = json(&["providers", "describe", "provC", "--json"]);
+    assert_eq!(provc["slug"], "provc");
+    assert_eq!(provc["channels"], json!(["sms", "voice"]), "{provc}");
+    let token = provc["config_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "auth_token")
+        .unwrap_or_else(|| panic!("{provc}"));
+    assert_eq!(
+        (&token["required"], &token["secret"]),
+        (&json!(true), &json!(true))
+    );
+    let (code, text, _) = on_dev(&data, &["providers", "describe", "provc"]);
+    assert_eq!(code, 0);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("account_sid") && l.contains("required")),
+        "{text}"
+    );
+    let (code, _, stderr) = on_dev(&data, &["providers", "describe", "provz"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(
+            "no plugin \"provz\" is loaded; there are: prova, provb, provc, provd, prove"
+        ),
+        "{stderr}"
     );
 }
 

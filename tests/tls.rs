@@ -7,13 +7,12 @@
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 use switchboard::config::Config;
 use switchboard::model::{KeyMode, Tier};
 use switchboard::tls::TlsFiles;
 
 mod common;
-use common::Private;
+use common::{Private, PrivatePg};
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate for `postgres`
 /// (PostgreSQL's `cert` authentication maps the common name to the user), as PEM files.
@@ -76,145 +75,26 @@ impl Pki {
     }
 }
 
-/// PostgreSQL's server programs: on `PATH`, else Debian's versioned directory.
-fn pg_bin(name: &str) -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file());
-    on_path
-        .or_else(|| {
-            let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-                .ok()?
-                .flatten()
-                .map(|e| e.path().join("bin").join(name))
-                .filter(|p| p.is_file())
-                .collect();
-            found.sort();
-            found.pop()
-        })
-        .unwrap_or_else(|| panic!("PostgreSQL's {name} must be installed"))
-}
-
-/// Whether this process runs as root (asked once).
-fn is_root() -> bool {
-    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ROOT.get_or_init(|| {
-        let out = Command::new("id").arg("-u").output().expect("`id` runs");
-        String::from_utf8_lossy(&out.stdout).trim() == "0"
-    })
-}
-
-/// Runs `program` as the `postgres` user when we are root (PostgreSQL refuses root).
-fn as_postgres(program: &Path) -> Command {
-    if is_root() {
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", "postgres", "--"]).arg(program);
-        cmd
-    } else {
-        Command::new(program)
-    }
-}
-
 /// A private PostgreSQL that takes only TLS connections with a client certificate.
-struct PrivatePg {
-    child: Child,
-    port: u16,
-    data: PathBuf,
-}
-
-impl PrivatePg {
-    async fn start(dir: &Path, pki: &Pki) -> Self {
-        let data = dir.join("pgdata");
-        chown_to_postgres(dir);
-        let out = as_postgres(&pg_bin("initdb"))
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(&data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for (from, to) in [
-            (&pki.server_cert, "server.crt"),
-            (&pki.server_key, "server.key"),
-            (&pki.ca, "root.crt"),
-        ] {
-            std::fs::copy(from, data.join(to)).unwrap();
-        }
-        let port = Private::free_port();
-        let conf = format!(
-            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
-             ssl_ca_file = 'root.crt'\nfsync = off\n",
-            dir.display()
-        );
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(data.join("postgresql.conf"))
-            .unwrap();
-        std::io::Write::write_all(&mut file, conf.as_bytes()).unwrap();
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "hostssl all all 127.0.0.1/32 cert\n",
-        )
-        .unwrap();
-        chown_to_postgres(dir);
-        set_mode(&data.join("server.key"), 0o600);
-        let mut child = as_postgres(&pg_bin("postgres"))
-            .arg("-D")
-            .arg(&data)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Accepting connections, not merely listening (it listens while starting up).
-        for _ in 0..200 {
-            let ready = Command::new(pg_bin("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-            if ready {
-                return Self { child, port, data };
+async fn pg_tls(dir: &Path, pki: &Pki) -> PrivatePg {
+    let conf = "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+                ssl_ca_file = 'root.crt'\n";
+    PrivatePg::start(
+        dir,
+        "127.0.0.1",
+        conf,
+        "hostssl all all 127.0.0.1/32 cert\n",
+        |data| {
+            for (from, to) in [
+                (&pki.server_cert, "server.crt"),
+                (&pki.server_key, "server.key"),
+                (&pki.ca, "root.crt"),
+            ] {
+                std::fs::copy(from, data.join(to)).unwrap();
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("private PostgreSQL did not start");
-    }
-}
-
-impl Drop for PrivatePg {
-    fn drop(&mut self) {
-        // The server's own pid (the child may be `runuser`): SIGQUIT stops it at once.
-        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
-            .ok()
-            .and_then(|s| s.lines().next().map(str::to_string));
-        if let Some(pid) = pid {
-            let _ = Command::new("kill").args(["-QUIT", &pid]).status();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-fn chown_to_postgres(dir: &Path) {
-    if is_root() {
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        },
+    )
+    .await
 }
 
 /// Redis listening on TLS only, verifying clients against the CA.
@@ -281,7 +161,7 @@ struct Backends3 {
 async fn tls_backends() -> Backends3 {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::generate(dir.path());
-    let pg = PrivatePg::start(dir.path(), &pki).await;
+    let pg = pg_tls(dir.path(), &pki).await;
     let redis_port = Private::free_port();
     let redis = Private::wait(redis_tls(redis_port, &pki), redis_port).await;
     let nats_port = Private::free_port();

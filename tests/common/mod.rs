@@ -186,12 +186,20 @@ impl Private {
 
     /// Redis without persistence.
     pub async fn redis(port: u16) -> Self {
+        Self::redis_on("127.0.0.1", port).await
+    }
+
+    /// Redis without persistence, listening on `host`.
+    pub async fn redis_on(host: &str, port: u16) -> Self {
         let child = std::process::Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
                 "--bind",
-                "127.0.0.1",
+                host,
+                // Clients on other hosts (network namespaces) have no password to give.
+                "--protected-mode",
+                "no",
                 "--save",
                 "",
                 "--appendonly",
@@ -200,21 +208,23 @@ impl Private {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server must be installed");
-        Self::wait(child, port).await
+        Self::wait_on(child, host, port).await
     }
 
     /// A server this test spawned itself, once it listens on `port`.
     pub async fn wait(child: std::process::Child, port: u16) -> Self {
+        Self::wait_on(child, "127.0.0.1", port).await
+    }
+
+    /// A server this test spawned itself, once it listens on `host:port`.
+    pub async fn wait_on(child: std::process::Child, host: &str, port: u16) -> Self {
         for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
+            if tokio::net::TcpStream::connect((host, port)).await.is_ok() {
                 return Self { child, port };
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        panic!("private server on port {port} did not start");
+        panic!("private server on {host}:{port} did not start");
     }
 
     /// Stops the server with SIGTERM, as an orderly outage would (SIGKILL could lose
@@ -318,5 +328,159 @@ pub async fn announce_config_change(state: &switchboard::AppState, ws: &str) {
             "the configuration cache did not follow the announcement"
         );
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// PostgreSQL's server programs: on `PATH`, else Debian's versioned directory.
+#[allow(dead_code)]
+fn pg_bin(name: &str) -> std::path::PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file());
+    on_path
+        .or_else(|| {
+            let mut found: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+                .ok()?
+                .flatten()
+                .map(|e| e.path().join("bin").join(name))
+                .filter(|p| p.is_file())
+                .collect();
+            found.sort();
+            found.pop()
+        })
+        .unwrap_or_else(|| panic!("PostgreSQL's {name} must be installed"))
+}
+
+/// Whether this process runs as root (asked once).
+#[allow(dead_code)]
+pub fn is_root() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        let out = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .expect("`id` runs");
+        String::from_utf8_lossy(&out.stdout).trim() == "0"
+    })
+}
+
+/// Runs `program` as the `postgres` user when we are root (PostgreSQL refuses root).
+#[allow(dead_code)]
+fn as_postgres(program: &std::path::Path) -> std::process::Command {
+    if is_root() {
+        let mut cmd = std::process::Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(program);
+        cmd
+    } else {
+        std::process::Command::new(program)
+    }
+}
+
+#[allow(dead_code)]
+fn chown_to_postgres(dir: &std::path::Path) {
+    if is_root() {
+        let status = std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+/// A private PostgreSQL cluster (its own `initdb`), stopped on drop.
+#[allow(dead_code)]
+pub struct PrivatePg {
+    child: std::process::Child,
+    /// Where it listens.
+    pub port: u16,
+    data: std::path::PathBuf,
+}
+
+#[allow(dead_code)]
+impl PrivatePg {
+    /// Initialises a cluster in `dir`, lets `prepare` put files in its data directory,
+    /// adds `conf` to `postgresql.conf`, writes `hba` as `pg_hba.conf` and starts it on
+    /// `listen` and a free port; returns once it accepts connections.
+    pub async fn start(
+        dir: &std::path::Path,
+        listen: &str,
+        conf: &str,
+        hba: &str,
+        prepare: impl FnOnce(&std::path::Path),
+    ) -> Self {
+        use std::process::{Command, Stdio};
+        let data = dir.join("pgdata");
+        chown_to_postgres(dir);
+        let out = as_postgres(&pg_bin("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        prepare(&data);
+        let port = Private::free_port();
+        let conf = format!(
+            "\nport = {port}\nlisten_addresses = '{listen}'\nunix_socket_directories = '{}'\n\
+             fsync = off\n{conf}",
+            dir.display()
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        std::io::Write::write_all(&mut file, conf.as_bytes()).unwrap();
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        chown_to_postgres(dir);
+        // Keys PostgreSQL reads must not be readable by others.
+        for entry in std::fs::read_dir(&data).unwrap().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "key") {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))
+                    .unwrap();
+            }
+        }
+        let mut child = as_postgres(&pg_bin("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Accepting connections, not merely listening (it listens while starting up).
+        for _ in 0..200 {
+            let ready = Command::new(pg_bin("pg_isready"))
+                .args(["-q", "-h", listen, "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return Self { child, port, data };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("private PostgreSQL did not start");
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        // The server's own pid (the child may be `runuser`): SIGQUIT stops it at once.
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_string));
+        if let Some(pid) = pid {
+            let _ = std::process::Command::new("kill")
+                .args(["-QUIT", &pid])
+                .status();
+        }
+        let _ = self.child.wait();
     }
 }

@@ -6,7 +6,7 @@ use super::extract::Caller;
 use crate::AppState;
 use crate::model::ApiKeyRecord;
 use crate::plugins::install::{self, InstallOutcome};
-use crate::plugins::registry::Source;
+use crate::plugins::registry::{Registry, Source};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -138,51 +138,58 @@ pub async fn list_plugins(
 
 /// What `GET /v1/admin/plugins` lists (the caller's scope is checked before).
 pub async fn plugin_listing(state: &AppState) -> Result<PluginListing, ApiError> {
-    let loaded = state
-        .plugins
-        .list()
-        .into_iter()
-        .map(|e| LoadedPlugin {
-            slug: e.plugin.info().slug.clone(),
-            version: e.plugin.info().version.clone(),
-            digest: e.plugin.digest().to_string(),
-            source: match e.source {
-                Source::Bundled => "bundled",
-                Source::Directory(_) => "directory",
-                Source::Installed { .. } => "installed",
-            }
-            .into(),
-            kind: e.plugin.kind().as_str().into(),
-            channels: e
-                .plugin
-                .info()
-                .channels
-                .iter()
-                .map(|c| crate::plugins::channel_name(c).to_string())
-                .collect(),
-        })
-        .collect();
-    let installed = state
+    let versions = state
         .ingest
         .store
         .plugin_versions(None)
         .await
-        .map_err(ApiError::from_store_read)?
-        .into_iter()
-        .map(|v| InstalledVersion {
-            slug: v.slug,
-            version: v.version,
-            digest: v.digest,
-            kind: v.kind.as_str().into(),
-            state: v.state.as_str().into(),
-            installed_by: v.installed_by,
-            installed_at: v
-                .installed_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            outbound_hosts: v.outbound_hosts,
-        })
-        .collect();
-    Ok(PluginListing { loaded, installed })
+        .map_err(ApiError::from_store_read)?;
+    Ok(PluginListing::of(&state.plugins, versions))
+}
+
+impl PluginListing {
+    /// What serves each slug in `registry`, and the installed `versions`.
+    pub fn of(registry: &Registry, versions: Vec<crate::store::PluginVersion>) -> Self {
+        let loaded = registry
+            .list()
+            .into_iter()
+            .map(|e| LoadedPlugin {
+                slug: e.plugin.info().slug.clone(),
+                version: e.plugin.info().version.clone(),
+                digest: e.plugin.digest().to_string(),
+                source: match e.source {
+                    Source::Bundled => "bundled",
+                    Source::Directory(_) => "directory",
+                    Source::Installed { .. } => "installed",
+                }
+                .into(),
+                kind: e.plugin.kind().as_str().into(),
+                channels: e
+                    .plugin
+                    .info()
+                    .channels
+                    .iter()
+                    .map(|c| crate::plugins::channel_name(c).to_string())
+                    .collect(),
+            })
+            .collect();
+        let installed = versions
+            .into_iter()
+            .map(|v| InstalledVersion {
+                slug: v.slug,
+                version: v.version,
+                digest: v.digest,
+                kind: v.kind.as_str().into(),
+                state: v.state.as_str().into(),
+                installed_by: v.installed_by,
+                installed_at: v
+                    .installed_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                outbound_hosts: v.outbound_hosts,
+            })
+            .collect();
+        PluginListing { loaded, installed }
+    }
 }
 
 /// Installs (or upgrades to) the component in the body and activates it once it

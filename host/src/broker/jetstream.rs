@@ -139,14 +139,14 @@ impl JetStreamBroker {
     /// gateway, whose `setup` recreates it with work-queue retention. Events accepted
     /// between the deletion and the restart are not lost: their publish fails, so they
     /// go to the outbox, which drains once the stream is back.
-    fn stream_config(name: &str, subjects: String) -> stream::Config {
+    fn stream_config(name: &str, subjects: String, replicas: usize) -> stream::Config {
         stream::Config {
             name: name.to_owned(),
             subjects: vec![subjects],
             storage: stream::StorageType::File,
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DUPLICATE_WINDOW,
-            num_replicas: 1,
+            num_replicas: replicas,
             ..Default::default()
         }
     }
@@ -213,7 +213,7 @@ impl Broker for JetStreamBroker {
             (&self.names.telemetry, self.names.telemetry_subject.clone()),
         ];
         for (name, subjects) in wanted {
-            let mut config = Self::stream_config(name, subjects);
+            let mut config = Self::stream_config(name, subjects, self.names.replicas);
             if let Some(retention) = self.existing_retention(name).await?
                 && retention != config.retention
             {

@@ -100,6 +100,7 @@ async fn setup_keeps_a_stream_created_with_limits_retention() {
                 ..JetStreamBroker::stream_config(
                     &names.critical,
                     format!("{}.critical.>", names.subject_prefix),
+                    1,
                 )
             })
             .await

@@ -18,7 +18,8 @@ pub enum StreamClass {
     Telemetry,
 }
 
-/// Stream and subject names. Defaults are the spec's; tests use their own to isolate.
+/// Stream and subject names, and how many copies a cluster keeps of each stream.
+/// Defaults are the spec's; tests use their own to isolate.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StreamNames {
     /// Default `NOTIFY_CRITICAL`.
@@ -46,6 +47,15 @@ pub struct StreamNames {
     /// workspace id).
     #[serde(default = "default_config_subject")]
     pub config_subject: String,
+    /// Default 1: how many servers of a JetStream cluster keep each stream (and its
+    /// consumers). 3 survives the loss of one server without losing an acknowledged
+    /// event; it must not exceed the cluster's size.
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
+}
+
+fn default_replicas() -> usize {
+    1
 }
 
 fn default_config_subject() -> String {
@@ -78,6 +88,7 @@ impl Default for StreamNames {
             telemetry_subject: default_telemetry_subject(),
             plugins_subject: default_plugins_subject(),
             revocations_subject: default_revocations_subject(),
+            replicas: default_replicas(),
             config_subject: default_config_subject(),
         }
     }
@@ -118,6 +129,7 @@ impl StreamNames {
             plugins_subject: format!("{tag}.plugins.changed"),
             revocations_subject: format!("{tag}.keys.revoked"),
             config_subject: format!("{tag}.config.changed"),
+            replicas: default_replicas(),
         }
     }
 }

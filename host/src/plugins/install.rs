@@ -203,10 +203,9 @@ pub async fn rollback(store: &dyn Store, slug: &str) -> anyhow::Result<String> {
 }
 
 /// The installed versions, one line each, newest first.
-pub async fn listing(store: &dyn Store) -> anyhow::Result<String> {
-    let versions = store.plugin_versions(None).await?;
+pub fn render_versions(versions: &[crate::store::PluginVersion]) -> String {
     if versions.is_empty() {
-        return Ok("no installed versions (`switchboard plugin install <file.wasm>`)\n".into());
+        return "no installed versions (`switchboard plugin install <file.wasm>`)\n".into();
     }
     let mut out = format!(
         "{:<10} {:<9} {:<14} {:<7} {:<9} {:<21} {}\n",
@@ -225,7 +224,7 @@ pub async fn listing(store: &dyn Store) -> anyhow::Result<String> {
             v.installed_by
         ));
     }
-    Ok(out)
+    out
 }
 
 /// Installs each `*.wasm` that appears in `dir` with a digest the store does not hold

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Tries per callback.
-pub const MAX_TRIES: u32 = 5;
-/// Wait before the first retry; doubles after each.
+/// Wait before the first retry; doubles after each, up to [`MAX_RETRY_DELAY`].
 pub const FIRST_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// The longest wait between two tries.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 /// What a simulated call costs, micro-USD (spec: about $0.015).
 pub const VOICE_COST_MICRO_USD: u64 = 15_000;
 /// The bounce reason of a simulated hard bounce.
@@ -180,7 +180,8 @@ async fn post_all(shared: &Shared, slug: Slug, secret: &str, bodies: Vec<Bytes>)
 /// answer came.
 async fn post(shared: &Shared, url: &str, slug: Slug, secret: &str, body: Bytes) -> bool {
     let mut delay = FIRST_RETRY_DELAY;
-    for attempt in 1..=MAX_TRIES {
+    let tries = shared.config.callback_tries.max(1);
+    for attempt in 1..=tries {
         // Signed afresh for each try, as a provider does.
         let signature = native::sign(slug.name(), secret, &body, now_secs())
             .expect("every simulated provider has a native scheme");
@@ -211,10 +212,10 @@ async fn post(shared: &Shared, url: &str, slug: Slug, secret: &str, body: Bytes)
             }
             Err(e) => format!("gateway unreachable: {}", e.without_url()),
         };
-        if attempt == MAX_TRIES {
+        if attempt == tries {
             tracing::warn!(
                 provider = slug.name(),
-                tries = MAX_TRIES,
+                tries,
                 last = %retryable,
                 "callback given up"
             );
@@ -228,7 +229,7 @@ async fn post(shared: &Shared, url: &str, slug: Slug, secret: &str, body: Bytes)
             "callback will be retried"
         );
         tokio::time::sleep(delay).await;
-        delay *= 2;
+        delay = (delay * 2).min(MAX_RETRY_DELAY);
     }
     false
 }

@@ -105,6 +105,9 @@ pub struct SimConfig {
     pub state_interval_ms: u64,
     /// How long a request chosen to time out hangs, milliseconds.
     pub timeout_ms: u64,
+    /// Tries per callback: a 5xx answer or no answer is retried after 200 ms,
+    /// doubling up to 5 s between tries, as providers retry their webhooks.
+    pub callback_tries: u32,
     /// Webhook secret per provider slug, used to sign callbacks.
     pub secrets: BTreeMap<String, String>,
     /// Failure injection per provider slug.
@@ -122,6 +125,7 @@ impl Default for SimConfig {
             callback_delay_ms: 300,
             state_interval_ms: 100,
             timeout_ms: 60_000,
+            callback_tries: 5,
             secrets: BTreeMap::new(),
             providers: BTreeMap::new(),
             dnd_numbers: Vec::new(),
@@ -142,6 +146,12 @@ impl SimConfig {
                     "sim.{name} must be at most {MAX_DELAY_MS} (10 minutes), not {ms}"
                 ));
             }
+        }
+        if !(1..=100).contains(&self.callback_tries) {
+            return Err(format!(
+                "sim.callback_tries must be 1 to 100, not {}",
+                self.callback_tries
+            ));
         }
         check_gateway_url(&self.gateway_url, "sim.gateway_url")?;
         let unknown = |table: &str, slug: &str| {

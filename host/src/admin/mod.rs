@@ -1,22 +1,25 @@
 //! Operator commands on a workspace's configuration: workflows (`switchboard workflows`),
-//! provider routes (`switchboard providers`) and the voice do-not-disturb list
-//! (`switchboard dnd`). `main.rs` parses the command line and prints what these return.
+//! provider routes (`switchboard providers`, in [`providers`]), the voice do-not-disturb
+//! list (`switchboard dnd`) and webhook secrets. The command line (`crate::cli`) prints
+//! what these return, as text or (`--json`) as the serialized entries.
 //!
 //! Secrets stay secret: provider config values appear neither in errors nor in
 //! listings (except values of keys the plugin declares non-secret), and a DND number is
 //! kept and shown only as its digest and masked form.
 
-use crate::config::Config;
+pub mod providers;
+
+pub use providers::*;
+
 use crate::model::{ProviderRoute, Workspace};
-use crate::plugins::types::ProviderInfo;
-use crate::plugins::{PluginRuntime, channel_name, registry::Registry};
 use crate::routing::{Channel, is_e164};
 use crate::store::{Store, phone_hash};
 use crate::voice::mask_phone;
 use crate::workflow::{self, Workflow};
 use chrono::SecondsFormat;
+use serde::Serialize;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The five channels, in the order listings use.
@@ -77,355 +80,66 @@ pub async fn seed_dev_examples(store: &dyn Store, ws: &Workspace) -> anyhow::Res
     apply_workflows(store, ws, &flows).await
 }
 
-/// One line per workflow: name, channels with a template, the `promotional` marker and
-/// when it was last written.
-pub async fn workflow_listing(store: &dyn Store, ws: &Workspace) -> anyhow::Result<String> {
-    let rows = store.list_workflows(&ws.id).await?;
-    if rows.is_empty() {
-        return Ok(format!(
-            "no workflows in workspace {}; add some with `switchboard workflows apply`\n",
-            ws.name
-        ));
-    }
-    let lines: Vec<[String; 4]> = rows
-        .into_iter()
-        .map(|(name, doc, updated)| {
-            let (channels, promotional) = match serde_json::from_value::<Workflow>(doc) {
-                Ok(w) => (
-                    w.channels()
-                        .iter()
-                        .map(|c| c.as_str())
-                        .collect::<Vec<_>>()
-                        .join(","),
-                    if w.promotional { "promotional" } else { "-" }.to_string(),
-                ),
-                Err(_) => ("(unreadable definition)".to_string(), "-".to_string()),
-            };
-            [
-                name,
-                channels,
-                promotional,
-                updated.to_rfc3339_opts(SecondsFormat::Secs, true),
-            ]
-        })
-        .collect();
-    Ok(table(
-        ["name", "channels", "promotional", "updated"],
-        &lines,
-    ))
+/// A workflow as `workflows list` shows it.
+#[derive(Debug, Serialize)]
+pub struct WorkflowEntry {
+    pub name: String,
+    /// Channels with a template; `null` when the stored definition no longer parses.
+    pub channels: Option<Vec<&'static str>>,
+    pub promotional: bool,
+    pub updated_at: String,
+    /// The stored definition, as `workflows apply` takes it.
+    pub definition: Value,
 }
 
-// ---- provider routes ----
-
-/// What every plugin says about itself, by slug: the bundled and directory ones, with
-/// the installed versions active in `store` in their place.
-pub async fn plugin_infos(
-    config: &Config,
+/// The workspace's workflows, by name.
+pub async fn workflow_entries(
     store: &dyn Store,
-) -> anyhow::Result<BTreeMap<String, ProviderInfo>> {
-    let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
-    let registry = Registry::load(runtime, &config.plugins).await?;
-    registry.sync(store).await?;
-    Ok(registry
-        .list()
+    ws: &Workspace,
+) -> anyhow::Result<Vec<WorkflowEntry>> {
+    Ok(store
+        .list_workflows(&ws.id)
+        .await?
         .into_iter()
-        .map(|e| (e.plugin.info().slug.clone(), e.plugin.info().clone()))
+        .map(|(name, doc, updated)| {
+            let parsed = serde_json::from_value::<Workflow>(doc.clone()).ok();
+            WorkflowEntry {
+                name,
+                channels: parsed
+                    .as_ref()
+                    .map(|w| w.channels().iter().map(|c| c.as_str()).collect()),
+                promotional: parsed.is_some_and(|w| w.promotional),
+                updated_at: updated.to_rfc3339_opts(SecondsFormat::Secs, true),
+                definition: doc,
+            }
+        })
         .collect())
 }
 
-/// Reads and validates a providers file; the error names the file and every problem.
-pub fn load_providers(
-    path: &Path,
-    plugins: &BTreeMap<String, ProviderInfo>,
-) -> anyhow::Result<BTreeMap<Channel, Vec<ProviderRoute>>> {
-    let text = read_file(path)?;
-    parse_providers(&text, plugins).map_err(|problems| match problems.as_slice() {
-        [one] => anyhow::anyhow!("{}: {one}", path.display()),
-        many => anyhow::anyhow!(
-            "{}: {} problems:\n  {}",
-            path.display(),
-            many.len(),
-            many.join("\n  ")
-        ),
-    })
-}
-
-/// Parses a providers file (YAML, or JSON as the YAML subset it is):
-///
-/// ```yaml
-/// providers:
-///   sms:
-///     - provider: provc
-///       config: {base_url: "https://api.provc.example", account_sid: AC1, auth_token: "…"}
-///     - provider: provd
-///       config: {base_url: "https://api.provd.example", api_token: "…"}
-/// ```
-///
-/// Each channel must be one of the five; each provider a loaded plugin serving that
-/// channel, listed once; its config must hold every key the plugin requires (non-empty)
-/// and no key it does not declare. Values are strings (numbers and booleans are taken
-/// as their text). Returns every problem found; no message quotes a config value.
-pub fn parse_providers(
-    text: &str,
-    plugins: &BTreeMap<String, ProviderInfo>,
-) -> Result<BTreeMap<Channel, Vec<ProviderRoute>>, Vec<String>> {
-    // Into a generic value first, so that no serde message can echo a config value.
-    let doc: Value = serde_norway::from_str(text).map_err(|e| vec![e.to_string()])?;
-    let shape = "the file must hold `providers:`, a map from channel to a list of providers";
-    let Value::Object(top) = doc else {
-        return Err(vec![shape.to_string()]);
-    };
-    let mut problems = Vec::new();
-    for key in top.keys().filter(|k| *k != "providers") {
-        problems.push(format!(
-            "unknown top-level key {key:?} (expected `providers`)"
-        ));
+/// One line per workflow: name, channels with a template, the `promotional` marker and
+/// when it was last written.
+pub fn render_workflows(ws: &Workspace, entries: &[WorkflowEntry]) -> String {
+    if entries.is_empty() {
+        return format!(
+            "no workflows in workspace {}; add some with `switchboard workflows apply`\n",
+            ws.name
+        );
     }
-    let channels = match top.get("providers") {
-        Some(Value::Object(m)) if !m.is_empty() => m,
-        Some(Value::Object(_)) => return Err(vec!["`providers` lists no channel".to_string()]),
-        _ => {
-            problems.push(shape.to_string());
-            return Err(problems);
-        }
-    };
-    let mut out = BTreeMap::new();
-    for (name, list) in channels {
-        let Some(channel) = CHANNELS.iter().copied().find(|c| c.as_str() == name) else {
-            problems.push(format!(
-                "providers: unknown channel {name:?} (channels are {})",
-                channel_list()
-            ));
-            continue;
-        };
-        let entries = match list {
-            Value::Array(a) if !a.is_empty() => a,
-            Value::Array(_) => {
-                problems.push(format!(
-                    "providers.{name}: empty list (list at least one provider; leave the channel out to keep its route)"
-                ));
-                continue;
-            }
-            _ => {
-                problems.push(format!("providers.{name}: must be a list of providers"));
-                continue;
-            }
-        };
-        let mut route = Vec::new();
-        let mut seen = BTreeSet::new();
-        for (i, entry) in entries.iter().enumerate() {
-            let at = format!("providers.{name}[{i}]");
-            match parse_entry(&at, channel, entry, plugins) {
-                Ok(r) => {
-                    if seen.insert(r.provider.clone()) {
-                        route.push(r);
-                    } else {
-                        problems.push(format!("{at}: provider {:?} is listed twice", r.provider));
-                    }
-                }
-                Err(mut e) => problems.append(&mut e),
-            }
-        }
-        out.insert(channel, route);
-    }
-    if problems.is_empty() {
-        Ok(out)
-    } else {
-        Err(problems)
-    }
-}
-
-fn parse_entry(
-    at: &str,
-    channel: Channel,
-    entry: &Value,
-    plugins: &BTreeMap<String, ProviderInfo>,
-) -> Result<ProviderRoute, Vec<String>> {
-    let Value::Object(fields) = entry else {
-        return Err(vec![format!(
-            "{at}: must be a map with `provider` and `config`"
-        )]);
-    };
-    let mut problems = Vec::new();
-    for key in fields.keys().filter(|k| *k != "provider" && *k != "config") {
-        problems.push(format!(
-            "{at}: unknown key {key:?} (an entry has `provider` and `config`)"
-        ));
-    }
-    let slug = match fields.get("provider") {
-        Some(Value::String(s)) if !s.trim().is_empty() => crate::ids::canonical_slug(s),
-        _ => {
-            problems.push(format!("{at}: `provider` (a plugin slug) is missing"));
-            return Err(problems);
-        }
-    };
-    let Some(info) = plugins.get(&slug) else {
-        problems.push(format!(
-            "{at}: unknown provider {slug:?} (loaded plugins: {})",
-            plugins.keys().cloned().collect::<Vec<_>>().join(", ")
-        ));
-        return Err(problems);
-    };
-    let at = format!("{at} ({slug})");
-    if !info
-        .channels
+    let rows: Vec<[String; 4]> = entries
         .iter()
-        .any(|c| channel_name(c) == channel.as_str())
-    {
-        let serves: Vec<&str> = info.channels.iter().map(channel_name).collect();
-        problems.push(format!(
-            "{at}: provider {slug:?} does not serve {} (it serves {})",
-            channel.as_str(),
-            serves.join(", ")
-        ));
-    }
-    let mut config = BTreeMap::new();
-    match fields.get("config") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) => {
-            for (key, value) in m {
-                if !info.config_keys.iter().any(|k| &k.name == key) {
-                    problems.push(format!(
-                        "{at}: unknown config key {key:?} ({slug} accepts {})",
-                        info.config_keys
-                            .iter()
-                            .map(|k| k.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                    continue;
-                }
-                let text = match value {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    Value::Null => {
-                        problems.push(format!("{at}: config key {key:?} has no value"));
-                        continue;
-                    }
-                    Value::Array(_) | Value::Object(_) => {
-                        problems.push(format!("{at}: config key {key:?} must be a string"));
-                        continue;
-                    }
-                };
-                config.insert(key.clone(), text);
-            }
-        }
-        Some(_) => problems.push(format!("{at}: `config` must be a map of key: value")),
-    }
-    for key in info.config_keys.iter().filter(|k| k.required) {
-        match config.get(&key.name) {
-            Some(v) if !v.trim().is_empty() => {}
-            Some(_) => problems.push(format!("{at}: required config key {:?} is empty", key.name)),
-            None if fields.get("config").is_some_and(|c| !c.is_object()) => {}
-            None => problems.push(format!("{at}: missing required config key {:?}", key.name)),
-        }
-    }
-    if problems.is_empty() {
-        Ok(ProviderRoute {
-            provider: slug.to_string(),
-            config,
+        .map(|w| {
+            [
+                w.name.clone(),
+                match &w.channels {
+                    Some(c) => c.join(","),
+                    None => "(unreadable definition)".into(),
+                },
+                if w.promotional { "promotional" } else { "-" }.into(),
+                w.updated_at.clone(),
+            ]
         })
-    } else {
-        Err(problems)
-    }
-}
-
-/// Replaces the route of every channel in `routes`; other channels keep theirs.
-/// Returns a summary naming channels and providers (never config values).
-pub async fn apply_routes(
-    store: &dyn Store,
-    ws: &Workspace,
-    routes: &BTreeMap<Channel, Vec<ProviderRoute>>,
-) -> anyhow::Result<String> {
-    let mut summary = Vec::new();
-    for channel in CHANNELS {
-        if let Some(route) = routes.get(&channel) {
-            store
-                .put_provider_route(&ws.id, channel.as_str(), route)
-                .await?;
-            let slugs: Vec<&str> = route.iter().map(|r| r.provider.as_str()).collect();
-            summary.push(format!("{} ({})", channel.as_str(), slugs.join(", ")));
-        }
-    }
-    Ok(format!(
-        "applied provider routes to workspace {}: {}\n",
-        ws.name,
-        summary.join(", ")
-    ))
-}
-
-/// The workspace's routes, channel by channel; a channel without one shows the
-/// default route, marked `(default)`.
-pub async fn route_listing(
-    store: &dyn Store,
-    ws: &Workspace,
-    plugins: &BTreeMap<String, ProviderInfo>,
-) -> anyhow::Result<String> {
-    let routes = store.provider_routes(&ws.id).await?;
-    Ok(render_routes(&routes, plugins))
-}
-
-/// Renders routes. A config value is shown only for a key its plugin declares and
-/// marks non-secret; every other value is `***`.
-pub fn render_routes(
-    routes: &BTreeMap<String, Vec<ProviderRoute>>,
-    plugins: &BTreeMap<String, ProviderInfo>,
-) -> String {
-    let mut out = String::new();
-    for channel in CHANNELS {
-        let (route, default) = match routes.get(channel.as_str()) {
-            Some(r) => (r.clone(), false),
-            None => (
-                crate::worker::plan::default_route(channel)
-                    .iter()
-                    .map(|slug| ProviderRoute {
-                        provider: slug.to_string(),
-                        config: BTreeMap::new(),
-                    })
-                    .collect(),
-                true,
-            ),
-        };
-        out.push_str(channel.as_str());
-        if default {
-            out.push_str(" (default)");
-        }
-        out.push_str(":\n");
-        if route.is_empty() {
-            out.push_str("  (no providers)\n");
-        }
-        for (i, r) in route.iter().enumerate() {
-            out.push_str(&format!("  {}. {}", i + 1, r.provider));
-            let info = plugins.get(&r.provider);
-            if info.is_none() {
-                out.push_str(" (not loaded)");
-            }
-            for (key, value) in ordered_config(&r.config, info) {
-                let plain = info
-                    .and_then(|i| i.config_keys.iter().find(|k| &k.name == key))
-                    .is_some_and(|k| !k.secret);
-                let shown = if plain { value.as_str() } else { REDACTED };
-                out.push_str(&format!(" {key}={shown}"));
-            }
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Config entries in the order the plugin declares its keys, then any others by name.
-fn ordered_config<'a>(
-    config: &'a BTreeMap<String, String>,
-    info: Option<&ProviderInfo>,
-) -> Vec<(&'a String, &'a String)> {
-    let rank = |key: &str| {
-        info.and_then(|i| i.config_keys.iter().position(|k| k.name == key))
-            .unwrap_or(usize::MAX)
-    };
-    let mut entries: Vec<_> = config.iter().collect();
-    entries.sort_by_key(|(k, _)| rank(k));
-    entries
+        .collect();
+    table(["name", "channels", "promotional", "updated"], &rows)
 }
 
 // ---- voice DND list ----
@@ -477,30 +191,42 @@ pub async fn dnd_remove(store: &dyn Store, ws: &Workspace, number: &str) -> anyh
     })
 }
 
+/// A number on the voice DND list, as listings show it.
+#[derive(Debug, Serialize)]
+pub struct DndEntry {
+    /// Masked: the number itself is not kept.
+    pub number: String,
+    pub added_at: String,
+}
+
 /// The list, masked, oldest first.
-pub async fn dnd_listing(store: &dyn Store, ws: &Workspace) -> anyhow::Result<String> {
-    let entries = store.dnd_list(&ws.id).await?;
+pub async fn dnd_entries(store: &dyn Store, ws: &Workspace) -> anyhow::Result<Vec<DndEntry>> {
+    Ok(store
+        .dnd_list(&ws.id)
+        .await?
+        .into_iter()
+        .map(|e| DndEntry {
+            number: e.phone_masked,
+            added_at: e.created_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+        })
+        .collect())
+}
+
+/// The list as a table.
+pub fn render_dnd(ws: &Workspace, entries: &[DndEntry]) -> String {
     if entries.is_empty() {
-        return Ok(format!(
-            "the voice DND list of workspace {} is empty\n",
-            ws.name
-        ));
+        return format!("the voice DND list of workspace {} is empty\n", ws.name);
     }
     let rows: Vec<[String; 2]> = entries
-        .into_iter()
-        .map(|e| {
-            [
-                e.phone_masked,
-                e.created_at.to_rfc3339_opts(SecondsFormat::Secs, true),
-            ]
-        })
+        .iter()
+        .map(|e| [e.number.clone(), e.added_at.clone()])
         .collect();
-    Ok(table(["number", "added"], &rows))
+    table(["number", "added"], &rows)
 }
 
 // ---- helpers ----
 
-fn channel_list() -> String {
+pub(crate) fn channel_list() -> String {
     CHANNELS
         .iter()
         .map(|c| c.as_str())
@@ -509,7 +235,7 @@ fn channel_list() -> String {
 }
 
 /// Left-aligned columns, each as wide as its widest cell; the last is not padded.
-fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+pub(crate) fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
     let mut widths = header.map(|h| h.chars().count());
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -587,30 +313,47 @@ pub async fn webhook_secret_set(
     ))
 }
 
-/// The webhook secrets of `providers`, one line each, the secrets themselves hidden.
-pub async fn webhook_secret_listing(
+/// A webhook secret that is set (never the secret itself).
+#[derive(Debug, Serialize)]
+pub struct WebhookSecretEntry {
+    pub provider: String,
+    /// The workspace id, or `null` for the provider-wide secret.
+    pub workspace: Option<String>,
+    pub updated_at: String,
+}
+
+/// The webhook secrets set for `providers`.
+pub async fn webhook_secret_entries(
     store: &dyn Store,
     providers: &[String],
-) -> anyhow::Result<String> {
-    let mut out = String::new();
+) -> anyhow::Result<Vec<WebhookSecretEntry>> {
+    let mut out = Vec::new();
     for provider in providers {
         for secret in store.webhook_secrets(provider).await? {
-            let scope = match &secret.workspace {
-                Some(ws) => ws.to_string(),
-                None => "(provider-wide)".to_string(),
-            };
-            out.push_str(&format!(
-                "{provider:<8} {scope:<38} {REDACTED} {}\n",
-                secret.updated_at.to_rfc3339_opts(SecondsFormat::Secs, true)
-            ));
+            out.push(WebhookSecretEntry {
+                provider: provider.clone(),
+                workspace: secret.workspace.map(|w| w.to_string()),
+                updated_at: secret.updated_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+            });
         }
     }
-    if out.is_empty() {
-        out.push_str(
-            "no webhook secrets set; add one with `switchboard webhooks set-secret --provider <slug> <secret>`\n",
-        );
-    }
     Ok(out)
+}
+
+/// One line each, the secrets themselves hidden.
+pub fn render_webhook_secrets(entries: &[WebhookSecretEntry]) -> String {
+    if entries.is_empty() {
+        return "no webhook secrets set; add one with `switchboard webhooks set-secret --provider <slug> <secret>`\n".into();
+    }
+    let mut out = String::new();
+    for e in entries {
+        let scope = e.workspace.as_deref().unwrap_or("(provider-wide)");
+        out.push_str(&format!(
+            "{:<8} {scope:<38} {REDACTED} {}\n",
+            e.provider, e.updated_at
+        ));
+    }
+    out
 }
 
 /// For `switchboard dev` with the simulator: gives each bundled provider a
@@ -664,7 +407,7 @@ pub async fn dev_simulator_setup(
 mod tests {
     use super::*;
     use crate::model::Tier;
-    use crate::plugins::types;
+    use crate::plugins::types::{self, ProviderInfo};
     use crate::store::Configuration as _;
     use crate::store::Tenancy as _;
     use crate::store::sqlite::SqliteStore;
@@ -680,6 +423,14 @@ mod tests {
             .await
             .unwrap();
         (dir, store, ws)
+    }
+
+    async fn workflow_listing(store: &dyn Store, ws: &Workspace) -> anyhow::Result<String> {
+        Ok(render_workflows(ws, &workflow_entries(store, ws).await?))
+    }
+
+    async fn dnd_listing(store: &dyn Store, ws: &Workspace) -> anyhow::Result<String> {
+        Ok(render_dnd(ws, &dnd_entries(store, ws).await?))
     }
 
     fn key(name: &str, required: bool, secret: bool) -> types::ConfigKey {
@@ -839,8 +590,20 @@ providers:
                 },
             ],
         );
-        let text = render_routes(&routes, &plugins());
+        let entries = route_entries(&routes, &plugins());
+        let text = render_routes(&entries);
         assert!(!text.contains("SECRET"), "{text}");
+        // The JSON form hides the same values and keeps the declared key order.
+        let json = serde_json::to_string(&entries).unwrap();
+        assert!(!json.contains("SECRET"), "{json}");
+        assert!(
+            json.contains(r#"{"channel":"sms","default":false,"providers":[{"provider":"provc","loaded":true,"config":{"base_url":"https://api.provc.example","account_sid":"AC1","auth_token":"***"}}"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#"{"provider":"gone","loaded":false,"config":{"base_url":"***"}}"#),
+            "{json}"
+        );
         assert!(
             text.contains(
                 "sms:\n  1. provc base_url=https://api.provc.example account_sid=AC1 auth_token=***\n  2. provd base_url=https://api.provd.example api_token=***\n"
@@ -875,7 +638,7 @@ providers:
         let stored = store.provider_routes(&ws.id).await.unwrap();
         assert_eq!(stored["sms"].len(), 1);
         assert_eq!(stored["email"][0].provider, "prova", "email kept");
-        let text = route_listing(&store, &ws, &plugins()).await.unwrap();
+        let text = render_routes(&route_listing(&store, &ws, &plugins()).await.unwrap());
         assert!(
             text.contains("sms:\n  1. provd base_url=u api_token=***\n"),
             "{text}"
@@ -961,6 +724,42 @@ providers:
             let err = dnd_add(&store, &ws, bad).await.unwrap_err().to_string();
             assert!(err.contains("not E.164") && !err.contains(bad), "{err}");
         }
+    }
+
+    #[test]
+    fn describe_lists_every_declared_key_and_names_the_slugs_there_are() {
+        let d = describe(&plugins(), "provc").unwrap();
+        assert_eq!(d.channels, vec!["sms", "voice"]);
+        let keys: Vec<(&str, bool, bool)> = d
+            .config_keys
+            .iter()
+            .map(|k| (k.name.as_str(), k.required, k.secret))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("base_url", true, false),
+                ("account_sid", true, false),
+                ("auth_token", true, true),
+                ("default_sender", false, false)
+            ]
+        );
+        let text = render_description(&d);
+        assert!(
+            text.starts_with("provc (provc) 0.1.0\nchannels: sms, voice\n"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.starts_with("auth_token")
+                && l.contains("required")
+                && l.contains("secret")),
+            "{text}"
+        );
+        let err = describe(&plugins(), "nope").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "no plugin \"nope\" is loaded; there are: prova, provc, provd"
+        );
     }
 
     #[tokio::test]
