@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchboard::AppState;
 use switchboard::config::Config;
-use switchboard::ids::{EventId, WorkspaceId};
-use switchboard::model::{KeyMode, MessageStatus, StepStatus, Tier};
+use switchboard::ids::WorkspaceId;
+use switchboard::model::{KeyMode, Tier};
 
 mod common;
 use common::{Backends, Private};
@@ -309,46 +309,14 @@ async fn acknowledged_events_survive_chaos_exactly_once(b: Backends) {
     }
 
     // Every acknowledged event reaches a final status, with one send.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut pending: Vec<String> = acknowledged.iter().cloned().collect();
-    while !pending.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{} acknowledged events never reached a final status, e.g. {:?}",
-            pending.len(),
-            &pending[..pending.len().min(5)]
-        );
-        let mut still = Vec::new();
-        for id in pending {
-            match store
-                .get_message(&ws.id, &EventId::parse(&id).unwrap())
-                .await
-                .unwrap()
-            {
-                Some(m) if m.status == MessageStatus::Delivered => {}
-                Some(m) if m.status.is_dispatched() && m.status != MessageStatus::Sent => {
-                    panic!("{id} ended {:?}: {:?}", m.status, m.error_detail)
-                }
-                _ => still.push(id),
-            }
-        }
-        pending = still;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    for id in &acknowledged {
-        let m = store
-            .get_message(&ws.id, &EventId::parse(id).unwrap())
-            .await
-            .unwrap()
-            .unwrap();
-        let sent = m
-            .timeline
-            .unwrap_or_default()
-            .iter()
-            .filter(|e| e.status == StepStatus::Sent)
-            .count();
-        assert_eq!(sent, 1, "{id} sent {sent} times");
-    }
+    common::assert_delivered_once(
+        &*store,
+        &ws.id,
+        &acknowledged,
+        Duration::from_secs(120),
+        String::new,
+    )
+    .await;
     // And nothing else exists: no event was created for a key the clients were not
     // acknowledged for, and none twice.
     let stored = stored_event_ids(&config, &ws.id).await;

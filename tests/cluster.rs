@@ -29,8 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchboard::config::Config;
-use switchboard::ids::EventId;
-use switchboard::model::{KeyMode, MessageStatus, StepStatus, Tier};
+use switchboard::model::{KeyMode, Tier};
 use switchboard::sim::{SLUGS, SimConfig, Simulator};
 
 mod common;
@@ -329,30 +328,6 @@ async fn client(
     }
 }
 
-/// `wasm` with a custom section appended: the same plugin, another digest.
-fn with_custom_section(wasm: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let mut body = Vec::new();
-    leb(name.len(), &mut body);
-    body.extend_from_slice(name.as_bytes());
-    body.extend_from_slice(payload);
-    let mut out = wasm.to_vec();
-    out.push(0);
-    leb(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 /// The digest `slug` is served with by the gateway at `url`.
 async fn loaded_digest(url: &str, key: &str, slug: &str) -> String {
     let listing: Value = reqwest::Client::new()
@@ -440,12 +415,9 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
         .ensure_workspace("acme", Some(Tier::Paid))
         .await
         .unwrap();
-    for w in switchboard::workflow::parse_file(switchboard::workflow::DEV_EXAMPLES).unwrap() {
-        store
-            .put_workflow(&ws.id, &w.name, &serde_json::to_value(&w).unwrap())
-            .await
-            .unwrap();
-    }
+    switchboard::admin::seed_dev_examples(&*store, &ws)
+        .await
+        .unwrap();
     let (live_key, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Live);
     store.insert_api_key(&record).await.unwrap();
     let (operator_key, mut record) = switchboard::auth::generate_key(&ws.id, KeyMode::Live);
@@ -460,12 +432,9 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
         .ensure_workspace("tiny", Some(Tier::Free))
         .await
         .unwrap();
-    for w in switchboard::workflow::parse_file(switchboard::workflow::DEV_EXAMPLES).unwrap() {
-        store
-            .put_workflow(&free.id, &w.name, &serde_json::to_value(&w).unwrap())
-            .await
-            .unwrap();
-    }
+    switchboard::admin::seed_dev_examples(&*store, &free)
+        .await
+        .unwrap();
     let (free_key, record) = switchboard::auth::generate_key(&free.id, KeyMode::Test);
     store.insert_api_key(&record).await.unwrap();
 
@@ -575,56 +544,14 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
 
     // Every acknowledged event reaches its final status (the provider's callback:
     // DELIVERED), with one send.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut pending: Vec<String> = acknowledged.iter().cloned().collect();
-    while !pending.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{} acknowledged events never reached a final status, e.g. {:?}{}",
-            pending.len(),
-            &pending[..pending.len().min(5)],
-            log_tails(dir.path())
-        );
-        if Instant::now() + Duration::from_millis(300) >= deadline {
-            for id in pending.iter().take(5) {
-                let m = store
-                    .get_message(&ws.id, &EventId::parse(id).unwrap())
-                    .await
-                    .unwrap();
-                eprintln!("{id}: {m:?}");
-            }
-        }
-        let mut still = Vec::new();
-        for id in pending {
-            match store
-                .get_message(&ws.id, &EventId::parse(&id).unwrap())
-                .await
-                .unwrap()
-            {
-                Some(m) if m.status == MessageStatus::Delivered => {}
-                Some(m) if m.status.is_dispatched() && m.status != MessageStatus::Sent => {
-                    panic!("{id} ended {:?}: {:?}", m.status, m.error_detail)
-                }
-                _ => still.push(id),
-            }
-        }
-        pending = still;
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    for id in &acknowledged {
-        let m = store
-            .get_message(&ws.id, &EventId::parse(id).unwrap())
-            .await
-            .unwrap()
-            .unwrap();
-        let sent = m
-            .timeline
-            .unwrap_or_default()
-            .iter()
-            .filter(|e| e.status == StepStatus::Sent)
-            .count();
-        assert_eq!(sent, 1, "{id} sent {sent} times");
-    }
+    common::assert_delivered_once(
+        &*store,
+        &ws.id,
+        &acknowledged,
+        Duration::from_secs(90),
+        || log_tails(dir.path()),
+    )
+    .await;
     // Nothing else exists, and the provider accepted each event id exactly once.
     let stored: Vec<String> = {
         use sqlx::Connection;
@@ -659,7 +586,8 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
     // The free tier's quota (1 request a second) is one count across both gateways:
     // for 3 seconds four clients, two per gateway, send as fast as they are answered.
     let accepted = Arc::new(Mutex::new(Vec::new()));
-    let until = Instant::now() + Duration::from_secs(3);
+    let began = Instant::now();
+    let until = began + Duration::from_secs(3);
     let tasks: Vec<_> = (0..4)
         .map(|n| {
             let url = gateways[n % 2].clone();
@@ -691,16 +619,20 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
     for t in tasks {
         t.await.unwrap();
     }
+    // One a second, over every Redis second the requests touched; each gateway
+    // counting alone would accept about twice that.
+    let seconds = began.elapsed().as_secs_f64();
+    let most = seconds.ceil() as usize + 1;
     let accepted = accepted.lock().unwrap().clone();
     assert!(
-        (1..=4).contains(&accepted.len()),
-        "3 seconds of a 1/s quota over two gateways accepted {} triggers: {accepted:?}",
+        (1..=most).contains(&accepted.len()),
+        "{seconds:.1} s of a 1/s quota over two gateways accepted {} triggers: {accepted:?}",
         accepted.len()
     );
 
     // A plugin swap installed through one gateway reaches the other.
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
-    let v2 = with_custom_section(bundled, "switchboard-test", b"cluster");
+    let v2 = common::with_custom_section(bundled, "switchboard-test", b"cluster");
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/admin/plugins", gateways[0]))
         .bearer_auth(&operator_key)

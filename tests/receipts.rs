@@ -873,31 +873,6 @@ async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
     assert!(err.contains("webhooks.allow_unsigned_voice"), "{err}");
 }
 
-/// `wasm` with a custom section appended: the same plugin, another digest (a second
-/// "version" to swap to).
-fn with_custom_section(wasm: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let mut body = Vec::new();
-    leb(name.len(), &mut body);
-    body.extend_from_slice(name.as_bytes());
-    body.extend_from_slice(payload);
-    let mut out = wasm.to_vec();
-    out.push(0);
-    leb(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
     let lp = Loop::start_with(b, &[], |c| c.plugins.sync_ms = 100, |_| {}).await;
     let key = lp.key().await;
@@ -912,8 +887,8 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
     .unwrap();
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
     let versions = [
-        with_custom_section(bundled, "switchboard-test", b"v1"),
-        with_custom_section(bundled, "switchboard-test", b"v2"),
+        common::with_custom_section(bundled, "switchboard-test", b"v1"),
+        common::with_custom_section(bundled, "switchboard-test", b"v2"),
     ];
     let mut digests = Vec::new();
     for wasm in &versions {
@@ -1053,7 +1028,7 @@ async fn a_trusted_native_build_swaps_and_rolls_back_like_a_component(b: Backend
     let store = lp.state.ingest.store.clone();
     let kit = PluginRuntime::new(install::kit_runtime_config(&lp.config)).unwrap();
     let mut digests = Vec::new();
-    let component = with_custom_section(
+    let component = common::with_custom_section(
         bundled::find("provc").unwrap().wasm,
         "switchboard-test",
         b"beside-native",
@@ -1203,7 +1178,7 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
     assert!(e["message"].as_str().unwrap().contains("FAIL"), "{e}");
 
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
-    let v2 = with_custom_section(bundled, "switchboard-test", b"admin-api");
+    let v2 = common::with_custom_section(bundled, "switchboard-test", b"admin-api");
     let (s, body) = post(admin_key.clone(), v2).await;
     assert_eq!(s, 201, "{body}");
     assert_eq!(
@@ -1266,7 +1241,7 @@ async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
     )
     .await;
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
-    let v2 = with_custom_section(bundled, "switchboard-test", b"dropped");
+    let v2 = common::with_custom_section(bundled, "switchboard-test", b"dropped");
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&v2));
     // Written under another name, then renamed: the watcher never sees half a file.
     std::fs::write(dropbox.path().join("provc-v2.part"), &v2).unwrap();
@@ -1324,7 +1299,7 @@ async fn an_announced_swap_is_followed_at_once(b: Backends) {
         switchboard::plugins::PluginRuntime::new(install::kit_runtime_config(&lp.config)).unwrap();
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
     let install_version = async |tag: &[u8]| {
-        let wasm = with_custom_section(bundled, "switchboard-test", tag);
+        let wasm = common::with_custom_section(bundled, "switchboard-test", tag);
         match install::install(&*store, &kit, &wasm, "test", false, &Default::default())
             .await
             .unwrap()

@@ -484,3 +484,90 @@ impl Drop for PrivatePg {
         let _ = self.child.wait();
     }
 }
+
+/// `wasm` with a custom section appended: the same plugin, another digest (a second
+/// "version" to swap to).
+#[allow(dead_code)]
+pub fn with_custom_section(wasm: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb(name.len(), &mut body);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut out = wasm.to_vec();
+    out.push(0);
+    leb(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Waits until every event of `ids` is DELIVERED, then checks that each timeline has
+/// exactly one SENT step. Panics at once when one ends in another final status, and
+/// after `within` (with `context()` appended: the processes' logs) when some never
+/// get there.
+#[allow(dead_code)]
+pub async fn assert_delivered_once(
+    store: &dyn switchboard::store::Store,
+    ws: &switchboard::ids::WorkspaceId,
+    ids: &std::collections::BTreeSet<String>,
+    within: std::time::Duration,
+    context: impl Fn() -> String,
+) {
+    use switchboard::ids::EventId;
+    use switchboard::model::{MessageStatus, StepStatus};
+    let deadline = std::time::Instant::now() + within;
+    let mut pending: Vec<&String> = ids.iter().collect();
+    while let Some(first) = pending.first() {
+        if std::time::Instant::now() >= deadline {
+            let record = store
+                .get_message(ws, &EventId::parse(first).unwrap())
+                .await
+                .unwrap();
+            panic!(
+                "{} acknowledged events never reached a final status, e.g. {record:?}{}",
+                pending.len(),
+                context()
+            );
+        }
+        let mut still = Vec::new();
+        for id in pending {
+            match store
+                .get_message(ws, &EventId::parse(id).unwrap())
+                .await
+                .unwrap()
+            {
+                Some(m) if m.status == MessageStatus::Delivered => {}
+                Some(m) if m.status.is_dispatched() && m.status != MessageStatus::Sent => {
+                    panic!("{id} ended {:?}: {:?}", m.status, m.error_detail)
+                }
+                _ => still.push(id),
+            }
+        }
+        pending = still;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    for id in ids {
+        let m = store
+            .get_message(ws, &EventId::parse(id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let sent = m
+            .timeline
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e.status == StepStatus::Sent)
+            .count();
+        assert_eq!(sent, 1, "{id} sent {sent} times");
+    }
+}

@@ -240,80 +240,15 @@ async fn open_temp() -> (tempfile::TempDir, EmbeddedBroker) {
 async fn published_message_is_delivered_at_once() {
     let (_dir, broker) = open_temp().await;
     let names = broker.names().clone();
-    let mut deliveries = broker
-        .subscribe(
-            StreamClass::Critical,
-            &settings("workers", Duration::from_secs(30)),
-            16,
-        )
-        .await
-        .expect("subscribe");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let reader = tokio::spawn(async move {
-        while let Some(item) = deliveries.next().await {
-            if tx.send((Instant::now(), item)).is_err() {
-                break;
-            }
-        }
-    });
-    // Idle first: the subscriber is waiting, not between polls.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-
-    let mut latencies = Vec::new();
-    for i in 0..5 {
-        let payload = format!("urgent {i}");
-        let started = Instant::now();
-        publish_critical(&broker, &[payload.as_str()]).await;
-        let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("delivered within 5s")
-            .expect("reader alive");
-        let delivery = item.expect("a delivery");
-        latencies.push(arrived - started);
-        assert_eq!(
-            delivery.subject,
-            names.subject(StreamClass::Critical, "sms")
-        );
-        assert_eq!(delivery.payload, Bytes::from(payload));
-        assert_eq!(delivery.delivered, 1);
-        delivery.settle.ack().await.expect("ack");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    reader.abort();
-    println!("embedded publish-to-delivery latencies: {latencies:?}");
-    // Well under the fallback poll: the publish itself woke the subscriber.
-    let worst = latencies.iter().max().copied().unwrap_or_default();
-    assert!(worst < Duration::from_millis(100), "{latencies:?}");
+    shared::published_message_is_delivered_at_once(&broker, &names, Duration::from_millis(100))
+        .await;
 }
 
 #[tokio::test]
 async fn ack_prevents_redelivery_and_deletes_the_row() {
     let (_dir, broker) = open_temp().await;
     let names = broker.names().clone();
-    let mut deliveries = broker
-        .subscribe(
-            StreamClass::Critical,
-            &settings("workers", Duration::from_secs(1)),
-            4,
-        )
-        .await
-        .expect("subscribe");
-    publish_critical(&broker, &["once", "kept"]).await;
-    let delivery = next_delivery(&mut deliveries).await;
-    assert_eq!(delivery.payload, Bytes::from_static(b"once"));
-    delivery.settle.ack().await.expect("ack");
-    // Acking twice is harmless.
-    delivery.settle.ack().await.expect("second ack");
-    let kept = next_delivery(&mut deliveries).await;
-    assert_eq!(kept.payload, Bytes::from_static(b"kept"));
-    kept.settle.nak(Duration::from_secs(60)).await.expect("nak");
-
-    assert!(
-        next_within(&mut deliveries, Duration::from_secs(2))
-            .await
-            .is_none(),
-        "an acked message came back"
-    );
+    shared::acked_delivery_is_not_redelivered(&broker, &names).await;
     // Only the unacknowledged message is left; of the other, only its id.
     let left = broker.read(&names.critical, 0, 10).await.expect("read");
     let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();

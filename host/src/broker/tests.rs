@@ -65,6 +65,90 @@ pub(crate) async fn publish_critical<B: Broker + ?Sized>(
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 }
 
+/// On an idle critical stream a publish reaches a waiting subscriber at once (well
+/// under any poll interval): five in a row, each within 100 ms. `settle` is how long
+/// the subscriber has been waiting before the first.
+pub(crate) async fn published_message_is_delivered_at_once<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+    settle: Duration,
+) {
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            16,
+        )
+        .await
+        .expect("subscribe");
+    // A reader that timestamps each delivery the moment it is yielded.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some(item) = deliveries.next().await {
+            if tx.send((Instant::now(), item)).is_err() {
+                break;
+            }
+        }
+    });
+    // Idle first: the subscriber is waiting, not between polls.
+    tokio::time::sleep(settle).await;
+
+    let mut latencies = Vec::new();
+    for i in 0..5 {
+        let payload = format!("urgent {i}");
+        let started = Instant::now();
+        publish_critical(broker, names, &[payload.as_str()]).await;
+        let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("delivered within 5s")
+            .expect("reader alive");
+        let delivery = item.expect("a delivery");
+        latencies.push(arrived - started);
+        assert_eq!(
+            delivery.subject,
+            names.subject(StreamClass::Critical, "sms")
+        );
+        assert_eq!(delivery.payload, Bytes::from(payload));
+        assert_eq!(delivery.delivered, 1);
+        delivery.settle.ack().await.expect("ack");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reader.abort();
+    println!("publish-to-delivery latencies on an idle critical stream: {latencies:?}");
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    assert!(worst < Duration::from_millis(100), "{latencies:?}");
+}
+
+/// An acknowledged delivery never comes back (acking twice is harmless), while a
+/// nak'd one beside it is kept. Each backend then checks what is left in storage.
+pub(crate) async fn acked_delivery_is_not_redelivered<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) {
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(1)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    publish_critical(broker, names, &["once", "kept"]).await;
+    let delivery = next_delivery(&mut deliveries).await;
+    assert_eq!(delivery.payload, Bytes::from_static(b"once"));
+    delivery.settle.ack().await.expect("ack");
+    delivery.settle.ack().await.expect("second ack");
+    let kept = next_delivery(&mut deliveries).await;
+    assert_eq!(kept.payload, Bytes::from_static(b"kept"));
+    kept.settle.nak(Duration::from_secs(60)).await.expect("nak");
+    assert!(
+        next_within(&mut deliveries, Duration::from_secs(2))
+            .await
+            .is_none(),
+        "an acked message came back"
+    );
+}
+
 /// A nak'd delivery comes back after its delay, without holding up the others.
 pub(crate) async fn nak_redelivers_after_the_delay<B: Broker + WorkQueue>(
     broker: &B,

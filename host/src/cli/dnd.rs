@@ -1,6 +1,6 @@
 //! `switchboard dnd`: a workspace's voice do-not-disturb list.
 
-use super::{Format, Target};
+use super::{Format, Scope};
 use crate::admin;
 use crate::config::Config;
 use clap::Subcommand;
@@ -12,52 +12,35 @@ pub(super) enum DndCommand {
     Add {
         /// The number, e.g. +14155550123 (stored only as a digest and a masked form).
         number: String,
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
         #[command(flatten)]
-        target: Target,
+        scope: Scope,
     },
     /// Remove an E.164 number.
     Remove {
         /// The number.
         number: String,
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
         #[command(flatten)]
-        target: Target,
+        scope: Scope,
     },
     /// List the numbers, masked.
     List {
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
         #[command(flatten)]
         format: Format,
-        #[command(flatten)]
-        target: Target,
     },
 }
 
 pub(super) async fn run(command: DndCommand, config: Config) -> anyhow::Result<ExitCode> {
-    let (workspace, target) = match &command {
-        DndCommand::Add {
-            workspace, target, ..
-        }
-        | DndCommand::Remove {
-            workspace, target, ..
-        }
-        | DndCommand::List {
-            workspace, target, ..
-        } => (workspace, target),
-    };
-    let workspace = target.workspace(workspace.clone())?;
+    let (DndCommand::Add { scope, .. }
+    | DndCommand::Remove { scope, .. }
+    | DndCommand::List { scope, .. }) = &command;
+    let workspace = scope.workspace()?;
     // Checked before the database is opened; the error does not repeat the number.
     if let DndCommand::Add { number, .. } | DndCommand::Remove { number, .. } = &command {
         admin::dnd_number(number)?;
     }
-    let (store, _) = crate::open_store(&target.apply(config)).await?;
+    let (store, _) = crate::open_store(&scope.target.apply(config)).await?;
     let ws = admin::workspace(&*store, &workspace).await?;
     match &command {
         DndCommand::Add { number, .. } => print!("{}", admin::dnd_add(&*store, &ws, number).await?),

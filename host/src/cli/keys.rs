@@ -1,6 +1,6 @@
 //! `switchboard keys`: create, list and revoke API keys.
 
-use super::{Format, Target};
+use super::{Format, Scope, Target};
 use crate::config::Config;
 use crate::model::{KeyMode, Tier};
 use clap::Subcommand;
@@ -31,13 +31,10 @@ pub(super) enum KeysCommand {
     },
     /// List a workspace's keys (ids and hints, never the keys).
     List {
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
         #[command(flatten)]
         format: Format,
-        #[command(flatten)]
-        target: Target,
     },
     /// Revoke a key by id; every running instance refuses it at once.
     Revoke {
@@ -103,13 +100,9 @@ pub(super) async fn run(command: KeysCommand, config: Config) -> anyhow::Result<
             );
             println!("{raw}");
         }
-        KeysCommand::List {
-            workspace,
-            format,
-            target,
-        } => {
-            let workspace = target.workspace(workspace)?;
-            let (store, _) = crate::open_store(&target.apply(config)).await?;
+        KeysCommand::List { scope, format } => {
+            let workspace = scope.workspace()?;
+            let (store, _) = crate::open_store(&scope.target.apply(config)).await?;
             let ws = store
                 .workspace_by_name(&workspace)
                 .await?

@@ -97,6 +97,23 @@ impl Target {
     }
 }
 
+/// The workspace an operator command works on, and the database it is in.
+#[derive(Args, Clone)]
+struct Scope {
+    /// Workspace name (`default` when omitted with --dev).
+    #[arg(long)]
+    workspace: Option<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+impl Scope {
+    /// The workspace's name (see [`Target::workspace`]).
+    fn workspace(&self) -> anyhow::Result<String> {
+        self.target.workspace(self.workspace.clone())
+    }
+}
+
 /// How a list or show command prints.
 #[derive(Args, Clone, Copy)]
 struct Format {

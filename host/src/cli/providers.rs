@@ -1,7 +1,7 @@
 //! `switchboard providers`: a workspace's provider routes, and what each provider
 //! plugin is configured with.
 
-use super::{Format, Target, announce_config_change, slug_arg};
+use super::{Format, Scope, Target, announce_config_change, slug_arg};
 use crate::admin;
 use crate::config::Config;
 use clap::Subcommand;
@@ -15,21 +15,15 @@ pub(super) enum ProvidersCommand {
     Apply {
         /// The providers file.
         file: PathBuf,
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
         #[command(flatten)]
-        target: Target,
+        scope: Scope,
     },
     /// List each channel's providers, in order; secret config values are shown as `***`.
     List {
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
         #[command(flatten)]
         format: Format,
-        #[command(flatten)]
-        target: Target,
     },
     /// Show what a provider plugin serves and the config keys a route gives it
     /// (required or not, secret or not).
@@ -46,13 +40,9 @@ pub(super) enum ProvidersCommand {
 
 pub(super) async fn run(command: ProvidersCommand, config: Config) -> anyhow::Result<ExitCode> {
     match command {
-        ProvidersCommand::Apply {
-            file,
-            workspace,
-            target,
-        } => {
-            let workspace = target.workspace(workspace)?;
-            let config = target.apply(config);
+        ProvidersCommand::Apply { file, scope } => {
+            let workspace = scope.workspace()?;
+            let config = scope.target.apply(config);
             let (store, _) = crate::open_store(&config).await?;
             let plugins = admin::plugin_infos(&config, Some(&*store)).await?;
             let routes = admin::load_providers(&file, &plugins)?;
@@ -60,13 +50,9 @@ pub(super) async fn run(command: ProvidersCommand, config: Config) -> anyhow::Re
             print!("{}", admin::apply_routes(&*store, &ws, &routes).await?);
             announce_config_change(&config, ws.id.as_str()).await;
         }
-        ProvidersCommand::List {
-            workspace,
-            format,
-            target,
-        } => {
-            let workspace = target.workspace(workspace)?;
-            let config = target.apply(config);
+        ProvidersCommand::List { scope, format } => {
+            let workspace = scope.workspace()?;
+            let config = scope.target.apply(config);
             let (store, _) = crate::open_store(&config).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
             let plugins = admin::plugin_infos(&config, Some(&*store)).await?;

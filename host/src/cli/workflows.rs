@@ -1,6 +1,6 @@
 //! `switchboard workflows`: apply and list a workspace's workflows.
 
-use super::{Format, Target, announce_config_change};
+use super::{Format, Scope, announce_config_change};
 use crate::admin;
 use crate::config::Config;
 use clap::Subcommand;
@@ -14,48 +14,34 @@ pub(super) enum WorkflowsCommand {
     Apply {
         /// The workflows file.
         file: PathBuf,
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
         #[command(flatten)]
-        target: Target,
+        scope: Scope,
     },
     /// List a workspace's workflows (with --json, their definitions too).
     List {
-        /// Workspace name (`default` when omitted with --dev).
-        #[arg(long)]
-        workspace: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
         #[command(flatten)]
         format: Format,
-        #[command(flatten)]
-        target: Target,
     },
 }
 
 pub(super) async fn run(command: WorkflowsCommand, config: Config) -> anyhow::Result<ExitCode> {
     match command {
-        WorkflowsCommand::Apply {
-            file,
-            workspace,
-            target,
-        } => {
-            let workspace = target.workspace(workspace)?;
+        WorkflowsCommand::Apply { file, scope } => {
+            let workspace = scope.workspace()?;
             // The whole file is validated before anything is opened or written.
             let flows = admin::load_workflows(&file)?;
-            let config = target.apply(config);
+            let config = scope.target.apply(config);
             let (store, _) = crate::open_store(&config).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
             let n = admin::apply_workflows(&*store, &ws, &flows).await?;
             println!("applied {n} workflows to workspace {}", ws.name);
             announce_config_change(&config, ws.id.as_str()).await;
         }
-        WorkflowsCommand::List {
-            workspace,
-            format,
-            target,
-        } => {
-            let workspace = target.workspace(workspace)?;
-            let (store, _) = crate::open_store(&target.apply(config)).await?;
+        WorkflowsCommand::List { scope, format } => {
+            let workspace = scope.workspace()?;
+            let (store, _) = crate::open_store(&scope.target.apply(config)).await?;
             let ws = admin::workspace(&*store, &workspace).await?;
             let entries = admin::workflow_entries(&*store, &ws).await?;
             format.print(&entries[..], |e| admin::render_workflows(&ws, e));
