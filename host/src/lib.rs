@@ -97,28 +97,6 @@ pub async fn open_store(
     Ok((store, lite))
 }
 
-/// How long start-up keeps trying to create the streams. Processes started together
-/// on a JetStream cluster that is still electing its leaders (or that create the same
-/// replicated stream at once) see API timeouts that pass within seconds.
-const STREAM_SETUP_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Creates or updates the streams, retrying until [`STREAM_SETUP_DEADLINE`].
-async fn setup_streams(broker: &dyn broker::Broker) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + STREAM_SETUP_DEADLINE;
-    let mut pause = Duration::from_millis(250);
-    loop {
-        match broker.setup().await {
-            Ok(()) => return Ok(()),
-            Err(e) if tokio::time::Instant::now() + pause < deadline => {
-                tracing::warn!(error = %e, "creating streams failed; retrying in {pause:?}");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(anyhow::anyhow!("creating streams: {e}")),
-        }
-    }
-}
-
 /// Builds the shared state: backends, the plugin runtime and every plugin.
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let (store, sqlite) = open_store(&config).await?;
@@ -181,7 +159,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             )
         }
     };
-    setup_streams(&*broker).await?;
+    broker
+        .setup()
+        .await
+        .map_err(|e| anyhow::anyhow!("creating streams: {e}"))?;
     let (counters, idempotency): (
         Arc<dyn ratelimit::Counters>,
         Arc<dyn idempotency::IdempotencyStore>,

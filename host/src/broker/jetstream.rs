@@ -22,7 +22,7 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::jetstream::consumer::{self, PullConsumer, pull};
 use async_nats::jetstream::stream::ConsumerErrorKind;
-use async_nats::jetstream::{self, AckKind, context::PublishAckFuture, stream};
+use async_nats::jetstream::{self, AckKind, ErrorCode, context::PublishAckFuture, stream};
 use async_nats::{HeaderMap, Subject};
 use futures::stream::{BoxStream, FuturesUnordered, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
@@ -36,6 +36,18 @@ use super::{
 /// Bound on JetStream API requests (stream create/update) and on handing a publish to
 /// the client's send queue.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long start-up keeps retrying the streams' creation while the cluster does not
+/// answer (see `setup`).
+const SETUP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Why an attempt at creating the streams failed.
+enum Setup {
+    /// No answer in time, or the cluster is electing: worth another try.
+    Transient(BrokerError),
+    /// The server refused: a setting to change.
+    Refused(BrokerError),
+}
+
 /// How long a publish may wait for its acknowledgement, measured from when it was sent.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Publishes awaiting an acknowledgement, across all concurrent batches of one broker.
@@ -151,20 +163,86 @@ impl JetStreamBroker {
         }
     }
 
+    /// One attempt at creating or updating the streams.
+    async fn setup_once(&self) -> Result<(), Setup> {
+        let prefix = &self.names.subject_prefix;
+        let wanted = [
+            (&self.names.critical, format!("{prefix}.critical.>")),
+            (&self.names.bulk, format!("{prefix}.bulk.>")),
+            (&self.names.telemetry, self.names.telemetry_subject.clone()),
+        ];
+        for (name, subjects) in wanted {
+            let mut config = Self::stream_config(name, subjects, self.names.replicas);
+            if let Some(retention) = self.existing_retention(name).await?
+                && retention != config.retention
+            {
+                // Cannot be changed in place: keep it (and update the rest) rather than
+                // refuse to start; acknowledged events stay in it until it is migrated.
+                tracing::warn!(
+                    stream = %name,
+                    existing = ?retention,
+                    wanted = ?config.retention,
+                    "stream {name} has {retention:?} retention, so delivered events (with \
+                     contacts and payload values) are never deleted from it; using it as it \
+                     is. To migrate: once its consumer has nothing pending, delete the \
+                     stream (`nats stream rm {name}`) and restart; start-up recreates it with \
+                     WorkQueue retention (events accepted in between wait in the outbox)"
+                );
+                config.retention = retention;
+            }
+            if let Err(err) = self.js.create_or_update_stream(config).await {
+                use jetstream::context::CreateStreamErrorKind as Kind;
+                let error = |hint: &str| {
+                    BrokerError(format!(
+                        "cannot create or update stream {name}: {err}{hint}"
+                    ))
+                };
+                return Err(match err.kind() {
+                    Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => {
+                        Setup::Transient(error(""))
+                    }
+                    Kind::JetStream(e) if e.error_code() == ErrorCode::CLUSTER_NOT_AVAILABLE => {
+                        Setup::Transient(error(""))
+                    }
+                    Kind::JetStream(e)
+                        if [
+                            ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED,
+                            ErrorCode::INSUFFICIENT_RESOURCES,
+                            ErrorCode::CLUSTER_NO_PEERS,
+                        ]
+                        .contains(&e.error_code()) =>
+                    {
+                        Setup::Refused(error(&format!(
+                            " (broker.streams.replicas is {}: the JetStream cluster needs at \
+                             least that many servers)",
+                            self.names.replicas
+                        )))
+                    }
+                    _ => Setup::Refused(error("")),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The retention of stream `name` if it exists, `None` if it does not.
     async fn existing_retention(
         &self,
         name: &str,
-    ) -> Result<Option<stream::RetentionPolicy>, BrokerError> {
+    ) -> Result<Option<stream::RetentionPolicy>, Setup> {
+        use jetstream::context::GetStreamErrorKind as Kind;
         match self.js.get_stream(name).await {
             Ok(existing) => Ok(Some(existing.cached_info().config.retention)),
-            Err(err)
-                if matches!(&err.kind(), jetstream::context::GetStreamErrorKind::JetStream(e)
-                    if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
-            {
-                Ok(None)
+            Err(err) => {
+                let error = BrokerError(format!("cannot look up stream {name}: {err}"));
+                match err.kind() {
+                    Kind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
+                    Kind::JetStream(e) if e.error_code() != ErrorCode::CLUSTER_NOT_AVAILABLE => {
+                        Err(Setup::Refused(error))
+                    }
+                    _ => Err(Setup::Transient(error)),
+                }
             }
-            Err(err) => Err(BrokerError(format!("cannot look up stream {name}: {err}"))),
         }
     }
 
@@ -205,40 +283,24 @@ impl JetStreamBroker {
 
 #[async_trait::async_trait]
 impl Broker for JetStreamBroker {
+    /// Retries what a cluster answers while it elects its leaders (timeouts, "cluster
+    /// not available") for up to [`SETUP_DEADLINE`]: processes started together on a
+    /// fresh cluster, or creating the same replicated stream at once, see those for a
+    /// few seconds. A refusal (such as more replicas than servers) fails at once.
     async fn setup(&self) -> Result<(), BrokerError> {
-        let prefix = &self.names.subject_prefix;
-        let wanted = [
-            (&self.names.critical, format!("{prefix}.critical.>")),
-            (&self.names.bulk, format!("{prefix}.bulk.>")),
-            (&self.names.telemetry, self.names.telemetry_subject.clone()),
-        ];
-        for (name, subjects) in wanted {
-            let mut config = Self::stream_config(name, subjects, self.names.replicas);
-            if let Some(retention) = self.existing_retention(name).await?
-                && retention != config.retention
-            {
-                // Cannot be changed in place: keep it (and update the rest) rather than
-                // refuse to start; acknowledged events stay in it until it is migrated.
-                tracing::warn!(
-                    stream = %name,
-                    existing = ?retention,
-                    wanted = ?config.retention,
-                    "stream {name} has {retention:?} retention, so delivered events (with \
-                     contacts and payload values) are never deleted from it; using it as it \
-                     is. To migrate: once its consumer has nothing pending, delete the \
-                     stream (`nats stream rm {name}`) and restart; start-up recreates it with \
-                     WorkQueue retention (events accepted in between wait in the outbox)"
-                );
-                config.retention = retention;
+        let deadline = tokio::time::Instant::now() + SETUP_DEADLINE;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.setup_once().await {
+                Ok(()) => return Ok(()),
+                Err(Setup::Transient(e)) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::warn!(error = %e, "creating streams failed; retrying in {pause:?}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(Setup::Transient(e) | Setup::Refused(e)) => return Err(e),
             }
-            self.js
-                .create_or_update_stream(config)
-                .await
-                .map_err(|err| {
-                    BrokerError(format!("cannot create or update stream {name}: {err}"))
-                })?;
         }
-        Ok(())
     }
 
     async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<(), BrokerError>> {

@@ -364,6 +364,34 @@ async fn publishing_before_setup_is_not_ok() {
 }
 
 #[tokio::test]
+async fn more_replicas_than_servers_is_refused_at_once_naming_the_setting() {
+    let names = StreamNames {
+        replicas: 3,
+        ..unique_names()
+    };
+    let broker = JetStreamBroker::connect(NATS_URL, names)
+        .await
+        .expect("connect");
+    let started = Instant::now();
+    let err = broker
+        .setup()
+        .await
+        .expect_err("one server cannot keep 3 copies");
+    // A refusal, not retried like a cluster that does not answer yet.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.to_string().contains(
+            "broker.streams.replicas is 3: the JetStream cluster needs at least that many servers"
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn connect_to_unreachable_server_fails_fast_naming_the_url() {
     let started = Instant::now();
     let err = JetStreamBroker::connect("nats://127.0.0.1:1", unique_names())
