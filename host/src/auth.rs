@@ -131,7 +131,15 @@ impl Authenticator {
         &self,
         raw: &str,
     ) -> Result<Result<ApiKeyRecord, AuthError>, StoreError> {
-        let hash = digest(raw);
+        self.authenticate_digest(digest(raw)).await
+    }
+
+    /// The live record of the key whose SHA-256 is `hash` (a console session holds
+    /// the digest, never the key), or why not.
+    pub async fn authenticate_digest(
+        &self,
+        hash: [u8; 32],
+    ) -> Result<Result<ApiKeyRecord, AuthError>, StoreError> {
         if self.revoked.lock().unwrap().contains(&hash) {
             return Ok(Err(AuthError::Unrecognised));
         }

@@ -45,6 +45,9 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     /// The provider simulator (`switchboard sim`, and inside `switchboard dev`).
     pub sim: crate::sim::SimConfig,
+    /// The operator console at `/console`.
+    #[serde(default)]
+    pub console: crate::console::ConsoleConfig,
 }
 
 /// Who checks webhook signatures.
@@ -398,6 +401,7 @@ impl Default for Config {
                 max_failures_per_minute: 60,
             },
             sim: crate::sim::SimConfig::default(),
+            console: crate::console::ConsoleConfig::default(),
         }
     }
 }

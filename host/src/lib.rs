@@ -12,6 +12,7 @@ pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod config_cache;
+pub mod console;
 pub mod crypto;
 pub mod idempotency;
 pub mod ids;

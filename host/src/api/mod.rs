@@ -38,6 +38,7 @@ pub fn router(state: AppState) -> Router {
         .merge(admin::router())
         .merge(mcp::router())
         .merge(openapi::router())
+        .merge(crate::console::router())
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limit))

@@ -1,0 +1,243 @@
+//! The operator console over real HTTP, on both backend sets: sign-in with an API key
+//! (a signed, HttpOnly, SameSite=Strict cookie), the activity list with the API's
+//! filters and cursor paging, one message's journey, CSRF on sign-out, one
+//! workspace's key seeing nothing of another's, and a revoked key ending its
+//! sessions.
+
+use reqwest::redirect::Policy;
+use serde_json::{Value, json};
+use switchboard::config::Config;
+use switchboard::model::{KeyMode, Tier};
+
+mod common;
+use common::Backends;
+
+both!(the_console_shows_a_workspace_its_own_messages_only);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn trigger(url: &str, key: &str, subscriber: &str) -> String {
+    let resp = client()
+        .post(format!("{url}/v1/events/trigger"))
+        .bearer_auth(key)
+        .json(&json!({"name": "welcome", "to": {"subscriberId": subscriber, "email": "ada@example.com"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    resp.json::<Value>().await.unwrap()["eventId"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Signs in with `key`: the cookie pair (`name=value`) and the whole Set-Cookie line.
+async fn sign_in(url: &str, key: &str, https: bool) -> (String, String) {
+    let mut request = client()
+        .post(format!("{url}/console/sign-in"))
+        .form(&[("key", key)]);
+    if https {
+        request = request.header("x-forwarded-proto", "https");
+    }
+    let resp = request.send().await.unwrap();
+    assert_eq!(resp.status(), 303);
+    assert_eq!(resp.headers()["location"], "/console");
+    let line = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    let pair = line.split(';').next().unwrap().to_string();
+    (pair, line)
+}
+
+/// A page with the session cookie: status, location (for redirects) and body.
+async fn get(url: &str, path: &str, cookie: &str) -> (u16, String, String) {
+    let resp = client()
+        .get(format!("{url}{path}"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let location = resp
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, location, resp.text().await.unwrap())
+}
+
+async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, b, "console").await;
+    config.worker.enabled = false;
+    let (url, state) = common::serve(config).await;
+    let store = state.ingest.store.clone();
+    let mut keys = Vec::new();
+    for name in ["acme", "globex"] {
+        let ws = store
+            .ensure_workspace(name, Some(Tier::Paid))
+            .await
+            .unwrap();
+        switchboard::admin::seed_dev_examples(&*store, &ws)
+            .await
+            .unwrap();
+        let (raw, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+        store.insert_api_key(&record).await.unwrap();
+        keys.push((raw, record));
+    }
+    let (acme_key, acme_record) = keys[0].clone();
+    let (globex_key, _) = keys[1].clone();
+    let mut acme = Vec::new();
+    for i in 0..3 {
+        acme.push(trigger(&url, &acme_key, &format!("ada-{i}")).await);
+    }
+    let globex = trigger(&url, &globex_key, "bob").await;
+
+    // Signed out: every page leads to the sign-in form.
+    let (status, location, _) = get(&url, "/console", "").await;
+    assert_eq!((status, location.as_str()), (303, "/console/sign-in"));
+    let (status, _, form) = get(&url, "/console/sign-in", "").await;
+    assert_eq!(status, 200);
+    assert!(form.contains("name=\"key\""), "{form}");
+
+    // A wrong key: one clear message whatever was wrong, and no session.
+    for wrong in [
+        "nope",
+        "svc_sk_test_0000000000000000000000000000000000000000",
+    ] {
+        let resp = client()
+            .post(format!("{url}/console/sign-in"))
+            .form(&[("key", wrong)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().get("set-cookie").is_none());
+        let page = resp.text().await.unwrap();
+        assert!(page.contains("That key was not accepted"), "{page}");
+    }
+
+    let (cookie, line) = sign_in(&url, &acme_key, false).await;
+    assert!(
+        !cookie.contains(&acme_key),
+        "the cookie must not carry the key"
+    );
+    for attribute in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/console",
+        "Max-Age=28800",
+    ] {
+        assert!(line.contains(attribute), "{attribute} missing: {line}");
+    }
+    assert!(!line.contains("Secure"), "{line}");
+    let (_, https_line) = sign_in(&url, &acme_key, true).await;
+    assert!(https_line.contains("; Secure"), "{https_line}");
+
+    // Activity: this workspace's messages, newest first, and not the other's.
+    let (status, _, page) = get(&url, "/console", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    for id in &acme {
+        assert!(page.contains(id.as_str()), "{id} missing");
+    }
+    assert!(
+        !page.contains(globex.as_str()),
+        "another workspace's message shown"
+    );
+    assert!(
+        page.find(acme[2].as_str()) < page.find(acme[0].as_str()),
+        "newest first"
+    );
+    assert!(
+        page.contains(acme_record.hint.as_str()),
+        "the key's hint in the header"
+    );
+
+    // Filters and paging, as the API has them.
+    let (_, _, page) = get(&url, "/console?channel=sms&status=", &cookie).await;
+    assert!(page.contains("No messages match these filters"), "{page}");
+    let (_, _, page) = get(&url, "/console?subscriber_id=ada-1", &cookie).await;
+    assert!(page.contains(acme[1].as_str()) && !page.contains(acme[0].as_str()));
+    let (_, _, page) = get(&url, "/console?from=yesterday", &cookie).await;
+    assert!(page.contains("role=\"alert\""), "{page}");
+    let (_, _, page) = get(&url, "/console?limit=2", &cookie).await;
+    assert!(page.contains(acme[2].as_str()) && !page.contains(acme[0].as_str()));
+    let next = page
+        .split("rel=\"next\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no next link: {page}"))
+        .replace("&amp;", "&");
+    let (_, _, older) = get(&url, &next, &cookie).await;
+    assert!(older.contains(acme[0].as_str()), "{older}");
+    assert!(!older.contains(acme[2].as_str()), "{older}");
+
+    // One message's journey; another workspace's message is not found.
+    let (status, _, page) = get(&url, &format!("/console/messages/{}", acme[0]), &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("ada-0") && page.contains("queued"), "{page}");
+    let (status, _, body) = get(&url, &format!("/console/messages/{globex}"), &cookie).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "NOT_FOUND"
+    );
+
+    // Sign-out needs the session's CSRF token.
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_string();
+    for token in ["", "forged"] {
+        let resp = client()
+            .post(format!("{url}/console/sign-out"))
+            .header("cookie", &cookie)
+            .form(&[("csrf", token)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "FORBIDDEN");
+    }
+    let resp = client()
+        .post(format!("{url}/console/sign-out"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303);
+    assert!(
+        resp.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+
+    // Revoking the key ends its sessions at once.
+    let (cookie, _) = sign_in(&url, &acme_key, false).await;
+    assert_eq!(get(&url, "/console", &cookie).await.0, 200);
+    assert!(
+        state
+            .auth
+            .revoke(&acme_record.id, &state.revocations)
+            .await
+            .unwrap()
+    );
+    let (status, location, _) = get(&url, "/console", &cookie).await;
+    assert_eq!((status, location.as_str()), (303, "/console/sign-in"));
+    // A tampered cookie is no session either.
+    let (globex_cookie, _) = sign_in(&url, &globex_key, false).await;
+    let tampered = globex_cookie.replace("v1.", "v1.0");
+    assert_eq!(get(&url, "/console", &tampered).await.0, 303);
+}
