@@ -307,6 +307,8 @@ async fn client(
             "to": {"subscriberId": format!("s{n}-{i}"), "email": format!("u{n}.{i}@example.com")}
         });
         for attempt in 0usize.. {
+            // Both gateways gone for minutes is a failure, not a wait.
+            assert!(attempt < 1_000, "{idem} was never acknowledged");
             let gateway = &gateways[(n + i as usize + attempt) % 2];
             let resp = http
                 .post(format!("{gateway}/v1/events/trigger"))
@@ -654,6 +656,20 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // A process started with a smaller replicas setting keeps the cluster's copies.
+    let smaller = switchboard::broker::jetstream::JetStreamBroker::connect(
+        &nats_urls(),
+        switchboard::broker::StreamNames::default(),
+    )
+    .await
+    .unwrap();
+    switchboard::broker::Broker::setup(&smaller).await.unwrap();
+    let servers: Vec<async_nats::ServerAddr> =
+        nats_urls().split(',').map(|u| u.parse().unwrap()).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(servers).await.unwrap());
+    let mut critical = js.get_stream("NOTIFY_CRITICAL").await.unwrap();
+    assert_eq!(critical.info().await.unwrap().config.num_replicas, 3);
 
     drop(processes);
     drop(sim);

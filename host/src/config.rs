@@ -514,6 +514,12 @@ impl Config {
             anyhow::ensure!(ok, "invalid configuration: {setting} must be {want}");
             Ok(())
         };
+        // JetStream keeps at most five copies of a stream.
+        ensure(
+            (1..=5).contains(&self.broker.streams.replicas),
+            "broker.streams.replicas",
+            "between 1 and 5",
+        )?;
         ensure(
             (1..=4096).contains(&w.bulk_concurrency),
             "worker.bulk_concurrency",
@@ -655,5 +661,24 @@ mod tests {
         c.erasure.scrub_interval_secs = 0;
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("erasure.scrub_interval_secs"), "{err}");
+    }
+
+    #[test]
+    fn stream_replicas_are_checked() {
+        for (replicas, ok) in [(0, false), (1, true), (3, true), (5, true), (6, false)] {
+            let mut c = Config::default();
+            c.broker.streams.replicas = replicas;
+            match c.validate() {
+                Ok(()) => assert!(ok, "{replicas} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{replicas} refused: {e}");
+                    assert!(
+                        e.to_string()
+                            .contains("broker.streams.replicas must be between 1 and 5"),
+                        "{e}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -48,6 +48,17 @@ enum Setup {
     Refused(BrokerError),
 }
 
+/// JetStream answers a cluster gives while it elects its leaders or registers its
+/// servers: worth another try during set-up.
+fn cluster_settling(code: ErrorCode) -> bool {
+    [
+        ErrorCode::CLUSTER_NOT_AVAILABLE,
+        ErrorCode::CLUSTER_NOT_LEADER,
+        ErrorCode::CLUSTER_NO_PEERS,
+    ]
+    .contains(&code)
+}
+
 /// How long a publish may wait for its acknowledgement, measured from when it was sent.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Publishes awaiting an acknowledgement, across all concurrent batches of one broker.
@@ -173,7 +184,24 @@ impl JetStreamBroker {
         ];
         for (name, subjects) in wanted {
             let mut config = Self::stream_config(name, subjects, self.names.replicas);
-            if let Some(retention) = self.existing_retention(name).await?
+            let existing = self.existing_config(name).await?;
+            if let Some(existing) = &existing
+                && existing.num_replicas > config.num_replicas
+            {
+                // One process started with a smaller setting must not take copies away
+                // from a stream the cluster keeps on more servers.
+                tracing::warn!(
+                    stream = %name,
+                    existing = existing.num_replicas,
+                    wanted = config.num_replicas,
+                    "stream {name} is kept on {} servers, more than broker.streams.replicas \
+                     ({}); keeping it so",
+                    existing.num_replicas,
+                    config.num_replicas
+                );
+                config.num_replicas = existing.num_replicas;
+            }
+            if let Some(retention) = existing.map(|e| e.retention)
                 && retention != config.retention
             {
                 // Cannot be changed in place: keep it (and update the rest) rather than
@@ -198,25 +226,33 @@ impl JetStreamBroker {
                     ))
                 };
                 return Err(match err.kind() {
-                    Kind::TimedOut | Kind::JetStreamUnavailable | Kind::Response => {
-                        Setup::Transient(error(""))
-                    }
-                    Kind::JetStream(e) if e.error_code() == ErrorCode::CLUSTER_NOT_AVAILABLE => {
-                        Setup::Transient(error(""))
-                    }
-                    Kind::JetStream(e)
-                        if [
-                            ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED,
-                            ErrorCode::INSUFFICIENT_RESOURCES,
-                            ErrorCode::CLUSTER_NO_PEERS,
-                        ]
-                        .contains(&e.error_code()) =>
-                    {
-                        Setup::Refused(error(&format!(
-                            " (broker.streams.replicas is {}: the JetStream cluster needs at \
-                             least that many servers)",
-                            self.names.replicas
-                        )))
+                    Kind::TimedOut | Kind::Response => Setup::Transient(error("")),
+                    Kind::JetStreamUnavailable => Setup::Refused(error(
+                        " (no JetStream answered: is it enabled on the server, `-js`?)",
+                    )),
+                    Kind::JetStream(e) => {
+                        let code = e.error_code();
+                        let hint = if self.names.replicas > 1
+                            && [
+                                ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED,
+                                ErrorCode::CLUSTER_NO_PEERS,
+                                ErrorCode::INSUFFICIENT_RESOURCES,
+                            ]
+                            .contains(&code)
+                        {
+                            format!(
+                                " (broker.streams.replicas is {}: the JetStream cluster needs \
+                                 at least that many servers)",
+                                self.names.replicas
+                            )
+                        } else {
+                            String::new()
+                        };
+                        if cluster_settling(code) {
+                            Setup::Transient(error(&hint))
+                        } else {
+                            Setup::Refused(error(&hint))
+                        }
                     }
                     _ => Setup::Refused(error("")),
                 });
@@ -225,19 +261,16 @@ impl JetStreamBroker {
         Ok(())
     }
 
-    /// The retention of stream `name` if it exists, `None` if it does not.
-    async fn existing_retention(
-        &self,
-        name: &str,
-    ) -> Result<Option<stream::RetentionPolicy>, Setup> {
+    /// The configuration of stream `name` if it exists, `None` if it does not.
+    async fn existing_config(&self, name: &str) -> Result<Option<stream::Config>, Setup> {
         use jetstream::context::GetStreamErrorKind as Kind;
         match self.js.get_stream(name).await {
-            Ok(existing) => Ok(Some(existing.cached_info().config.retention)),
+            Ok(existing) => Ok(Some(existing.cached_info().config.clone())),
             Err(err) => {
                 let error = BrokerError(format!("cannot look up stream {name}: {err}"));
                 match err.kind() {
                     Kind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
-                    Kind::JetStream(e) if e.error_code() != ErrorCode::CLUSTER_NOT_AVAILABLE => {
+                    Kind::JetStream(e) if !cluster_settling(e.error_code()) => {
                         Err(Setup::Refused(error))
                     }
                     _ => Err(Setup::Transient(error)),

@@ -67,7 +67,16 @@ pub(super) async fn run(command: ProvidersCommand, config: Config) -> anyhow::Re
             let config = target.apply(config);
             // An installed version, when the database says one is active; the bundled
             // and directory plugins need no database at all.
-            let store = crate::open_store(&config).await.ok().map(|(s, _)| s);
+            let store = match crate::open_store(&config).await {
+                Ok((store, _)) => Some(store),
+                Err(e) => {
+                    eprintln!(
+                        "note: database unavailable ({e}); describing the bundled and directory \
+                         plugins, not an installed version"
+                    );
+                    None
+                }
+            };
             let plugins = admin::plugin_infos(&config, store.as_deref()).await?;
             let description = admin::describe(&plugins, &slug)?;
             format.print(&description, admin::render_description);
