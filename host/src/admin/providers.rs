@@ -33,6 +33,39 @@ pub async fn plugin_infos(
         .collect())
 }
 
+/// The loaded plugins, a line each: what serves each slug, its digest, the hosts it
+/// may reach and where it came from.
+pub fn render_plugins(registry: &Registry) -> String {
+    use crate::plugins::PluginKind;
+    use crate::plugins::registry::Source;
+    let mut out = format!(
+        "{:<8} {:<8} {:<26} {:<18} {:<30} source\n",
+        "slug", "version", "channels", "digest", "allowed hosts"
+    );
+    for entry in registry.list() {
+        let info = entry.plugin.info();
+        let channels: Vec<&str> = info.channels.iter().map(channel_name).collect();
+        let mut source = match &entry.source {
+            Source::Bundled => "bundled".to_string(),
+            Source::Directory(p) => p.display().to_string(),
+            Source::Installed { by } => format!("installed by {by}"),
+        };
+        if entry.plugin.kind() == PluginKind::Native {
+            source.push_str(" (native, unsandboxed)");
+        }
+        out.push_str(&format!(
+            "{:<8} {:<8} {:<26} {:<18} {:<30} {}\n",
+            info.slug,
+            info.version,
+            channels.join(","),
+            &entry.plugin.digest()[..16],
+            entry.plugin.allowed_hosts().join(","),
+            source
+        ));
+    }
+    out
+}
+
 /// Reads and validates a providers file; the error names the file and every problem.
 pub fn load_providers(
     path: &Path,
@@ -470,4 +503,260 @@ pub fn render_description(d: &ProviderDescription) -> String {
         &rows,
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::tests::open_temp;
+    use crate::plugins::types::{self, ProviderInfo};
+    use crate::store::Configuration as _;
+
+    fn key(name: &str, required: bool, secret: bool) -> types::ConfigKey {
+        types::ConfigKey {
+            name: name.into(),
+            required,
+            secret,
+            description: String::new(),
+        }
+    }
+
+    /// The bundled plugins' channels and keys, without loading them.
+    fn plugins() -> BTreeMap<String, ProviderInfo> {
+        let info = |slug: &str, channels: Vec<types::Channel>, keys| ProviderInfo {
+            slug: slug.into(),
+            display_name: slug.into(),
+            version: "0.1.0".into(),
+            channels,
+            config_keys: keys,
+            outbound_hosts: vec![],
+            signature_tolerance_seconds: None,
+        };
+        use types::Channel as C;
+        [
+            info(
+                "prova",
+                vec![C::Email, C::Push],
+                vec![
+                    key("base_url", true, false),
+                    key("api_key", true, true),
+                    key("default_from", false, false),
+                ],
+            ),
+            info(
+                "provc",
+                vec![C::Sms, C::Voice],
+                vec![
+                    key("base_url", true, false),
+                    key("account_sid", true, false),
+                    key("auth_token", true, true),
+                    key("default_sender", false, false),
+                ],
+            ),
+            info(
+                "provd",
+                vec![C::Sms, C::Voice, C::Whatsapp],
+                vec![key("base_url", true, false), key("api_token", true, true)],
+            ),
+        ]
+        .into_iter()
+        .map(|i| (i.slug.clone(), i))
+        .collect()
+    }
+
+    const GOOD: &str = r#"
+providers:
+  sms:
+    - provider: provc
+      config: {base_url: "https://api.provc.example", account_sid: AC1, auth_token: "tok-SECRET-1"}
+    - provider: provd
+      config: {base_url: "https://api.provd.example", api_token: "tok-SECRET-2"}
+  email:
+    - provider: prova
+      config: {base_url: "https://api.prova.example", api_key: "tok-SECRET-3", default_from: 42}
+"#;
+
+    #[test]
+    fn a_valid_providers_file_parses_in_order() {
+        let routes = parse_providers(GOOD, &plugins()).unwrap();
+        assert_eq!(
+            routes.keys().copied().collect::<Vec<_>>(),
+            vec![Channel::Sms, Channel::Email]
+        );
+        let sms = &routes[&Channel::Sms];
+        assert_eq!(sms[0].provider, "provc");
+        assert_eq!(sms[1].provider, "provd");
+        assert_eq!(sms[0].config["auth_token"], "tok-SECRET-1");
+        assert_eq!(routes[&Channel::Email][0].config["default_from"], "42");
+        let json = r#"{"providers": {"whatsapp": [{"provider": "provD", "config": {"base_url": "u", "api_token": "t"}}]}}"#;
+        let whatsapp = &parse_providers(json, &plugins()).unwrap()[&Channel::Whatsapp];
+        assert_eq!(whatsapp.len(), 1);
+        assert_eq!(
+            whatsapp[0].provider, "provd",
+            "the spec's spelling, stored lower-case"
+        );
+    }
+
+    #[test]
+    fn providers_file_errors_name_the_problem_and_never_a_value() {
+        let bad = r#"
+extra: 1
+providers:
+  fax:
+    - provider: provc
+  sms:
+    - provider: provx
+    - provider: prova
+      config: {base_url: "u", api_key: "tok-SECRET-9"}
+    - provider: provc
+      config: {base_url: "u", auth_token: "tok-SECRET-8", sid: "tok-SECRET-7"}
+    - provider: provd
+      config: {base_url: "u", api_token: ["tok-SECRET-6"]}
+    - provider: provd
+      config: {base_url: "u", api_token: "tok-SECRET-5"}
+  voice: []
+"#;
+        let problems = parse_providers(bad, &plugins()).unwrap_err();
+        let all = problems.join("\n");
+        for expected in [
+            "unknown top-level key \"extra\"",
+            "unknown channel \"fax\"",
+            "providers.sms[0]: unknown provider \"provx\" (loaded plugins: prova, provc, provd)",
+            "providers.sms[1] (prova): provider \"prova\" does not serve sms (it serves email, push)",
+            "providers.sms[2] (provc): unknown config key \"sid\"",
+            "providers.sms[2] (provc): missing required config key \"account_sid\"",
+            "providers.sms[3] (provd): config key \"api_token\" must be a string",
+            "providers.voice: empty list",
+        ] {
+            assert!(all.contains(expected), "{expected:?} not in:\n{all}");
+        }
+        assert!(!all.contains("SECRET"), "{all}");
+        let dup = "providers:\n  sms:\n    - {provider: provd, config: {base_url: u, api_token: t}}\n    - {provider: provd, config: {base_url: u, api_token: t}}\n";
+        let err = parse_providers(dup, &plugins()).unwrap_err().join("\n");
+        assert!(err.contains("listed twice"), "{err}");
+        let blank =
+            "providers:\n  sms:\n    - {provider: provd, config: {base_url: u, api_token: ' '}}\n";
+        let err = parse_providers(blank, &plugins()).unwrap_err().join("\n");
+        assert!(err.contains("\"api_token\" is empty"), "{err}");
+        let err = parse_providers("providers: [1]\n", &plugins()).unwrap_err();
+        assert!(err[0].contains("`providers:`"), "{err:?}");
+        let err = parse_providers("providers:\n  sms: 'tok-SECRET-4'\n", &plugins())
+            .unwrap_err()
+            .join("\n");
+        assert!(
+            err.contains("must be a list") && !err.contains("SECRET"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn listings_redact_secret_and_undeclared_values_and_mark_defaults() {
+        let mut routes: BTreeMap<String, Vec<ProviderRoute>> = parse_providers(GOOD, &plugins())
+            .unwrap()
+            .into_iter()
+            .map(|(c, r)| (c.as_str().to_string(), r))
+            .collect();
+        routes.insert(
+            "voice".into(),
+            vec![
+                ProviderRoute {
+                    provider: "provd".into(),
+                    config: [("legacy".to_string(), "tok-SECRET-L".to_string())].into(),
+                },
+                ProviderRoute {
+                    provider: "gone".into(),
+                    config: [("base_url".to_string(), "tok-SECRET-G".to_string())].into(),
+                },
+            ],
+        );
+        let entries = route_entries(&routes, &plugins());
+        let text = render_routes(&entries);
+        assert!(!text.contains("SECRET"), "{text}");
+        // The JSON form hides the same values and keeps the declared key order.
+        let json = serde_json::to_string(&entries).unwrap();
+        assert!(!json.contains("SECRET"), "{json}");
+        assert!(
+            json.contains(r#"{"channel":"sms","default":false,"providers":[{"provider":"provc","loaded":true,"config":{"base_url":"https://api.provc.example","account_sid":"AC1","auth_token":"***"}}"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#"{"provider":"gone","loaded":false,"config":{"base_url":"***"}}"#),
+            "{json}"
+        );
+        assert!(
+            text.contains(
+                "sms:\n  1. provc base_url=https://api.provc.example account_sid=AC1 auth_token=***\n  2. provd base_url=https://api.provd.example api_token=***\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("email:\n  1. prova base_url=https://api.prova.example api_key=*** default_from=42\n"),
+            "{text}"
+        );
+        assert!(text.contains("push (default):\n  1. prova\n"), "{text}");
+        assert!(text.contains("whatsapp (default):\n  1. provd\n"), "{text}");
+        assert!(
+            text.contains("voice:\n  1. provd legacy=***\n  2. gone (not loaded) base_url=***\n"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn routes_apply_per_channel_and_keep_the_others() {
+        let (_dir, store, ws) = open_temp().await;
+        let routes = parse_providers(GOOD, &plugins()).unwrap();
+        let summary = apply_routes(&store, &ws, &routes).await.unwrap();
+        assert_eq!(
+            summary,
+            "applied provider routes to workspace acme: sms (provc, provd), email (prova)\n"
+        );
+        let only_sms =
+            "providers:\n  sms:\n    - {provider: provd, config: {base_url: u, api_token: t}}\n";
+        let routes = parse_providers(only_sms, &plugins()).unwrap();
+        apply_routes(&store, &ws, &routes).await.unwrap();
+        let stored = store.provider_routes(&ws.id).await.unwrap();
+        assert_eq!(stored["sms"].len(), 1);
+        assert_eq!(stored["email"][0].provider, "prova", "email kept");
+        let text = render_routes(&route_listing(&store, &ws, &plugins()).await.unwrap());
+        assert!(
+            text.contains("sms:\n  1. provd base_url=u api_token=***\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn describe_lists_every_declared_key_and_names_the_slugs_there_are() {
+        let d = describe(&plugins(), "provc").unwrap();
+        assert_eq!(d.channels, vec!["sms", "voice"]);
+        let keys: Vec<(&str, bool, bool)> = d
+            .config_keys
+            .iter()
+            .map(|k| (k.name.as_str(), k.required, k.secret))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("base_url", true, false),
+                ("account_sid", true, false),
+                ("auth_token", true, true),
+                ("default_sender", false, false)
+            ]
+        );
+        let text = render_description(&d);
+        assert!(
+            text.starts_with("provc (provc) 0.1.0\nchannels: sms, voice\n"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.starts_with("auth_token")
+                && l.contains("required")
+                && l.contains("secret")),
+            "{text}"
+        );
+        let err = describe(&plugins(), "nope").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "no plugin \"nope\" is loaded; there are: prova, provc, provd"
+        );
+    }
 }

@@ -1,11 +1,12 @@
 //! `switchboard plugin`: list, install, roll back, scaffold and check provider plugins.
 
 use super::{Format, Target, slug_arg};
+use crate::admin;
 use crate::api::admin::PluginListing;
 use crate::config::Config;
 use crate::plugins::conformance::{self, KitOptions};
-use crate::plugins::registry::{Registry, Source};
-use crate::plugins::{PluginKind, PluginRuntime, bundled};
+use crate::plugins::registry::Registry;
+use crate::plugins::{PluginRuntime, bundled};
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -114,18 +115,17 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
                     // installed versions over the bundled and directory plugins.
                     registry.sync(&*store).await?;
                     let versions = store.plugin_versions(None).await?;
-                    if format.json {
-                        super::print_json(&PluginListing::of(&registry, versions));
-                    } else {
-                        print!("{}", render_loaded(&registry));
-                        println!();
-                        print!("{}", crate::plugins::install::render_versions(&versions));
-                    }
+                    let text = format!(
+                        "{}\n{}",
+                        admin::render_plugins(&registry),
+                        crate::plugins::install::render_versions(&versions)
+                    );
+                    format.print(&PluginListing::of(&registry, versions), |_| text);
                 }
                 // JSON for scripts must not pass off a partial listing as the whole.
                 Err(e) if format.json => return Err(e.context("installed versions")),
                 Err(e) => {
-                    print!("{}", render_loaded(&registry));
+                    print!("{}", admin::render_plugins(&registry));
                     println!("\ninstalled versions: database unavailable ({e})");
                 }
             }
@@ -257,38 +257,4 @@ async fn announce_swap(config: &Config, slug: &str) -> String {
             config.plugins.sync_ms
         ),
     }
-}
-
-/// The loaded plugins, a line each.
-pub(super) fn render_loaded(registry: &Registry) -> String {
-    let mut out = format!(
-        "{:<8} {:<8} {:<26} {:<18} {:<30} source\n",
-        "slug", "version", "channels", "digest", "allowed hosts"
-    );
-    for entry in registry.list() {
-        let info = entry.plugin.info();
-        let channels: Vec<&str> = info
-            .channels
-            .iter()
-            .map(crate::plugins::channel_name)
-            .collect();
-        let mut source = match &entry.source {
-            Source::Bundled => "bundled".to_string(),
-            Source::Directory(p) => p.display().to_string(),
-            Source::Installed { by } => format!("installed by {by}"),
-        };
-        if entry.plugin.kind() == PluginKind::Native {
-            source.push_str(" (native, unsandboxed)");
-        }
-        out.push_str(&format!(
-            "{:<8} {:<8} {:<26} {:<18} {:<30} {}\n",
-            info.slug,
-            info.version,
-            channels.join(","),
-            &entry.plugin.digest()[..16],
-            entry.plugin.allowed_hosts().join(","),
-            source
-        ));
-    }
-    out
 }

@@ -77,7 +77,7 @@ pub(super) async fn dev(args: DevArgs, mut config: Config) -> anyhow::Result<Exi
     };
     let state = crate::build_state(config).await?;
     println!("switchboard {} (dev)", env!("CARGO_PKG_VERSION"));
-    print!("{}", super::plugin::render_loaded(&state.plugins));
+    print!("{}", admin::render_plugins(&state.plugins));
     let store = state.ingest.store.clone();
     let ws = match store.workspace_by_name("default").await? {
         Some(ws) => ws,
