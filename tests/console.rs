@@ -12,7 +12,10 @@ use switchboard::model::{KeyMode, Tier};
 mod common;
 use common::Backends;
 
-both!(the_console_shows_a_workspace_its_own_messages_only);
+both!(
+    the_console_shows_a_workspace_its_own_messages_only,
+    admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins,
+);
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -50,6 +53,27 @@ async fn sign_in(url: &str, key: &str, https: bool) -> (String, String) {
     let line = resp.headers()["set-cookie"].to_str().unwrap().to_string();
     let pair = line.split(';').next().unwrap().to_string();
     (pair, line)
+}
+
+/// The CSRF token in a page's forms.
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF token: {page}"))
+        .to_string()
+}
+
+/// Posts a console form with the session cookie: status and body.
+async fn post_form(url: &str, path: &str, cookie: &str, csrf: &str) -> (u16, String) {
+    let resp = client()
+        .post(format!("{url}{path}"))
+        .header("cookie", cookie)
+        .form(&[("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
 /// A page with the session cookie: status, location (for redirects) and body.
@@ -240,4 +264,110 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let (globex_cookie, _) = sign_in(&url, &globex_key, false).await;
     let tampered = globex_cookie.replace("v1.", "v1.0");
     assert_eq!(get(&url, "/console", &tampered).await.0, 303);
+}
+
+async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, b, "consolekeys").await;
+    config.worker.enabled = false;
+    let (url, state) = common::serve(config).await;
+    let store = state.ingest.store.clone();
+    let acme = store
+        .ensure_workspace("acme", Some(Tier::Paid))
+        .await
+        .unwrap();
+    let globex = store
+        .ensure_workspace("globex", Some(Tier::Paid))
+        .await
+        .unwrap();
+    let key = |ws: &switchboard::model::Workspace, scopes: &[&str]| {
+        let (raw, mut record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+        record.scopes = scopes.iter().map(|s| s.to_string()).collect();
+        (raw, record)
+    };
+    let app = key(&acme, &[]);
+    let admin = key(&acme, &["admin"]);
+    let victim = key(&acme, &[]);
+    let other = key(&globex, &[]);
+    for (_, record) in [&app, &admin, &victim, &other] {
+        store.insert_api_key(record).await.unwrap();
+    }
+
+    // An application key sees its workspace's keys (hints only) and may do no more.
+    let (cookie, _) = sign_in(&url, &app.0, false).await;
+    let (status, _, page) = get(&url, "/console/keys", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    for (raw, record) in [&app, &admin, &victim] {
+        assert!(page.contains(record.id.as_str()), "{} missing", record.id);
+        assert!(!page.contains(raw.as_str()), "a key was shown");
+    }
+    assert!(
+        !page.contains(other.1.id.as_str()),
+        "another workspace's key shown"
+    );
+    assert!(!page.contains("/revoke"), "{page}");
+    let csrf = csrf_of(&page);
+    let (status, body) = post_form(
+        &url,
+        &format!("/console/keys/{}/revoke", victim.1.id),
+        &cookie,
+        &csrf,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = get(&url, "/console/plugins", &cookie).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "FORBIDDEN"
+    );
+
+    // An admin key revokes a key of its workspace, with the form's CSRF token.
+    let (cookie, _) = sign_in(&url, &admin.0, false).await;
+    let (_, _, page) = get(&url, "/console/keys", &cookie).await;
+    assert!(
+        page.contains(&format!("/console/keys/{}/revoke", victim.1.id)),
+        "{page}"
+    );
+    let path = format!("/console/keys/{}/revoke", victim.1.id);
+    assert_eq!(post_form(&url, &path, &cookie, "forged").await.0, 403);
+    let csrf = csrf_of(&page);
+    let (status, body) = post_form(&url, &path, &cookie, &csrf).await;
+    assert_eq!(status, 303, "{body}");
+    let resp = client()
+        .get(format!("{url}/v1/messages"))
+        .bearer_auth(&victim.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401, "the revoked key still works");
+    // Another workspace's key is not found, and stays valid.
+    let (status, body) = post_form(
+        &url,
+        &format!("/console/keys/{}/revoke", other.1.id),
+        &cookie,
+        &csrf,
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let resp = client()
+        .get(format!("{url}/v1/messages"))
+        .bearer_auth(&other.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let (status, _, page) = get(&url, "/console/plugins", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    for slug in ["prova", "provb", "provc", "provd", "prove"] {
+        assert!(
+            page.contains(&format!("<td>{slug}</td>")),
+            "{slug} missing: {page}"
+        );
+    }
 }

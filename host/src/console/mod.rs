@@ -49,6 +49,9 @@ pub fn router() -> Router<AppState> {
         .route("/console/sign-in", get(sign_in_page).post(sign_in))
         .route("/console/sign-out", post(sign_out))
         .route("/console/messages/{id}", get(message))
+        .route("/console/keys", get(keys))
+        .route("/console/keys/{id}/revoke", post(revoke_key))
+        .route("/console/plugins", get(plugins))
 }
 
 fn templates() -> &'static Environment<'static> {
@@ -60,6 +63,8 @@ fn templates() -> &'static Environment<'static> {
             ("sign_in.html", include_str!("templates/sign_in.html")),
             ("activity.html", include_str!("templates/activity.html")),
             ("message.html", include_str!("templates/message.html")),
+            ("keys.html", include_str!("templates/keys.html")),
+            ("plugins.html", include_str!("templates/plugins.html")),
         ] {
             env.add_template(name, source)
                 .expect("the console's templates parse");
@@ -136,6 +141,7 @@ fn page_context(state: &AppState, key: &ApiKeyRecord, cookie: &str) -> Value {
         workspace => key.workspace.as_str(),
         mode => key.mode.as_str(),
         hint => key.hint.as_str(),
+        admin => crate::api::admin::is_admin(key),
         csrf => session::csrf_token(&secret(state), cookie),
     }
 }
@@ -209,6 +215,18 @@ struct Csrf {
     csrf: String,
 }
 
+/// Refuses a form whose CSRF token is not the session's.
+fn check_csrf(state: &AppState, cookie: &str, form: &Csrf) -> Result<(), ApiError> {
+    if session::csrf_ok(&secret(state), cookie, &form.csrf) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(
+            "the form's CSRF token is missing or not this session's: reload the page and try again"
+                .into(),
+        ))
+    }
+}
+
 async fn sign_out(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -217,12 +235,7 @@ async fn sign_out(
     let Some(cookie) = cookie_value(&headers) else {
         return Ok(to_sign_in());
     };
-    if !session::csrf_ok(&secret(&state), cookie, &form.csrf) {
-        return Err(ApiError::Forbidden(
-            "the form's CSRF token is missing or not this session's: reload the page and try again"
-                .into(),
-        ));
-    }
+    check_csrf(&state, cookie, &form)?;
     let mut response = to_sign_in();
     response.headers_mut().insert(
         header::SET_COOKIE,
@@ -354,4 +367,93 @@ async fn message(
         ..header
     };
     Ok((StatusCode::OK, render("message.html", ctx)?).into_response())
+}
+
+/// A key as the keys page shows it: never the key, only its hint.
+#[derive(Serialize)]
+struct KeyRow {
+    id: String,
+    mode: &'static str,
+    hint: String,
+    scopes: String,
+    created_at: String,
+    revoked_at: Option<String>,
+    current: bool,
+}
+
+async fn keys(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    let rows: Vec<KeyRow> = state
+        .ingest
+        .store
+        .list_api_keys(&key.workspace)
+        .await
+        .map_err(ApiError::from_store_read)?
+        .into_iter()
+        .map(|k| KeyRow {
+            current: k.id == key.id,
+            id: k.id.to_string(),
+            mode: k.mode.as_str(),
+            hint: k.hint,
+            scopes: k.scopes.join(", "),
+            created_at: crate::api::messages::format_time(&k.created_at),
+            revoked_at: k.revoked_at.as_ref().map(crate::api::messages::format_time),
+        })
+        .collect();
+    let header = page_context(&state, &key, &cookie);
+    let ctx = context! { keys => Value::from(Serde(&rows)), ..header };
+    Ok(render("keys.html", ctx)?.into_response())
+}
+
+/// Revokes a key of the signed-in workspace; only an `admin` (or `operator`) key may.
+async fn revoke_key(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<Csrf>,
+) -> Result<Response, ApiError> {
+    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    check_csrf(&state, &cookie, &form)?;
+    if !crate::api::admin::is_admin(&key) {
+        return Err(ApiError::Forbidden(
+            "revoking keys needs a key with the `admin` scope".into(),
+        ));
+    }
+    // Only a key of this workspace: another's id is as unknown as a made-up one.
+    let target = state
+        .ingest
+        .store
+        .list_api_keys(&key.workspace)
+        .await
+        .map_err(ApiError::from_store_read)?
+        .into_iter()
+        .find(|k| k.id.as_str() == id && k.revoked_at.is_none())
+        .ok_or_else(|| {
+            ApiError::ResourceNotFound(format!("no active key {id} in this workspace"))
+        })?;
+    state
+        .auth
+        .revoke(&target.id, &state.revocations)
+        .await
+        .map_err(ApiError::from_store_read)?;
+    Ok(Redirect::to("/console/keys").into_response())
+}
+
+async fn plugins(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    if !crate::api::admin::is_admin(&key) {
+        return Err(ApiError::Forbidden(
+            "the plugin registry needs a key with the `admin` scope".into(),
+        ));
+    }
+    let listing = crate::api::admin::plugin_listing(&state).await?;
+    let header = page_context(&state, &key, &cookie);
+    let ctx = context! { listing => Value::from(Serde(&listing)), ..header };
+    Ok(render("plugins.html", ctx)?.into_response())
 }
