@@ -70,6 +70,7 @@ pub struct AppState {
 pub async fn open_store(
     config: &Config,
 ) -> anyhow::Result<(Arc<dyn store::Store>, Option<store::sqlite::SqliteStore>)> {
+    tls::ensure_crypto_provider();
     let (store, lite): (Arc<dyn store::Store>, _) = match config.store.backend {
         StoreBackend::Postgres => {
             let pg = store::postgres::PgStore::connect_tls(

@@ -6,6 +6,17 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// Makes ring the process's TLS crypto provider, once. rustls picks one by itself only
+/// when exactly one is compiled in, and a dependency enabling another (test tools do)
+/// would otherwise turn every TLS connection into a panic. Called before each backend
+/// connects; a provider installed earlier by the embedding program stays.
+pub fn ensure_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// PEM files; each `None` by default (the system's roots, no client certificate).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]

@@ -141,6 +141,7 @@ pub(crate) async fn connect_client(
     target: NatsTarget<'_>,
     name: &str,
 ) -> Result<async_nats::Client, BrokerError> {
+    crate::tls::ensure_crypto_provider();
     let shown = redact_url(target.url);
     let servers = parse_servers(target.url)
         .map_err(|err| BrokerError(format!("invalid NATS URL {shown}: {err}")))?;

@@ -101,6 +101,7 @@ pub(crate) async fn connect_manager(
     url: &str,
     tls: &TlsFiles,
 ) -> Result<ConnectionManager, String> {
+    crate::tls::ensure_crypto_provider();
     let client = if tls.is_set() {
         let read = |name, file| TlsFiles::read("counters.tls", name, file);
         let client_tls = match tls.client() {

@@ -1,0 +1,252 @@
+//! The console in a real browser: Debian's Chromium, headless, driven through
+//! chromedriver (WebDriver). Sign in, watch triggered messages appear in Activity,
+//! open one and see its journey reach DELIVERED, filter, sign out, and a second
+//! workspace's key seeing none of the first's messages. Each page is saved as a
+//! screenshot under `target/tmp/console-screenshots/` (the ones in `docs/console/`
+//! come from here).
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use switchboard::config::Config;
+use switchboard::model::{KeyMode, Tier};
+
+mod common;
+use common::{Backends, Private};
+
+/// chromedriver on a free port, stopped on drop.
+async fn chromedriver() -> (Private, u16) {
+    let port = Private::free_port();
+    let child = std::process::Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromedriver must be installed (apt-get install chromium chromium-driver)");
+    (Private::wait(child, port).await, port)
+}
+
+async fn browser(port: u16) -> Client {
+    // The WebDriver client's TLS stack needs the process's provider chosen.
+    switchboard::tls::ensure_crypto_provider();
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"]}),
+    );
+    ClientBuilder::rustls()
+        .unwrap()
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("a Chromium session")
+}
+
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join(format!("{name}.png")), png).unwrap();
+}
+
+/// Reloads `path` until its source contains every one of `wanted`.
+async fn until_shown(client: &Client, url: &str, wanted: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        client.goto(url).await.unwrap();
+        let source = client.source().await.unwrap();
+        if wanted.iter().all(|w| source.contains(w)) {
+            return source;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{wanted:?} never shown: {source}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn sign_in(client: &Client, url: &str, key: &str) {
+    client.goto(&format!("{url}/console")).await.unwrap();
+    assert_eq!(
+        client.current_url().await.unwrap().path(),
+        "/console/sign-in"
+    );
+    let field = client.find(Locator::Css("input[name=key]")).await.unwrap();
+    field.send_keys(key).await.unwrap();
+    client
+        .find(Locator::Css("form button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(client.current_url().await.unwrap().path(), "/console");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_works_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, Backends::Embedded, "browser").await;
+    let (url, state) = common::serve(config).await;
+    let store = state.ingest.store.clone();
+    let mut keys = Vec::new();
+    for name in ["acme", "globex"] {
+        let ws = store
+            .ensure_workspace(name, Some(Tier::Paid))
+            .await
+            .unwrap();
+        switchboard::admin::seed_dev_examples(&*store, &ws)
+            .await
+            .unwrap();
+        let (raw, mut record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+        record.scopes = vec!["admin".into()];
+        store.insert_api_key(&record).await.unwrap();
+        keys.push(raw);
+    }
+    let (_driver, port) = chromedriver().await;
+    let client = browser(port).await;
+
+    screenshot(&client, "sign-in").await;
+    client
+        .goto(&format!("{url}/console/sign-in"))
+        .await
+        .unwrap();
+    screenshot(&client, "sign-in").await;
+    // A wrong key: the form again, with one message.
+    client
+        .find(Locator::Css("input[name=key]"))
+        .await
+        .unwrap()
+        .send_keys("svc_sk_test_wrong")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("form button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(
+        client
+            .source()
+            .await
+            .unwrap()
+            .contains("That key was not accepted")
+    );
+
+    sign_in(&client, &url, &keys[0]).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let answer: serde_json::Value = http
+            .post(format!("{url}/v1/events/trigger"))
+            .bearer_auth(&keys[0])
+            .json(&json!({"name": "welcome", "to": {"subscriberId": format!("ada-{i}"), "email": "ada@example.com"}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ids.push(answer["eventId"].as_str().unwrap().to_string());
+    }
+    let wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    until_shown(&client, &format!("{url}/console"), &wanted).await;
+    screenshot(&client, "activity").await;
+
+    // Open the first one from the list and see its journey reach DELIVERED.
+    client
+        .find(Locator::LinkText(&ids[0]))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        client.current_url().await.unwrap().path(),
+        format!("/console/messages/{}", ids[0])
+    );
+    let page = until_shown(
+        &client,
+        &format!("{url}/console/messages/{}", ids[0]),
+        &["DELIVERED", "queued", "delivered"],
+    )
+    .await;
+    assert!(page.contains("ada-0"), "{page}");
+    screenshot(&client, "message").await;
+
+    // Filter by channel from the form.
+    client.goto(&format!("{url}/console")).await.unwrap();
+    client
+        .find(Locator::Css("select[name=channel]"))
+        .await
+        .unwrap()
+        .select_by_value("sms")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("form.filters button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let filtered = client.source().await.unwrap();
+    assert!(
+        filtered.contains("No messages match these filters"),
+        "{filtered}"
+    );
+
+    client.goto(&format!("{url}/console/keys")).await.unwrap();
+    screenshot(&client, "keys").await;
+    client
+        .goto(&format!("{url}/console/plugins"))
+        .await
+        .unwrap();
+    screenshot(&client, "plugins").await;
+
+    // Sign out: the pages lead to the sign-in form again.
+    client
+        .find(Locator::Css("header form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        client.current_url().await.unwrap().path(),
+        "/console/sign-in"
+    );
+    client.goto(&format!("{url}/console")).await.unwrap();
+    assert_eq!(
+        client.current_url().await.unwrap().path(),
+        "/console/sign-in"
+    );
+
+    // Another workspace's key sees none of it.
+    sign_in(&client, &url, &keys[1]).await;
+    let page = client.source().await.unwrap();
+    for id in &ids {
+        assert!(
+            !page.contains(id.as_str()),
+            "{id} shown to another workspace"
+        );
+    }
+    client
+        .goto(&format!("{url}/console/messages/{}", ids[0]))
+        .await
+        .unwrap();
+    assert!(client.source().await.unwrap().contains("NOT_FOUND"));
+    client.close().await.unwrap();
+}
