@@ -71,21 +71,23 @@ async fn until_shown(client: &Client, url: &str, wanted: &[&str]) -> String {
     }
 }
 
+async fn click(client: &Client, locator: Locator<'_>) {
+    client.find(locator).await.unwrap().click().await.unwrap();
+}
+
+async fn type_into(client: &Client, css: &str, text: &str) {
+    let field = client.find(Locator::Css(css)).await.unwrap();
+    field.send_keys(text).await.unwrap();
+}
+
 async fn sign_in(client: &Client, url: &str, key: &str) {
     client.goto(&format!("{url}/console")).await.unwrap();
     assert_eq!(
         client.current_url().await.unwrap().path(),
         "/console/sign-in"
     );
-    let field = client.find(Locator::Css("input[name=key]")).await.unwrap();
-    field.send_keys(key).await.unwrap();
-    client
-        .find(Locator::Css("form button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(client, "input[name=key]", key).await;
+    click(client, Locator::Css("form button[type=submit]")).await;
     assert_eq!(client.current_url().await.unwrap().path(), "/console");
 }
 
@@ -123,20 +125,8 @@ async fn the_console_works_in_a_real_browser() {
         .unwrap();
     screenshot(&client, "sign-in").await;
     // A wrong key: the form again, with one message.
-    client
-        .find(Locator::Css("input[name=key]"))
-        .await
-        .unwrap()
-        .send_keys("svc_sk_test_wrong")
-        .await
-        .unwrap();
-    client
-        .find(Locator::Css("form button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&client, "input[name=key]", "svc_sk_test_wrong").await;
+    click(&client, Locator::Css("form button[type=submit]")).await;
     assert!(
         client
             .source()
@@ -166,13 +156,7 @@ async fn the_console_works_in_a_real_browser() {
     screenshot(&client, "activity").await;
 
     // Open the first one from the list and see its journey reach DELIVERED.
-    client
-        .find(Locator::LinkText(&ids[0]))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::LinkText(&ids[0])).await;
     assert_eq!(
         client.current_url().await.unwrap().path(),
         format!("/console/messages/{}", ids[0])
@@ -195,13 +179,7 @@ async fn the_console_works_in_a_real_browser() {
         .select_by_value("sms")
         .await
         .unwrap();
-    client
-        .find(Locator::Css("form.filters button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Css("form.filters button[type=submit]")).await;
     let filtered = client.source().await.unwrap();
     assert!(
         filtered.contains("No messages match these filters"),
@@ -217,13 +195,7 @@ async fn the_console_works_in_a_real_browser() {
     screenshot(&client, "plugins").await;
 
     // Sign out: the pages lead to the sign-in form again.
-    client
-        .find(Locator::Css("header form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Css("header form button")).await;
     assert_eq!(
         client.current_url().await.unwrap().path(),
         "/console/sign-in"
