@@ -71,6 +71,33 @@ async fn until_shown(client: &Client, url: &str, wanted: &[&str]) -> String {
     }
 }
 
+/// Waits (a click's navigation is not over when the click returns) until the browser
+/// is at `path`.
+async fn at(client: &Client, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = client.current_url().await.unwrap();
+        if now.path() == path {
+            return;
+        }
+        assert!(Instant::now() < deadline, "at {now}, not {path}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits, without navigating, until the page shows `text`; returns the page.
+async fn showing(client: &Client, text: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let source = client.source().await.unwrap();
+        if source.contains(text) {
+            return source;
+        }
+        assert!(Instant::now() < deadline, "{text:?} never shown: {source}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn click(client: &Client, locator: Locator<'_>) {
     client.find(locator).await.unwrap().click().await.unwrap();
 }
@@ -82,13 +109,10 @@ async fn type_into(client: &Client, css: &str, text: &str) {
 
 async fn sign_in(client: &Client, url: &str, key: &str) {
     client.goto(&format!("{url}/console")).await.unwrap();
-    assert_eq!(
-        client.current_url().await.unwrap().path(),
-        "/console/sign-in"
-    );
+    at(client, "/console/sign-in").await;
     type_into(client, "input[name=key]", key).await;
     click(client, Locator::Css("form button[type=submit]")).await;
-    assert_eq!(client.current_url().await.unwrap().path(), "/console");
+    at(client, "/console").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,13 +151,7 @@ async fn the_console_works_in_a_real_browser() {
     // A wrong key: the form again, with one message.
     type_into(&client, "input[name=key]", "svc_sk_test_wrong").await;
     click(&client, Locator::Css("form button[type=submit]")).await;
-    assert!(
-        client
-            .source()
-            .await
-            .unwrap()
-            .contains("That key was not accepted")
-    );
+    showing(&client, "That key was not accepted").await;
 
     sign_in(&client, &url, &keys[0]).await;
     let http = reqwest::Client::new();
@@ -155,12 +173,32 @@ async fn the_console_works_in_a_real_browser() {
     until_shown(&client, &format!("{url}/console"), &wanted).await;
     screenshot(&client, "activity").await;
 
-    // Open the first one from the list and see its journey reach DELIVERED.
+    // The list follows new messages by itself, without navigating.
+    let answer: serde_json::Value = http
+        .post(format!("{url}/v1/events/trigger"))
+        .bearer_auth(&keys[0])
+        .json(&json!({"name": "welcome", "to": {"subscriberId": "ada-late", "email": "ada@example.com"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let late = answer["eventId"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !client.source().await.unwrap().contains(late.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "{late} never appeared without a reload by hand"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // Open the first one from the list (paused: a reload must not race the click) and
+    // see its journey reach DELIVERED.
+    client.goto(&format!("{url}/console?live=0")).await.unwrap();
     click(&client, Locator::LinkText(&ids[0])).await;
-    assert_eq!(
-        client.current_url().await.unwrap().path(),
-        format!("/console/messages/{}", ids[0])
-    );
+    at(&client, &format!("/console/messages/{}", ids[0])).await;
     let page = until_shown(
         &client,
         &format!("{url}/console/messages/{}", ids[0]),
@@ -171,7 +209,7 @@ async fn the_console_works_in_a_real_browser() {
     screenshot(&client, "message").await;
 
     // Filter by channel from the form.
-    client.goto(&format!("{url}/console")).await.unwrap();
+    client.goto(&format!("{url}/console?live=0")).await.unwrap();
     client
         .find(Locator::Css("select[name=channel]"))
         .await
@@ -180,11 +218,7 @@ async fn the_console_works_in_a_real_browser() {
         .await
         .unwrap();
     click(&client, Locator::Css("form.filters button[type=submit]")).await;
-    let filtered = client.source().await.unwrap();
-    assert!(
-        filtered.contains("No messages match these filters"),
-        "{filtered}"
-    );
+    showing(&client, "No messages match these filters").await;
 
     client.goto(&format!("{url}/console/keys")).await.unwrap();
     screenshot(&client, "keys").await;
@@ -196,19 +230,13 @@ async fn the_console_works_in_a_real_browser() {
 
     // Sign out: the pages lead to the sign-in form again.
     click(&client, Locator::Css("header form button")).await;
-    assert_eq!(
-        client.current_url().await.unwrap().path(),
-        "/console/sign-in"
-    );
+    at(&client, "/console/sign-in").await;
     client.goto(&format!("{url}/console")).await.unwrap();
-    assert_eq!(
-        client.current_url().await.unwrap().path(),
-        "/console/sign-in"
-    );
+    at(&client, "/console/sign-in").await;
 
     // Another workspace's key sees none of it.
     sign_in(&client, &url, &keys[1]).await;
-    let page = client.source().await.unwrap();
+    let page = showing(&client, "<h1>Activity</h1>").await;
     for id in &ids {
         assert!(
             !page.contains(id.as_str()),

@@ -183,6 +183,11 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         page.contains(acme_record.hint.as_str()),
         "the key's hint in the header"
     );
+    // The first page follows new messages unless paused; an older page does not.
+    assert!(page.contains("location.reload"), "{page}");
+    let (_, _, paused) = get(&url, "/console?live=0", &cookie).await;
+    assert!(!paused.contains("location.reload") && paused.contains(acme[0].as_str()));
+    assert!(!paused.contains("No messages"), "live=0 is not a filter");
 
     // Filters and paging, as the API has them.
     let (_, _, page) = get(&url, "/console?channel=sms&status=", &cookie).await;
@@ -202,6 +207,10 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let (_, _, older) = get(&url, &next, &cookie).await;
     assert!(older.contains(acme[0].as_str()), "{older}");
     assert!(!older.contains(acme[2].as_str()), "{older}");
+    assert!(
+        !older.contains("location.reload"),
+        "an older page does not reload"
+    );
 
     // One message's journey; another workspace's message is not found.
     let (status, _, page) = get(&url, &format!("/console/messages/{}", acme[0]), &cookie).await;

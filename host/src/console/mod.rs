@@ -266,11 +266,14 @@ async fn activity(
         return Ok(to_sign_in());
     };
     // The form sends every field; an empty one means "any".
-    let given: Vec<(String, String)> =
+    let pairs: Vec<(String, String)> =
         url::form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
             .filter(|(_, value)| !value.is_empty())
             .map(|(n, v)| (n.into_owned(), v.into_owned()))
             .collect();
+    // `live=0` stops the first page from following new messages.
+    let (paused, given): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(n, _)| n == "live");
+    let paused = paused.iter().any(|(_, v)| v == "0");
     let mut filters = Filters::default();
     for (name, value) in &given {
         let slot = match name.as_str() {
@@ -313,6 +316,7 @@ async fn activity(
         error => error,
         filters => Value::from(Serde(&filters)),
         filtered => !query_string.is_empty(),
+        live => !paused && !given.iter().any(|(n, _)| n == "cursor"),
         statuses => MessageStatus::ALL.map(|s| s.as_str()).to_vec(),
         channels => crate::admin::CHANNELS.map(|c| c.as_str()).to_vec(),
         ..header
