@@ -223,6 +223,17 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         "NOT_FOUND"
     );
 
+    // A request the console's forms would not send gets the API's error shape.
+    let resp = client()
+        .post(format!("{url}/console/sign-in"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"], "BAD_REQUEST");
+
     // Sign-out needs the session's CSRF token.
     let csrf = page
         .split("name=\"csrf\" value=\"")

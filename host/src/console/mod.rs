@@ -12,6 +12,7 @@ use crate::api::messages::{
 };
 use crate::model::{ApiKeyRecord, MessageStatus};
 use axum::Router;
+use axum::extract::rejection::{FormRejection, PathRejection};
 use axum::extract::{Form, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -146,6 +147,15 @@ fn page_context(state: &AppState, key: &ApiKeyRecord, cookie: &str) -> Value {
     }
 }
 
+/// A form the console did not send (the API's error shape, like every non-2xx).
+fn bad_form(e: FormRejection) -> ApiError {
+    ApiError::BadRequest(format!("invalid form: {e}"))
+}
+
+fn bad_path(e: PathRejection) -> ApiError {
+    ApiError::BadRequest(format!("invalid path: {e}"))
+}
+
 fn to_sign_in() -> Response {
     Redirect::to("/console/sign-in").into_response()
 }
@@ -162,8 +172,9 @@ struct SignIn {
 async fn sign_in(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Form(form): Form<SignIn>,
+    form: Result<Form<SignIn>, FormRejection>,
 ) -> Result<Response, ApiError> {
+    let Form(form) = form.map_err(bad_form)?;
     let key = form.key.trim();
     let header = format!("Bearer {key}");
     let record = match crate::auth::parse_bearer(Some(&header)) {
@@ -230,8 +241,9 @@ fn check_csrf(state: &AppState, cookie: &str, form: &Csrf) -> Result<(), ApiErro
 async fn sign_out(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Form(form): Form<Csrf>,
+    form: Result<Form<Csrf>, FormRejection>,
 ) -> Result<Response, ApiError> {
+    let Form(form) = form.map_err(bad_form)?;
     let Some(cookie) = cookie_value(&headers) else {
         return Ok(to_sign_in());
     };
@@ -343,8 +355,9 @@ struct Step {
 async fn message(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path.map_err(bad_path)?;
     let Some((key, cookie)) = signed_in(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
@@ -415,9 +428,11 @@ async fn keys(State(state): State<AppState>, headers: HeaderMap) -> Result<Respo
 async fn revoke_key(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(form): Form<Csrf>,
+    path: Result<Path<String>, PathRejection>,
+    form: Result<Form<Csrf>, FormRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path.map_err(bad_path)?;
+    let Form(form) = form.map_err(bad_form)?;
     let Some((key, cookie)) = signed_in(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
