@@ -15,16 +15,33 @@ use switchboard::model::{KeyMode, Tier};
 mod common;
 use common::{Backends, Private};
 
-/// chromedriver on a free port, stopped on drop.
-async fn chromedriver() -> (Private, u16) {
-    let port = Private::free_port();
-    let child = std::process::Command::new("chromedriver")
-        .arg(format!("--port={port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("chromedriver must be installed (apt-get install chromium chromium-driver)");
-    (Private::wait(child, port).await, port)
+/// chromedriver on a free port. Dropping it kills the Chromium it started first, so a
+/// test that panics before closing its session leaves no browser behind.
+struct Driver {
+    server: Private,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let port = Private::free_port();
+        let child = std::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("chromedriver must be installed (apt-get install chromium chromium-driver)");
+        Self {
+            server: Private::wait(child, port).await,
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-P", &self.server.pid().to_string()])
+            .status();
+    }
 }
 
 async fn browser(port: u16) -> Client {
@@ -139,8 +156,8 @@ async fn the_console_works_in_a_real_browser() {
         store.insert_api_key(&record).await.unwrap();
         keys.push(raw);
     }
-    let (_driver, port) = chromedriver().await;
-    let client = browser(port).await;
+    let driver = Driver::start().await;
+    let client = browser(driver.server.port).await;
 
     screenshot(&client, "sign-in").await;
     client

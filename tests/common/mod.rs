@@ -227,6 +227,11 @@ impl Private {
         panic!("private server on {host}:{port} did not start");
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the server with SIGTERM, as an orderly outage would (SIGKILL could lose
     /// acknowledged messages still in NATS' own write buffer: not ours to test).
     pub fn stop(mut self) {
