@@ -461,16 +461,15 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
     .await
     .unwrap();
 
-    let gateway_config = |host: &str| {
-        let mut c = config.clone();
-        c.listen = format!("{}:{GATEWAY_PORT}", ip(host)).parse().unwrap();
-        c.worker.enabled = false;
-        c.data_dir = dir.path().join(host);
-        c
-    };
     let worker_config = |host: &str| {
         let mut c = config.clone();
         c.data_dir = dir.path().join(host);
+        c
+    };
+    let gateway_config = |host: &str| {
+        let mut c = worker_config(host);
+        c.listen = format!("{}:{GATEWAY_PORT}", ip(host)).parse().unwrap();
+        c.worker.enabled = false;
         c
     };
     // One gateway first, as a deployment rolls out: it creates the streams.

@@ -302,12 +302,9 @@ async fn activity(
     let query_string = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(given.iter().filter(|(n, _)| n != "cursor"))
         .finish();
-    let mut query_for_page = query_string.clone();
-    if let Some((_, cursor)) = given.iter().find(|(n, _)| n == "cursor") {
-        query_for_page = url::form_urlencoded::Serializer::new(query_for_page)
-            .append_pair("cursor", cursor)
-            .finish();
-    }
+    let query_for_page = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(&given)
+        .finish();
     let (page, error) = match parse_list_query(Some(&query_for_page)) {
         Ok(query) => match list_page(&*state.ingest.store, &key.workspace, &query).await {
             Ok(page) => (page, None),
