@@ -1,7 +1,9 @@
 //! The console in a real browser: Debian's Chromium, headless, driven through
 //! chromedriver (WebDriver). Sign in, watch triggered messages appear in Activity,
-//! open one and see its journey reach DELIVERED, filter, sign out, and a second
-//! workspace's key seeing none of the first's messages. Each page is saved as a
+//! open one and see its journey reach DELIVERED, filter, page, read the overview,
+//! preview a workflow, change a preference, install a plugin and roll it back, have a
+//! form without its CSRF token refused, fit a phone-sized window, sign out, and a
+//! second workspace's key seeing none of the first's messages. Each page is saved as a
 //! screenshot under `target/tmp/console-screenshots/` (the ones in `docs/console/`
 //! come from here).
 
@@ -142,7 +144,7 @@ async fn the_console_works_in_a_real_browser() {
     common::isolate(&mut config, Backends::Embedded, "browser").await;
     let (url, state) = common::serve(config).await;
     let store = state.ingest.store.clone();
-    let mut keys = Vec::new();
+    let (mut keys, mut workspaces) = (Vec::new(), Vec::new());
     for name in ["acme", "globex"] {
         let ws = store
             .ensure_workspace(name, Some(Tier::Paid))
@@ -152,9 +154,15 @@ async fn the_console_works_in_a_real_browser() {
             .await
             .unwrap();
         let (raw, mut record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
-        record.scopes = vec!["admin".into()];
+        // The first workspace's key is the operator's: it may swap plugins.
+        record.scopes = if keys.is_empty() {
+            vec!["admin".into(), "operator".into()]
+        } else {
+            vec!["admin".into()]
+        };
         store.insert_api_key(&record).await.unwrap();
         keys.push(raw);
+        workspaces.push(ws.id);
     }
     let driver = Driver::start().await;
     let client = browser(driver.server.port).await;
@@ -236,6 +244,125 @@ async fn the_console_works_in_a_real_browser() {
         .unwrap();
     click(&client, Locator::Css("form.filters button[type=submit]")).await;
     showing(&client, "No messages match these filters").await;
+
+    // Page: two at a time, then the older ones.
+    client
+        .goto(&format!("{url}/console?live=0&limit=2"))
+        .await
+        .unwrap();
+    click(&client, Locator::LinkText("Older messages")).await;
+    let page = showing(&client, ids[0].as_str()).await;
+    assert!(
+        !page.contains(late.as_str()),
+        "the newest is on the first page"
+    );
+
+    // The overview of the last hour.
+    client
+        .goto(&format!("{url}/console/overview"))
+        .await
+        .unwrap();
+    showing(&client, "<strong>4</strong> messages").await;
+    screenshot(&client, "overview").await;
+
+    // Preview a workflow with a payload typed into the form: voice is paced.
+    client
+        .goto(&format!("{url}/console/workflows"))
+        .await
+        .unwrap();
+    screenshot(&client, "workflows").await;
+    click(&client, Locator::LinkText("otp")).await;
+    at(&client, "/console/workflows/otp").await;
+    let payload = client
+        .find(Locator::Css("textarea[name=payload]"))
+        .await
+        .unwrap();
+    payload.clear().await.unwrap();
+    payload.send_keys(r#"{"code": "48291"}"#).await.unwrap();
+    click(&client, Locator::Css("form.preview button[type=submit]")).await;
+    showing(&client, "4, 8, 2, 9, 1").await;
+    screenshot(&client, "workflow-preview").await;
+
+    // Look a subscriber up and switch sms off.
+    client
+        .goto(&format!("{url}/console/subscribers"))
+        .await
+        .unwrap();
+    type_into(&client, "input[name=id]", "ada-0").await;
+    click(&client, Locator::Css("form.filters button[type=submit]")).await;
+    showing(&client, "Channel preferences").await;
+    client
+        .find(Locator::Css("select#pref-sms"))
+        .await
+        .unwrap()
+        .select_by_value("off")
+        .await
+        .unwrap();
+    click(
+        &client,
+        Locator::XPath("//button[text()='Save preferences']"),
+    )
+    .await;
+    showing(&client, "Preferences saved.").await;
+    screenshot(&client, "subscriber").await;
+    let stored = store.preferences(&workspaces[0], "ada-0").await.unwrap();
+    assert_eq!(stored.channels.get("sms"), Some(&false), "{stored:?}");
+
+    // Install a component from a file, see the kit's report, then roll it back.
+    let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
+    let file = dir.path().join("provc-console.wasm");
+    std::fs::write(
+        &file,
+        common::with_custom_section(bundled, "switchboard-test", b"browser"),
+    )
+    .unwrap();
+    client
+        .goto(&format!("{url}/console/plugins"))
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("input[type=file][name=component]"))
+        .await
+        .unwrap()
+        .send_keys(file.to_str().unwrap())
+        .await
+        .unwrap();
+    click(&client, Locator::XPath("//button[text()='Install']")).await;
+    showing(&client, "Conformance report").await;
+    screenshot(&client, "plugin-installed").await;
+    client
+        .goto(&format!("{url}/console/plugins"))
+        .await
+        .unwrap();
+    click(&client, Locator::Css("button#rollback-provc")).await;
+    showing(&client, "serves provc again").await;
+
+    // A form whose CSRF token is gone is refused, and the session stays.
+    client.goto(&format!("{url}/console/keys")).await.unwrap();
+    client
+        .execute(
+            "document.querySelector('header form input[name=csrf]').remove()",
+            vec![],
+        )
+        .await
+        .unwrap();
+    click(&client, Locator::Css("header form button")).await;
+    showing(&client, "FORBIDDEN").await;
+    client.goto(&format!("{url}/console?live=0")).await.unwrap();
+    at(&client, "/console").await;
+
+    // A phone-sized window: nothing is wider than the screen (tables scroll).
+    client.set_window_size(390, 844).await.unwrap();
+    let fits = client
+        .execute(
+            "return document.documentElement.scrollWidth <= window.innerWidth",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fits, json!(true), "the page is wider than a phone");
+    screenshot(&client, "activity-narrow").await;
+    client.set_window_size(1200, 900).await.unwrap();
 
     client.goto(&format!("{url}/console/keys")).await.unwrap();
     screenshot(&client, "keys").await;

@@ -1,8 +1,9 @@
 //! The operator console over real HTTP, on both backend sets: sign-in with an API key
 //! (a signed, HttpOnly, SameSite=Strict cookie), the activity list with the API's
-//! filters and cursor paging, one message's journey, CSRF on sign-out, one
-//! workspace's key seeing nothing of another's, and a revoked key ending its
-//! sessions.
+//! filters and cursor paging, one message's journey, CSRF on every form, one
+//! workspace's key seeing nothing of another's, a revoked key ending its sessions,
+//! workflow previews, subscriber preferences and erasure, the overview, and plugin
+//! installs and rollbacks for the operator's key only.
 
 use reqwest::redirect::Policy;
 use serde_json::{Value, json};
@@ -15,6 +16,8 @@ use common::Backends;
 both!(
     the_console_shows_a_workspace_its_own_messages_only,
     admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins,
+    workflows_subscribers_and_the_overview_show_one_workspace,
+    operators_install_and_roll_back_plugins_from_the_console,
 );
 
 fn client() -> reqwest::Client {
@@ -84,6 +87,11 @@ async fn get(url: &str, path: &str, cookie: &str) -> (u16, String, String) {
         .send()
         .await
         .unwrap();
+    answer(resp).await
+}
+
+/// Status, location (for redirects) and body.
+async fn answer(resp: reqwest::Response) -> (u16, String, String) {
     let status = resp.status().as_u16();
     let location = resp
         .headers()
@@ -103,19 +111,7 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     config.worker.enabled = false;
     let (url, state) = common::serve(config).await;
     let store = state.ingest.store.clone();
-    let mut keys = Vec::new();
-    for name in ["acme", "globex"] {
-        let ws = store
-            .ensure_workspace(name, Some(Tier::Paid))
-            .await
-            .unwrap();
-        switchboard::admin::seed_dev_examples(&*store, &ws)
-            .await
-            .unwrap();
-        let (raw, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
-        store.insert_api_key(&record).await.unwrap();
-        keys.push((raw, record));
-    }
+    let keys = two_workspaces(&*store).await;
     let (acme_key, acme_record) = keys[0].clone();
     let (globex_key, _) = keys[1].clone();
     let mut acme = Vec::new();
@@ -390,4 +386,368 @@ async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backe
             "{slug} missing: {page}"
         );
     }
+}
+
+/// A `multipart/form-data` body of text fields and one file: content type and bytes.
+fn multipart(fields: &[(&str, &str)], file: (&str, &[u8])) -> (String, Vec<u8>) {
+    let boundary = "switchboard-test-boundary-7f3a";
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{}\"; filename=\"plugin.wasm\"\r\nContent-Type: application/wasm\r\n\r\n",
+            file.0
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(file.1);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// Posts a console form of several fields with the session cookie: status, location
+/// and body.
+async fn post_fields(
+    url: &str,
+    path: &str,
+    cookie: &str,
+    fields: &[(&str, &str)],
+) -> (u16, String, String) {
+    let resp = client()
+        .post(format!("{url}{path}"))
+        .header("cookie", cookie)
+        .form(fields)
+        .send()
+        .await
+        .unwrap();
+    answer(resp).await
+}
+
+/// `acme` and `globex` with the dev examples, and a test key of each.
+async fn two_workspaces(
+    store: &dyn switchboard::store::Store,
+) -> Vec<(String, switchboard::model::NewApiKey)> {
+    let mut keys = Vec::new();
+    for name in ["acme", "globex"] {
+        let ws = store
+            .ensure_workspace(name, Some(Tier::Paid))
+            .await
+            .unwrap();
+        switchboard::admin::seed_dev_examples(store, &ws)
+            .await
+            .unwrap();
+        let (raw, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+        store.insert_api_key(&record).await.unwrap();
+        keys.push((raw, record));
+    }
+    keys
+}
+
+async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, b, "consolepages").await;
+    config.worker.enabled = false;
+    let (url, state) = common::serve(config).await;
+    let store = state.ingest.store.clone();
+    let keys = two_workspaces(&*store).await;
+    let (acme_key, acme_record) = keys[0].clone();
+    let (globex_key, globex_record) = keys[1].clone();
+    store
+        .put_workflow(
+            &acme_record.workspace,
+            "acme-only",
+            &json!({"name": "acme-only", "sms": {"text": "Hi {{ user.name }}"}}),
+        )
+        .await
+        .unwrap();
+    for i in 0..3 {
+        trigger(&url, &acme_key, &format!("ada-{i}")).await;
+    }
+    let (cookie, _) = sign_in(&url, &acme_key, false).await;
+    let (globex_cookie, _) = sign_in(&url, &globex_key, false).await;
+
+    // Workflows: the list, and a preview of every channel as a worker builds it.
+    let (status, _, page) = get(&url, "/console/workflows", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    for name in ["welcome", "otp", "acme-only"] {
+        assert!(
+            page.contains(&format!(">{name}</a>")),
+            "{name} missing: {page}"
+        );
+    }
+    let (_, _, page) = get(&url, "/console/workflows", &globex_cookie).await;
+    assert!(!page.contains("acme-only"), "another workspace's workflow");
+    let (status, _, body) = get(&url, "/console/workflows/acme-only", &globex_cookie).await;
+    assert_eq!(status, 404, "{body}");
+
+    let (status, _, page) = get(&url, "/console/workflows/acme-only", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Hi user.name"), "the sample payload: {page}");
+    let payload = url::form_urlencoded::byte_serialize(br#"{"code": "48291"}"#).collect::<String>();
+    let (_, _, page) = get(
+        &url,
+        &format!("/console/workflows/otp?payload={payload}"),
+        &cookie,
+    )
+    .await;
+    assert!(page.contains("Your code is 48291"), "sms: {page}");
+    assert!(
+        page.contains("4, 8, 2, 9, 1"),
+        "the paced voice script: {page}"
+    );
+    let (_, _, page) = get(&url, "/console/workflows/otp?payload=%7B%7D", &cookie).await;
+    assert!(
+        page.contains("TEMPLATE_VARIABLES_MISSING") && page.contains("code"),
+        "voice names what is missing: {page}"
+    );
+    let (_, _, page) = get(&url, "/console/workflows/otp?payload=%5B1%5D", &cookie).await;
+    assert!(page.contains("must be a JSON object"), "{page}");
+    let (_, _, page) = get(&url, "/console/workflows/otp?payload=%7Bnope", &cookie).await;
+    assert!(page.contains("is not JSON"), "{page}");
+
+    // Subscribers: look one up, change a preference (CSRF-checked), erase.
+    let (status, _, page) = get(&url, "/console/subscribers?id=ada-1", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("sms (default)"), "{page}");
+    let csrf = csrf_of(&page);
+    let saving = "/console/subscribers/preferences";
+    for token in ["", "forged"] {
+        let fields = [("csrf", token), ("id", "ada-1"), ("sms", "off")];
+        let (status, _, _) = post_fields(&url, saving, &cookie, &fields).await;
+        assert_eq!(status, 403, "no CSRF token, no change");
+    }
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("id", "ada-1"),
+        ("sms", "off"),
+        ("email", "on"),
+    ];
+    let (status, location, _) = post_fields(&url, saving, &cookie, &fields).await;
+    assert_eq!(status, 303);
+    let (_, _, page) = get(&url, &location, &cookie).await;
+    assert!(page.contains("Preferences saved."), "{page}");
+    let stored = store
+        .preferences(&acme_record.workspace, "ada-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.channels,
+        [("sms".to_string(), false)].into(),
+        "only the changed channel is written"
+    );
+    assert!(
+        store
+            .preferences(&globex_record.workspace, "ada-1")
+            .await
+            .unwrap()
+            .channels
+            .is_empty(),
+        "another workspace's subscriber of the same id is untouched"
+    );
+    let fields = [("csrf", csrf.as_str()), ("id", "ada-1"), ("sms", "maybe")];
+    let (status, _, body) = post_fields(&url, saving, &cookie, &fields).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "BAD_REQUEST"
+    );
+
+    let erasing = "/console/subscribers/erase";
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("id", "ada-1"),
+        ("confirm", "ada-2"),
+    ];
+    let (status, _, _) = post_fields(&url, erasing, &cookie, &fields).await;
+    assert_eq!(status, 400, "the wrong id does not confirm");
+    assert_eq!(
+        store
+            .preferences(&acme_record.workspace, "ada-1")
+            .await
+            .unwrap()
+            .channels
+            .len(),
+        1
+    );
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("id", "ada-1"),
+        ("confirm", "ada-1"),
+    ];
+    let (status, location, _) = post_fields(&url, erasing, &cookie, &fields).await;
+    assert_eq!(status, 303);
+    assert!(
+        !location.contains("ada-1"),
+        "the erased id is not shown again"
+    );
+    let (_, _, page) = get(&url, &location, &cookie).await;
+    assert!(page.contains("Erasure accepted"), "{page}");
+    assert!(
+        store
+            .preferences(&acme_record.workspace, "ada-1")
+            .await
+            .unwrap()
+            .channels
+            .is_empty()
+    );
+    let (_, _, page) = get(&url, "/console/subscribers?id=%01", &cookie).await;
+    assert!(page.contains("role=\"alert\""), "{page}");
+
+    // Overview: this workspace's last hour and the streams' depths.
+    let (status, _, page) = get(&url, "/console/overview", &cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("<strong>3</strong> messages"), "{page}");
+    assert!(page.contains("<svg class=\"chart\""), "{page}");
+    assert!(page.contains("QUEUED"), "{page}");
+    assert!(!page.contains("did not report"), "the depths: {page}");
+    let (_, _, page) = get(&url, "/console/overview", &globex_cookie).await;
+    assert!(page.contains("<strong>0</strong> messages"), "{page}");
+}
+
+async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, b, "consoleplugins").await;
+    config.worker.enabled = false;
+    let (url, state) = common::serve(config).await;
+    let store = state.ingest.store.clone();
+    let ws = store
+        .ensure_workspace("acme", Some(Tier::Paid))
+        .await
+        .unwrap();
+    let key = |scopes: &[&str]| {
+        let (raw, mut record) = switchboard::auth::generate_key(&ws.id, KeyMode::Live);
+        record.scopes = scopes.iter().map(|s| s.to_string()).collect();
+        (raw, record)
+    };
+    let admin = key(&["admin"]);
+    let operator = key(&["operator"]);
+    for (_, record) in [&admin, &operator] {
+        store.insert_api_key(record).await.unwrap();
+    }
+    let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
+    let component = common::with_custom_section(bundled, "switchboard-test", b"console");
+    let loaded = |slug: &str| {
+        state
+            .plugins
+            .list()
+            .into_iter()
+            .find(|e| e.plugin.info().slug == slug)
+            .map(|e| e.plugin.digest().to_string())
+            .unwrap()
+    };
+    let bundled_digest = loaded("provc");
+
+    // An admin key reads the registry but may not change it.
+    let (admin_cookie, _) = sign_in(&url, &admin.0, false).await;
+    let (status, _, page) = get(&url, "/console/plugins", &admin_cookie).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(!page.contains("enctype=\"multipart/form-data\""), "{page}");
+    let csrf = csrf_of(&page);
+    let (ct, body) = multipart(&[("csrf", &csrf)], ("component", &component));
+    let resp = client()
+        .post(format!("{url}/console/plugins/install"))
+        .header("cookie", &admin_cookie)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert_eq!(loaded("provc"), bundled_digest);
+
+    // The operator installs: the kit runs, its report is shown, provc switches.
+    let (cookie, _) = sign_in(&url, &operator.0, false).await;
+    let (_, _, page) = get(&url, "/console/plugins", &cookie).await;
+    assert!(page.contains("enctype=\"multipart/form-data\""), "{page}");
+    assert!(
+        !page.contains("/rollback"),
+        "nothing to roll back yet: {page}"
+    );
+    let csrf = csrf_of(&page);
+    let (ct, body) = multipart(&[("csrf", "forged")], ("component", &component));
+    let resp = client()
+        .post(format!("{url}/console/plugins/install"))
+        .header("cookie", &cookie)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403, "a forged CSRF token installs nothing");
+    let (ct, body) = multipart(&[("csrf", &csrf)], ("component", b"not a component"));
+    let resp = client()
+        .post(format!("{url}/console/plugins/install"))
+        .header("cookie", &cookie)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let page = resp.text().await.unwrap();
+    assert!(page.contains("Not installed"), "{page}");
+    assert_eq!(loaded("provc"), bundled_digest);
+    let (ct, body) = multipart(&[("csrf", &csrf)], ("component", &component));
+    let resp = client()
+        .post(format!("{url}/console/plugins/install"))
+        .header("cookie", &cookie)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let page = resp.text().await.unwrap();
+    assert!(page.contains("is active"), "{page}");
+    assert!(page.contains("Conformance report"), "{page}");
+    assert_ne!(loaded("provc"), bundled_digest, "this gateway switched");
+
+    // Roll back: the API refuses keys without the operator's scope, the console its
+    // forms without the token; then the bundled plugin serves again.
+    let (_, _, page) = get(&url, "/console/plugins", &cookie).await;
+    assert!(page.contains("/console/plugins/provc/rollback"), "{page}");
+    let resp = client()
+        .post(format!("{url}/v1/admin/plugins/provc/rollback"))
+        .bearer_auth(&admin.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let (status, _) = post_form(&url, "/console/plugins/provc/rollback", &cookie, "").await;
+    assert_eq!(status, 403);
+    let (status, _, page) = post_fields(
+        &url,
+        "/console/plugins/provc/rollback",
+        &cookie,
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("the bundled or directory plugin serves provc again"),
+        "{page}"
+    );
+    assert_eq!(loaded("provc"), bundled_digest);
+    let resp = client()
+        .post(format!("{url}/v1/admin/plugins/provc/rollback"))
+        .bearer_auth(&operator.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404, "nothing installed is active now");
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"], "NOT_FOUND");
 }

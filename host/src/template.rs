@@ -217,6 +217,23 @@ pub fn render(
     })
 }
 
+/// The variables a template reads, as dotted paths (`user.name`), sorted: what a
+/// sample payload for it needs. A template that does not parse reads nothing.
+pub fn variables(template: &str) -> BTreeSet<String> {
+    let (template, literals) = literal_keys(template, None);
+    let env = env(Escape::None, Undefined::Empty);
+    let Ok(compiled) = env.template_from_str(&template) else {
+        return BTreeSet::new();
+    };
+    compiled
+        .undeclared_variables(true)
+        .into_iter()
+        .filter(|path| path != PAYLOAD && !path.starts_with(&format!("{PAYLOAD}.")))
+        .filter(|path| !is_global(env, path))
+        .chain(literals)
+        .collect()
+}
+
 /// Placeholders only, for text a tenant sends with a trigger (a voice script override):
 /// `{{ key }}` or `{{ a.b }}` (the literal key first, then the path) from `payload`,
 /// values as [`render`] writes them, an unterminated `{{` kept as text. No expressions,
@@ -295,6 +312,21 @@ fn resolves(payload: &Map<String, serde_json::Value>, path: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn variables_are_the_paths_a_template_reads() {
+        let got = variables(
+            "{{ name | title }} {% if user.vip %}{{ user.name }}{% endif %} {{order-id}} {{ range(3) }}",
+        );
+        let want: BTreeSet<String> = ["name", "order-id", "user.name", "user.vip"]
+            .map(String::from)
+            .into();
+        assert_eq!(got, want);
+        assert!(
+            variables("{% if %}").is_empty(),
+            "a syntax error reads nothing"
+        );
+    }
     use super::*;
     use serde_json::{Value, json};
 

@@ -9,10 +9,10 @@ use crate::plugins::install::{self, InstallOutcome};
 use crate::plugins::registry::{Registry, Source};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 /// A plugin serving a slug right now, in this process.
@@ -88,7 +88,9 @@ pub struct InstallQuery {
 
 /// Routes of this resource.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/admin/plugins", get(list_plugins).post(install_plugin))
+    Router::new()
+        .route("/v1/admin/plugins", get(list_plugins).post(install_plugin))
+        .route("/v1/admin/plugins/{slug}/rollback", post(rollback))
 }
 
 /// Whether a key has the `admin` scope.
@@ -102,6 +104,19 @@ pub fn is_admin(key: &ApiKeyRecord) -> bool {
 pub fn is_operator(key: &ApiKeyRecord) -> bool {
     key.scopes.iter().any(|s| s == crate::auth::SCOPE_OPERATOR)
 }
+
+/// Installing or rolling back a plugin changes it for every tenant.
+fn require_operator(caller: &Caller) -> Result<(), ApiError> {
+    if is_operator(&caller.key) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(OPERATOR_ONLY.into()))
+    }
+}
+
+/// Why a plugin swap was refused to a key without the `operator` scope.
+pub const OPERATOR_ONLY: &str = "installing or rolling back a plugin changes it for every \
+     tenant: it needs the operator's key (switchboard keys create --scope operator, on the host)";
 
 fn require_admin(caller: &Caller) -> Result<(), ApiError> {
     if is_admin(&caller.key) {
@@ -216,13 +231,7 @@ pub async fn install_plugin(
     query: Result<Query<InstallQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<InstallResponse>), ApiError> {
-    if !is_operator(&caller.key) {
-        return Err(ApiError::Forbidden(
-            "installing a plugin changes it for every tenant: it needs the operator's key \
-             (switchboard keys create --scope operator, on the host)"
-                .into(),
-        ));
-    }
+    require_operator(&caller)?;
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
     if query.approve_hosts {
         // A key that could both install code and widen where it may send data would
@@ -240,7 +249,44 @@ pub async fn install_plugin(
             ApiError::BadRequest(format!("could not read the request body: {e}"))
         }
     })?;
-    if crate::plugins::artifact_kind(&wasm) == crate::plugins::ArtifactKind::Native {
+    let by = format!("api:{}", caller.key.id);
+    caller.still_valid().await?;
+    match install_component(&state, &wasm, &by).await? {
+        InstallOutcome::Activated {
+            slug,
+            version,
+            digest,
+            previous,
+            ..
+        } => Ok((
+            StatusCode::CREATED,
+            axum::Json(InstallResponse {
+                status: "ACTIVE".into(),
+                slug,
+                version,
+                digest,
+                previous,
+            }),
+        )),
+        InstallOutcome::Rejected {
+            slug,
+            version,
+            reason,
+        } => Err(ApiError::PluginRejected(format!(
+            "{slug} {version} rejected; the current version stays active\n{reason}"
+        ))),
+    }
+}
+
+/// Runs the conformance kit on a WebAssembly component and, when it passes, makes it
+/// the slug's active version here and announces the swap to every process (the API's
+/// install and the console's). The caller has checked the operator's authority.
+pub async fn install_component(
+    state: &AppState,
+    wasm: &[u8],
+    installed_by: &str,
+) -> Result<InstallOutcome, ApiError> {
+    if crate::plugins::artifact_kind(wasm) == crate::plugins::ArtifactKind::Native {
         // An API key must never be a way to run unsandboxed code in the gateway.
         return Err(ApiError::PluginRejected(
             "this is a native library: native plugins run unsandboxed, so only an operator \
@@ -251,13 +297,11 @@ pub async fn install_plugin(
     }
     let runtime = crate::plugins::PluginRuntime::new(install::kit_runtime_config(&state.config))
         .map_err(ApiError::Internal)?;
-    let by = format!("api:{}", caller.key.id);
-    caller.still_valid().await?;
     let outcome = install::install(
         &*state.ingest.store,
         &runtime,
-        &wasm,
-        &by,
+        wasm,
+        installed_by,
         false,
         &Default::default(),
     )
@@ -270,36 +314,74 @@ pub async fn install_plugin(
             ApiError::Internal(e)
         }
     })?;
-    match outcome {
-        InstallOutcome::Activated {
-            slug,
-            version,
-            digest,
-            previous,
-        } => {
-            // This process switches now; the others when they hear the announcement
-            // (or within `plugins.sync_ms`).
-            if let Err(e) = state.plugins.sync(&*state.ingest.store).await {
-                tracing::warn!(error = %e, "plugin sync after install failed");
-            }
-            state.announcer.announce(&slug).await;
-            Ok((
-                StatusCode::CREATED,
-                axum::Json(InstallResponse {
-                    status: "ACTIVE".into(),
-                    slug,
-                    version,
-                    digest,
-                    previous,
-                }),
-            ))
-        }
-        InstallOutcome::Rejected {
-            slug,
-            version,
-            reason,
-        } => Err(ApiError::PluginRejected(format!(
-            "{slug} {version} rejected; the current version stays active\n{reason}"
-        ))),
+    if let InstallOutcome::Activated { slug, .. } = &outcome {
+        swapped(state, slug).await;
     }
+    Ok(outcome)
+}
+
+/// Rolls `slug` back ([`install::rollback`]) and announces the swap; what happened, in
+/// a line. The caller has checked the operator's authority.
+pub async fn rollback_plugin(state: &AppState, slug: &str) -> Result<String, ApiError> {
+    let done = install::rollback(&*state.ingest.store, slug)
+        .await
+        .map_err(|e| match e.downcast::<crate::store::StoreError>() {
+            Ok(e) => ApiError::from_store_write(e),
+            Err(e) => ApiError::ResourceNotFound(e.to_string()),
+        })?;
+    swapped(state, slug).await;
+    Ok(done.trim_end().to_string())
+}
+
+/// This process switches now; the others when they hear the announcement (or within
+/// `plugins.sync_ms`).
+async fn swapped(state: &AppState, slug: &str) {
+    if let Err(e) = state.plugins.sync(&*state.ingest.store).await {
+        tracing::warn!(error = %e, "plugin sync after a swap failed");
+    }
+    state.announcer.announce(slug).await;
+}
+
+/// `POST /v1/admin/plugins/{slug}/rollback` success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RollbackResponse {
+    /// Always `ROLLED_BACK`.
+    pub status: String,
+    /// Slug.
+    pub slug: String,
+    /// What happened: the version now active, or that the bundled plugin serves again.
+    pub detail: String,
+}
+
+/// Rolls a slug back to the installed version that was active before, or, when there
+/// is none, to its bundled (or directory) plugin.
+#[utoipa::path(
+    post,
+    operation_id = "rollbackPlugin",
+    path = "/v1/admin/plugins/{slug}/rollback",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("slug" = String, Path, description = "The plugin's slug (`provc`, ...)")),
+    responses(
+        (status = 200, description = "Rolled back", body = RollbackResponse),
+        (status = 400, description = "The slug is not valid text", body = super::error::ErrorBody),
+        (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
+        (status = 403, description = "The key lacks the `operator` scope", body = super::error::ErrorBody),
+        (status = 404, description = "The slug has no active installed version", body = super::error::ErrorBody),
+    )
+)]
+pub async fn rollback(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<axum::Json<RollbackResponse>, ApiError> {
+    require_operator(&caller)?;
+    let Path(slug) = path.map_err(|e| ApiError::BadRequest(format!("invalid slug: {e}")))?;
+    caller.still_valid().await?;
+    let detail = rollback_plugin(&state, &slug).await?;
+    Ok(axum::Json(RollbackResponse {
+        status: "ROLLED_BACK".into(),
+        slug,
+        detail,
+    }))
 }

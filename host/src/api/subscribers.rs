@@ -228,24 +228,7 @@ pub async fn erase_subscriber(
 ) -> Result<(StatusCode, axum::Json<SubscriberErasureResponse>), ApiError> {
     let subscriber = subscriber_path(path)?;
     caller.still_valid().await?;
-    let report = state
-        .ingest
-        .store
-        .erase_subscriber(
-            &caller.key.workspace,
-            &subscriber,
-            state.config.erasure.audit_window(),
-        )
-        .await
-        .map_err(ApiError::from_store_write)?;
-    // No subscriber id in the log: it is what was just erased.
-    tracing::info!(
-        workspace = %caller.key.workspace,
-        known = report.known,
-        messages_scrubbed = report.messages_scrubbed,
-        preferences_deleted = report.preferences_deleted,
-        "subscriber erased"
-    );
+    erase(&state, &caller.key.workspace, &subscriber).await?;
     Ok((
         StatusCode::ACCEPTED,
         axum::Json(SubscriberErasureResponse {
@@ -254,6 +237,29 @@ pub async fn erase_subscriber(
             message: ERASURE_MESSAGE.into(),
         }),
     ))
+}
+
+/// Erases `subscriber` of `workspace` (the API's `DELETE` and the console's).
+pub async fn erase(
+    state: &AppState,
+    workspace: &crate::ids::WorkspaceId,
+    subscriber: &str,
+) -> Result<(), ApiError> {
+    let report = state
+        .ingest
+        .store
+        .erase_subscriber(workspace, subscriber, state.config.erasure.audit_window())
+        .await
+        .map_err(ApiError::from_store_write)?;
+    // No subscriber id in the log: it is what was just erased.
+    tracing::info!(
+        workspace = %workspace,
+        known = report.known,
+        messages_scrubbed = report.messages_scrubbed,
+        preferences_deleted = report.preferences_deleted,
+        "subscriber erased"
+    );
+    Ok(())
 }
 
 #[cfg(test)]

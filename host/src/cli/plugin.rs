@@ -165,6 +165,7 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
                     version,
                     digest,
                     previous,
+                    ..
                 } => {
                     println!(
                         "{slug} {version} ({}) active{} in {} ms; {}",

@@ -40,6 +40,9 @@ pub enum InstallOutcome {
         /// The installed version it replaced (`None`: the bundled or directory plugin,
         /// or a new slug).
         previous: Option<String>,
+        /// The conformance kit's report (`None`: a stored version activated again,
+        /// which the kit passed when it was installed).
+        report: Option<String>,
     },
     /// Refused; the current version stays active.
     Rejected {
@@ -89,11 +92,13 @@ pub async fn install(
             version,
             digest,
             previous,
+            report: None,
         });
     }
 
     let report = conformance::check(runtime, wasm, &format!("{slug} {version}"), kit).await;
-    let reason = (!report.passed()).then(|| report.render());
+    let rendered = report.render();
+    let reason = (!report.passed()).then(|| rendered.clone());
     if reason.is_none() {
         let before: Vec<String> = match current {
             Some(c) => c.outbound_hosts.clone(),
@@ -165,6 +170,7 @@ pub async fn install(
         version,
         digest,
         previous,
+        report: Some(rendered),
     })
 }
 

@@ -86,6 +86,24 @@ pub struct DeliveryCount {
     pub count: u64,
 }
 
+/// How many messages created in one minute share a status, channel, provider and
+/// error code ([`Queries::activity_by_minute`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MinuteCount {
+    /// The minute they were created in (UTC, seconds zero).
+    pub minute: DateTime<Utc>,
+    /// Current status.
+    pub status: MessageStatus,
+    /// Channel selected.
+    pub channel: Option<String>,
+    /// Provider that handled or attempted delivery; none before the first attempt.
+    pub provider: Option<String>,
+    /// The message's error code, if it has one.
+    pub error_code: Option<String>,
+    /// Messages in the group.
+    pub count: u64,
+}
+
 /// A webhook secret as stored. Its `Debug` form hides the secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct WebhookSecret {

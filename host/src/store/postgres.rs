@@ -388,6 +388,7 @@ mod tests {
         get_message_timeline,
         list_messages_filters_and_paging,
         delivery_stats_by_group,
+        activity_by_minute_groups,
         preferences_merge,
         preferences_of_many,
         concurrent_preference_updates,

@@ -399,7 +399,8 @@ pub(crate) use super::preferences::tests::{
     concurrent_preference_updates, preferences_merge, preferences_of_many,
 };
 pub(crate) use super::queries::tests::{
-    delivery_stats_by_group, get_message_timeline, list_messages_filters_and_paging,
+    activity_by_minute_groups, delivery_stats_by_group, get_message_timeline,
+    list_messages_filters_and_paging,
 };
 pub(crate) use super::receipts::tests::{
     batched_receipts, batched_replay_reserves, concurrent_receipts, concurrent_replay_reserves,

@@ -27,6 +27,7 @@ mod refine;
         super::webhooks::receive,
         super::admin::list_plugins,
         super::admin::install_plugin,
+        super::admin::rollback,
     ),
     components(schemas(crate::receipts::TelemetryReceiptEvent)),
     servers((url = "/", description = "This gateway")),

@@ -4,7 +4,7 @@
 //! [`QueriesSql`], which each backend implements with SQL and bindings only
 //! (`postgres.rs`, `sqlite.rs`).
 
-use super::{DeliveryCount, StoreError, decode_json};
+use super::{DeliveryCount, MinuteCount, StoreError, decode_json};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageCursor, MessageFilter, MessageRecord, StepStatus, TimelineEntry};
 use chrono::{DateTime, Utc};
@@ -42,6 +42,15 @@ pub trait Queries: Send + Sync {
         workspace: &WorkspaceId,
         since: DateTime<Utc>,
     ) -> Result<Vec<DeliveryCount>, StoreError>;
+
+    /// Messages of `workspace` created at or after `since`, counted by the minute
+    /// they were created in (UTC), status, channel, provider and error code, oldest
+    /// minute first (the console's overview).
+    async fn activity_by_minute(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteCount>, StoreError>;
 }
 
 /// A `messages` row as selected by each backend's message columns; `variables_keys`
@@ -80,6 +89,17 @@ pub(crate) struct TimelineRow {
 /// One row of the `delivery_stats` query: status, channel, provider, count.
 pub(crate) type DeliveryRow = (String, String, Option<String>, i64);
 
+/// One row of the `activity_by_minute` query: the minute as `YYYY-MM-DDTHH:MM`
+/// (UTC), status, channel, provider, error code, count.
+pub(crate) type MinuteRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+);
+
 /// What each backend says in SQL. Timestamps are bound in the backend's own form.
 #[async_trait::async_trait]
 pub(crate) trait QueriesSql: Send + Sync {
@@ -104,6 +124,13 @@ pub(crate) trait QueriesSql: Send + Sync {
         workspace: &WorkspaceId,
         since: DateTime<Utc>,
     ) -> Result<Vec<DeliveryRow>, StoreError>;
+    /// Counts by (minute, status, channel, provider, error code) since `since`, in
+    /// any order.
+    async fn minute_rows(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteRow>, StoreError>;
 }
 
 impl TryFrom<MessageRow> for MessageRecord {
@@ -197,6 +224,51 @@ impl<T: QueriesSql> Queries for T {
         let rows = self.count_rows(workspace, since).await?;
         decode_delivery_counts(rows)
     }
+
+    async fn activity_by_minute(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteCount>, StoreError> {
+        let rows = self.minute_rows(workspace, since).await?;
+        decode_minute_counts(rows)
+    }
+}
+
+fn decode_minute_counts(rows: Vec<MinuteRow>) -> Result<Vec<MinuteCount>, StoreError> {
+    let mut counts = rows
+        .into_iter()
+        .map(|(minute, status, channel, provider, error_code, count)| {
+            let minute = DateTime::parse_from_rfc3339(&format!("{minute}:00Z"))
+                .map_err(|e| StoreError::Other(format!("bad minute {minute:?}: {e}")))?
+                .with_timezone(&Utc);
+            Ok(MinuteCount {
+                minute,
+                status: super::decode_status(&status)?,
+                channel,
+                provider,
+                error_code,
+                count: u64::try_from(count).unwrap_or(0),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    counts.sort_by(|a, b| {
+        (
+            a.minute,
+            a.status.as_str(),
+            &a.channel,
+            &a.provider,
+            &a.error_code,
+        )
+            .cmp(&(
+                b.minute,
+                b.status.as_str(),
+                &b.channel,
+                &b.provider,
+                &b.error_code,
+            ))
+    });
+    Ok(counts)
 }
 
 /// Decodes and orders the rows of `delivery_stats`: one decoder for both backends.

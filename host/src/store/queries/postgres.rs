@@ -1,6 +1,6 @@
 //! [`QueriesSql`] on PostgreSQL.
 
-use super::{DeliveryRow, MessageRow, QueriesSql, TimelineRow};
+use super::{DeliveryRow, MessageRow, MinuteRow, QueriesSql, TimelineRow};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageCursor, MessageFilter};
 use crate::store::StoreError;
@@ -100,6 +100,24 @@ impl QueriesSql for PgStore {
         sqlx::query_as(
             "SELECT status, channel, provider, COUNT(*) FROM messages \
              WHERE workspace_id = $1 AND created_at >= $2 GROUP BY status, channel, provider",
+        )
+        .bind(workspace.as_str())
+        .bind(since)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn minute_rows(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteRow>, StoreError> {
+        // The (workspace_id, created_at) index bounds the scan to the window.
+        sqlx::query_as(
+            "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI') AS minute, status, channel, provider, \
+             error_code, COUNT(*) FROM messages WHERE workspace_id = $1 AND created_at >= $2 \
+             GROUP BY minute, status, channel, provider, error_code",
         )
         .bind(workspace.as_str())
         .bind(since)

@@ -1,7 +1,7 @@
 //! [`QueriesSql`] on SQLite. Timestamps are bound in the stored text form
 //! ([`encode_timestamp`]), which sorts as the instants do.
 
-use super::{DeliveryRow, MessageRow, QueriesSql, TimelineRow};
+use super::{DeliveryRow, MessageRow, MinuteRow, QueriesSql, TimelineRow};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageCursor, MessageFilter};
 use crate::store::StoreError;
@@ -110,6 +110,24 @@ impl QueriesSql for SqliteStore {
         sqlx::query_as(
             "SELECT status, channel, provider, COUNT(*) FROM messages \
              WHERE workspace_id = ? AND created_at >= ? GROUP BY status, channel, provider",
+        )
+        .bind(workspace.as_str())
+        .bind(encode_timestamp(&since))
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn minute_rows(
+        &self,
+        workspace: &WorkspaceId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteRow>, StoreError> {
+        // The stored text is RFC 3339 in UTC: its first 16 characters are the minute.
+        sqlx::query_as(
+            "SELECT substr(created_at, 1, 16) AS minute, status, channel, provider, \
+             error_code, COUNT(*) FROM messages WHERE workspace_id = ? AND created_at >= ? \
+             GROUP BY minute, status, channel, provider, error_code",
         )
         .bind(workspace.as_str())
         .bind(encode_timestamp(&since))

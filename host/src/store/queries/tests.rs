@@ -2,7 +2,7 @@
 //! (as an `Arc`, so that the concurrent ones can spawn) and works in workspaces of its
 //! own; both backends run every one (their test modules name them).
 
-use crate::store::receipts::tests::sent;
+use crate::store::receipts::tests::{queued, sent};
 use crate::store::tests::*;
 
 /// The timeline comes back in append order (not `occurred_at` order); messages of
@@ -326,4 +326,90 @@ pub(crate) async fn list_messages_filters_and_paging(store: Arc<dyn Store>) {
         ..MessageFilter::default()
     };
     assert!(page_through(nothing, 10).await.is_empty());
+}
+
+/// Counts by (minute, status, channel, provider, error code) over a window, of one
+/// workspace only, oldest minute first; the minute is the creation's, in UTC.
+pub(crate) async fn activity_by_minute_groups(store: Arc<dyn Store>) {
+    use crate::store::MinuteCount;
+    use chrono::DurationRound;
+    let store = &*store;
+    let ws = store.ensure_workspace("minutes", None).await.unwrap();
+    let other = store.ensure_workspace("minutes-other", None).await.unwrap();
+    let since = now() - Duration::minutes(30);
+    assert_eq!(
+        store.activity_by_minute(&ws.id, since).await.unwrap(),
+        vec![]
+    );
+
+    let minute = |t: DateTime<Utc>| t.duration_trunc(Duration::minutes(1)).unwrap();
+    let earlier = now() - Duration::minutes(5);
+    let at = |i, t| NewMessage {
+        created_at: t,
+        ..message(&ws.id, i)
+    };
+    let old = at(4, now() - Duration::hours(2));
+    store
+        .insert_messages(&[at(1, earlier), at(2, earlier), old], &[])
+        .await
+        .unwrap();
+    store
+        .insert_messages(&[message(&other.id, 1)], &[])
+        .await
+        .unwrap();
+    let failed = queued(store, &ws.id, 3).await;
+    store
+        .record_step(
+            &failed.event_id,
+            "w",
+            LONG_LEASE,
+            &Step {
+                attempt: None,
+                message: MessageUpdate {
+                    status: Some(MessageStatus::Failed),
+                    provider: Some("provc".into()),
+                    error_code: Some("DISPATCH_FAILED".into()),
+                    release_lease: true,
+                    ..MessageUpdate::default()
+                },
+                timeline: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+    sent(store, &ws.id, 5, "prova", "p-5").await;
+
+    let got = store.activity_by_minute(&ws.id, since).await.unwrap();
+    let count = |m, status, provider: Option<&str>, error: Option<&str>, count| MinuteCount {
+        minute: m,
+        status,
+        channel: Some("sms".into()),
+        provider: provider.map(str::to_string),
+        error_code: error.map(str::to_string),
+        count,
+    };
+    let first = count(minute(earlier), MessageStatus::Queued, None, None, 2);
+    assert_eq!(got[0], first, "{got:?}");
+    let rest: Vec<_> = got[1..]
+        .iter()
+        .map(|c| (c.status, c.provider.clone(), c.error_code.clone(), c.count))
+        .collect();
+    assert_eq!(
+        rest,
+        vec![
+            (
+                MessageStatus::Failed,
+                Some("provc".into()),
+                Some("DISPATCH_FAILED".into()),
+                1
+            ),
+            (MessageStatus::Sent, Some("prova".into()), None, 1),
+        ],
+        "{got:?}"
+    );
+    assert!(got[1..].iter().all(|c| c.minute >= minute(earlier)));
+    assert_eq!(
+        store.activity_by_minute(&other.id, since).await.unwrap()[0].count,
+        1
+    );
 }

@@ -1,0 +1,162 @@
+//! Plugins: what serves each slug and every installed version (`admin` keys); for the
+//! operator's key, installing a component (the conformance kit runs first and its
+//! report is shown) and rolling a slug back. Both change the plugin for every tenant,
+//! which is why they need the operator's key, as in the API.
+
+use super::{
+    Csrf, bad_form, bad_path, check_csrf, check_token, page_context, render, require_admin,
+    signed_in, to_sign_in,
+};
+use crate::AppState;
+use crate::api::ApiError;
+use crate::model::ApiKeyRecord;
+use crate::plugins::install::InstallOutcome;
+use axum::extract::rejection::{FormRejection, PathRejection};
+use axum::extract::{Form, Multipart, Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use minijinja::value::Serde;
+use minijinja::{Value, context};
+
+pub(super) async fn plugins(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    require_admin(&key, "the plugin registry")?;
+    let listing = crate::api::admin::plugin_listing(&state).await?;
+    // A rollback is offered where an installed version is active.
+    let rollbacks: Vec<String> = listing
+        .installed
+        .iter()
+        .filter(|v| v.state == "active")
+        .map(|v| v.slug.clone())
+        .collect();
+    let header = page_context(&state, &key, &cookie);
+    let ctx = context! {
+        listing => Value::from(Serde(&listing)),
+        rollbacks => rollbacks,
+        ..header
+    };
+    Ok(render("plugins.html", ctx)?.into_response())
+}
+
+fn require_operator(key: &ApiKeyRecord) -> Result<(), ApiError> {
+    if crate::api::admin::is_operator(key) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(crate::api::admin::OPERATOR_ONLY.into()))
+    }
+}
+
+/// The result page of an install or a rollback.
+fn outcome_page(
+    state: &AppState,
+    key: &ApiKeyRecord,
+    cookie: &str,
+    title: &str,
+    accepted: bool,
+    summary: String,
+    report: Option<String>,
+) -> Result<Response, ApiError> {
+    let header = page_context(state, key, cookie);
+    let ctx = context! {
+        title => title,
+        accepted => accepted,
+        summary => summary,
+        report => report,
+        ..header
+    };
+    Ok(render("installed.html", ctx)?.into_response())
+}
+
+/// A multipart form: the CSRF token and the component file.
+pub(super) async fn install(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    form: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let mut form = form.map_err(|e| ApiError::BadRequest(format!("invalid form: {e}")))?;
+    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    let limit = state.config.max_body_bytes;
+    let bad = |e: axum::extract::multipart::MultipartError| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(limit)
+        } else {
+            ApiError::BadRequest(format!("invalid form: {}", e.body_text()))
+        }
+    };
+    let (mut csrf, mut wasm) = (String::new(), None);
+    while let Some(field) = form.next_field().await.map_err(bad)? {
+        match field.name() {
+            Some("csrf") => csrf = field.text().await.map_err(bad)?,
+            Some("component") => wasm = Some(field.bytes().await.map_err(bad)?),
+            _ => {}
+        }
+    }
+    check_token(&state, &cookie, &csrf)?;
+    require_operator(&key)?;
+    let wasm = wasm
+        .filter(|w| !w.is_empty())
+        .ok_or_else(|| ApiError::BadRequest("choose a component file (.wasm) to install".into()))?;
+    let by = format!("console:{}", key.id);
+    let page = |accepted, summary, report| {
+        outcome_page(&state, &key, &cookie, "Install", accepted, summary, report)
+    };
+    match crate::api::admin::install_component(&state, &wasm, &by).await {
+        Ok(InstallOutcome::Activated {
+            slug,
+            version,
+            digest,
+            previous,
+            report,
+        }) => page(
+            true,
+            format!(
+                "{slug} {version} ({}) is active{}; every gateway switches when it hears the swap.",
+                &digest[..12],
+                previous
+                    .map(|p| format!(", replacing {p}"))
+                    .unwrap_or_default()
+            ),
+            report,
+        ),
+        Ok(InstallOutcome::Rejected {
+            slug,
+            version,
+            reason,
+        }) => page(
+            false,
+            format!("{slug} {version} was rejected; the current version stays active."),
+            Some(reason),
+        ),
+        // Not a component, or a native library: said on the page, like a rejection.
+        Err(ApiError::BadRequest(why) | ApiError::PluginRejected(why)) => page(
+            false,
+            "Not installed; the current version stays active.".into(),
+            Some(why),
+        ),
+        Err(e) => Err(e),
+    }
+}
+
+pub(super) async fn rollback(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    form: Result<Form<Csrf>, FormRejection>,
+) -> Result<Response, ApiError> {
+    let Path(slug) = path.map_err(bad_path)?;
+    let Form(form) = form.map_err(bad_form)?;
+    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+        return Ok(to_sign_in());
+    };
+    check_csrf(&state, &cookie, &form)?;
+    require_operator(&key)?;
+    let done = crate::api::admin::rollback_plugin(&state, &slug).await?;
+    outcome_page(&state, &key, &cookie, "Rollback", true, done, None)
+}
