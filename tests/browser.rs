@@ -335,7 +335,7 @@ async fn the_console_works_in_a_real_browser() {
         .await
         .unwrap();
     click(&client, Locator::Css("button#rollback-provc")).await;
-    showing(&client, "serves provc again").await;
+    showing(&client, "provc rolled back: bundled").await;
 
     // A form whose CSRF token is gone is refused, and the session stays.
     client.goto(&format!("{url}/console/keys")).await.unwrap();
@@ -353,14 +353,22 @@ async fn the_console_works_in_a_real_browser() {
 
     // A phone-sized window: nothing is wider than the screen (tables scroll).
     client.set_window_size(390, 844).await.unwrap();
-    let fits = client
-        .execute(
-            "return document.documentElement.scrollWidth <= window.innerWidth",
-            vec![],
-        )
-        .await
-        .unwrap();
-    assert_eq!(fits, json!(true), "the page is wider than a phone");
+    for page in [
+        "/console/overview",
+        "/console/workflows/otp",
+        "/console/plugins",
+        "/console?live=0",
+    ] {
+        client.goto(&format!("{url}{page}")).await.unwrap();
+        let fits = client
+            .execute(
+                "return document.documentElement.scrollWidth <= window.innerWidth",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(fits, json!(true), "{page} is wider than a phone");
+    }
     screenshot(&client, "activity-narrow").await;
     client.set_window_size(1200, 900).await.unwrap();
 

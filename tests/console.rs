@@ -471,6 +471,14 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
         )
         .await
         .unwrap();
+    store
+        .put_workflow(
+            &acme_record.workspace,
+            "billing/invoice",
+            &json!({"name": "billing/invoice", "sms": {"text": "Invoice {{ user.name }}"}}),
+        )
+        .await
+        .unwrap();
     for i in 0..3 {
         trigger(&url, &acme_key, &format!("ada-{i}")).await;
     }
@@ -486,6 +494,15 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
             "{name} missing: {page}"
         );
     }
+    // A name with a slash links to its own preview.
+    // (HTML-escaped: `/` is `&#x2f;` in the page, which the browser reads as `/`.)
+    assert!(
+        page.contains("workflows&#x2f;billing%2Finvoice\""),
+        "{page}"
+    );
+    let (status, _, preview) = get(&url, "/console/workflows/billing%2Finvoice", &cookie).await;
+    assert_eq!(status, 200, "{preview}");
+    assert!(preview.contains("Invoice user.name"), "{preview}");
     let (_, _, page) = get(&url, "/console/workflows", &globex_cookie).await;
     assert!(!page.contains("acme-only"), "another workspace's workflow");
     let (status, _, body) = get(&url, "/console/workflows/acme-only", &globex_cookie).await;
@@ -564,6 +581,11 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
     );
 
     let erasing = "/console/subscribers/erase";
+    for token in ["", "forged"] {
+        let fields = [("csrf", token), ("id", "ada-1"), ("confirm", "ada-1")];
+        let (status, _, _) = post_fields(&url, erasing, &cookie, &fields).await;
+        assert_eq!(status, 403, "no CSRF token, no erasure");
+    }
     let fields = [
         ("csrf", csrf.as_str()),
         ("id", "ada-1"),
@@ -610,7 +632,10 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
     assert!(page.contains("<strong>3</strong> messages"), "{page}");
     assert!(page.contains("<svg class=\"chart\""), "{page}");
     assert!(page.contains("QUEUED"), "{page}");
-    assert!(!page.contains("did not report"), "the depths: {page}");
+    assert!(
+        page.contains("a key with the <code>admin</code> scope sees their depths"),
+        "streams are shared: an application key does not see them: {page}"
+    );
     let (_, _, page) = get(&url, "/console/overview", &globex_cookie).await;
     assert!(page.contains("<strong>0</strong> messages"), "{page}");
 }
@@ -727,19 +752,64 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
         .await
         .unwrap();
     assert_eq!(resp.status(), 403);
-    let (status, _) = post_form(&url, "/console/plugins/provc/rollback", &cookie, "").await;
-    assert_eq!(status, 403);
-    let (status, _, page) = post_fields(
-        &url,
-        "/console/plugins/provc/rollback",
-        &cookie,
-        &[("csrf", &csrf)],
-    )
-    .await;
-    assert_eq!(status, 200, "{page}");
+    let installed = loaded("provc");
     assert!(
-        page.contains("the bundled or directory plugin serves provc again"),
-        "{page}"
+        page.contains(&installed),
+        "the form names the active digest: {page}"
+    );
+    let rolling = "/console/plugins/provc/rollback";
+    let fields = [("csrf", ""), ("digest", installed.as_str())];
+    let (status, _, _) = post_fields(&url, rolling, &cookie, &fields).await;
+    assert_eq!(status, 403);
+    let fields = [("csrf", csrf.as_str()), ("digest", bundled_digest.as_str())];
+    let (status, _, body) = post_fields(&url, rolling, &cookie, &fields).await;
+    assert_eq!(status, 409, "a stale page rolls back nothing: {body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "CONFLICT"
+    );
+    assert_eq!(loaded("provc"), installed);
+    let fields = [("csrf", csrf.as_str()), ("digest", installed.as_str())];
+    let (status, location, _) = post_fields(&url, rolling, &cookie, &fields).await;
+    assert_eq!(
+        (status, location.as_str()),
+        (303, "/console/plugins?rolled_back=provc")
+    );
+    let (_, _, page) = get(&url, &location, &cookie).await;
+    assert!(page.contains("provc rolled back: bundled"), "{page}");
+    assert_eq!(loaded("provc"), bundled_digest);
+    // The same form again (a reload) changes nothing.
+    let (status, _, _) = post_fields(&url, rolling, &cookie, &fields).await;
+    assert_eq!(status, 409);
+    assert_eq!(loaded("provc"), bundled_digest);
+
+    // The API's rollback, with the operator's key: installed again, rolled back again.
+    let (ct, body) = multipart(&[("csrf", &csrf)], ("component", &component));
+    let resp = client()
+        .post(format!("{url}/console/plugins/install"))
+        .header("cookie", &cookie)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.text().await.unwrap().contains("is active"));
+    assert_eq!(loaded("provc"), installed);
+    let resp = client()
+        .post(format!("{url}/v1/admin/plugins/provc/rollback"))
+        .bearer_auth(&operator.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (answer["status"].as_str(), answer["slug"].as_str()),
+        (Some("ROLLED_BACK"), Some("provc"))
+    );
+    assert!(
+        answer["detail"].as_str().unwrap().contains("deactivated"),
+        "{answer}"
     );
     assert_eq!(loaded("provc"), bundled_digest);
     let resp = client()

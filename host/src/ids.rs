@@ -95,6 +95,10 @@ prefixed_id!(
     /// A delivery receipt, `dlr_<hex>`.
     ReceiptId, "dlr_"
 );
+prefixed_id!(
+    /// A caller's webhook endpoint, `ep_<hex>`.
+    EndpointId, "ep_"
+);
 
 /// A provider slug in its canonical form. Slugs are lower-case (`prova`), but callers
 /// and operators type them as the spec writes them (`provA`): every place that takes a

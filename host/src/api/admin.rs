@@ -326,6 +326,7 @@ pub async fn rollback_plugin(state: &AppState, slug: &str) -> Result<String, Api
     let done = install::rollback(&*state.ingest.store, slug)
         .await
         .map_err(|e| match e.downcast::<crate::store::StoreError>() {
+            Ok(crate::store::StoreError::Conflict(m)) => ApiError::Conflict(m),
             Ok(e) => ApiError::from_store_write(e),
             Err(e) => ApiError::ResourceNotFound(e.to_string()),
         })?;
@@ -368,6 +369,7 @@ pub struct RollbackResponse {
         (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
         (status = 403, description = "The key lacks the `operator` scope", body = super::error::ErrorBody),
         (status = 404, description = "The slug has no active installed version", body = super::error::ErrorBody),
+        (status = 409, description = "A concurrent swap changed the slug's versions; nothing was changed", body = super::error::ErrorBody),
     )
 )]
 pub async fn rollback(

@@ -48,6 +48,10 @@ pub enum ApiError {
     /// 405 `METHOD_NOT_ALLOWED`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    /// 409 `CONFLICT`: the resource changed under the request (a concurrent change got
+    /// there first); nothing was changed: read it again and retry.
+    #[error("{0}")]
+    Conflict(String),
     /// 500 `INTERNAL_SERVER_ERROR`; the cause is logged only.
     #[error("internal server error")]
     Internal(#[source] anyhow::Error),
@@ -95,6 +99,8 @@ pub enum ErrorCode {
     NotAcceptable,
     /// 409 (never produced).
     IdempotencyConflict,
+    /// 409: the resource changed under the request; nothing was changed.
+    Conflict,
     /// 413.
     PayloadTooLarge,
     /// 415.
@@ -128,6 +134,7 @@ impl ApiError {
                 (StatusCode::NOT_FOUND, "NOT_FOUND")
             }
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT"),
             ApiError::NotAcceptable(_) => (StatusCode::NOT_ACCEPTABLE, "NOT_ACCEPTABLE"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_SERVER_ERROR"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
@@ -216,6 +223,7 @@ mod tests {
             ApiError::RateLimited(String::new()),
             ApiError::NotFound,
             ApiError::ResourceNotFound(String::new()),
+            ApiError::Conflict(String::new()),
             ApiError::MethodNotAllowed,
             ApiError::NotAcceptable(String::new()),
             ApiError::Internal(anyhow::anyhow!("x")),

@@ -162,7 +162,7 @@ pub(super) fn journey(m: &MessageDto) -> (Vec<Step>, Option<String>) {
                 let digest = fields
                     .iter()
                     .find(|(k, _)| k == "plugin_digest")
-                    .map(|(_, d)| format!(" ({})", &d[..d.len().min(12)]))
+                    .map(|(_, d)| format!(" ({})", d.chars().take(12).collect::<String>()))
                     .unwrap_or_default();
                 plugin = Some(format!(
                     "{} {version}{digest}",

@@ -112,7 +112,7 @@ pub(super) fn summarize(counts: &[MinuteCount], now: DateTime<Utc>) -> Overview 
         *by_status.entry(c.status.as_str().to_string()).or_default() += c.count;
         let channel = c.channel.clone().unwrap_or_else(|| "-".into());
         *by_channel.entry(channel).or_default() += c.count;
-        if group == "failed" || c.error_code.is_some() {
+        if group == "failed" {
             let reason = c
                 .error_code
                 .clone()
@@ -201,19 +201,24 @@ pub(super) async fn overview(
         .await
         .map_err(ApiError::from_store_read)?;
     let summary = summarize(&counts, now);
+    // Streams are shared by every workspace: their depths are the operator's to see.
     // Bounded, like the metrics scrape: a broker that does not answer says so.
-    let depths = match tokio::time::timeout(
-        crate::api::health::READY_TIMEOUT,
-        state.ingest.broker.depths(),
-    )
-    .await
-    {
-        Ok(Ok(depths)) => Some(depths),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "console: stream depths unavailable");
-            None
+    let depths = if !crate::api::admin::is_admin(&key) {
+        None
+    } else {
+        match tokio::time::timeout(
+            crate::api::health::READY_TIMEOUT,
+            state.ingest.broker.depths(),
+        )
+        .await
+        {
+            Ok(Ok(depths)) => Some(depths),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "console: stream depths unavailable");
+                None
+            }
+            Err(_) => None,
         }
-        Err(_) => None,
     };
     let header = page_context(&state, &key, &cookie);
     let ctx = context! {
@@ -278,9 +283,16 @@ mod tests {
                 2,
             ),
             count(minute(0), MessageStatus::Queued, None, None, 4),
+            count(
+                minute(1),
+                MessageStatus::Suppressed,
+                None,
+                Some("SUPPRESSED"),
+                5,
+            ),
         ];
         let o = summarize(&counts, now);
-        assert_eq!(o.total, 18, "the minute 70 ago is outside the hour");
+        assert_eq!(o.total, 23, "the minute 70 ago is outside the hour");
         assert_eq!(o.bars.len(), 60);
         assert_eq!(o.bars[0].minute, "09:31");
         assert_eq!(o.bars[0].total, 6);
@@ -294,10 +306,11 @@ mod tests {
         );
         assert!((last.segments[0].y + last.segments[0].height - CHART_HEIGHT).abs() < 1e-9);
         assert!(last.segments[2].y.abs() < 1e-9, "{:?}", last.segments);
-        assert_eq!(o.last_five_per_minute, 12.0 / 5.0);
+        assert_eq!(o.last_five_per_minute, 17.0 / 5.0);
         assert_eq!(
             o.failures,
-            vec![("BOUNCED_HARD".into(), 2), ("DISPATCH_FAILED".into(), 1)]
+            vec![("BOUNCED_HARD".into(), 2), ("DISPATCH_FAILED".into(), 1)],
+            "suppressed is not a failure"
         );
         assert_eq!(o.by_status[0], ("DELIVERED".into(), 9));
         let provc = o.providers.iter().find(|p| p.provider == "provc").unwrap();

@@ -4,40 +4,56 @@
 //! which is why they need the operator's key, as in the API.
 
 use super::{
-    Csrf, bad_form, bad_path, check_csrf, check_token, page_context, render, require_admin,
-    signed_in, to_sign_in,
+    bad_form, bad_path, check_token, page_context, render, require_admin, signed_in, to_sign_in,
 };
 use crate::AppState;
 use crate::api::ApiError;
 use crate::model::ApiKeyRecord;
 use crate::plugins::install::InstallOutcome;
 use axum::extract::rejection::{FormRejection, PathRejection};
-use axum::extract::{Form, Multipart, Path, State};
+use axum::extract::{Form, Multipart, Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use minijinja::value::Serde;
 use minijinja::{Value, context};
+use serde::Deserialize;
 
 pub(super) async fn plugins(
     State(state): State<AppState>,
     headers: HeaderMap,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let Some((key, cookie)) = signed_in(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     require_admin(&key, "the plugin registry")?;
     let listing = crate::api::admin::plugin_listing(&state).await?;
-    // A rollback is offered where an installed version is active.
-    let rollbacks: Vec<String> = listing
+    // A rollback is offered where an installed version is active; the form names it,
+    // so a stale page (or a reload) cannot roll back something else.
+    let rollbacks: Vec<(String, String)> = listing
         .installed
         .iter()
         .filter(|v| v.state == "active")
-        .map(|v| v.slug.clone())
+        .map(|v| (v.slug.clone(), v.digest.clone()))
         .collect();
+    // After a rollback: what serves the slug now (only a slug that is loaded is named).
+    let rolled_back = url::form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
+        .find(|(n, _)| n == "rolled_back")
+        .and_then(|(_, slug)| listing.loaded.iter().find(|p| p.slug == slug))
+        .map(|p| {
+            format!(
+                "{} rolled back: {} {} ({}) serves it now.",
+                p.slug,
+                p.source,
+                p.version,
+                &p.digest[..12]
+            )
+        });
     let header = page_context(&state, &key, &cookie);
     let ctx = context! {
         listing => Value::from(Serde(&listing)),
         rollbacks => rollbacks,
+        notice => rolled_back,
         ..header
     };
     Ok(render("plugins.html", ctx)?.into_response())
@@ -144,19 +160,47 @@ pub(super) async fn install(
     }
 }
 
+#[derive(Deserialize)]
+pub(super) struct RollbackForm {
+    #[serde(default)]
+    csrf: String,
+    /// The digest the page showed active: the rollback is of that version only.
+    #[serde(default)]
+    digest: String,
+}
+
 pub(super) async fn rollback(
     State(state): State<AppState>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
-    form: Result<Form<Csrf>, FormRejection>,
+    form: Result<Form<RollbackForm>, FormRejection>,
 ) -> Result<Response, ApiError> {
     let Path(slug) = path.map_err(bad_path)?;
     let Form(form) = form.map_err(bad_form)?;
     let Some((key, cookie)) = signed_in(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
-    check_csrf(&state, &cookie, &form)?;
+    check_token(&state, &cookie, &form.csrf)?;
     require_operator(&key)?;
-    let done = crate::api::admin::rollback_plugin(&state, &slug).await?;
-    outcome_page(&state, &key, &cookie, "Rollback", true, done, None)
+    let active = state
+        .ingest
+        .store
+        .plugin_versions(Some(&slug))
+        .await
+        .map_err(ApiError::from_store_read)?
+        .into_iter()
+        .find(|v| v.state == crate::store::PluginState::Active)
+        .map(|v| v.digest);
+    if active.as_deref() != Some(form.digest.as_str()) {
+        return Err(ApiError::Conflict(format!(
+            "the active version of {slug} is not the one this page showed; nothing was \
+             changed: reload the plugins page"
+        )));
+    }
+    crate::api::admin::rollback_plugin(&state, &slug).await?;
+    // Redirected, so reloading the page that follows cannot roll back again.
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("rolled_back", &slug)
+        .finish();
+    Ok(Redirect::to(&format!("/console/plugins?{query}")).into_response())
 }

@@ -24,6 +24,7 @@ use serde_json::Map;
 #[derive(Serialize)]
 struct Row {
     name: String,
+    href: String,
     description: Option<String>,
     channels: Vec<&'static str>,
     updated_at: String,
@@ -54,6 +55,7 @@ pub(super) async fn list(
                     .unwrap_or_default(),
                 error: parsed.err().map(|e| e.to_string()),
                 updated_at: crate::api::messages::format_time(&updated_at),
+                href: href(&name),
                 name,
             }
         })
@@ -61,6 +63,12 @@ pub(super) async fn list(
     let header = page_context(&state, &key, &cookie);
     let ctx = context! { workflows => Value::from(Serde(&rows)), ..header };
     Ok(render("workflows.html", ctx)?.into_response())
+}
+
+/// The preview's path: a name's `/` must stay inside the one path segment.
+pub(super) fn href(name: &str) -> String {
+    let encoded: String = url::form_urlencoded::byte_serialize(name.as_bytes()).collect();
+    format!("/console/workflows/{encoded}")
 }
 
 /// One channel of a preview: the rendered fields, or why the content cannot be built.
@@ -246,6 +254,7 @@ pub(super) async fn preview(
     let header = page_context(&state, &key, &cookie);
     let ctx = context! {
         workflow => Value::from(Serde(&workflow)),
+        href => href(&name),
         payload => payload_text,
         channels => Value::from(Serde(&channels)),
         error => error,
@@ -264,6 +273,14 @@ mod tests {
             .into_iter()
             .find(|w| w.name == "otp")
             .unwrap()
+    }
+
+    #[test]
+    fn a_name_with_a_slash_stays_one_segment() {
+        assert_eq!(
+            href("billing/invoice:v2"),
+            "/console/workflows/billing%2Finvoice%3Av2"
+        );
     }
 
     #[test]

@@ -185,7 +185,13 @@ pub async fn rollback(store: &dyn Store, slug: &str) -> anyhow::Result<String> {
         .max_by_key(|v| v.activated_at);
     match (current, target) {
         (Some(c), Some(t)) => {
-            store.activate_plugin_version(slug, &t.digest).await?;
+            if !store.activate_plugin_version(slug, &t.digest).await? {
+                // Another swap got there first: say so rather than claim this one.
+                return Err(crate::store::StoreError::Conflict(format!(
+                    "{slug} changed while rolling back; nothing was changed, look again"
+                ))
+                .into());
+            }
             Ok(format!(
                 "{slug}: rolled back from {} ({}) to {} ({})\n",
                 c.version,

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 pub(crate) mod coalesce;
 pub mod configuration;
 pub mod delivery;
+pub mod endpoints;
 pub mod erasure;
 pub(crate) mod group;
 pub use group::urgent;
@@ -24,6 +25,7 @@ pub mod tenancy;
 
 pub use configuration::Configuration;
 pub use delivery::Delivery;
+pub use endpoints::{Endpoint, EndpointPatch, Endpoints};
 pub use erasure::Erasure;
 pub use messages::Messages;
 pub use outbox::Outbox;
@@ -63,6 +65,7 @@ pub trait Store:
     + Delivery
     + Receipts
     + Erasure
+    + Endpoints
     + Send
     + Sync
     + 'static

@@ -389,6 +389,8 @@ mod tests {
         list_messages_filters_and_paging,
         delivery_stats_by_group,
         activity_by_minute_groups,
+        endpoints_round_trip,
+        concurrent_endpoint_patches,
         preferences_merge,
         preferences_of_many,
         concurrent_preference_updates,

@@ -391,6 +391,7 @@ pub(crate) use super::delivery::tests::{
     attempts_round_trip, batched_claims, batched_steps, claim_inserts_missing_row, claim_lease,
     concurrent_claims,
 };
+pub(crate) use super::endpoints::tests::{concurrent_endpoint_patches, endpoints_round_trip};
 pub(crate) use super::erasure::tests::{
     erasure, erasure_scrubs_kept_messages_as_they_pass_the_window,
 };

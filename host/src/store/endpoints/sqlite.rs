@@ -1,0 +1,116 @@
+//! [`EndpointsSql`] on SQLite. Timestamps are bound in the stored text form
+//! ([`encode_timestamp`]).
+
+use super::{EndpointRow, EndpointsSql};
+use crate::ids::WorkspaceId;
+use crate::store::StoreError;
+use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
+use chrono::{DateTime, Utc};
+
+/// The columns an [`EndpointRow`] is read from.
+const COLUMNS: &str = "id, workspace_id, url, description, event_types, disabled, \
+     disabled_reason, secret, previous_secret, previous_expires_at, created_at, updated_at";
+
+#[async_trait::async_trait]
+impl EndpointsSql for SqliteStore {
+    async fn insert_endpoint_row(&self, row: &EndpointRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_endpoints (id, workspace_id, url, description, event_types, \
+             disabled, disabled_reason, secret, previous_secret, previous_expires_at, \
+             created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&row.id)
+        .bind(&row.workspace_id)
+        .bind(&row.url)
+        .bind(&row.description)
+        .bind(&row.event_types)
+        .bind(row.disabled)
+        .bind(&row.disabled_reason)
+        .bind(&row.secret)
+        .bind(&row.previous_secret)
+        .bind(row.previous_expires_at.as_ref().map(encode_timestamp))
+        .bind(encode_timestamp(&row.created_at))
+        .bind(encode_timestamp(&row.updated_at))
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn endpoint_row(
+        &self,
+        workspace: &WorkspaceId,
+        id: &str,
+    ) -> Result<Option<EndpointRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM webhook_endpoints WHERE id = ? AND workspace_id = ?"
+        ))
+        .bind(id)
+        .bind(workspace.as_str())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn endpoint_rows(
+        &self,
+        workspace: &WorkspaceId,
+        before: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<EndpointRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM webhook_endpoints \
+             WHERE workspace_id = ? AND (? IS NULL OR id < ?) ORDER BY id DESC LIMIT ?"
+        ))
+        .bind(workspace.as_str())
+        .bind(before)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn replace_endpoint_row(
+        &self,
+        row: &EndpointRow,
+        seen: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE webhook_endpoints SET url = ?, description = ?, event_types = ?, \
+             disabled = ?, disabled_reason = ?, secret = ?, previous_secret = ?, \
+             previous_expires_at = ?, updated_at = ? \
+             WHERE id = ? AND workspace_id = ? AND updated_at = ?",
+        )
+        .bind(&row.url)
+        .bind(&row.description)
+        .bind(&row.event_types)
+        .bind(row.disabled)
+        .bind(&row.disabled_reason)
+        .bind(&row.secret)
+        .bind(&row.previous_secret)
+        .bind(row.previous_expires_at.as_ref().map(encode_timestamp))
+        .bind(encode_timestamp(&row.updated_at))
+        .bind(&row.id)
+        .bind(&row.workspace_id)
+        .bind(encode_timestamp(&seen))
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_endpoint_row(
+        &self,
+        workspace: &WorkspaceId,
+        id: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM webhook_endpoints WHERE id = ? AND workspace_id = ?")
+            .bind(id)
+            .bind(workspace.as_str())
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+}
