@@ -48,6 +48,32 @@ pub struct Config {
     /// The operator console at `/console`.
     #[serde(default)]
     pub console: crate::console::ConsoleConfig,
+    /// Callers' webhook endpoints (delivery events sent to the caller).
+    #[serde(default)]
+    pub webhook_endpoints: WebhookEndpointsConfig,
+}
+
+/// Callers' webhook endpoints (`[webhook_endpoints]`). `dev` allows every URL.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookEndpointsConfig {
+    /// Accept `http://` endpoint URLs outside development.
+    pub allow_http: bool,
+    /// Accept endpoints on loopback, private and link-local networks outside
+    /// development (for receivers inside the deployment's own network).
+    pub allow_private_networks: bool,
+    /// How long a rotated-out secret keeps signing beside the new one, seconds.
+    pub secret_overlap_secs: u64,
+}
+
+impl Default for WebhookEndpointsConfig {
+    fn default() -> Self {
+        Self {
+            allow_http: false,
+            allow_private_networks: false,
+            secret_overlap_secs: 24 * 3600,
+        }
+    }
 }
 
 /// Who checks webhook signatures.
@@ -402,6 +428,7 @@ impl Default for Config {
             },
             sim: crate::sim::SimConfig::default(),
             console: crate::console::ConsoleConfig::default(),
+            webhook_endpoints: WebhookEndpointsConfig::default(),
         }
     }
 }
@@ -432,6 +459,8 @@ const TOP_LEVEL: &[&str] = &[
     "erasure",
     "webhooks",
     "sim",
+    "console",
+    "webhook_endpoints",
 ];
 
 impl Config {
@@ -619,6 +648,42 @@ impl PluginsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_section_can_be_set_from_the_environment() {
+        // An environment variable names its section first; one missing here is
+        // silently ignored (as `SWITCHBOARD_CONSOLE__*` once was).
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        let mut sections: Vec<&str> = defaults
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        sections.sort_unstable();
+        let mut listed = TOP_LEVEL.to_vec();
+        listed.sort_unstable();
+        assert_eq!(listed, sections);
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn console_and_endpoint_settings_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "SWITCHBOARD_CONSOLE__SESSION_SECRET",
+                "from the environment",
+            );
+            jail.set_env("SWITCHBOARD_WEBHOOK_ENDPOINTS__ALLOW_HTTP", "true");
+            let config = Config::load(None).unwrap();
+            assert_eq!(
+                config.console.session_secret.as_deref(),
+                Some("from the environment")
+            );
+            assert!(config.webhook_endpoints.allow_http);
+            Ok(())
+        });
+    }
 
     #[test]
     fn metrics_have_a_loopback_listener_of_their_own_by_default() {

@@ -19,6 +19,7 @@ pub mod ids;
 pub mod ingest;
 pub mod metrics;
 pub mod model;
+pub mod outbound;
 pub mod plugins;
 pub mod ratelimit;
 pub mod receipts;

@@ -28,6 +28,12 @@ mod refine;
         super::admin::list_plugins,
         super::admin::install_plugin,
         super::admin::rollback,
+        super::endpoints::create,
+        super::endpoints::list,
+        super::endpoints::read,
+        super::endpoints::update,
+        super::endpoints::remove,
+        super::endpoints::rotate_secret,
     ),
     components(schemas(crate::receipts::TelemetryReceiptEvent)),
     servers((url = "/", description = "This gateway")),
@@ -40,6 +46,7 @@ mod refine;
         (name = "mcp", description = "Operator tools for AI agents"),
         (name = "webhooks", description = "Provider delivery receipts, authenticated by the provider's signature"),
         (name = "admin", description = "The plugin registry; keys with the `admin` scope"),
+        (name = "webhook-endpoints", description = "Where a workspace's delivery events are posted, signed per the Standard Webhooks specification"),
     )
 )]
 pub struct ApiDoc;

@@ -93,6 +93,10 @@ fn subscriber_id(description: &str) -> Value {
 }
 
 fn schemas(schemas: &mut Value) {
+    // An endpoint's event types are a set (a repeat is refused).
+    for name in ["CreateEndpointRequest", "UpdateEndpointRequest"] {
+        schemas[name]["properties"]["event_types"]["uniqueItems"] = json!(true);
+    }
     // Stored strings refuse control characters; a payload nests at most 32 levels.
     let trigger = &mut schemas["TriggerRequest"]["properties"];
     trigger["category"] = json!({
