@@ -3,6 +3,7 @@
 //! the gateway may post to ([`policy`]).
 
 pub mod policy;
+pub mod send;
 pub mod sign;
 
 /// Every event type, in the order the docs list them.
