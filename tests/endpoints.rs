@@ -179,6 +179,24 @@ async fn endpoints_are_managed_per_workspace(b: Backends) {
         (patched["disabled"].as_bool(), patched["url"].as_str()),
         (Some(true), Some("http://127.0.0.1:9000/hooks"))
     );
+    let (status, described) = api
+        .call("PATCH", &path, acme, Some(json!({"description": "again"})))
+        .await;
+    assert_eq!(
+        (status, described["description"].as_str()),
+        (200, Some("again"))
+    );
+    let (_, kept) = api
+        .call("PATCH", &path, acme, Some(json!({"disabled": true})))
+        .await;
+    assert_eq!(
+        kept["description"], "again",
+        "a field left out is kept: {kept}"
+    );
+    let (_, patched) = api
+        .call("PATCH", &path, acme, Some(json!({"description": null})))
+        .await;
+    assert!(patched.get("description").is_none(), "{patched}");
     let (status, same) = api.call("PATCH", &path, acme, Some(json!({}))).await;
     assert_eq!((status, &same), (200, &patched));
     let (status, _) = api
@@ -193,7 +211,12 @@ async fn endpoints_are_managed_per_workspace(b: Backends) {
             json!({"url": "https://user:pw@example.com/"}),
             "credentials",
         ),
-        (json!({"url": "not a url"}), "not a valid URL"),
+        (json!({"url": "not a url"}), "white space"),
+        (
+            json!({"url": "https:example.com"}),
+            "must start with https://",
+        ),
+        (json!({"url": "https://exa%mple.com/"}), "not a valid URL"),
         (
             json!({"url": "https://example.com/", "event_types": []}),
             "leave it out",
@@ -221,10 +244,15 @@ async fn endpoints_are_managed_per_workspace(b: Backends) {
             .await;
         bad_request(status, &answer, mentions);
     }
-    let (status, answer) = api
-        .call("PATCH", &path, acme, Some(json!({"url": "gopher://x"})))
-        .await;
-    bad_request(status, &answer, "https");
+    for (body, mentions) in [
+        (json!({"url": "gopher://x"}), "https"),
+        (json!({"event_types": []}), "leave it out"),
+        (json!({"description": "d".repeat(501)}), "longer than 500"),
+        (json!({"disabled": "yes"}), "disabled"),
+    ] {
+        let (status, answer) = api.call("PATCH", &path, acme, Some(body)).await;
+        bad_request(status, &answer, mentions);
+    }
     for query in ["limit=0", "limit=101", "cursor=nope", "sort=asc"] {
         let (status, answer) = api
             .call("GET", &format!("/v1/webhook-endpoints?{query}"), acme, None)
@@ -335,4 +363,35 @@ async fn production_refuses_http_and_internal_addresses(b: Backends) {
         )
         .await;
     assert_eq!(status, 201, "{made}");
+
+    // A workspace has at most 50.
+    for i in 1..50 {
+        let (status, _) = api
+            .call(
+                "POST",
+                "/v1/webhook-endpoints",
+                &keys[0],
+                Some(json!({"url": format!("https://hooks.example.com/{i}")})),
+            )
+            .await;
+        assert_eq!(status, 201);
+    }
+    let (status, answer) = api
+        .call(
+            "POST",
+            "/v1/webhook-endpoints",
+            &keys[0],
+            Some(json!({"url": "https://hooks.example.com/51"})),
+        )
+        .await;
+    bad_request(status, &answer, "the most it may have");
+    let (status, _) = api
+        .call(
+            "POST",
+            "/v1/webhook-endpoints",
+            &keys[1],
+            Some(json!({"url": "https://hooks.example.com/other"})),
+        )
+        .await;
+    assert_eq!(status, 201, "the limit is per workspace");
 }

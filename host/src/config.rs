@@ -66,6 +66,9 @@ pub struct WebhookEndpointsConfig {
     pub secret_overlap_secs: u64,
 }
 
+/// Longest a rotated-out endpoint secret may keep signing: 30 days.
+pub const MAX_SECRET_OVERLAP_SECS: u64 = 30 * 24 * 3600;
+
 impl Default for WebhookEndpointsConfig {
     fn default() -> Self {
         Self {
@@ -543,6 +546,11 @@ impl Config {
             anyhow::ensure!(ok, "invalid configuration: {setting} must be {want}");
             Ok(())
         };
+        ensure(
+            self.webhook_endpoints.secret_overlap_secs <= MAX_SECRET_OVERLAP_SECS,
+            "webhook_endpoints.secret_overlap_secs",
+            "at most 2592000 (30 days)",
+        )?;
         // JetStream keeps at most five copies of a stream.
         ensure(
             (1..=5).contains(&self.broker.streams.replicas),

@@ -44,7 +44,8 @@ pub fn router() -> Router<AppState> {
 }
 
 /// An endpoint as the API shows it (its secret only when it is made).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+/// (No `Debug`: it may carry the secret.)
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct EndpointDto {
     /// `ep_…`.
     pub id: String,
@@ -95,7 +96,7 @@ impl EndpointDto {
 pub struct CreateEndpointRequest {
     /// `https://…` (`http://` and internal addresses only where the deployment allows
     /// them; always in `dev`). No credentials in it.
-    #[schema(max_length = 2048, pattern = r"^https?://")]
+    #[schema(max_length = 2048, pattern = r"^https?://[^\s\u0000-\u001F\u007F]+$")]
     pub url: String,
     /// Free text (up to 500 characters).
     #[serde(default)]
@@ -163,7 +164,7 @@ where
 pub struct UpdateEndpointRequest {
     /// New URL (the create's rules).
     #[serde(default)]
-    #[schema(max_length = 2048, pattern = r"^https?://")]
+    #[schema(max_length = 2048, pattern = r"^https?://[^\s\u0000-\u001F\u007F]+$")]
     pub url: Option<String>,
     /// New description; null clears it.
     #[serde(default, deserialize_with = "present")]
@@ -181,7 +182,7 @@ pub struct UpdateEndpointRequest {
 impl crate::ingest::JsonBody for UpdateEndpointRequest {}
 
 /// `GET /v1/webhook-endpoints`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ListEndpointsResponse {
     /// Newest first.
     pub endpoints: Vec<EndpointDto>,
@@ -192,6 +193,7 @@ pub struct ListEndpointsResponse {
 
 /// `GET /v1/webhook-endpoints` query.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Page size, 1 to 100 (default 20).
@@ -203,7 +205,8 @@ pub struct ListQuery {
 }
 
 /// `POST /v1/webhook-endpoints/{endpointId}/rotate-secret`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+/// (No `Debug`: it carries the secret.)
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct RotateSecretResponse {
     /// `ep_…`.
     pub id: String,
@@ -484,8 +487,11 @@ pub async fn rotate_secret(
 ) -> Result<axum::Json<RotateSecretResponse>, ApiError> {
     let id = endpoint_path(path)?;
     let secret = sign::new_secret();
+    // Bounded by the configuration's check (30 days), so this cannot overflow.
     let overlap = chrono::Duration::seconds(
-        i64::try_from(state.config.webhook_endpoints.secret_overlap_secs).unwrap_or(i64::MAX / 2),
+        i64::try_from(state.config.webhook_endpoints.secret_overlap_secs)
+            .unwrap_or(0)
+            .min(crate::config::MAX_SECRET_OVERLAP_SECS as i64),
     );
     let until = crate::store::now_micros() + overlap;
     caller.still_valid().await?;

@@ -34,8 +34,17 @@ impl UrlPolicy {
 /// Checks an endpoint URL as saved: scheme, no credentials, a host, and a literal
 /// address (or `localhost`) against the policy.
 pub fn check_url(text: &str, policy: UrlPolicy) -> Result<url::Url, String> {
-    if text.len() > MAX_URL_LEN {
+    if text.chars().count() > MAX_URL_LEN {
         return Err(format!("url is longer than {MAX_URL_LEN} characters"));
+    }
+    // As written, not as a lenient parser would repair it (it drops white space and
+    // reads `https:host` as `https://host`).
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("url must not contain white space or control characters".into());
+    }
+    if !(text.starts_with("https://") || text.starts_with("http://")) {
+        let scheme = text.split(':').next().unwrap_or_default();
+        return Err(format!("url must start with https:// (not {scheme:?})"));
     }
     let url = url::Url::parse(text).map_err(|e| format!("url is not a valid URL: {e}"))?;
     match url.scheme() {
@@ -102,18 +111,36 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         // 100.64.0.0/10, carrier-grade NAT; 198.18.0.0/15, benchmarking.
         || (a == 100 && (64..128).contains(&b))
         || (a == 198 && (18..20).contains(&b))
+        // 192.0.0.0/24, protocol assignments; 192.88.99.0/24, 6to4 relays.
+        || (a == 192 && b == 0 && ip.octets()[2] == 0)
+        || (a == 192 && b == 88 && ip.octets()[2] == 99)
         || a >= 240)
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let s = ip.segments();
+    let embedded = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    // Addresses that carry an IPv4 address reach it: judge that one. IPv4-compatible
+    // ::a.b.c.d, NAT64 64:ff9b::a.b.c.d, 6to4 2002:AABB:CCDD::.
+    if s[..6] == [0; 6] {
+        return is_public_v4(embedded(s[6], s[7]));
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return is_public_v4(embedded(s[6], s[7]));
+    }
+    if s[0] == 0x2002 {
+        return is_public_v4(embedded(s[1], s[2]));
+    }
     !(ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
-        // fc00::/7 unique local, fe80::/10 link-local, 2001:db8::/32 documentation.
-        || (first & 0xfe00) == 0xfc00
-        || (first & 0xffc0) == 0xfe80
-        || (first == 0x2001 && ip.segments()[1] == 0x0db8))
+        // fc00::/7 unique local, fe80::/10 link-local, fec0::/10 site-local,
+        // 64:ff9b:1::/48 local NAT64, 2001::/32 Teredo, 2001:db8::/32 documentation.
+        || (s[0] & 0xfe00) == 0xfc00
+        || (s[0] & 0xffc0) == 0xfe80
+        || (s[0] & 0xffc0) == 0xfec0
+        || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
+        || (s[0] == 0x2001 && (s[1] == 0 || s[1] == 0x0db8)))
 }
 
 #[cfg(test)]
@@ -133,6 +160,14 @@ mod tests {
     fn production_wants_https_and_a_public_host() {
         assert!(check_url("https://hooks.example.com/sb?x=1", PRODUCTION).is_ok());
         assert!(check_url("https://93.184.216.34/x", PRODUCTION).is_ok());
+        assert!(
+            check_url("https://[64:ff9b::5db8:d822]/", PRODUCTION).is_ok(),
+            "NAT64 of a public address"
+        );
+        assert!(
+            check_url("https://[2002:5db8:d822::1]/", PRODUCTION).is_ok(),
+            "6to4 of a public address"
+        );
         for bad in [
             "http://hooks.example.com/",
             "ftp://hooks.example.com/",
@@ -150,6 +185,20 @@ mod tests {
             "https://[fd00::1]/",
             "https://[fe80::1]/",
             "https://[::ffff:127.0.0.1]/",
+            "https://[::127.0.0.1]/",
+            "https://[64:ff9b::a00:1]/",
+            "https://[64:ff9b:1::1]/",
+            "https://[2002:a00:1::1]/",
+            "https://[2001:0:1::1]/",
+            "https://[fec0::1]/",
+            "https://192.0.0.8/",
+            "https://192.88.99.1/",
+            "https://2130706433/",
+            "https://0x7f.1/",
+            "https:example.com",
+            "HTTPS://example.com/",
+            " https://example.com/",
+            "https://example.com/\tx",
             "not a url",
         ] {
             assert!(check_url(bad, PRODUCTION).is_err(), "{bad} accepted");

@@ -276,6 +276,11 @@ fn parameters(operation: &mut Value) {
                 either_case(MessageStatus::ALL.iter().map(|s| s.as_str()))
             }
             "channel" if p["in"] == "query" => either_case(Channel::ALL.iter().map(|c| c.as_str())),
+            "cursor"
+                if description.contains("next_cursor") && p["schema"]["pattern"].is_string() =>
+            {
+                continue;
+            }
             "cursor" => json!({"type": "string", "minLength": 1}),
             // What `HeaderValue::to_str` takes, 1 to 255 characters (the ends are
             // trimmed by HTTP itself).

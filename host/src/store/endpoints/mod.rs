@@ -150,8 +150,9 @@ pub trait Endpoints: Send + Sync {
     ) -> Result<bool, StoreError>;
 }
 
-/// A `webhook_endpoints` row; `event_types` is JSON text.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A `webhook_endpoints` row; `event_types` is JSON text. (No `Debug`: it holds the
+/// secrets.)
+#[derive(Clone, sqlx::FromRow)]
 pub(crate) struct EndpointRow {
     pub(crate) id: String,
     pub(crate) workspace_id: String,

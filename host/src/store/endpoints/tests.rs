@@ -116,6 +116,25 @@ pub(crate) async fn endpoints_round_trip(store: Arc<dyn Store>) {
         Some(rotated)
     );
 
+    // Enabling an endpoint the gateway disabled clears its reason.
+    let mut gone = endpoint(&ws.id, "https://example.com/gone");
+    gone.disabled = true;
+    gone.disabled_reason = Some("410 Gone".into());
+    store.create_endpoint(&gone).await.unwrap();
+    let enabled = store
+        .patch_endpoint(
+            &ws.id,
+            &gone.id,
+            &EndpointPatch {
+                disabled: Some(false),
+                ..EndpointPatch::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((enabled.disabled, enabled.disabled_reason), (false, None));
+
     assert!(!store.delete_endpoint(&other.id, &first.id).await.unwrap());
     assert!(store.delete_endpoint(&ws.id, &first.id).await.unwrap());
     assert!(!store.delete_endpoint(&ws.id, &first.id).await.unwrap());
