@@ -2,6 +2,7 @@
 //! how each request is signed ([`sign`], the Standard Webhooks scheme) and which URLs
 //! the gateway may post to ([`policy`]).
 
+pub mod event;
 pub mod policy;
 pub mod send;
 pub mod sign;
