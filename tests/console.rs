@@ -42,6 +42,21 @@ async fn trigger(url: &str, key: &str, subscriber: &str) -> String {
         .to_string()
 }
 
+/// A gateway without workers on `b`, its data in `dir`: its URL and state.
+async fn gateway(
+    b: Backends,
+    dir: &tempfile::TempDir,
+    tag: &str,
+) -> (String, switchboard::AppState) {
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, b, tag).await;
+    config.worker.enabled = false;
+    common::serve(config).await
+}
+
 /// Signs in with `key`: the cookie pair (`name=value`) and the whole Set-Cookie line.
 async fn sign_in(url: &str, key: &str, https: bool) -> (String, String) {
     let mut request = client()
@@ -103,13 +118,7 @@ async fn answer(resp: reqwest::Response) -> (u16, String, String) {
 
 async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    };
-    common::isolate(&mut config, b, "console").await;
-    config.worker.enabled = false;
-    let (url, state) = common::serve(config).await;
+    let (url, state) = gateway(b, &dir, "console").await;
     let store = state.ingest.store.clone();
     let keys = two_workspaces(&*store).await;
     let (acme_key, acme_record) = keys[0].clone();
@@ -284,13 +293,7 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
 
 async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backends) {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    };
-    common::isolate(&mut config, b, "consolekeys").await;
-    config.worker.enabled = false;
-    let (url, state) = common::serve(config).await;
+    let (url, state) = gateway(b, &dir, "consolekeys").await;
     let store = state.ingest.store.clone();
     let acme = store
         .ensure_workspace("acme", Some(Tier::Paid))
@@ -452,13 +455,7 @@ async fn two_workspaces(
 
 async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    };
-    common::isolate(&mut config, b, "consolepages").await;
-    config.worker.enabled = false;
-    let (url, state) = common::serve(config).await;
+    let (url, state) = gateway(b, &dir, "consolepages").await;
     let store = state.ingest.store.clone();
     let keys = two_workspaces(&*store).await;
     let (acme_key, acme_record) = keys[0].clone();
@@ -642,13 +639,7 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
 
 async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    };
-    common::isolate(&mut config, b, "consoleplugins").await;
-    config.worker.enabled = false;
-    let (url, state) = common::serve(config).await;
+    let (url, state) = gateway(b, &dir, "consoleplugins").await;
     let store = state.ingest.store.clone();
     let ws = store
         .ensure_workspace("acme", Some(Tier::Paid))
