@@ -1,12 +1,14 @@
 //! The console in a real browser: Debian's Chromium, headless, driven through
 //! chromedriver (WebDriver). Sign in, watch triggered messages appear in Activity,
 //! open one and see its journey reach DELIVERED, filter, page, read the overview,
-//! preview a workflow, change a preference, install a plugin and roll it back, have a
+//! preview a workflow, change a preference, sign in by keyboard alone, install a plugin and roll it back, have a
 //! form without its CSRF token refused, fit a phone-sized window, sign out, and a
 //! second workspace's key seeing none of the first's messages. Each page is saved as a
 //! screenshot under `target/tmp/console-screenshots/` (the ones in `docs/console/`
 //! come from here).
 
+use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 use std::path::PathBuf;
@@ -178,7 +180,25 @@ async fn the_console_works_in_a_real_browser() {
     click(&client, Locator::Css("form button[type=submit]")).await;
     showing(&client, "That key was not accepted").await;
 
-    sign_in(&client, &url, &keys[0]).await;
+    // Keyboard only: the key field has the focus, Tab reaches the button, Enter on it
+    // sends the form.
+    client
+        .goto(&format!("{url}/console/sign-in"))
+        .await
+        .unwrap();
+    let field = client.active_element().await.unwrap();
+    assert_eq!(field.attr("name").await.unwrap().as_deref(), Some("key"));
+    field.send_keys(&keys[0]).await.unwrap();
+    let press = |key: Key| {
+        KeyActions::new("keyboard".into())
+            .then(KeyAction::Down { value: key.into() })
+            .then(KeyAction::Up { value: key.into() })
+    };
+    client.perform_actions(press(Key::Tab)).await.unwrap();
+    let button = client.active_element().await.unwrap();
+    assert_eq!(button.text().await.unwrap(), "Sign in");
+    client.perform_actions(press(Key::Enter)).await.unwrap();
+    at(&client, "/console").await;
     let http = reqwest::Client::new();
     let mut ids = Vec::new();
     for i in 0..3 {
