@@ -161,6 +161,27 @@ mod tests {
         let json = serde_json::to_value(&event).unwrap();
         assert_eq!(json["type"], "message.delivered");
         assert_eq!(json["data"]["status"], "DELIVERED");
+        let mut keys: Vec<&str> = json["data"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "channel",
+                "cost_micro_usd",
+                "event_id",
+                "event_name",
+                "provider",
+                "status",
+                "subscriber_id",
+                "test_mode"
+            ],
+            "public fields only (error_code is left out when there is none)"
+        );
         let text = json.to_string();
         for private in ["pm-1", "free text", "variables_keys", "coupon_code"] {
             assert!(!text.contains(private), "{private} leaked: {text}");

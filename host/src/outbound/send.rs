@@ -5,6 +5,7 @@
 //!   connection then goes to an address that was checked, so a name cannot be
 //!   re-pointed at an internal address between the check and the connect (DNS
 //!   rebinding). A URL naming an address is checked before anything is sent.
+//! - No proxy from the environment is used: a proxy would resolve the name itself.
 //! - Redirects are never followed (a redirect to an internal address would escape the
 //!   check); a 3xx is a failure like any non-2xx.
 //! - `2xx` is delivered, `410 Gone` asks for the endpoint to be disabled, anything else
@@ -42,7 +43,12 @@ pub const SCHEDULE: [Duration; 10] = [
 /// moves it by up to a fifth.
 pub fn retry_delay(failures: u32, jitter: f64) -> Option<Duration> {
     let base = SCHEDULE.get(usize::try_from(failures).ok()?.checked_sub(1)?)?;
-    Some(base.mul_f64(1.0 + 0.2 * jitter.clamp(-1.0, 1.0)))
+    let jitter = if jitter.is_finite() {
+        jitter.clamp(-1.0, 1.0)
+    } else {
+        0.0
+    };
+    Some(base.mul_f64(1.0 + 0.2 * jitter))
 }
 
 /// What a try came to.
@@ -122,6 +128,9 @@ impl Sender {
     /// A sender under `policy` whose receivers have `timeout` to answer.
     pub fn new(policy: UrlPolicy, timeout: Duration) -> anyhow::Result<Self> {
         let client = reqwest::Client::builder()
+            // A proxy from the environment would resolve the endpoint's name itself,
+            // past the check: events go straight to the checked address.
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .dns_resolver(Arc::new(CheckedResolver { policy }))
@@ -356,7 +365,10 @@ mod tests {
             .await;
         assert_eq!((by_name.verdict, by_name.status), (Verdict::Retry, None));
         let error = by_name.error.unwrap();
-        assert!(error.contains("localhost resolves to 127.0.0.1"), "{error}");
+        assert!(
+            error.contains("localhost resolves to") && error.contains("internal address"),
+            "{error}"
+        );
         // By address.
         let by_ip = sender
             .send(&format!("{base}/ok"), "evt_1", now(), b"{}", &[&secret])
@@ -398,5 +410,6 @@ mod tests {
         assert_eq!(retry_delay(10, 0.0), Some(Duration::from_secs(8 * 3600)));
         assert_eq!(retry_delay(11, 0.0), None, "given up after the last");
         assert_eq!(retry_delay(0, 0.0), None);
+        assert_eq!(retry_delay(2, f64::NAN), Some(Duration::from_secs(30)));
     }
 }
