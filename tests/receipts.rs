@@ -1073,7 +1073,7 @@ async fn a_trusted_native_build_swaps_and_rolls_back_like_a_component(b: Backend
             .await
             .unwrap()
     );
-    let line = install::rollback(&*store, "provc").await.unwrap();
+    let line = install::rollback(&*store, "provc", None).await.unwrap();
     assert!(line.contains("rolled back"), "{line}");
     lp.state.plugins.sync(&*store).await.unwrap();
     let loaded = lp.state.plugins.get("provc").unwrap();

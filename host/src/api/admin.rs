@@ -107,7 +107,12 @@ pub fn is_operator(key: &ApiKeyRecord) -> bool {
 
 /// Installing or rolling back a plugin changes it for every tenant.
 fn require_operator(caller: &Caller) -> Result<(), ApiError> {
-    if is_operator(&caller.key) {
+    require_operator_key(&caller.key)
+}
+
+/// [`require_operator`] for a key resolved otherwise (the console's session).
+pub fn require_operator_key(key: &ApiKeyRecord) -> Result<(), ApiError> {
+    if is_operator(key) {
         Ok(())
     } else {
         Err(ApiError::Forbidden(OPERATOR_ONLY.into()))
@@ -115,7 +120,7 @@ fn require_operator(caller: &Caller) -> Result<(), ApiError> {
 }
 
 /// Why a plugin swap was refused to a key without the `operator` scope.
-pub const OPERATOR_ONLY: &str = "installing or rolling back a plugin changes it for every \
+const OPERATOR_ONLY: &str = "installing or rolling back a plugin changes it for every \
      tenant: it needs the operator's key (switchboard keys create --scope operator, on the host)";
 
 fn require_admin(caller: &Caller) -> Result<(), ApiError> {
@@ -320,14 +325,18 @@ pub async fn install_component(
     Ok(outcome)
 }
 
-/// Rolls `slug` back ([`install::rollback`]) and announces the swap; what happened, in
-/// a line. The caller has checked the operator's authority.
-pub async fn rollback_plugin(state: &AppState, slug: &str) -> Result<String, ApiError> {
-    let done = install::rollback(&*state.ingest.store, slug)
+/// Rolls `slug` back ([`install::rollback`], from `expected` only when given) and
+/// announces the swap; what happened, in a line. The caller has checked the operator's
+/// authority.
+pub async fn rollback_plugin(
+    state: &AppState,
+    slug: &str,
+    expected: Option<&str>,
+) -> Result<String, ApiError> {
+    let done = install::rollback(&*state.ingest.store, slug, expected)
         .await
         .map_err(|e| match e.downcast::<crate::store::StoreError>() {
-            Ok(crate::store::StoreError::Conflict(m)) => ApiError::Conflict(m),
-            Ok(e) => ApiError::from_store_write(e),
+            Ok(e) => ApiError::from_store_change(e),
             Err(e) => ApiError::ResourceNotFound(e.to_string()),
         })?;
     swapped(state, slug).await;
@@ -380,7 +389,7 @@ pub async fn rollback(
     require_operator(&caller)?;
     let Path(slug) = path.map_err(|e| ApiError::BadRequest(format!("invalid slug: {e}")))?;
     caller.still_valid().await?;
-    let detail = rollback_plugin(&state, &slug).await?;
+    let detail = rollback_plugin(&state, &slug, None).await?;
     Ok(axum::Json(RollbackResponse {
         status: "ROLLED_BACK".into(),
         slug,

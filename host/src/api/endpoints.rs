@@ -114,39 +114,11 @@ pub struct CreateEndpointRequest {
 
 impl crate::ingest::JsonBody for CreateEndpointRequest {}
 
-/// A delivery event type.
+/// A delivery event type: one of [`crate::outbound::EVENT_TYPES`] (the document's
+/// `enum` is filled in from that list, so it is written once).
 #[derive(utoipa::ToSchema)]
-#[schema(as = EventType)]
 #[allow(dead_code)] // documents the strings; requests carry them as text
-pub enum EventType {
-    /// A provider accepted the message.
-    #[schema(rename = "message.sent")]
-    MessageSent,
-    /// Delivered to the person.
-    #[schema(rename = "message.delivered")]
-    MessageDelivered,
-    /// Every provider failed.
-    #[schema(rename = "message.failed")]
-    MessageFailed,
-    /// Withheld (preferences, erasure, DND).
-    #[schema(rename = "message.suppressed")]
-    MessageSuppressed,
-    /// Bounced (hard or soft).
-    #[schema(rename = "message.bounced")]
-    MessageBounced,
-    /// Marked as spam.
-    #[schema(rename = "message.complained")]
-    MessageComplained,
-    /// Opened or read.
-    #[schema(rename = "message.seen")]
-    MessageSeen,
-    /// A link in it was clicked.
-    #[schema(rename = "message.clicked")]
-    MessageClicked,
-    /// The gateway disabled the endpoint.
-    #[schema(rename = "endpoint.disabled")]
-    EndpointDisabled,
-}
+pub struct EventType(String);
 
 /// A field that is absent (`None`), null (`Some(None)`) or set (`Some(Some(_))`).
 fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
@@ -249,14 +221,6 @@ fn endpoint_path(path: Result<Path<String>, PathRejection>) -> Result<EndpointId
 
 fn not_found(id: &EndpointId) -> ApiError {
     ApiError::ResourceNotFound(format!("no webhook endpoint {id} in this workspace"))
-}
-
-/// Store errors of a write: a concurrent change that kept winning is 409.
-fn write_error(e: crate::store::StoreError) -> ApiError {
-    match e {
-        crate::store::StoreError::Conflict(m) => ApiError::Conflict(m),
-        other => ApiError::from_store_write(other),
-    }
 }
 
 /// Creates an endpoint and answers with its signing secret (shown this once).
@@ -430,7 +394,7 @@ pub async fn update(
         store
             .patch_endpoint(&caller.key.workspace, &id, &patch)
             .await
-            .map_err(write_error)?
+            .map_err(ApiError::from_store_change)?
     };
     let endpoint = endpoint.ok_or_else(|| not_found(&id))?;
     Ok(axum::Json(EndpointDto::of(&endpoint)))
@@ -500,7 +464,7 @@ pub async fn rotate_secret(
         .store
         .rotate_endpoint_secret(&caller.key.workspace, &id, &secret, until)
         .await
-        .map_err(write_error)?
+        .map_err(ApiError::from_store_change)?
         .ok_or_else(|| not_found(&id))?;
     Ok(axum::Json(RotateSecretResponse {
         id: endpoint.id.to_string(),

@@ -175,6 +175,16 @@ impl ApiError {
     pub fn from_store_write(e: crate::store::StoreError) -> Self {
         ApiError::Internal(e.into())
     }
+
+    /// A store failure on a change that checks what it changes (an endpoint's patch or
+    /// rotation, a plugin rollback): losing to a concurrent change is 409, anything
+    /// else as [`ApiError::from_store_write`].
+    pub fn from_store_change(e: crate::store::StoreError) -> Self {
+        match e {
+            crate::store::StoreError::Conflict(m) => ApiError::Conflict(m),
+            other => ApiError::from_store_write(other),
+        }
+    }
 }
 
 impl From<crate::ingest::IngestError> for ApiError {

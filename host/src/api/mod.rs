@@ -90,18 +90,23 @@ pub fn metrics_router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Each stream's depth, as the broker reports it within the readiness timeout (the
+/// metrics scrape and the console's overview).
+pub async fn stream_depths(state: &AppState) -> Result<Vec<(String, u64)>, String> {
+    match tokio::time::timeout(health::READY_TIMEOUT, state.ingest.broker.depths()).await {
+        Ok(Ok(depths)) => Ok(depths),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the broker did not report stream depths in time".into()),
+    }
+}
+
 async fn render_metrics(
     State(state): State<AppState>,
 ) -> ([(&'static str, &'static str); 1], String) {
     let metrics = &state.ingest.metrics;
-    // Read at the scrape, bounded: a broker that does not answer leaves the last depths.
-    let depths = tokio::time::timeout(
-        crate::api::health::READY_TIMEOUT,
-        state.ingest.broker.depths(),
-    )
-    .await;
-    match depths {
-        Ok(Ok(depths)) => {
+    // Read at the scrape: a broker that does not answer leaves the last depths.
+    match stream_depths(&state).await {
+        Ok(depths) => {
             for (stream, n) in depths {
                 metrics
                     .queue_depth
@@ -109,8 +114,7 @@ async fn render_metrics(
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
-        Ok(Err(e)) => tracing::warn!(error = %e, "metrics: stream depths unavailable"),
-        Err(_) => tracing::warn!("metrics: the broker did not report stream depths in time"),
+        Err(e) => tracing::warn!(error = %e, "metrics: stream depths unavailable"),
     }
     (
         [(

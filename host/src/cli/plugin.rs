@@ -194,7 +194,7 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
             let (store, _) = crate::open_store(&config).await?;
             print!(
                 "{}",
-                crate::plugins::install::rollback(&*store, &slug).await?
+                crate::plugins::install::rollback(&*store, &slug, None).await?
             );
             println!("{}", announce_swap(&config, &slug).await);
             Ok(ExitCode::SUCCESS)

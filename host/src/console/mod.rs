@@ -284,6 +284,13 @@ async fn sign_out(
     Ok(response)
 }
 
+/// The first value named `name` in a query string.
+pub(super) fn query_value(raw: Option<&str>, name: &str) -> Option<String> {
+    url::form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.into_owned())
+}
+
 /// Refuses a key without the `admin` scope (or `operator`) the page `what` needs.
 pub(super) fn require_admin(key: &ApiKeyRecord, what: &str) -> Result<(), ApiError> {
     if crate::api::admin::is_admin(key) {

@@ -202,23 +202,13 @@ pub(super) async fn overview(
         .map_err(ApiError::from_store_read)?;
     let summary = summarize(&counts, now);
     // Streams are shared by every workspace: their depths are the operator's to see.
-    // Bounded, like the metrics scrape: a broker that does not answer says so.
-    let depths = if !crate::api::admin::is_admin(&key) {
-        None
+    let depths = if crate::api::admin::is_admin(&key) {
+        crate::api::stream_depths(&state)
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "console: stream depths unavailable"))
+            .ok()
     } else {
-        match tokio::time::timeout(
-            crate::api::health::READY_TIMEOUT,
-            state.ingest.broker.depths(),
-        )
-        .await
-        {
-            Ok(Ok(depths)) => Some(depths),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "console: stream depths unavailable");
-                None
-            }
-            Err(_) => None,
-        }
+        None
     };
     let header = page_context(&state, &key, &cookie);
     let ctx = context! {

@@ -4,10 +4,12 @@
 //! which is why they need the operator's key, as in the API.
 
 use super::{
-    bad_form, bad_path, check_token, page_context, render, require_admin, signed_in, to_sign_in,
+    bad_form, bad_path, check_token, page_context, query_value, render, require_admin, signed_in,
+    to_sign_in,
 };
 use crate::AppState;
 use crate::api::ApiError;
+use crate::api::admin::require_operator_key;
 use crate::model::ApiKeyRecord;
 use crate::plugins::install::InstallOutcome;
 use axum::extract::rejection::{FormRejection, PathRejection};
@@ -37,9 +39,8 @@ pub(super) async fn plugins(
         .map(|v| (v.slug.clone(), v.digest.clone()))
         .collect();
     // After a rollback: what serves the slug now (only a slug that is loaded is named).
-    let rolled_back = url::form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
-        .find(|(n, _)| n == "rolled_back")
-        .and_then(|(_, slug)| listing.loaded.iter().find(|p| p.slug == slug))
+    let rolled_back = query_value(raw.as_deref(), "rolled_back")
+        .and_then(|slug| listing.loaded.iter().find(|p| p.slug == slug))
         .map(|p| {
             format!(
                 "{} rolled back: {} {} ({}) serves it now.",
@@ -59,27 +60,18 @@ pub(super) async fn plugins(
     Ok(render("plugins.html", ctx)?.into_response())
 }
 
-fn require_operator(key: &ApiKeyRecord) -> Result<(), ApiError> {
-    if crate::api::admin::is_operator(key) {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden(crate::api::admin::OPERATOR_ONLY.into()))
-    }
-}
-
-/// The result page of an install or a rollback.
-fn outcome_page(
+/// The result page of an install.
+fn install_page(
     state: &AppState,
     key: &ApiKeyRecord,
     cookie: &str,
-    title: &str,
     accepted: bool,
     summary: String,
     report: Option<String>,
 ) -> Result<Response, ApiError> {
     let header = page_context(state, key, cookie);
     let ctx = context! {
-        title => title,
+        title => "Install",
         accepted => accepted,
         summary => summary,
         report => report,
@@ -115,14 +107,13 @@ pub(super) async fn install(
         }
     }
     check_token(&state, &cookie, &csrf)?;
-    require_operator(&key)?;
+    require_operator_key(&key)?;
     let wasm = wasm
         .filter(|w| !w.is_empty())
         .ok_or_else(|| ApiError::BadRequest("choose a component file (.wasm) to install".into()))?;
     let by = format!("console:{}", key.id);
-    let page = |accepted, summary, report| {
-        outcome_page(&state, &key, &cookie, "Install", accepted, summary, report)
-    };
+    let page =
+        |accepted, summary, report| install_page(&state, &key, &cookie, accepted, summary, report);
     match crate::api::admin::install_component(&state, &wasm, &by).await {
         Ok(InstallOutcome::Activated {
             slug,
@@ -181,23 +172,8 @@ pub(super) async fn rollback(
         return Ok(to_sign_in());
     };
     check_token(&state, &cookie, &form.csrf)?;
-    require_operator(&key)?;
-    let active = state
-        .ingest
-        .store
-        .plugin_versions(Some(&slug))
-        .await
-        .map_err(ApiError::from_store_read)?
-        .into_iter()
-        .find(|v| v.state == crate::store::PluginState::Active)
-        .map(|v| v.digest);
-    if active.as_deref() != Some(form.digest.as_str()) {
-        return Err(ApiError::Conflict(format!(
-            "the active version of {slug} is not the one this page showed; nothing was \
-             changed: reload the plugins page"
-        )));
-    }
-    crate::api::admin::rollback_plugin(&state, &slug).await?;
+    require_operator_key(&key)?;
+    crate::api::admin::rollback_plugin(&state, &slug, Some(&form.digest)).await?;
     // Redirected, so reloading the page that follows cannot roll back again.
     let query = url::form_urlencoded::Serializer::new(String::new())
         .append_pair("rolled_back", &slug)

@@ -1,7 +1,7 @@
 //! Subscribers: look one up, see and change its channel preferences, erase it (the
 //! id typed again to confirm). Each change is the API's own operation.
 
-use super::{bad_form, check_token, page_context, render, signed_in, to_sign_in};
+use super::{bad_form, check_token, page_context, query_value, render, signed_in, to_sign_in};
 use crate::AppState;
 use crate::api::ApiError;
 use crate::api::subscribers::{CHANNELS, ERASURE_MESSAGE};
@@ -66,12 +66,6 @@ pub(super) fn changes(
     Ok(update)
 }
 
-fn query_pairs(raw: Option<&str>) -> Vec<(String, String)> {
-    url::form_urlencoded::parse(raw.unwrap_or("").as_bytes())
-        .map(|(n, v)| (n.into_owned(), v.into_owned()))
-        .collect()
-}
-
 fn page_of(id: &str, notice: &str) -> String {
     let query = url::form_urlencoded::Serializer::new(String::new())
         .append_pair("id", id)
@@ -88,12 +82,9 @@ pub(super) async fn lookup(
     let Some((key, cookie)) = signed_in(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
-    let pairs = query_pairs(raw.as_deref());
     let get = |name: &str| {
-        pairs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.trim().to_string())
+        query_value(raw.as_deref(), name)
+            .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
     };
     let id = get("id");

@@ -2,7 +2,7 @@
 //! sample payload exactly as a worker would build it (voice shows the paced script, a
 //! voice variable the payload lacks shows the error the message would fail with).
 
-use super::{bad_path, page_context, render, signed_in, to_sign_in};
+use super::{bad_path, page_context, query_value, render, signed_in, to_sign_in};
 use crate::AppState;
 use crate::api::ApiError;
 use crate::ids::{EventId, WorkspaceId};
@@ -226,12 +226,7 @@ pub(super) async fn preview(
         })?;
     let workflow: Workflow = serde_json::from_value(definition)
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored workflow {name:?}: {e}")))?;
-    let given = raw.as_deref().and_then(|q| {
-        url::form_urlencoded::parse(q.as_bytes())
-            .find(|(n, _)| n == "payload")
-            .map(|(_, v)| v.into_owned())
-    });
-    let (payload_text, parsed) = match given {
+    let (payload_text, parsed) = match query_value(raw.as_deref(), "payload") {
         Some(text) if !text.trim().is_empty() => {
             let parsed = serde_json::from_str::<serde_json::Value>(&text)
                 .map_err(|e| format!("the sample payload is not JSON: {e}"))

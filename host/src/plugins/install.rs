@@ -176,9 +176,26 @@ pub async fn install(
 
 /// Rolls `slug` back: to the standby version that was active most recently, or, when
 /// there is none, to its bundled or directory plugin. Returns what happened, in a line.
-pub async fn rollback(store: &dyn Store, slug: &str) -> anyhow::Result<String> {
+/// With `expected`, only when that digest is the active one (a page that showed it):
+/// otherwise nothing changes and the error is a [`StoreError::Conflict`].
+///
+/// [`StoreError::Conflict`]: crate::store::StoreError::Conflict
+pub async fn rollback(
+    store: &dyn Store,
+    slug: &str,
+    expected: Option<&str>,
+) -> anyhow::Result<String> {
     let versions = store.plugin_versions(Some(slug)).await?;
     let current = versions.iter().find(|v| v.state == PluginState::Active);
+    if let Some(expected) = expected
+        && current.map(|c| c.digest.as_str()) != Some(expected)
+    {
+        return Err(crate::store::StoreError::Conflict(format!(
+            "the active version of {slug} is not the one expected; nothing was changed: \
+             look again (reload the plugins page)"
+        ))
+        .into());
+    }
     let target = versions
         .iter()
         .filter(|v| v.state == PluginState::Standby && v.activated_at.is_some())

@@ -93,6 +93,12 @@ fn subscriber_id(description: &str) -> Value {
 }
 
 fn schemas(schemas: &mut Value) {
+    // The event types, from the one list the handlers check against.
+    schemas["EventType"] = json!({
+        "type": "string",
+        "enum": crate::outbound::EVENT_TYPES,
+        "description": "A delivery event type.",
+    });
     // An endpoint's event types are a set (a repeat is refused).
     for name in ["CreateEndpointRequest", "UpdateEndpointRequest"] {
         schemas[name]["properties"]["event_types"]["uniqueItems"] = json!(true);
