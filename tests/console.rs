@@ -2,8 +2,9 @@
 //! (a signed, HttpOnly, SameSite=Strict cookie), the activity list with the API's
 //! filters and cursor paging, one message's journey, CSRF on every form, one
 //! workspace's key seeing nothing of another's, a revoked key ending its sessions,
-//! workflow previews, subscriber preferences and erasure, the overview, and plugin
-//! installs and rollbacks for the operator's key only.
+//! workflow previews, subscriber preferences and erasure, the overview, plugin
+//! installs and rollbacks for the operator's key only, and webhook endpoints with
+//! their delivery logs.
 
 use reqwest::redirect::Policy;
 use serde_json::{Value, json};
@@ -18,6 +19,7 @@ both!(
     admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins,
     workflows_subscribers_and_the_overview_show_one_workspace,
     operators_install_and_roll_back_plugins_from_the_console,
+    webhook_endpoints_and_their_delivery_log_show_one_workspace,
 );
 
 fn client() -> reqwest::Client {
@@ -811,4 +813,114 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
         .unwrap();
     assert_eq!(resp.status(), 404, "nothing installed is active now");
     assert_eq!(resp.json::<Value>().await.unwrap()["error"], "NOT_FOUND");
+}
+
+async fn webhook_endpoints_and_their_delivery_log_show_one_workspace(b: Backends) {
+    use switchboard::store::outbound::{OutboundAttempt, OutboundStatus, Publication};
+    let dir = tempfile::tempdir().unwrap();
+    let (url, state) = gateway(b, &dir, "consoleep").await;
+    let store = state.ingest.store.clone();
+    let keys = two_workspaces(&*store).await;
+    let (acme_key, acme_record) = keys[0].clone();
+    let (globex_key, _) = keys[1].clone();
+    let resp = client()
+        .post(format!("{url}/v1/webhook-endpoints"))
+        .bearer_auth(&acme_key)
+        .json(&json!({"url": "https://hooks.example.com/acme", "description": "orders"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let (cookie, _) = sign_in(&url, &acme_key, false).await;
+    let (status, _, page) = get(&url, "/console/endpoints", &cookie).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(&id) && page.contains("hooks.example.com"),
+        "{page}"
+    );
+    assert!(page.contains("every type") && page.contains("orders"));
+    let log = format!("/console/endpoints/{id}");
+    let (status, _, page) = get(&url, &log, &cookie).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("Nothing sent"), "{page}");
+    let csrf = csrf_of(&page);
+
+    // A test event, from a form carrying the session's token only.
+    let test = format!("/console/endpoints/{id}/test");
+    let (status, _) = post_form(&url, &test, &cookie, "forged").await;
+    assert_eq!(status, 403);
+    let (status, _) = post_form(&url, &test, &cookie, &csrf).await;
+    assert_eq!(status, 303);
+    let (_, _, page) = get(&url, &log, &cookie).await;
+    assert!(
+        page.contains("message.delivered") && page.contains("PENDING"),
+        "{page}"
+    );
+    assert!(
+        page.contains("not tried yet") && !page.contains("/retry"),
+        "{page}"
+    );
+
+    // Tried (this gateway has no workers: the store records it), the log shows the try
+    // and offers a retry, which queues it again.
+    let ws = acme_record.workspace.clone();
+    let endpoint = switchboard::ids::EndpointId::parse(&id).unwrap();
+    let (delivery, _) = store
+        .list_deliveries(&ws, &endpoint, None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let tried = OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: chrono::Utc::now(),
+        status_code: Some(204),
+        latency_ms: 12,
+        error: None,
+        next_retry_at: None,
+    };
+    let publication = Publication {
+        id: delivery.id.clone(),
+        round: 0,
+        attempts: 0,
+    };
+    store
+        .record_attempt(&publication, &tried, OutboundStatus::Succeeded)
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, _, page) = get(&url, &log, &cookie).await;
+    assert!(
+        page.contains("SUCCEEDED") && page.contains("HTTP 204"),
+        "{page}"
+    );
+    let retry = format!("/console/endpoints/{id}/deliveries/{}/retry", delivery.id);
+    assert!(
+        page.contains(&retry.replace('/', "&#x2f;")) || page.contains(&retry),
+        "{page}"
+    );
+    let (status, _) = post_form(&url, &retry, &cookie, &csrf).await;
+    assert_eq!(status, 303);
+    let (_, _, page) = get(&url, &log, &cookie).await;
+    assert!(page.contains("PENDING"), "{page}");
+    let (status, body) = post_form(&url, &retry, &cookie, &csrf).await;
+    assert_eq!(status, 409, "a pending delivery is not retried: {body}");
+
+    // Another workspace sees none of it and can do nothing with it.
+    let (theirs, _) = sign_in(&url, &globex_key, false).await;
+    let (status, _, page) = get(&url, "/console/endpoints", &theirs).await;
+    assert_eq!(status, 200);
+    assert!(!page.contains(&id) && page.contains("No endpoints yet"));
+    let (status, _, _) = get(&url, &log, &theirs).await;
+    assert_eq!(status, 404);
+    let (_, _, page) = get(&url, "/console/endpoints", &theirs).await;
+    let their_csrf = csrf_of(&page);
+    let (status, _) = post_form(&url, &test, &theirs, &their_csrf).await;
+    assert_eq!(status, 404);
+    let (status, _) = post_form(&url, &retry, &theirs, &their_csrf).await;
+    assert_eq!(status, 404);
 }

@@ -64,7 +64,26 @@ pub struct WebhookEndpointsConfig {
     pub allow_private_networks: bool,
     /// How long a rotated-out secret keeps signing beside the new one, seconds.
     pub secret_overlap_secs: u64,
+    /// Tries of delivery events in flight at once, per process.
+    pub concurrency: usize,
+    /// Tries in flight at once to one endpoint, per process: a slow endpoint holds no
+    /// more than this, and the others' events go on.
+    pub per_endpoint_concurrency: usize,
+    /// How long an endpoint has to answer a try, seconds.
+    pub timeout_secs: u64,
+    /// The waits before each retry of a failed event, milliseconds (each varies by up
+    /// to a fifth either way); once spent, the event has failed.
+    pub retry_schedule_ms: Vec<u64>,
+    /// An endpoint that has failed every try for this long is disabled, seconds.
+    pub disable_after_secs: u64,
 }
+
+/// The default waits before each retry of a delivery event, milliseconds: 5 s, 30 s,
+/// 2 min, 10 min, 30 min, 1 h, 2 h, 4 h, 8 h, 8 h; about 24 hours in all.
+pub const DEFAULT_RETRY_SCHEDULE_MS: [u64; 10] = [
+    5_000, 30_000, 120_000, 600_000, 1_800_000, 3_600_000, 7_200_000, 14_400_000, 28_800_000,
+    28_800_000,
+];
 
 /// Longest a rotated-out endpoint secret may keep signing: 30 days.
 pub const MAX_SECRET_OVERLAP_SECS: u64 = 30 * 24 * 3600;
@@ -75,6 +94,11 @@ impl Default for WebhookEndpointsConfig {
             allow_http: false,
             allow_private_networks: false,
             secret_overlap_secs: 24 * 3600,
+            concurrency: 32,
+            per_endpoint_concurrency: 4,
+            timeout_secs: 15,
+            retry_schedule_ms: DEFAULT_RETRY_SCHEDULE_MS.to_vec(),
+            disable_after_secs: 5 * 24 * 3600,
         }
     }
 }
@@ -550,6 +574,35 @@ impl Config {
             self.webhook_endpoints.secret_overlap_secs <= MAX_SECRET_OVERLAP_SECS,
             "webhook_endpoints.secret_overlap_secs",
             "at most 2592000 (30 days)",
+        )?;
+        let e = &self.webhook_endpoints;
+        ensure(
+            (1..=1_000).contains(&e.concurrency),
+            "webhook_endpoints.concurrency",
+            "between 1 and 1000",
+        )?;
+        ensure(
+            (1..=e.concurrency).contains(&e.per_endpoint_concurrency),
+            "webhook_endpoints.per_endpoint_concurrency",
+            "between 1 and webhook_endpoints.concurrency",
+        )?;
+        ensure(
+            (1..=60).contains(&e.timeout_secs),
+            "webhook_endpoints.timeout_secs",
+            "between 1 and 60",
+        )?;
+        ensure(
+            (1..=20).contains(&e.retry_schedule_ms.len())
+                && e.retry_schedule_ms
+                    .iter()
+                    .all(|ms| (1..=7 * 24 * 3_600_000).contains(ms)),
+            "webhook_endpoints.retry_schedule_ms",
+            "1 to 20 waits, each between 1 ms and 7 days",
+        )?;
+        ensure(
+            e.disable_after_secs >= 1,
+            "webhook_endpoints.disable_after_secs",
+            "at least 1",
         )?;
         // JetStream keeps at most five copies of a stream.
         ensure(

@@ -99,6 +99,10 @@ prefixed_id!(
     /// A caller's webhook endpoint, `ep_<hex>`.
     EndpointId, "ep_"
 );
+prefixed_id!(
+    /// One delivery event on its way to one webhook endpoint, `whd_<hex>`.
+    WebhookDeliveryId, "whd_"
+);
 
 /// A provider slug in its canonical form. Slugs are lower-case (`prova`), but callers
 /// and operators type them as the spec writes them (`provA`): every place that takes a

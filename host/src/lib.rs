@@ -14,6 +14,7 @@ pub mod config;
 pub mod config_cache;
 pub mod console;
 pub mod crypto;
+pub mod events;
 pub mod idempotency;
 pub mod ids;
 pub mod ingest;
@@ -299,10 +300,59 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
     )
 }
 
-/// Delivery workers, the receipt consumer and the erasure scrubber, until `stop`
-/// turns true.
+/// The relay and the dispatcher of delivery events to callers' endpoints.
+pub fn endpoint_dispatch(
+    state: &AppState,
+) -> anyhow::Result<(
+    outbound::dispatch::Relay,
+    Arc<outbound::dispatch::Dispatcher>,
+)> {
+    let config = &state.config;
+    let ingest = &state.ingest;
+    let relay = outbound::dispatch::Relay::new(
+        ingest.store.clone(),
+        ingest.broker.clone(),
+        ingest.streams.clone(),
+        ingest.metrics.clone(),
+    );
+    let sender = outbound::send::Sender::new(
+        outbound::policy::UrlPolicy::of(config),
+        Duration::from_secs(config.webhook_endpoints.timeout_secs),
+    )?;
+    let dispatcher = outbound::dispatch::Dispatcher::new(
+        ingest.store.clone(),
+        state.queue.clone(),
+        broker::ConsumerSettings {
+            durable_name: config.worker.consumer.clone(),
+            // A try ends within the endpoint's timeout; the margin covers the log.
+            ack_wait: config.worker.ack_wait().max(Duration::from_secs(
+                config.webhook_endpoints.timeout_secs * 2,
+            )),
+        },
+        sender,
+        config.webhook_endpoints.clone(),
+        ingest.metrics.clone(),
+    );
+    Ok((relay, dispatcher))
+}
+
+/// How often the relay looks for delivery events due.
+const RELAY_EVERY: Duration = Duration::from_millis(200);
+
+/// Delivery workers, the receipt consumer, the erasure scrubber and the delivery
+/// events' relay and dispatcher, until `stop` turns true.
 async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Receiver<bool>) {
     let receipts = tokio::spawn(receipt_consumer(&state).run(stop.clone()));
+    let events = match endpoint_dispatch(&state) {
+        Ok((relay, dispatcher)) => Some((
+            tokio::spawn(relay.run(RELAY_EVERY, stop.clone())),
+            tokio::spawn(dispatcher.run(stop.clone())),
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot post delivery events: no HTTP client");
+            None
+        }
+    };
     let scrubber = tokio::spawn(worker::erasure::run(
         state.ingest.store.clone(),
         state.config.erasure.audit_window(),
@@ -312,6 +362,10 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
     worker(&state).run(stop).await;
     let _ = receipts.await;
     let _ = scrubber.await;
+    if let Some((relay, dispatcher)) = events {
+        let _ = relay.await;
+        let _ = dispatcher.await;
+    }
 }
 
 /// Drops the configuration cache on every announced change, until `stop` turns true.

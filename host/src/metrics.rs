@@ -194,6 +194,16 @@ pub struct Metrics {
     /// (waiting or being delivered): the workers' lag. Read from the broker at each
     /// scrape.
     pub queue_depth: Family<StreamLabels, Gauge>,
+    /// `switchboard_endpoint_attempts_total{outcome}`: tries of delivery events to
+    /// callers' endpoints: delivered, retry, failed (the schedule ran out), gone (410),
+    /// abandoned (endpoint disabled), deferred (the endpoint's tries were all in
+    /// flight; not a try).
+    pub endpoint_attempts: Family<OutcomeLabels, Counter>,
+    /// `switchboard_endpoint_latency_seconds`: from a try's request to its answer.
+    pub endpoint_latency: Histogram,
+    /// `switchboard_endpoint_deliveries_pending`: delivery events waiting for a try
+    /// (their first or a retry). Updated by the relay.
+    pub endpoint_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -284,7 +294,28 @@ impl Metrics {
             "Events waiting in the outbox for the broker",
             outbox_depth.clone(),
         );
+        let endpoint_attempts = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "endpoint_attempts",
+            "Tries of delivery events to callers' webhook endpoints, by outcome",
+            endpoint_attempts.clone(),
+        );
+        let endpoint_latency = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "endpoint_latency_seconds",
+            "Time from a try's request to the endpoint's answer",
+            endpoint_latency.clone(),
+        );
+        let endpoint_pending = Gauge::default();
+        registry.register(
+            "endpoint_deliveries_pending",
+            "Delivery events waiting for a try at callers' webhook endpoints",
+            endpoint_pending.clone(),
+        );
         Self {
+            endpoint_attempts,
+            endpoint_latency,
+            endpoint_pending,
             registry,
             requests,
             latency,

@@ -9,9 +9,10 @@ use super::error::ErrorBody;
 use super::extract::{Caller, Json};
 use super::messages::format_time;
 use crate::AppState;
+use crate::events;
 use crate::ids::EndpointId;
 use crate::outbound::policy::{self, UrlPolicy};
-use crate::outbound::{self as events, sign};
+use crate::outbound::sign;
 use crate::store::{Endpoint, EndpointPatch};
 use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -114,7 +115,7 @@ pub struct CreateEndpointRequest {
 
 impl crate::ingest::JsonBody for CreateEndpointRequest {}
 
-/// A delivery event type: one of [`crate::outbound::EVENT_TYPES`] (the document's
+/// A delivery event type: one of [`crate::events::EVENT_TYPES`] (the document's
 /// `enum` is filled in from that list, so it is written once).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)] // documents the strings; requests carry them as text

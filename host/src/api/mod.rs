@@ -1,6 +1,7 @@
 //! The HTTP API: one router per resource, one error type.
 
 pub mod admin;
+pub mod endpoint_deliveries;
 pub mod endpoints;
 pub mod error;
 pub mod events;
@@ -38,6 +39,7 @@ pub fn router(state: AppState) -> Router {
         .merge(webhooks::router(state.config.webhooks.max_body_bytes))
         .merge(admin::router())
         .merge(endpoints::router())
+        .merge(endpoint_deliveries::router())
         .merge(mcp::router())
         .merge(openapi::router())
         .merge(crate::console::router())

@@ -311,7 +311,7 @@ impl Broker for EmbeddedBroker {
                 .await
                 .map_err(|e| BrokerError(format!("embedded queue: {e}")))?;
         let n = &self.names;
-        Ok([&n.critical, &n.bulk, &n.telemetry]
+        Ok([&n.critical, &n.bulk, &n.telemetry, &n.webhooks]
             .into_iter()
             .map(|stream| {
                 let count = rows.iter().find(|(s, _)| s == stream).map_or(0, |r| r.1);

@@ -181,6 +181,7 @@ impl JetStreamBroker {
             (&self.names.critical, format!("{prefix}.critical.>")),
             (&self.names.bulk, format!("{prefix}.bulk.>")),
             (&self.names.telemetry, self.names.telemetry_subject.clone()),
+            (&self.names.webhooks, self.names.webhooks_subject.clone()),
         ];
         for (name, subjects) in wanted {
             let mut config = Self::stream_config(name, subjects, self.names.replicas);
@@ -397,7 +398,7 @@ impl Broker for JetStreamBroker {
     async fn depths(&self) -> Result<Vec<(String, u64)>, BrokerError> {
         let n = &self.names;
         let mut out = Vec::new();
-        for stream in [&n.critical, &n.bulk, &n.telemetry] {
+        for stream in [&n.critical, &n.bulk, &n.telemetry, &n.webhooks] {
             let info = self
                 .js
                 .get_stream(stream)

@@ -16,6 +16,8 @@ pub enum StreamClass {
     Bulk,
     /// Verified provider delivery receipts (`telemetry.receipts`).
     Telemetry,
+    /// Delivery events due to callers' webhook endpoints (`webhooks.events`).
+    Webhooks,
 }
 
 /// Stream and subject names, and how many copies a cluster keeps of each stream.
@@ -34,6 +36,12 @@ pub struct StreamNames {
     /// Default `telemetry.receipts`: the one subject of the receipts stream.
     #[serde(default = "default_telemetry_subject")]
     pub telemetry_subject: String,
+    /// Default `WEBHOOKS`: the stream of delivery events due to callers' endpoints.
+    #[serde(default = "default_webhooks")]
+    pub webhooks: String,
+    /// Default `webhooks.events`: the one subject of the webhooks stream.
+    #[serde(default = "default_webhooks_subject")]
+    pub webhooks_subject: String,
     /// Default `switchboard.plugins.changed`: core NATS subject on which plugin swaps
     /// are announced (`plugins::announce`).
     #[serde(default = "default_plugins_subject")]
@@ -70,6 +78,14 @@ fn default_revocations_subject() -> String {
     "switchboard.keys.revoked".into()
 }
 
+fn default_webhooks() -> String {
+    "WEBHOOKS".into()
+}
+
+fn default_webhooks_subject() -> String {
+    "webhooks.events".into()
+}
+
 fn default_telemetry() -> String {
     "TELEMETRY".into()
 }
@@ -86,6 +102,8 @@ impl Default for StreamNames {
             subject_prefix: "notify".into(),
             telemetry: default_telemetry(),
             telemetry_subject: default_telemetry_subject(),
+            webhooks: default_webhooks(),
+            webhooks_subject: default_webhooks_subject(),
             plugins_subject: default_plugins_subject(),
             revocations_subject: default_revocations_subject(),
             replicas: default_replicas(),
@@ -101,23 +119,25 @@ impl StreamNames {
             StreamClass::Critical => &self.critical,
             StreamClass::Bulk => &self.bulk,
             StreamClass::Telemetry => &self.telemetry,
+            StreamClass::Webhooks => &self.webhooks,
         }
     }
 
-    /// `notify.critical.sms` and the like; for telemetry, `telemetry_subject` (the
-    /// channel is not part of it).
+    /// `notify.critical.sms` and the like; for telemetry and webhooks, the stream's one
+    /// subject (the channel is not part of it).
     pub fn subject(&self, class: StreamClass, channel: &str) -> String {
         let class = match class {
             StreamClass::Critical => "critical",
             StreamClass::Bulk => "bulk",
             StreamClass::Telemetry => return self.telemetry_subject.clone(),
+            StreamClass::Webhooks => return self.webhooks_subject.clone(),
         };
         format!("{}.{class}.{channel}", self.subject_prefix)
     }
 
     /// Names with the same isolating `tag` (tests, benchmarks): streams
-    /// `{TAG}_NOTIFY_CRITICAL`, `{TAG}_NOTIFY_BULK`, `{TAG}_TELEMETRY`, subjects under
-    /// `{tag}.`.
+    /// `{TAG}_NOTIFY_CRITICAL`, `{TAG}_NOTIFY_BULK`, `{TAG}_TELEMETRY`, `{TAG}_WEBHOOKS`,
+    /// subjects under `{tag}.`.
     pub fn isolated(tag: &str) -> Self {
         let upper = tag.to_uppercase();
         Self {
@@ -126,6 +146,8 @@ impl StreamNames {
             subject_prefix: format!("{tag}.notify"),
             telemetry: format!("{upper}_TELEMETRY"),
             telemetry_subject: format!("{tag}.telemetry.receipts"),
+            webhooks: format!("{upper}_WEBHOOKS"),
+            webhooks_subject: format!("{tag}.webhooks.events"),
             plugins_subject: format!("{tag}.plugins.changed"),
             revocations_subject: format!("{tag}.keys.revoked"),
             config_subject: format!("{tag}.config.changed"),
@@ -164,8 +186,8 @@ pub trait Broker: Send + Sync + 'static {
     fn connected(&self) -> bool;
     /// One round trip to the broker's storage, for readiness.
     async fn ping(&self) -> Result<(), BrokerError>;
-    /// Messages each stream holds, not yet acknowledged (critical, bulk, telemetry, in
-    /// that order): with work-queue retention, the consumers' lag.
+    /// Messages each stream holds, not yet acknowledged (critical, bulk, telemetry,
+    /// webhooks, in that order): with work-queue retention, the consumers' lag.
     async fn depths(&self) -> Result<Vec<(String, u64)>, BrokerError>;
 }
 

@@ -6,6 +6,7 @@
 //! something carries the session's CSRF token.
 
 mod activity;
+mod endpoints;
 mod keys;
 mod overview;
 mod plugins;
@@ -68,6 +69,13 @@ pub fn router() -> Router<AppState> {
         .route("/console/plugins", get(plugins::plugins))
         .route("/console/plugins/install", post(plugins::install))
         .route("/console/plugins/{slug}/rollback", post(plugins::rollback))
+        .route("/console/endpoints", get(endpoints::list))
+        .route("/console/endpoints/{id}", get(endpoints::log))
+        .route("/console/endpoints/{id}/test", post(endpoints::test))
+        .route(
+            "/console/endpoints/{id}/deliveries/{delivery}/retry",
+            post(endpoints::retry),
+        )
 }
 
 fn templates() -> &'static Environment<'static> {
@@ -86,6 +94,8 @@ fn templates() -> &'static Environment<'static> {
             ("workflows.html", include_str!("templates/workflows.html")),
             ("workflow.html", include_str!("templates/workflow.html")),
             ("subscriber.html", include_str!("templates/subscriber.html")),
+            ("endpoints.html", include_str!("templates/endpoints.html")),
+            ("endpoint.html", include_str!("templates/endpoint.html")),
         ] {
             env.add_template(name, source)
                 .expect("the console's templates parse");

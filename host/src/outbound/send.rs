@@ -9,8 +9,8 @@
 //! - Redirects are never followed (a redirect to an internal address would escape the
 //!   check); a 3xx is a failure like any non-2xx.
 //! - `2xx` is delivered, `410 Gone` asks for the endpoint to be disabled, anything else
-//!   (other statuses, refused connections, the [`TIMEOUT`]) is retried on the
-//!   [`SCHEDULE`].
+//!   (other statuses, refused connections, the timeout) is retried after
+//!   [`retry_delay`].
 
 use super::policy::{UrlPolicy, check_ip};
 use super::sign;
@@ -19,30 +19,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a receiver has to answer.
-pub const TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Waits before each retry of an event that failed: about 24 hours in all, then it
-/// is given up. Each wait varies by up to a fifth either way ([`retry_delay`]), so
-/// that events failing together do not retry together.
-pub const SCHEDULE: [Duration; 10] = [
-    Duration::from_secs(5),
-    Duration::from_secs(30),
-    Duration::from_secs(2 * 60),
-    Duration::from_secs(10 * 60),
-    Duration::from_secs(30 * 60),
-    Duration::from_secs(3600),
-    Duration::from_secs(2 * 3600),
-    Duration::from_secs(4 * 3600),
-    Duration::from_secs(8 * 3600),
-    Duration::from_secs(8 * 3600),
-];
-
 /// The wait before the next try of an event that has failed `failures` times (1 =
-/// the first try failed), `None` once the schedule is spent. `jitter` in `[-1, 1]`
-/// moves it by up to a fifth.
-pub fn retry_delay(failures: u32, jitter: f64) -> Option<Duration> {
-    let base = SCHEDULE.get(usize::try_from(failures).ok()?.checked_sub(1)?)?;
+/// the first try failed), by `schedule` (the waits before each retry), `None` once
+/// it is spent. `jitter` in `[-1, 1]` moves it by up to a fifth, so that events
+/// failing together do not retry together.
+pub fn retry_delay(schedule: &[Duration], failures: u32, jitter: f64) -> Option<Duration> {
+    let base = schedule.get(usize::try_from(failures).ok()?.checked_sub(1)?)?;
     let jitter = if jitter.is_finite() {
         jitter.clamp(-1.0, 1.0)
     } else {
@@ -352,7 +334,7 @@ mod tests {
         let secret = sign::new_secret();
         let (base, seen) = receiver(secret.clone()).await;
         let port = base.rsplit(':').next().unwrap().to_string();
-        let sender = Sender::new(PUBLIC_ONLY, TIMEOUT).unwrap();
+        let sender = Sender::new(PUBLIC_ONLY, Duration::from_secs(15)).unwrap();
         // By name: the resolver refuses what localhost resolves to.
         let by_name = sender
             .send(
@@ -395,7 +377,12 @@ mod tests {
 
     #[test]
     fn the_schedule_spans_about_a_day_with_jitter() {
-        let total: Duration = SCHEDULE.iter().sum();
+        let schedule: Vec<Duration> = crate::config::DEFAULT_RETRY_SCHEDULE_MS
+            .iter()
+            .map(|ms| Duration::from_millis(*ms))
+            .collect();
+        let retry_delay = |failures, jitter| retry_delay(&schedule, failures, jitter);
+        let total: Duration = schedule.iter().sum();
         assert!(
             total > Duration::from_secs(23 * 3600) && total < Duration::from_secs(25 * 3600),
             "{total:?}"

@@ -14,6 +14,7 @@ pub mod erasure;
 pub(crate) mod group;
 pub use group::urgent;
 pub mod messages;
+pub mod outbound;
 pub mod outbox;
 pub mod plugin_versions;
 pub mod postgres;
@@ -28,6 +29,7 @@ pub use delivery::Delivery;
 pub use endpoints::{Endpoint, EndpointPatch, Endpoints};
 pub use erasure::Erasure;
 pub use messages::Messages;
+pub use outbound::Outbound;
 pub use outbox::Outbox;
 pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
 pub use preferences::SubscriberPreferences;
@@ -66,6 +68,7 @@ pub trait Store:
     + Receipts
     + Erasure
     + Endpoints
+    + Outbound
     + Send
     + Sync
     + 'static

@@ -396,6 +396,9 @@ pub(crate) use super::erasure::tests::{
     erasure, erasure_scrubs_kept_messages_as_they_pass_the_window,
 };
 pub(crate) use super::messages::tests::insert_messages_writes_queued_entries;
+pub(crate) use super::outbound::tests::{
+    disabling_and_abandoning, events_follow_status_changes, tries_retries_and_health,
+};
 pub(crate) use super::preferences::tests::{
     concurrent_preference_updates, preferences_merge, preferences_of_many,
 };

@@ -145,7 +145,9 @@ impl Worker {
     ) {
         let prefetch = match class {
             StreamClass::Critical => self.config.critical_concurrency,
-            StreamClass::Bulk | StreamClass::Telemetry => self.config.bulk_concurrency,
+            StreamClass::Bulk | StreamClass::Telemetry | StreamClass::Webhooks => {
+                self.config.bulk_concurrency
+            }
         };
         'subscribe: while !*stop.borrow() {
             let mut deliveries = match self.queue.subscribe(class, &self.settings, prefetch).await {
@@ -252,6 +254,7 @@ impl Worker {
                 StreamClass::Critical => "critical",
                 StreamClass::Bulk => "bulk",
                 StreamClass::Telemetry => "telemetry",
+                StreamClass::Webhooks => "webhooks",
             };
             self.metrics
                 .queue_wait

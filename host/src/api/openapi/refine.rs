@@ -96,7 +96,7 @@ fn schemas(schemas: &mut Value) {
     // The event types, from the one list the handlers check against.
     schemas["EventType"] = json!({
         "type": "string",
-        "enum": crate::outbound::EVENT_TYPES,
+        "enum": crate::events::EVENT_TYPES,
         "description": "A delivery event type.",
     });
     // An endpoint's event types are a set (a repeat is refused).

@@ -16,8 +16,8 @@ use super::StoreError;
 use super::receipts::{self, ReceiptsSql};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageUpdate, NewMessage,
-    NewTimelineEntry, Step, SubscriberContacts,
+    AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageStatus,
+    MessageUpdate, NewMessage, NewTimelineEntry, Step, SubscriberContacts,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -473,6 +473,12 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
     if !entries.is_empty() {
         conn.insert_timelines(&entries).await?;
     }
+    // Before the pending receipts below, which change the status after these steps.
+    let changes: Vec<(&EventId, MessageStatus)> = held
+        .iter()
+        .filter_map(|r| r.step.message.status.map(|s| (&r.event, s)))
+        .collect();
+    super::outbound::emit(conn, &changes).await?;
     let recorded: Vec<(&EventId, &str, &str)> = requests
         .iter()
         .zip(&receipts_of)

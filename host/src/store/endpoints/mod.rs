@@ -10,8 +10,8 @@ use super::{StoreError, decode_json, now_micros};
 use crate::ids::{EndpointId, WorkspaceId};
 use chrono::{DateTime, Utc};
 
-mod postgres;
-mod sqlite;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
 #[cfg(test)]
 pub(crate) mod tests;
 

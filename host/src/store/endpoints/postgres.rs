@@ -7,7 +7,7 @@ use crate::store::postgres::{PgStore, map_err};
 use chrono::{DateTime, Utc};
 
 /// The columns an [`EndpointRow`] is read from.
-const COLUMNS: &str = "id, workspace_id, url, description, event_types::text AS event_types, \
+pub(crate) const COLUMNS: &str = "id, workspace_id, url, description, event_types::text AS event_types, \
      disabled, disabled_reason, secret, previous_secret, previous_expires_at, created_at, \
      updated_at";
 

@@ -8,7 +8,7 @@ use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
 use chrono::{DateTime, Utc};
 
 /// The columns an [`EndpointRow`] is read from.
-const COLUMNS: &str = "id, workspace_id, url, description, event_types, disabled, \
+pub(crate) const COLUMNS: &str = "id, workspace_id, url, description, event_types, disabled, \
      disabled_reason, secret, previous_secret, previous_expires_at, created_at, updated_at";
 
 #[async_trait::async_trait]

@@ -11,7 +11,7 @@
 use super::StoreError;
 use super::group::{Conn, Grouped};
 use crate::ids::EventId;
-use crate::model::{NewMessage, NewTimelineEntry, OutboxItem};
+use crate::model::{MessageStatus, NewMessage, NewTimelineEntry, OutboxItem};
 use std::sync::Arc;
 
 mod postgres;
@@ -70,7 +70,7 @@ pub(crate) trait MessagesSql: Grouped {
 /// Statements on one connection, inside a transaction. Every writer of a timeline
 /// takes the message row's lock first (by updating it) and then appends.
 #[async_trait::async_trait]
-pub(crate) trait TimelineSql: Send {
+pub(crate) trait TimelineSql: super::outbound::OutboundSql {
     /// `entries` appended to `event`'s timeline, in order (`seq` follows the slice).
     async fn insert_timeline(
         &mut self,
@@ -136,6 +136,7 @@ where
                         return Ok(false);
                     }
                     conn.insert_timeline(event, entries).await?;
+                    super::outbound::emit(conn, &[(event, MessageStatus::Failed)]).await?;
                     Ok(true)
                 })
             }))

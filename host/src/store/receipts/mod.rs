@@ -240,6 +240,7 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
     let mut advanced: Vec<(EventId, Advance<'_>)> = Vec::new();
     let mut entries: Vec<(EventId, &NewTimelineEntry)> = Vec::new();
     let mut marks: Vec<(&str, &str, EventId)> = Vec::new();
+    let mut changes: Vec<(EventId, MessageStatus)> = Vec::new();
     for (receipt, target) in fresh.iter().zip(targets) {
         let Some((event, found)) = target else {
             outcome.insert(&receipt.receipt_key, ReceiptOutcome::Pending);
@@ -259,6 +260,7 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
                 None => advanced.push((event.clone(), advance_of(receipt))),
             }
             entries.push((event.clone(), &receipt.timeline));
+            changes.push((event.clone(), receipt.status));
         }
         let (state, result) = if applied {
             ("applied", ReceiptOutcome::Applied(event.clone()))
@@ -275,6 +277,9 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
         let rows: Vec<(&EventId, &NewTimelineEntry)> =
             entries.iter().map(|(e, entry)| (e, *entry)).collect();
         conn.insert_timelines(&rows).await?;
+        let changes: Vec<(&EventId, MessageStatus)> =
+            changes.iter().map(|(e, s)| (e, *s)).collect();
+        super::outbound::emit(conn, &changes).await?;
     }
     if !marks.is_empty() {
         let rows: Vec<(&str, &str, &EventId)> = marks.iter().map(|(k, s, e)| (*k, *s, e)).collect();
@@ -316,6 +321,7 @@ async fn settle<C: ReceiptsSql + ?Sized>(
             .await?;
         conn.insert_timeline(event, std::slice::from_ref(&receipt.timeline))
             .await?;
+        super::outbound::emit(conn, &[(event, receipt.status)]).await?;
     }
     let state = if applied { "applied" } else { "ignored" };
     conn.mark_receipts(&[(&receipt.receipt_key, state, event)])

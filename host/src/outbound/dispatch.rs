@@ -1,0 +1,427 @@
+//! Taking stored delivery events to callers' endpoints.
+//!
+//! - The [`Relay`] publishes each delivery to the broker's webhooks stream once it is
+//!   due (a new one at once, a retry at its time), as one [`Publication`] per try
+//!   whose id de-duplicates a publish repeated after a crash.
+//! - The [`Dispatcher`] consumes the stream: it tries the delivery (if it is still at
+//!   that try), logs the try, and acknowledges. A failed try that is to be retried
+//!   goes back to the store with the time of the retry, not to the broker, so no
+//!   retry waits in the broker for hours. An acknowledgement comes only after the try
+//!   is logged: a crash before it means the try is made again (at least once).
+//! - One endpoint holds at most `per_endpoint_concurrency` tries at a time; a delivery
+//!   for a busy endpoint, or for a message whose earlier event to the same endpoint
+//!   has not been tried yet, is handed back for a moment (not counted as a try), so a
+//!   slow endpoint never holds the others' slots and a message's events arrive in
+//!   order when the receiver answers promptly (a failed earlier event does not hold
+//!   the later ones back: it is retried on its schedule).
+//! - A 410 disables the endpoint at once; an endpoint whose tries have all failed for
+//!   `disable_after_secs` is disabled too, and `endpoint.disabled` is recorded for the
+//!   workspace's other endpoints.
+
+use super::send::{Sender, Verdict, retry_delay};
+use crate::broker::{
+    Broker, ConsumerSettings, Delivery, Publish, StreamClass, StreamNames, WorkQueue,
+};
+use crate::config::WebhookEndpointsConfig;
+use crate::ids::EndpointId;
+use crate::metrics::Metrics;
+use crate::store::outbound::{EndpointHealth, OutboundAttempt, OutboundStatus, Publication};
+use crate::store::{Store, StoreError};
+use chrono::Utc;
+use futures::StreamExt;
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Semaphore, watch};
+
+/// Deliveries the relay reads and publishes at a time.
+const RELAY_PAGE: usize = 256;
+
+/// How long a store failure or a busy endpoint hands a delivery back for.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
+/// Publishes due deliveries to the webhooks stream.
+pub struct Relay {
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    streams: StreamNames,
+    metrics: Arc<Metrics>,
+}
+
+impl Relay {
+    /// A relay over these backends.
+    pub fn new(
+        store: Arc<dyn Store>,
+        broker: Arc<dyn Broker>,
+        streams: StreamNames,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            store,
+            broker,
+            streams,
+            metrics,
+        }
+    }
+
+    /// Publishes every delivery due now; how many. Stops early (leaving the rest for
+    /// the next call) when the broker refuses one.
+    pub async fn publish_due(&self) -> Result<usize, StoreError> {
+        let mut total = 0;
+        loop {
+            let due = self.store.due_deliveries(RELAY_PAGE).await?;
+            if due.is_empty() {
+                return Ok(total);
+            }
+            let subject = self.streams.subject(StreamClass::Webhooks, "");
+            let mut publishes = Vec::with_capacity(due.len());
+            for p in &due {
+                let payload = serde_json::to_vec(p)
+                    .map_err(|e| StoreError::Other(format!("encoding a publication: {e}")))?;
+                publishes.push(Publish {
+                    class: StreamClass::Webhooks,
+                    subject: subject.clone(),
+                    msg_id: p.msg_id(),
+                    payload: payload.into(),
+                });
+            }
+            let acks = self.broker.publish_batch(&publishes).await;
+            let done: Vec<Publication> = due
+                .iter()
+                .zip(&acks)
+                .filter(|(_, ack)| ack.is_ok())
+                .map(|(p, _)| p.clone())
+                .collect();
+            self.store.mark_published(&done).await?;
+            total += done.len();
+            if done.len() < due.len() {
+                if let Some(Err(e)) = acks.iter().find(|a| a.is_err()) {
+                    tracing::warn!(error = %e, "publishing delivery events; retrying");
+                }
+                return Ok(total);
+            }
+            if due.len() < RELAY_PAGE {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Publishes due deliveries every `every` until `stop` turns true, and keeps the
+    /// pending gauge current.
+    pub async fn run(self, every: Duration, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+            if let Err(e) = self.publish_due().await {
+                tracing::warn!(error = %e, "relaying delivery events");
+            }
+            // About once a second: a count, not worth every tick.
+            if ticks.is_multiple_of(
+                (Duration::from_secs(1).as_millis() / every.as_millis().max(1)).max(1) as u64,
+            ) && let Ok(n) = self.store.pending_deliveries().await
+            {
+                self.metrics
+                    .endpoint_pending
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            ticks += 1;
+        }
+    }
+}
+
+/// What to tell the broker about one publication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Done with (tried and logged, stale, or unreadable).
+    Ack,
+    /// Hand it back for this long (not a try).
+    Later(Duration),
+}
+
+/// Tries delivery events at their endpoints.
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn WorkQueue>,
+    settings: ConsumerSettings,
+    sender: Sender,
+    config: WebhookEndpointsConfig,
+    schedule: Vec<Duration>,
+    metrics: Arc<Metrics>,
+    /// Tries in flight per endpoint.
+    in_flight: Mutex<HashMap<EndpointId, usize>>,
+}
+
+/// One of an endpoint's slots, given back when dropped.
+struct Slot<'a> {
+    dispatcher: &'a Dispatcher,
+    endpoint: EndpointId,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .dispatcher
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = in_flight.get_mut(&self.endpoint) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.endpoint);
+            }
+        }
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over these backends, posting with `sender`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn WorkQueue>,
+        settings: ConsumerSettings,
+        sender: Sender,
+        config: WebhookEndpointsConfig,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let schedule = config
+            .retry_schedule_ms
+            .iter()
+            .map(|ms| Duration::from_millis(*ms))
+            .collect();
+        Arc::new(Self {
+            store,
+            queue,
+            settings,
+            sender,
+            config,
+            schedule,
+            metrics,
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Consumes the webhooks stream until `stop` turns true, then waits (up to the ack
+    /// wait) for tries in flight.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        'subscribe: while !*stop.borrow() {
+            let subscribed = self
+                .queue
+                .subscribe(
+                    StreamClass::Webhooks,
+                    &self.settings,
+                    self.config.concurrency,
+                )
+                .await;
+            let mut deliveries = match subscribed {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot subscribe to delivery events; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        _ = stop.changed() => break,
+                    }
+                }
+            };
+            loop {
+                let permit = tokio::select! {
+                    p = slots.clone().acquire_owned() => p,
+                    _ = stop.changed() => break 'subscribe,
+                };
+                let Ok(permit) = permit else { break 'subscribe };
+                let next = tokio::select! {
+                    d = deliveries.next() => d,
+                    _ = stop.changed() => break 'subscribe,
+                };
+                match next {
+                    None => continue 'subscribe,
+                    Some(Err(e)) => tracing::warn!(error = %e, "delivery event consumer error"),
+                    Some(Ok(d)) => {
+                        let me = self.clone();
+                        tokio::spawn(async move {
+                            me.handle(d).await;
+                            drop(permit);
+                        });
+                    }
+                }
+            }
+        }
+        let all = u32::try_from(self.config.concurrency).unwrap_or(u32::MAX);
+        if tokio::time::timeout(self.settings.ack_wait, slots.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::warn!("stopped with delivery events in flight; they will be tried again");
+        }
+    }
+
+    async fn handle(&self, delivery: Delivery) {
+        let settled = match self.try_once(&delivery.payload).await {
+            Next::Ack => delivery.settle.ack().await,
+            Next::Later(wait) => delivery.settle.nak(wait).await,
+        };
+        if let Err(e) = settled {
+            tracing::warn!(error = %e, "settling a delivery event");
+        }
+    }
+
+    /// Takes a slot of the endpoint, if one is free.
+    fn slot(&self, endpoint: &EndpointId) -> Option<Slot<'_>> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let n = in_flight.entry(endpoint.clone()).or_insert(0);
+        if *n >= self.config.per_endpoint_concurrency {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            dispatcher: self,
+            endpoint: endpoint.clone(),
+        })
+    }
+
+    /// A moment to hand a delivery back for (not a try).
+    fn moment() -> Next {
+        Next::Later(Duration::from_millis(rand::rng().random_range(100..400)))
+    }
+
+    fn count(&self, outcome: &'static str) {
+        Metrics::count(&self.metrics.endpoint_attempts, outcome, 1);
+    }
+
+    async fn try_once(&self, payload: &[u8]) -> Next {
+        let publication: Publication = match serde_json::from_slice(payload) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "dropping an unreadable delivery event");
+                return Next::Ack;
+            }
+        };
+        let target = match self.store.dispatch_target(&publication.id).await {
+            Ok(Some(target)) => target,
+            // Its endpoint was deleted, and the delivery with it.
+            Ok(None) => return Next::Ack,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a delivery event; retrying");
+                return Next::Later(STORE_RETRY);
+            }
+        };
+        let delivery = &target.delivery;
+        if delivery.status != OutboundStatus::Pending
+            || delivery.round != publication.round
+            || delivery.attempts != publication.attempts
+        {
+            // Tried already (a repeated publish), or retried by hand since.
+            return Next::Ack;
+        }
+        let endpoint = &target.endpoint;
+        if endpoint.disabled {
+            return match self
+                .store
+                .abandon_delivery(&publication, "not sent: the endpoint is disabled")
+                .await
+            {
+                Ok(_) => {
+                    self.count("abandoned");
+                    Next::Ack
+                }
+                Err(_) => Next::Later(STORE_RETRY),
+            };
+        }
+        if target.behind_earlier {
+            self.count("deferred");
+            return Self::moment();
+        }
+        let Some(_slot) = self.slot(&endpoint.id) else {
+            self.count("deferred");
+            return Self::moment();
+        };
+        let now = Utc::now();
+        let tried = self
+            .sender
+            .send(
+                &endpoint.url,
+                &delivery.event_id,
+                now.timestamp(),
+                delivery.body.as_bytes(),
+                &endpoint.signing_secrets(now),
+            )
+            .await;
+        self.metrics
+            .endpoint_latency
+            .observe(tried.latency.as_secs_f64());
+        let tries = publication.attempts + 1;
+        let (status, next, outcome) = match tried.verdict {
+            Verdict::Delivered => (OutboundStatus::Succeeded, None, "delivered"),
+            Verdict::Gone => (OutboundStatus::Failed, None, "gone"),
+            Verdict::Retry => {
+                let jitter = rand::rng().random_range(-1.0..=1.0);
+                match retry_delay(&self.schedule, tries.unsigned_abs(), jitter) {
+                    Some(wait) => (
+                        OutboundStatus::Pending,
+                        chrono::Duration::from_std(wait).ok().map(|w| now + w),
+                        "retry",
+                    ),
+                    None => (OutboundStatus::Failed, None, "failed"),
+                }
+            }
+        };
+        let attempt = OutboundAttempt {
+            attempt_no: tries,
+            attempted_at: now,
+            status_code: tried.status.map(i32::from),
+            latency_ms: i64::try_from(tried.latency.as_millis()).unwrap_or(i64::MAX),
+            error: tried.error.clone(),
+            next_retry_at: next,
+        };
+        let health = match self
+            .store
+            .record_attempt(&publication, &attempt, status)
+            .await
+        {
+            Ok(Some(health)) => health,
+            Ok(None) => return Next::Ack,
+            Err(e) => {
+                // Not logged: the try is made again (at least once).
+                tracing::warn!(error = %e, "logging a try of a delivery event; retrying");
+                return Next::Later(STORE_RETRY);
+            }
+        };
+        self.count(outcome);
+        let disable = match (tried.verdict, health) {
+            (Verdict::Gone, _) => Some("the endpoint answered 410 Gone".to_string()),
+            (_, EndpointHealth::FailingSince(since))
+                if (now - since).to_std().unwrap_or_default()
+                    >= Duration::from_secs(self.config.disable_after_secs) =>
+            {
+                Some(format!(
+                    "every try has failed since {} (disable_after_secs is {})",
+                    since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    self.config.disable_after_secs
+                ))
+            }
+            _ => None,
+        };
+        if let Some(reason) = disable {
+            match self
+                .store
+                .disable_failing_endpoint(&endpoint.id, &reason)
+                .await
+            {
+                Ok(true) => tracing::warn!(endpoint = %endpoint.id, %reason, "endpoint disabled"),
+                Ok(false) => {}
+                // The next failure disables it.
+                Err(e) => tracing::warn!(error = %e, "disabling a failing endpoint"),
+            }
+        }
+        Next::Ack
+    }
+}

@@ -1,0 +1,802 @@
+//! Delivery events on their way to callers' webhook endpoints: written in the
+//! transaction of the status change they tell of ([`emit`]), published to the broker's
+//! webhooks stream by the relay when due, tried by the dispatcher, each try logged. A
+//! failed try that is to be retried goes back to the relay with the time of the
+//! retry: no retry waits in the broker, whose messages stay short-lived.
+//!
+//! [`Outbound`] is what the relay, the dispatcher and the API use. The rules (which
+//! endpoints receive a change, the body each gets, an attempt's effect on its delivery
+//! and on its endpoint's run of failures) and the decoding are written once here,
+//! over [`OutboundSql`] (statements on one connection, inside a group commit's
+//! transaction) and [`OutboundReadSql`] (reads on the pool), which each backend
+//! implements with SQL and bindings only (`postgres.rs`, `sqlite.rs`).
+
+use super::group::{Conn, Grouped};
+use super::{StoreError, decode_json, now_micros};
+use crate::events::{self, EndpointDisabled, Event, MessageData};
+use crate::ids::{EndpointId, EventId, WebhookDeliveryId, WorkspaceId};
+use crate::model::MessageStatus;
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+
+mod postgres;
+mod sqlite;
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OutboundStatus {
+    /// Waiting for its first try or a retry.
+    Pending,
+    /// The endpoint answered 2xx.
+    Succeeded,
+    /// Given up: the schedule ran out, the endpoint answered 410 or was disabled.
+    Failed,
+}
+
+impl OutboundStatus {
+    /// The stored form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, StoreError> {
+        Ok(match s {
+            "PENDING" => Self::Pending,
+            "SUCCEEDED" => Self::Succeeded,
+            "FAILED" => Self::Failed,
+            other => {
+                return Err(StoreError::Other(format!(
+                    "unknown webhook delivery status {other:?}"
+                )));
+            }
+        })
+    }
+}
+
+/// One event for one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundDelivery {
+    /// `whd_…`.
+    pub id: WebhookDeliveryId,
+    /// The endpoint it goes to.
+    pub endpoint: EndpointId,
+    /// The endpoint's workspace.
+    pub workspace: WorkspaceId,
+    /// The event's id (`webhook-id`): the receiver's de-duplication key.
+    pub event_id: String,
+    /// `message.delivered`, ...
+    pub event_type: String,
+    /// The exact body posted (JSON).
+    pub body: String,
+    /// Where it stands.
+    pub status: OutboundStatus,
+    /// Tries so far.
+    pub attempts: i32,
+    /// Manual retries so far: a try of an older round is stale.
+    pub round: i32,
+    /// When the next try is due (meaningful while pending).
+    pub next_attempt_at: DateTime<Utc>,
+    /// Written (with the status change).
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One try of a delivery, as the log shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundAttempt {
+    /// 1 for the first try.
+    pub attempt_no: i32,
+    /// When it was made.
+    pub attempted_at: DateTime<Utc>,
+    /// The receiver's status, if it answered.
+    pub status_code: Option<i32>,
+    /// From the request's start to the answer or the failure.
+    pub latency_ms: i64,
+    /// Why it failed, when it did without a status (or what the policy refused).
+    pub error: Option<String>,
+    /// When the next try is due, if there is one.
+    pub next_retry_at: Option<DateTime<Utc>>,
+}
+
+/// A delivery with its endpoint, as the dispatcher reads it.
+#[derive(Debug, Clone)]
+pub struct DispatchTarget {
+    /// The delivery.
+    pub delivery: OutboundDelivery,
+    /// Its endpoint (secrets included).
+    pub endpoint: super::Endpoint,
+    /// An earlier event of the same message to the same endpoint has not been tried
+    /// yet: this one waits, so that a message's events arrive in order.
+    pub behind_earlier: bool,
+}
+
+/// What a try did to its endpoint's run of failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointHealth {
+    /// The endpoint answered 2xx: no run of failures.
+    Succeeded,
+    /// It failed; it has failed every try since this time.
+    FailingSince(DateTime<Utc>),
+}
+
+/// Reading, trying and retrying delivery events.
+#[async_trait::async_trait]
+pub trait Outbound: Send + Sync {
+    /// Up to `limit` deliveries due and not published, soonest due first.
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError>;
+    /// Marks deliveries published, each only if still at the try it was published for.
+    async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError>;
+    /// A delivery and its endpoint, if both still exist.
+    async fn dispatch_target(
+        &self,
+        id: &WebhookDeliveryId,
+    ) -> Result<Option<DispatchTarget>, StoreError>;
+    /// Logs the try `publication` was for and leaves the delivery `status` (pending
+    /// with `attempt.next_retry_at`, to be published again then), and the endpoint's
+    /// run of failures with it. Nothing is written when the delivery has moved on
+    /// (`None`): a manual retry or another process got there first.
+    async fn record_attempt(
+        &self,
+        publication: &Publication,
+        attempt: &OutboundAttempt,
+        status: OutboundStatus,
+    ) -> Result<Option<EndpointHealth>, StoreError>;
+    /// Disables an enabled endpoint for `reason` and records `endpoint.disabled` for
+    /// the workspace's other endpoints subscribed to it; whether it was enabled.
+    async fn disable_failing_endpoint(
+        &self,
+        endpoint: &EndpointId,
+        reason: &str,
+    ) -> Result<bool, StoreError>;
+    /// Gives up the delivery `publication` was for without sending it (its endpoint
+    /// is disabled): logged as a try with `reason` and no status; whether it had not
+    /// moved on.
+    async fn abandon_delivery(
+        &self,
+        publication: &Publication,
+        reason: &str,
+    ) -> Result<bool, StoreError>;
+    /// Up to `limit` deliveries of an endpoint of `workspace`, newest first, older than
+    /// `before`, each with its tries in order.
+    async fn list_deliveries(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        before: Option<&WebhookDeliveryId>,
+        limit: u32,
+    ) -> Result<Vec<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError>;
+    /// Sends a finished delivery again (a new round, published anew); the delivery as
+    /// it is now with its tries, `None` when `workspace`'s endpoint has no such
+    /// delivery. A pending one is left as it is ([`StoreError::Conflict`]).
+    async fn retry_delivery(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        id: &WebhookDeliveryId,
+    ) -> Result<Option<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError>;
+    /// Records a test event of `kind` for one endpoint (whatever it subscribed to).
+    async fn send_test_event(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        kind: &str,
+    ) -> Result<Option<OutboundDelivery>, StoreError>;
+    /// Deliveries pending, published or not (the metrics' queue depth).
+    async fn pending_deliveries(&self) -> Result<u64, StoreError>;
+}
+
+/// One publish of a delivery for one try: the broker message's content, and (as
+/// `{id}.{round}.{attempts}`) its de-duplication id.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Publication {
+    /// The delivery.
+    pub id: WebhookDeliveryId,
+    /// Its round when published.
+    pub round: i32,
+    /// Its tries so far when published.
+    pub attempts: i32,
+}
+
+impl Publication {
+    /// The broker's de-duplication id.
+    pub fn msg_id(&self) -> String {
+        format!("{}.{}.{}", self.id, self.round, self.attempts)
+    }
+}
+
+/// A message joined with one enabled endpoint of its workspace, as [`emit`] reads it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SubscriptionRow {
+    event_id: String,
+    event_name: String,
+    subscriber_id: String,
+    channel: Option<String>,
+    provider: Option<String>,
+    error_code: Option<String>,
+    cost_micro_usd: i64,
+    test_mode: bool,
+    workspace_id: String,
+    endpoint_id: String,
+    event_types: Option<String>,
+}
+
+/// A `webhook_deliveries` row to insert.
+pub(crate) struct NewDelivery {
+    pub(crate) id: String,
+    pub(crate) endpoint_id: String,
+    pub(crate) workspace_id: String,
+    pub(crate) event_id: String,
+    /// The message a `message.*` event tells of.
+    pub(crate) message_id: Option<String>,
+    pub(crate) event_type: String,
+    pub(crate) body: String,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+/// A `webhook_deliveries` row.
+#[derive(sqlx::FromRow)]
+pub(crate) struct DeliveryRow {
+    id: String,
+    endpoint_id: String,
+    workspace_id: String,
+    event_id: String,
+    event_type: String,
+    body: String,
+    status: String,
+    attempts: i32,
+    round: i32,
+    next_attempt_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+/// A `webhook_attempts` row.
+#[derive(sqlx::FromRow)]
+pub(crate) struct AttemptRow {
+    delivery_id: String,
+    attempt_no: i32,
+    attempted_at: DateTime<Utc>,
+    status_code: Option<i32>,
+    latency_ms: i64,
+    error: Option<String>,
+    next_retry_at: Option<DateTime<Utc>>,
+}
+
+/// The columns a [`DeliveryRow`] is read from.
+pub(crate) const DELIVERY_COLUMNS: &str = "id, endpoint_id, workspace_id, event_id, event_type, \
+     body, status, attempts, round, next_attempt_at, created_at, updated_at";
+
+/// Statements on one connection, inside a transaction.
+#[async_trait::async_trait]
+pub(crate) trait OutboundSql: Send {
+    /// Each of `events`' messages joined with every enabled endpoint of its workspace.
+    async fn subscriptions(&mut self, events: &[&str]) -> Result<Vec<SubscriptionRow>, StoreError>;
+    /// The enabled endpoints of `workspace`: `(id, event_types)`.
+    async fn enabled_endpoints(
+        &mut self,
+        workspace: &str,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError>;
+    /// Inserts deliveries, skipping any whose (endpoint, event id) is stored already.
+    async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError>;
+    /// Sets `published` on `(id, round, attempts)`s still at that round and try.
+    async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError>;
+    /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
+    /// moves it to `status`; with `next`, unpublished and due then. Its `(endpoint,
+    /// tries)` afterwards, `None` when it had moved on.
+    async fn finish_try(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        status: &str,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<(String, i32)>, StoreError>;
+    /// Inserts a try of `delivery`.
+    async fn insert_attempt(
+        &mut self,
+        delivery: &str,
+        attempt: &OutboundAttempt,
+    ) -> Result<(), StoreError>;
+    /// Ends the endpoint's run of failures (`None`), or starts it at `at` unless one
+    /// runs; the run's start afterwards.
+    async fn set_failing(
+        &mut self,
+        endpoint: &str,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// Disables an enabled endpoint; its `(workspace, url)` if it was enabled.
+    async fn disable_endpoint_row(
+        &mut self,
+        endpoint: &str,
+        reason: &str,
+    ) -> Result<Option<(String, String)>, StoreError>;
+    /// A finished delivery of `workspace`'s `endpoint` back to pending in a new
+    /// round, unpublished and due now; `None` when there is no such delivery, `Some(false)` when
+    /// it is pending.
+    async fn requeue(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<bool>, StoreError>;
+    /// An endpoint of `workspace`: whether it exists.
+    async fn endpoint_exists(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+    ) -> Result<bool, StoreError>;
+}
+
+/// Reads on the pool.
+#[async_trait::async_trait]
+pub(crate) trait OutboundReadSql: Send + Sync {
+    /// Up to `limit` unpublished `(id, round, attempts)` due by now, soonest first.
+    async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError>;
+    /// One delivery row.
+    async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError>;
+    /// One delivery of `workspace`'s `endpoint`.
+    async fn scoped_delivery_row(
+        &self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<DeliveryRow>, StoreError>;
+    /// Whether an earlier delivery of the same message to the same endpoint is pending
+    /// and untried.
+    async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError>;
+    /// The endpoint row with the id (any workspace).
+    async fn endpoint_by_id(
+        &self,
+        id: &str,
+    ) -> Result<Option<super::endpoints::EndpointRow>, StoreError>;
+    /// Up to `limit` rows of `workspace`'s `endpoint`, newest first, below the delivery
+    /// `before`.
+    async fn delivery_rows(
+        &self,
+        workspace: &str,
+        endpoint: &str,
+        before: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError>;
+    /// The tries of `deliveries`, by delivery and number.
+    async fn attempt_rows(&self, deliveries: &[&str]) -> Result<Vec<AttemptRow>, StoreError>;
+    /// How many deliveries are pending.
+    async fn pending_count(&self) -> Result<i64, StoreError>;
+}
+
+impl TryFrom<DeliveryRow> for OutboundDelivery {
+    type Error = StoreError;
+
+    fn try_from(row: DeliveryRow) -> Result<Self, StoreError> {
+        Ok(OutboundDelivery {
+            id: WebhookDeliveryId::parse(&row.id).map_err(super::corrupt)?,
+            endpoint: EndpointId::parse(&row.endpoint_id).map_err(super::corrupt)?,
+            workspace: WorkspaceId::parse(&row.workspace_id).map_err(super::corrupt)?,
+            event_id: row.event_id,
+            event_type: row.event_type,
+            body: row.body,
+            status: OutboundStatus::parse(&row.status)?,
+            attempts: row.attempts,
+            round: row.round,
+            next_attempt_at: row.next_attempt_at,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    }
+}
+
+impl From<AttemptRow> for OutboundAttempt {
+    fn from(row: AttemptRow) -> Self {
+        OutboundAttempt {
+            attempt_no: row.attempt_no,
+            attempted_at: row.attempted_at,
+            status_code: row.status_code,
+            latency_ms: row.latency_ms,
+            error: row.error,
+            next_retry_at: row.next_retry_at,
+        }
+    }
+}
+
+fn encode(value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Other(format!("encoding an event: {e}")))
+}
+
+fn event_types(text: Option<&str>) -> Result<Option<Vec<String>>, StoreError> {
+    text.map(|t| decode_json(t, "event_types")).transpose()
+}
+
+/// Records, on `conn` inside the transaction that made them, the delivery events of
+/// message status changes `(message, status)` (in the order they happened): one per
+/// change a caller can act on and enabled endpoint of the message's workspace
+/// subscribed to its type. Each body carries the message's public fields as the
+/// transaction leaves them, with the status of its change. Costs one read when no
+/// endpoint is subscribed.
+pub(crate) async fn emit<C: OutboundSql + ?Sized>(
+    conn: &mut C,
+    changes: &[(&EventId, MessageStatus)],
+) -> Result<(), StoreError> {
+    let wanted: Vec<(&EventId, MessageStatus, &'static str)> = changes
+        .iter()
+        .filter_map(|(event, status)| events::event_type(*status).map(|k| (*event, *status, k)))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let mut ids: Vec<&str> = wanted.iter().map(|(e, _, _)| e.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let rows = conn.subscriptions(&ids).await?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let at = now_micros();
+    let mut inserts = Vec::new();
+    for (event, status, kind) in wanted {
+        for row in rows.iter().filter(|r| r.event_id == event.as_str()) {
+            if !events::wants(event_types(row.event_types.as_deref())?.as_deref(), kind) {
+                continue;
+            }
+            let data = MessageData {
+                event_id: row.event_id.clone(),
+                event_name: row.event_name.clone(),
+                subscriber_id: row.subscriber_id.clone(),
+                status,
+                channel: row.channel.clone(),
+                provider: row.provider.clone(),
+                error_code: row.error_code.clone(),
+                cost_micro_usd: row.cost_micro_usd,
+                test_mode: row.test_mode,
+            };
+            let Some(event) = Event::of(data, at) else {
+                continue;
+            };
+            inserts.push(NewDelivery {
+                id: WebhookDeliveryId::generate().to_string(),
+                endpoint_id: row.endpoint_id.clone(),
+                workspace_id: row.workspace_id.clone(),
+                event_id: event.id.clone(),
+                message_id: Some(row.event_id.clone()),
+                event_type: event.kind.clone(),
+                body: encode(&event)?,
+                created_at: at,
+            });
+        }
+    }
+    if !inserts.is_empty() {
+        conn.insert_deliveries(&inserts).await?;
+    }
+    Ok(())
+}
+
+/// The test event an endpoint gets from [`Outbound::send_test_event`]: a made-up
+/// message in test mode, with a fresh id each time.
+pub fn test_event(kind: &str, at: DateTime<Utc>) -> Result<(String, String), StoreError> {
+    if kind == "endpoint.disabled" {
+        let event = EndpointDisabled::new("ep_test", "https://example.com/webhooks", "test", at);
+        return Ok((event.id.clone(), encode(&event)?));
+    }
+    let status = MessageStatus::ALL
+        .iter()
+        .copied()
+        .find(|s| events::event_type(*s) == Some(kind))
+        .ok_or_else(|| StoreError::Other(format!("unknown event type {kind:?}")))?;
+    let data = MessageData {
+        event_id: EventId::generate().to_string(),
+        event_name: "test".into(),
+        subscriber_id: "test-subscriber".into(),
+        status,
+        channel: Some("email".into()),
+        provider: None,
+        error_code: None,
+        cost_micro_usd: 0,
+        test_mode: true,
+    };
+    let event = Event::of(data, at)
+        .ok_or_else(|| StoreError::Other(format!("{kind} has no message status")))?;
+    Ok((event.id.clone(), encode(&event)?))
+}
+
+#[async_trait::async_trait]
+impl<T> Outbound for T
+where
+    T: OutboundReadSql + Grouped,
+    Conn<T>: OutboundSql,
+{
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError> {
+        self.due_rows(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await?
+            .into_iter()
+            .map(|(id, round, attempts)| {
+                Ok(Publication {
+                    id: WebhookDeliveryId::parse(&id).map_err(super::corrupt)?,
+                    round,
+                    attempts,
+                })
+            })
+            .collect()
+    }
+
+    async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError> {
+        if published.is_empty() {
+            return Ok(());
+        }
+        let rows = Arc::new(published.to_vec());
+        self.group()
+            .run(Box::new(move |conn| {
+                let rows = rows.clone();
+                Box::pin(async move {
+                    let refs: Vec<(&str, i32, i32)> = rows
+                        .iter()
+                        .map(|p| (p.id.as_str(), p.round, p.attempts))
+                        .collect();
+                    conn.set_published(&refs).await
+                })
+            }))
+            .await
+    }
+
+    async fn dispatch_target(
+        &self,
+        id: &WebhookDeliveryId,
+    ) -> Result<Option<DispatchTarget>, StoreError> {
+        let Some(row) = self.delivery_row(id.as_str()).await? else {
+            return Ok(None);
+        };
+        let Some(endpoint) = self.endpoint_by_id(&row.endpoint_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(DispatchTarget {
+            behind_earlier: self.behind_earlier(id.as_str()).await?,
+            delivery: row.try_into()?,
+            endpoint: endpoint.try_into()?,
+        }))
+    }
+
+    async fn record_attempt(
+        &self,
+        publication: &Publication,
+        attempt: &OutboundAttempt,
+        status: OutboundStatus,
+    ) -> Result<Option<EndpointHealth>, StoreError> {
+        let args = Arc::new((publication.clone(), attempt.clone()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (p, attempt) = &*args;
+                    let id = p.id.as_str();
+                    let next = attempt
+                        .next_retry_at
+                        .filter(|_| status == OutboundStatus::Pending);
+                    let Some((endpoint, attempts)) = conn
+                        .finish_try(id, p.round, p.attempts, status.as_str(), next)
+                        .await?
+                    else {
+                        return Ok(None);
+                    };
+                    let attempt = OutboundAttempt {
+                        attempt_no: attempts,
+                        ..attempt.clone()
+                    };
+                    conn.insert_attempt(id, &attempt).await?;
+                    let failed =
+                        (status != OutboundStatus::Succeeded).then_some(attempt.attempted_at);
+                    Ok(Some(match conn.set_failing(&endpoint, failed).await? {
+                        None => EndpointHealth::Succeeded,
+                        Some(since) => EndpointHealth::FailingSince(since),
+                    }))
+                })
+            }))
+            .await
+    }
+
+    async fn disable_failing_endpoint(
+        &self,
+        endpoint: &EndpointId,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let args = Arc::new((endpoint.to_string(), reason.to_string()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (endpoint, reason) = &*args;
+                    let Some((workspace, url)) =
+                        conn.disable_endpoint_row(endpoint, reason).await?
+                    else {
+                        return Ok(false);
+                    };
+                    let at = now_micros();
+                    let event = EndpointDisabled::new(endpoint, &url, reason, at);
+                    let body = encode(&event)?;
+                    let mut inserts = Vec::new();
+                    for (id, types) in conn.enabled_endpoints(&workspace).await? {
+                        if events::wants(event_types(types.as_deref())?.as_deref(), &event.kind) {
+                            inserts.push(NewDelivery {
+                                id: WebhookDeliveryId::generate().to_string(),
+                                endpoint_id: id,
+                                workspace_id: workspace.clone(),
+                                event_id: event.id.clone(),
+                                message_id: None,
+                                event_type: event.kind.clone(),
+                                body: body.clone(),
+                                created_at: at,
+                            });
+                        }
+                    }
+                    if !inserts.is_empty() {
+                        conn.insert_deliveries(&inserts).await?;
+                    }
+                    Ok(true)
+                })
+            }))
+            .await
+    }
+
+    async fn abandon_delivery(
+        &self,
+        publication: &Publication,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let args = Arc::new((publication.clone(), reason.to_string()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (p, reason) = &*args;
+                    let id = p.id.as_str();
+                    let failed = OutboundStatus::Failed.as_str();
+                    let Some((_, attempts)) = conn
+                        .finish_try(id, p.round, p.attempts, failed, None)
+                        .await?
+                    else {
+                        return Ok(false);
+                    };
+                    // Logged as a try with no answer, so the log says why it stopped.
+                    let attempt = OutboundAttempt {
+                        attempt_no: attempts,
+                        attempted_at: now_micros(),
+                        status_code: None,
+                        latency_ms: 0,
+                        error: Some(reason.clone()),
+                        next_retry_at: None,
+                    };
+                    conn.insert_attempt(id, &attempt).await?;
+                    Ok(true)
+                })
+            }))
+            .await
+    }
+
+    async fn list_deliveries(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        before: Option<&WebhookDeliveryId>,
+        limit: u32,
+    ) -> Result<Vec<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .delivery_rows(
+                workspace.as_str(),
+                endpoint.as_str(),
+                before.map(|b| b.as_str()),
+                i64::from(limit),
+            )
+            .await?;
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let mut attempts = if ids.is_empty() {
+            Vec::new()
+        } else {
+            self.attempt_rows(&ids).await?
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (mine, rest): (Vec<AttemptRow>, Vec<AttemptRow>) =
+                attempts.into_iter().partition(|a| a.delivery_id == row.id);
+            attempts = rest;
+            out.push((
+                OutboundDelivery::try_from(row)?,
+                mine.into_iter().map(OutboundAttempt::from).collect(),
+            ));
+        }
+        Ok(out)
+    }
+
+    async fn retry_delivery(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        id: &WebhookDeliveryId,
+    ) -> Result<Option<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError> {
+        let args = Arc::new((workspace.to_string(), endpoint.to_string(), id.to_string()));
+        let requeued = self
+            .group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (workspace, endpoint, id) = &*args;
+                    conn.requeue(workspace, endpoint, id).await
+                })
+            }))
+            .await?;
+        match requeued {
+            None => Ok(None),
+            Some(false) => Err(StoreError::Conflict(format!(
+                "delivery {id} is still pending: it is tried on its schedule"
+            ))),
+            Some(true) => {
+                let Some(row) = self
+                    .scoped_delivery_row(workspace.as_str(), endpoint.as_str(), id.as_str())
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let attempts = self.attempt_rows(&[id.as_str()]).await?;
+                Ok(Some((
+                    row.try_into()?,
+                    attempts.into_iter().map(OutboundAttempt::from).collect(),
+                )))
+            }
+        }
+    }
+
+    async fn send_test_event(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        kind: &str,
+    ) -> Result<Option<OutboundDelivery>, StoreError> {
+        let at = now_micros();
+        let (event_id, body) = test_event(kind, at)?;
+        let id = WebhookDeliveryId::generate();
+        let row = Arc::new(NewDelivery {
+            id: id.to_string(),
+            endpoint_id: endpoint.to_string(),
+            workspace_id: workspace.to_string(),
+            event_id,
+            message_id: None,
+            event_type: kind.to_string(),
+            body,
+            created_at: at,
+        });
+        let written = self
+            .group()
+            .run(Box::new(move |conn| {
+                let row = row.clone();
+                Box::pin(async move {
+                    if !conn
+                        .endpoint_exists(&row.workspace_id, &row.endpoint_id)
+                        .await?
+                    {
+                        return Ok(false);
+                    }
+                    conn.insert_deliveries(std::slice::from_ref(&*row)).await?;
+                    Ok(true)
+                })
+            }))
+            .await?;
+        if !written {
+            return Ok(None);
+        }
+        self.scoped_delivery_row(workspace.as_str(), endpoint.as_str(), id.as_str())
+            .await?
+            .map(OutboundDelivery::try_from)
+            .transpose()
+    }
+
+    async fn pending_deliveries(&self) -> Result<u64, StoreError> {
+        Ok(u64::try_from(self.pending_count().await?).unwrap_or(0))
+    }
+}

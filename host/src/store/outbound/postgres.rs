@@ -1,0 +1,336 @@
+//! [`OutboundSql`] and [`OutboundReadSql`] on PostgreSQL.
+
+use super::{
+    AttemptRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt, OutboundReadSql,
+    OutboundSql, SubscriptionRow,
+};
+use crate::store::StoreError;
+use crate::store::endpoints::EndpointRow;
+use crate::store::postgres::{PgStore, map_err};
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+#[async_trait::async_trait]
+impl OutboundSql for PgConnection {
+    async fn subscriptions(&mut self, events: &[&str]) -> Result<Vec<SubscriptionRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT m.event_id, m.event_name, m.subscriber_id, m.channel, m.provider, \
+             m.error_code, m.cost_micro_usd, m.test_mode, m.workspace_id, \
+             e.id AS endpoint_id, e.event_types::text AS event_types \
+             FROM messages m JOIN webhook_endpoints e ON e.workspace_id = m.workspace_id \
+             WHERE m.event_id = ANY($1::text[]) AND NOT e.disabled ORDER BY e.id",
+        )
+        .bind(events)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn enabled_endpoints(
+        &mut self,
+        workspace: &str,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        sqlx::query_as(
+            "SELECT id, event_types::text FROM webhook_endpoints \
+             WHERE workspace_id = $1 AND NOT disabled ORDER BY id",
+        )
+        .bind(workspace)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (id, endpoint_id, workspace_id, event_id, \
+             event_type, body, status, next_attempt_at, created_at, updated_at, message_id) \
+             SELECT i, ep, w, e, t, b, 'PENDING', at, at, at, m FROM UNNEST($1::text[], \
+             $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], \
+             $8::text[]) AS d(i, ep, w, e, t, b, at, m) \
+             ON CONFLICT (endpoint_id, event_id) DO NOTHING",
+        )
+        .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.endpoint_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|r| r.workspace_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|r| r.body.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|r| r.message_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE webhook_deliveries d SET published = TRUE \
+             FROM UNNEST($1::text[], $2::int4[], $3::int4[]) AS p(i, r, a) \
+             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a",
+        )
+        .bind(rows.iter().map(|(id, _, _)| *id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|(_, round, _)| *round).collect::<Vec<_>>())
+        .bind(rows.iter().map(|(_, _, tries)| *tries).collect::<Vec<_>>())
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn finish_try(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        status: &str,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<(String, i32)>, StoreError> {
+        sqlx::query_as(
+            "UPDATE webhook_deliveries SET status = $4, attempts = attempts + 1, \
+             published = ($5::timestamptz IS NULL), \
+             next_attempt_at = COALESCE($5, next_attempt_at), updated_at = now() \
+             WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING' \
+             RETURNING endpoint_id, attempts",
+        )
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(status)
+        .bind(next)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn insert_attempt(
+        &mut self,
+        delivery: &str,
+        attempt: &OutboundAttempt,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, status_code, \
+             latency_ms, error, next_retry_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(delivery)
+        .bind(attempt.attempt_no)
+        .bind(attempt.attempted_at)
+        .bind(attempt.status_code)
+        .bind(attempt.latency_ms)
+        .bind(&attempt.error)
+        .bind(attempt.next_retry_at)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_failing(
+        &mut self,
+        endpoint: &str,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let since: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(
+            "UPDATE webhook_endpoints SET failing_since = \
+             CASE WHEN $2::timestamptz IS NULL THEN NULL \
+             ELSE COALESCE(failing_since, $2::timestamptz) END \
+             WHERE id = $1 RETURNING failing_since",
+        )
+        .bind(endpoint)
+        .bind(at)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)?;
+        Ok(since.flatten())
+    }
+
+    async fn disable_endpoint_row(
+        &mut self,
+        endpoint: &str,
+        reason: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        sqlx::query_as(
+            "UPDATE webhook_endpoints SET disabled = TRUE, disabled_reason = $2, \
+             failing_since = NULL, updated_at = now() \
+             WHERE id = $1 AND NOT disabled RETURNING workspace_id, url",
+        )
+        .bind(endpoint)
+        .bind(reason)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn requeue(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<bool>, StoreError> {
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM webhook_deliveries \
+             WHERE id = $1 AND endpoint_id = $2 AND workspace_id = $3 FOR UPDATE",
+        )
+        .bind(id)
+        .bind(endpoint)
+        .bind(workspace)
+        .fetch_optional(&mut *self)
+        .await
+        .map_err(map_err)?;
+        match status.as_deref() {
+            None => Ok(None),
+            Some("PENDING") => Ok(Some(false)),
+            Some(_) => {
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
+                     published = FALSE, next_attempt_at = now(), updated_at = now() \
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .execute(self)
+                .await
+                .map_err(map_err)?;
+                Ok(Some(true))
+            }
+        }
+    }
+
+    async fn endpoint_exists(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+    ) -> Result<bool, StoreError> {
+        let found: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM webhook_endpoints WHERE id = $1 AND workspace_id = $2",
+        )
+        .bind(endpoint)
+        .bind(workspace)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)?;
+        Ok(found.is_some())
+    }
+}
+
+#[async_trait::async_trait]
+impl OutboundReadSql for PgStore {
+    async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError> {
+        sqlx::query_as(
+            "SELECT id, round, attempts FROM webhook_deliveries \
+             WHERE NOT published AND next_attempt_at <= now() \
+             ORDER BY next_attempt_at, seq LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn scoped_delivery_row(
+        &self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<DeliveryRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
+             WHERE id = $1 AND endpoint_id = $2 AND workspace_id = $3"
+        ))
+        .bind(id)
+        .bind(endpoint)
+        .bind(workspace)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries d JOIN webhook_deliveries e \
+             ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
+             WHERE d.id = $1 AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0)",
+        )
+        .bind(id)
+        .fetch_one(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn endpoint_by_id(&self, id: &str) -> Result<Option<EndpointRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {} FROM webhook_endpoints WHERE id = $1",
+            crate::store::endpoints::postgres::COLUMNS
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn delivery_rows(
+        &self,
+        workspace: &str,
+        endpoint: &str,
+        before: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
+             WHERE endpoint_id = $1 AND workspace_id = $2 \
+             AND ($3::text IS NULL OR seq < (SELECT seq FROM webhook_deliveries WHERE id = $3)) \
+             ORDER BY seq DESC LIMIT $4"
+        ))
+        .bind(endpoint)
+        .bind(workspace)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn attempt_rows(&self, deliveries: &[&str]) -> Result<Vec<AttemptRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT delivery_id, attempt_no, attempted_at, status_code, latency_ms, error, \
+             next_retry_at FROM webhook_attempts WHERE delivery_id = ANY($1::text[]) \
+             ORDER BY delivery_id, attempt_no",
+        )
+        .bind(deliveries)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn pending_count(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'PENDING'")
+            .fetch_one(self.pool())
+            .await
+            .map_err(map_err)
+    }
+}

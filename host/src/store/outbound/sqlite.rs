@@ -1,0 +1,341 @@
+//! [`OutboundSql`] and [`OutboundReadSql`] on SQLite. Timestamps are bound in the
+//! stored text form ([`encode_timestamp`]); lists as `IN` lists of binds.
+
+use super::{
+    AttemptRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt, OutboundReadSql,
+    OutboundSql, SubscriptionRow,
+};
+use crate::store::StoreError;
+use crate::store::endpoints::EndpointRow;
+use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err, now_text};
+use chrono::{DateTime, Utc};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+
+/// ` IN (?, ?, ...)` over `values`.
+fn push_in(query: &mut QueryBuilder<'_, Sqlite>, values: &[&str]) {
+    query.push(" IN (");
+    let mut list = query.separated(", ");
+    for value in values {
+        list.push_bind(value.to_string());
+    }
+    query.push(")");
+}
+
+#[async_trait::async_trait]
+impl OutboundSql for SqliteConnection {
+    async fn subscriptions(&mut self, events: &[&str]) -> Result<Vec<SubscriptionRow>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "SELECT m.event_id, m.event_name, m.subscriber_id, m.channel, m.provider, \
+             m.error_code, m.cost_micro_usd, m.test_mode, m.workspace_id, \
+             e.id AS endpoint_id, e.event_types \
+             FROM messages m JOIN webhook_endpoints e ON e.workspace_id = m.workspace_id \
+             WHERE e.disabled = 0 AND m.event_id",
+        );
+        push_in(&mut query, events);
+        query.push(" ORDER BY e.id");
+        query
+            .build_query_as()
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn enabled_endpoints(
+        &mut self,
+        workspace: &str,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        sqlx::query_as(
+            "SELECT id, event_types FROM webhook_endpoints \
+             WHERE workspace_id = ? AND disabled = 0 ORDER BY id",
+        )
+        .bind(workspace)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO webhook_deliveries (id, endpoint_id, workspace_id, event_id, \
+             event_type, body, status, next_attempt_at, created_at, updated_at, message_id) ",
+        );
+        query.push_values(rows, |mut row, d| {
+            let at = encode_timestamp(&d.created_at);
+            row.push_bind(d.id.clone())
+                .push_bind(d.endpoint_id.clone())
+                .push_bind(d.workspace_id.clone())
+                .push_bind(d.event_id.clone())
+                .push_bind(d.event_type.clone())
+                .push_bind(d.body.clone())
+                .push_bind("PENDING")
+                .push_bind(at.clone())
+                .push_bind(at.clone())
+                .push_bind(at)
+                .push_bind(d.message_id.clone());
+        });
+        query.push(" ON CONFLICT (endpoint_id, event_id) DO NOTHING");
+        query.build().execute(self).await.map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError> {
+        let mut query =
+            QueryBuilder::<Sqlite>::new("UPDATE webhook_deliveries SET published = 1 FROM (");
+        // A VALUES list names its columns column1, column2.
+        query.push_values(rows, |mut row, (id, round, tries)| {
+            row.push_bind(id.to_string())
+                .push_bind(*round)
+                .push_bind(*tries);
+        });
+        query.push(
+            ") AS p WHERE webhook_deliveries.id = p.column1 \
+             AND webhook_deliveries.round = p.column2 AND webhook_deliveries.attempts = p.column3",
+        );
+        query.build().execute(self).await.map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn finish_try(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        status: &str,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<(String, i32)>, StoreError> {
+        sqlx::query_as(
+            "UPDATE webhook_deliveries SET status = ?1, attempts = attempts + 1, \
+             published = (?2 IS NULL), next_attempt_at = COALESCE(?2, next_attempt_at), \
+             updated_at = ?3 \
+             WHERE id = ?4 AND round = ?5 AND attempts = ?6 AND status = 'PENDING' \
+             RETURNING endpoint_id, attempts",
+        )
+        .bind(status)
+        .bind(next.as_ref().map(encode_timestamp))
+        .bind(now_text())
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn insert_attempt(
+        &mut self,
+        delivery: &str,
+        attempt: &OutboundAttempt,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, status_code, \
+             latency_ms, error, next_retry_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(delivery)
+        .bind(attempt.attempt_no)
+        .bind(encode_timestamp(&attempt.attempted_at))
+        .bind(attempt.status_code)
+        .bind(attempt.latency_ms)
+        .bind(&attempt.error)
+        .bind(attempt.next_retry_at.as_ref().map(encode_timestamp))
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_failing(
+        &mut self,
+        endpoint: &str,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let at = at.as_ref().map(encode_timestamp);
+        let since: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(
+            "UPDATE webhook_endpoints SET failing_since = \
+             CASE WHEN ?1 IS NULL THEN NULL ELSE COALESCE(failing_since, ?1) END \
+             WHERE id = ?2 RETURNING failing_since",
+        )
+        .bind(at)
+        .bind(endpoint)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)?;
+        Ok(since.flatten())
+    }
+
+    async fn disable_endpoint_row(
+        &mut self,
+        endpoint: &str,
+        reason: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        sqlx::query_as(
+            "UPDATE webhook_endpoints SET disabled = 1, disabled_reason = ?, \
+             failing_since = NULL, updated_at = ? \
+             WHERE id = ? AND disabled = 0 RETURNING workspace_id, url",
+        )
+        .bind(reason)
+        .bind(now_text())
+        .bind(endpoint)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn requeue(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<bool>, StoreError> {
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM webhook_deliveries \
+             WHERE id = ? AND endpoint_id = ? AND workspace_id = ?",
+        )
+        .bind(id)
+        .bind(endpoint)
+        .bind(workspace)
+        .fetch_optional(&mut *self)
+        .await
+        .map_err(map_err)?;
+        match status.as_deref() {
+            None => Ok(None),
+            Some("PENDING") => Ok(Some(false)),
+            Some(_) => {
+                sqlx::query(
+                    "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
+                     published = 0, next_attempt_at = ?1, updated_at = ?1 WHERE id = ?2",
+                )
+                .bind(now_text())
+                .bind(id)
+                .execute(self)
+                .await
+                .map_err(map_err)?;
+                Ok(Some(true))
+            }
+        }
+    }
+
+    async fn endpoint_exists(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+    ) -> Result<bool, StoreError> {
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT 1 FROM webhook_endpoints WHERE id = ? AND workspace_id = ?")
+                .bind(endpoint)
+                .bind(workspace)
+                .fetch_optional(self)
+                .await
+                .map_err(map_err)?;
+        Ok(found.is_some())
+    }
+}
+
+#[async_trait::async_trait]
+impl OutboundReadSql for SqliteStore {
+    async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError> {
+        sqlx::query_as(
+            "SELECT id, round, attempts FROM webhook_deliveries \
+             WHERE published = 0 AND next_attempt_at <= ? \
+             ORDER BY next_attempt_at, seq LIMIT ?",
+        )
+        .bind(now_text())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE id = ?"
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn scoped_delivery_row(
+        &self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<DeliveryRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
+             WHERE id = ? AND endpoint_id = ? AND workspace_id = ?"
+        ))
+        .bind(id)
+        .bind(endpoint)
+        .bind(workspace)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries d JOIN webhook_deliveries e \
+             ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
+             WHERE d.id = ? AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0)",
+        )
+        .bind(id)
+        .fetch_one(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn endpoint_by_id(&self, id: &str) -> Result<Option<EndpointRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {} FROM webhook_endpoints WHERE id = ?",
+            crate::store::endpoints::sqlite::COLUMNS
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn delivery_rows(
+        &self,
+        workspace: &str,
+        endpoint: &str,
+        before: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        sqlx::query_as(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
+             WHERE endpoint_id = ?1 AND workspace_id = ?2 \
+             AND (?3 IS NULL OR seq < (SELECT seq FROM webhook_deliveries WHERE id = ?3)) \
+             ORDER BY seq DESC LIMIT ?4"
+        ))
+        .bind(endpoint)
+        .bind(workspace)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn attempt_rows(&self, deliveries: &[&str]) -> Result<Vec<AttemptRow>, StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "SELECT delivery_id, attempt_no, attempted_at, status_code, latency_ms, error, \
+             next_retry_at FROM webhook_attempts WHERE delivery_id",
+        );
+        push_in(&mut query, deliveries);
+        query.push(" ORDER BY delivery_id, attempt_no");
+        query
+            .build_query_as()
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)
+    }
+
+    async fn pending_count(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'PENDING'")
+            .fetch_one(self.pool())
+            .await
+            .map_err(map_err)
+    }
+}

@@ -1,0 +1,410 @@
+//! The shared suite of delivery events: each function takes a fresh, migrated store
+//! and works in workspaces of its own; both backends run every one.
+
+use super::{EndpointHealth, OutboundAttempt, OutboundStatus, Publication};
+use crate::events::Event;
+use crate::ids::EndpointId;
+use crate::store::Endpoint;
+use crate::store::receipts::tests::{receipt, sent};
+use crate::store::tests::*;
+
+fn endpoint(workspace: &WorkspaceId, types: Option<&[&str]>, disabled: bool) -> Endpoint {
+    Endpoint {
+        id: EndpointId::generate(),
+        workspace: workspace.clone(),
+        url: "https://example.com/hooks".into(),
+        description: None,
+        event_types: types.map(|t| t.iter().map(|s| s.to_string()).collect()),
+        disabled,
+        disabled_reason: None,
+        secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        previous_secret: None,
+        created_at: now(),
+        updated_at: now(),
+    }
+}
+
+async fn make(store: &dyn Store, e: Endpoint) -> Endpoint {
+    store.create_endpoint(&e).await.unwrap();
+    e
+}
+
+/// The events of an endpoint, oldest first: `(type, body)`.
+async fn events_of(store: &dyn Store, e: &Endpoint) -> Vec<(String, Event)> {
+    let mut out: Vec<(String, Event)> = store
+        .list_deliveries(&e.workspace, &e.id, None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(d, attempts)| {
+            assert!(attempts.is_empty());
+            assert_eq!(d.status, OutboundStatus::Pending);
+            (d.event_type, serde_json::from_str(&d.body).unwrap())
+        })
+        .collect();
+    out.reverse();
+    out
+}
+
+/// A status change writes one event per subscribed, enabled endpoint of the
+/// message's workspace, in its transaction, with the change's status and the
+/// message's public fields; other workspaces and disabled or unsubscribed endpoints
+/// get nothing; the same change twice is one event.
+pub(crate) async fn events_follow_status_changes(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("events", None).await.unwrap();
+    let other = store.ensure_workspace("events-other", None).await.unwrap();
+    let all = make(store, endpoint(&ws.id, None, false)).await;
+    let delivered_only = make(store, endpoint(&ws.id, Some(&["message.delivered"]), false)).await;
+    let disabled = make(store, endpoint(&ws.id, None, true)).await;
+    let elsewhere = make(store, endpoint(&other.id, None, false)).await;
+
+    let m = sent(store, &ws.id, 1, "prova", "pm-events-1").await;
+    let r = receipt(
+        "rk-events-1",
+        "prova",
+        "pm-events-1",
+        None,
+        MessageStatus::Delivered,
+        Some(9),
+    );
+    store.apply_receipt(&r).await.unwrap();
+    // The same receipt again changes nothing.
+    store.apply_receipt(&r).await.unwrap();
+
+    let got = events_of(store, &all).await;
+    let kinds: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["message.sent", "message.delivered"]);
+    let (_, sent_event) = &got[0];
+    assert_eq!(sent_event.id, format!("{}.sent", m.event_id));
+    assert_eq!(sent_event.data.status, MessageStatus::Sent);
+    assert_eq!(sent_event.data.event_name, m.event_name);
+    assert_eq!(sent_event.data.subscriber_id, m.subscriber_id);
+    assert_eq!(sent_event.data.provider.as_deref(), Some("prova"));
+    assert_eq!(sent_event.data.test_mode, m.test_mode);
+    let (_, delivered) = &got[1];
+    assert_eq!(delivered.data.status, MessageStatus::Delivered);
+    assert_eq!(delivered.id, format!("{}.delivered", m.event_id));
+
+    let only: Vec<String> = events_of(store, &delivered_only)
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(only, ["message.delivered"]);
+    assert!(events_of(store, &disabled).await.is_empty());
+    assert!(events_of(store, &elsewhere).await.is_empty());
+    assert_eq!(store.pending_deliveries().await.unwrap(), 3);
+
+    // The later event of a message waits while the earlier one is untried.
+    let log = store
+        .list_deliveries(&ws.id, &all.id, None, 10)
+        .await
+        .unwrap();
+    let (later, earlier) = (&log[0].0, &log[1].0);
+    let target = store.dispatch_target(&later.id).await.unwrap().unwrap();
+    assert!(target.behind_earlier);
+    assert_eq!(target.endpoint.id, all.id);
+    assert!(
+        !store
+            .dispatch_target(&earlier.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .behind_earlier
+    );
+
+    // Published in the order written; marking is per try.
+    let due = store.due_deliveries(100).await.unwrap();
+    assert_eq!(due.len(), 3);
+    assert!(due.iter().all(|p| p.round == 0 && p.attempts == 0));
+    store.mark_published(&due[..2]).await.unwrap();
+    let left = store.due_deliveries(100).await.unwrap();
+    assert_eq!(left, due[2..].to_vec());
+    // Once the earlier one has been tried, the later one goes.
+    let p = Publication {
+        id: earlier.id.clone(),
+        round: 0,
+        attempts: 0,
+    };
+    let tried = OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: now(),
+        status_code: Some(500),
+        latency_ms: 3,
+        error: None,
+        next_retry_at: Some(now() + Duration::seconds(60)),
+    };
+    store
+        .record_attempt(&p, &tried, OutboundStatus::Pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !store
+            .dispatch_target(&later.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .behind_earlier
+    );
+}
+
+/// A try is logged; a retry is due again at its time (and not before); the end of a
+/// delivery leaves it published; a stale try writes nothing; the endpoint's run of
+/// failures starts at its first failure and ends at a success; a manual retry starts
+/// a new round; a test event reaches one endpoint only, of its own workspace.
+pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("tries", None).await.unwrap();
+    let other = store.ensure_workspace("tries-other", None).await.unwrap();
+    let e = make(store, endpoint(&ws.id, None, false)).await;
+    let first = store
+        .send_test_event(&ws.id, &e.id, "message.delivered")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        store
+            .send_test_event(&other.id, &e.id, "message.delivered")
+            .await
+            .unwrap()
+            .is_none(),
+        "another workspace's endpoint"
+    );
+    let body: Event = serde_json::from_str(&first.body).unwrap();
+    assert!(body.data.test_mode);
+    let p = Publication {
+        id: first.id.clone(),
+        round: 0,
+        attempts: 0,
+    };
+    assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p.clone()]);
+    store
+        .mark_published(std::slice::from_ref(&p))
+        .await
+        .unwrap();
+    assert!(store.due_deliveries(10).await.unwrap().is_empty());
+
+    let t0 = now();
+    let retry_at = t0 + Duration::milliseconds(300);
+    let failed = OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: t0,
+        status_code: Some(500),
+        latency_ms: 12,
+        error: None,
+        next_retry_at: Some(retry_at),
+    };
+    let health = store
+        .record_attempt(&p, &failed, OutboundStatus::Pending)
+        .await
+        .unwrap();
+    assert_eq!(health, Some(EndpointHealth::FailingSince(t0)));
+    // The same try again (a repeated publish) writes nothing.
+    assert_eq!(
+        store
+            .record_attempt(&p, &failed, OutboundStatus::Pending)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(
+        store.due_deliveries(10).await.unwrap().is_empty(),
+        "not due yet"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let again = Publication {
+        attempts: 1,
+        ..p.clone()
+    };
+    assert_eq!(store.due_deliveries(10).await.unwrap(), vec![again.clone()]);
+    store
+        .mark_published(std::slice::from_ref(&again))
+        .await
+        .unwrap();
+
+    // A second failure keeps the run's start.
+    let t1 = now();
+    let second = OutboundAttempt {
+        attempted_at: t1,
+        status_code: None,
+        error: Some("timed out".into()),
+        next_retry_at: None,
+        ..failed.clone()
+    };
+    assert_eq!(
+        store
+            .record_attempt(&again, &second, OutboundStatus::Failed)
+            .await
+            .unwrap(),
+        Some(EndpointHealth::FailingSince(t0))
+    );
+    assert!(
+        store.due_deliveries(10).await.unwrap().is_empty(),
+        "done with"
+    );
+    let (d, log) = store
+        .list_deliveries(&ws.id, &e.id, None, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((d.status, d.attempts), (OutboundStatus::Failed, 2));
+    assert_eq!(
+        log.iter()
+            .map(|a| (a.attempt_no, a.status_code, a.error.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(500), None), (2, None, Some("timed out".into()))]
+    );
+    assert_eq!(log[0].next_retry_at, Some(retry_at));
+    assert!(
+        store
+            .list_deliveries(&other.id, &e.id, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Retried by hand: a new round, due now; a pending one cannot be.
+    let (retried, tries) = store
+        .retry_delivery(&ws.id, &e.id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (retried.status, retried.round),
+        (OutboundStatus::Pending, 1)
+    );
+    assert_eq!(tries.len(), 2, "the log is kept");
+    assert!(matches!(
+        store.retry_delivery(&ws.id, &e.id, &d.id).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(
+        store
+            .retry_delivery(&other.id, &e.id, &d.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let round1 = Publication {
+        id: d.id.clone(),
+        round: 1,
+        attempts: 2,
+    };
+    assert_eq!(
+        store.due_deliveries(10).await.unwrap(),
+        vec![round1.clone()]
+    );
+    // A try of the old round is stale.
+    assert_eq!(
+        store
+            .record_attempt(&again, &second, OutboundStatus::Failed)
+            .await
+            .unwrap(),
+        None
+    );
+    let ok = OutboundAttempt {
+        attempted_at: now(),
+        status_code: Some(204),
+        error: None,
+        next_retry_at: None,
+        ..failed
+    };
+    assert_eq!(
+        store
+            .record_attempt(&round1, &ok, OutboundStatus::Succeeded)
+            .await
+            .unwrap(),
+        Some(EndpointHealth::Succeeded)
+    );
+    assert_eq!(store.pending_deliveries().await.unwrap(), 0);
+
+    // Paging: newest first, below the cursor.
+    let second_event = store
+        .send_test_event(&ws.id, &e.id, "message.sent")
+        .await
+        .unwrap()
+        .unwrap();
+    let page = store.list_deliveries(&ws.id, &e.id, None, 1).await.unwrap();
+    assert_eq!(page[0].0.id, second_event.id);
+    let next = store
+        .list_deliveries(&ws.id, &e.id, Some(&second_event.id), 10)
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].0.id, d.id);
+}
+
+/// Disabling a failing endpoint records `endpoint.disabled` for the workspace's other
+/// endpoints subscribed to it (once: disabling again does nothing); a delivery given
+/// up for a disabled endpoint is logged as failed; deleting an endpoint deletes its
+/// deliveries.
+pub(crate) async fn disabling_and_abandoning(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("disabling", None).await.unwrap();
+    let failing = make(store, endpoint(&ws.id, None, false)).await;
+    let watcher = make(store, endpoint(&ws.id, Some(&["endpoint.disabled"]), false)).await;
+    let unrelated = make(store, endpoint(&ws.id, Some(&["message.sent"]), false)).await;
+    let pending = store
+        .send_test_event(&ws.id, &failing.id, "message.failed")
+        .await
+        .unwrap()
+        .unwrap();
+
+    assert!(
+        store
+            .disable_failing_endpoint(&failing.id, "the endpoint answered 410 Gone")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .disable_failing_endpoint(&failing.id, "again")
+            .await
+            .unwrap()
+    );
+    let stored = store.endpoint(&ws.id, &failing.id).await.unwrap().unwrap();
+    assert!(stored.disabled);
+    assert_eq!(
+        stored.disabled_reason.as_deref(),
+        Some("the endpoint answered 410 Gone")
+    );
+    let told = store
+        .list_deliveries(&ws.id, &watcher.id, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].0.event_type, "endpoint.disabled");
+    let body: serde_json::Value = serde_json::from_str(&told[0].0.body).unwrap();
+    assert_eq!(body["type"], "endpoint.disabled");
+    assert_eq!(body["data"]["endpoint_id"], failing.id.to_string());
+    assert!(events_of(store, &unrelated).await.is_empty());
+
+    let p = Publication {
+        id: pending.id.clone(),
+        round: 0,
+        attempts: 0,
+    };
+    assert!(
+        store
+            .abandon_delivery(&p, "not sent: the endpoint is disabled")
+            .await
+            .unwrap()
+    );
+    assert!(!store.abandon_delivery(&p, "again").await.unwrap());
+    let (d, log) = store
+        .list_deliveries(&ws.id, &failing.id, None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(d.status, OutboundStatus::Failed);
+    assert_eq!(log.len(), 1);
+    assert_eq!(
+        log[0].error.as_deref(),
+        Some("not sent: the endpoint is disabled")
+    );
+
+    assert!(store.delete_endpoint(&ws.id, &failing.id).await.unwrap());
+    assert!(store.dispatch_target(&d.id).await.unwrap().is_none());
+}
