@@ -2,7 +2,9 @@
 # Switchboard end-to-end delivery benchmark: EVENTS live email events (`welcome`) through
 # POST /v1/events/bulk, the worker, the provider plugin, the provider simulator, its
 # signed callback and the receipt consumer, until every message is DELIVERED; then the
-# same with a test key (no provider call). Run on both backend sets:
+# same with a test key (no provider call), and then live events again with a webhook
+# endpoint registered (a local receiver the driver runs, told of every message.sent and
+# message.delivered). Run on both backend sets:
 #   embedded    `switchboard dev` (SQLite, embedded queue, in-memory counters; the
 #               simulator inside the process, as the quick start runs it)
 #   production  `switchboard serve` on PostgreSQL, NATS JetStream and Redis, with
@@ -13,6 +15,7 @@
 #   EVENTS [20000]        live events per backend set
 #   BULK [5000]           events per bulk request (the gateway takes at most 5000)
 #   TEST_EVENTS [5000]    events of the test-key variant; 0 skips it
+#   ENDPOINT_EVENTS [5000]  live events of the webhook-endpoint variant; 0 skips it
 #   SETS ["embedded production"]  backend sets to run, in order
 #   DEADLINE [600]        seconds after the last bulk answer for every message to be final
 #   STALL [60]            seconds without any worker outcome or receipt: the pipeline is stuck
@@ -36,6 +39,7 @@ cd "$ROOT"
 EVENTS=${EVENTS:-20000}
 BULK=${BULK:-5000}
 TEST_EVENTS=${TEST_EVENTS:-5000}
+ENDPOINT_EVENTS=${ENDPOINT_EVENTS:-5000}
 SETS=${SETS:-embedded production}
 DEADLINE=${DEADLINE:-600}
 STALL=${STALL:-60}
@@ -52,7 +56,7 @@ REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 
 # The exact command line, with every setting that was overridden.
 OVERRIDES=""
-for v in EVENTS BULK TEST_EVENTS SETS DEADLINE STALL VERIFY_CONCURRENCY CALLBACK_DELAY_MS \
+for v in EVENTS BULK TEST_EVENTS ENDPOINT_EVENTS SETS DEADLINE STALL VERIFY_CONCURRENCY CALLBACK_DELAY_MS \
     SKIP_BUILD BIN_DIR KEEP_DB BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL PGSSLMODE; do
     if printenv "$v" >/dev/null 2>&1; then
         val=$(printenv "$v")
@@ -71,13 +75,14 @@ die() {
 for tool in jq psql sqlite3 curl shuf timeout awk od; do
     command -v "$tool" >/dev/null || die "$tool is required"
 done
-for n in EVENTS BULK TEST_EVENTS DEADLINE STALL VERIFY_CONCURRENCY BUILD_TIMEOUT; do
+for n in EVENTS BULK TEST_EVENTS ENDPOINT_EVENTS DEADLINE STALL VERIFY_CONCURRENCY BUILD_TIMEOUT; do
     [[ ${!n} =~ ^[0-9]+$ ]] || die "$n must be a whole number, got '${!n}'"
 done
 [[ -z $CALLBACK_DELAY_MS || $CALLBACK_DELAY_MS =~ ^[0-9]+$ ]] ||
     die "CALLBACK_DELAY_MS must be a whole number of milliseconds"
 ((EVENTS >= 1 && EVENTS <= 1000000)) || die "EVENTS must be 1 to 1000000"
 ((TEST_EVENTS <= 1000000)) || die "TEST_EVENTS must be 0 to 1000000"
+((ENDPOINT_EVENTS <= 1000000)) || die "ENDPOINT_EVENTS must be 0 to 1000000"
 ((BULK >= 1 && BULK <= 5000)) || die "BULK must be 1 to 5000"
 ((DEADLINE >= 1 && DEADLINE <= 3600)) || die "DEADLINE must be 1 to 3600"
 ((STALL <= 3600)) || die "STALL must be 0 (off) to 3600"
@@ -88,7 +93,7 @@ done
 RUN_ID="$(date +%Y%m%d%H%M%S)_$$"
 DB="sb_bench_dlv_${RUN_ID}"
 STREAM_PREFIX="SBDLV_${RUN_ID}"
-STREAMS=("${STREAM_PREFIX}_CRITICAL" "${STREAM_PREFIX}_BULK" "${STREAM_PREFIX}_TELEMETRY")
+STREAMS=("${STREAM_PREFIX}_CRITICAL" "${STREAM_PREFIX}_BULK" "${STREAM_PREFIX}_TELEMETRY" "${STREAM_PREFIX}_WEBHOOKS")
 SUBJECT_PREFIX="sbdlv_${RUN_ID}"
 COUNTER_PREFIX="sbdlv:${RUN_ID}:"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sb-delivery.XXXXXX")
@@ -207,13 +212,15 @@ top_snapshot() {
 }
 
 # run_variant SET MODE EVENTS KEYFILE DRIVER-ARGS...: one driver run; its report goes to
-# $OUT/SET-MODE.json. A run that fails a check (exit 2) is recorded and the benchmark goes
+# $OUT/SET-MODE.json. MODE `live+endpoint` is a live run with a webhook endpoint. A run that fails a check (exit 2) is recorded and the benchmark goes
 # on (with the next backend set if messages were left pending: they would mix into the
 # next variant's); anything else stops it. Returns 1 when messages were left pending.
 run_variant() {
     local set=$1 mode=$2 events=$3 keyfile=$4 rc=0
     shift 4
-    local cmd=("$DRIVER" --url "http://127.0.0.1:$GW_PORT" --key-file "$keyfile" --mode "$mode"
+    local endpoint=()
+    [[ $mode == *+endpoint ]] && endpoint=(--endpoint)
+    local cmd=("$DRIVER" --url "http://127.0.0.1:$GW_PORT" --key-file "$keyfile" --mode "${mode%%+*}" "${endpoint[@]}"
         --events "$events" --bulk "$BULK" --deadline "$DEADLINE" --stall "$STALL"
         --verify-concurrency "$VERIFY_CONCURRENCY" --clk-tck "$TICKS" --label "$set-$mode" "$@")
     log "$set, $mode key: $events events in bulk requests of $BULK"
@@ -254,6 +261,8 @@ db_checks() {
         "$@" "SELECT state, count(*) FROM receipts GROUP BY 1 ORDER BY 1;"
         echo "outbox rows:"
         "$@" "SELECT count(*) FROM outbox;"
+        echo "webhook deliveries by status:"
+        "$@" "SELECT status, count(*) FROM webhook_deliveries GROUP BY 1 ORDER BY 1;"
     } >"$OUT/$set-db.txt" 2>&1 || log "some store checks failed (see $OUT/$set-db.txt)"
 }
 
@@ -300,8 +309,11 @@ run_embedded() {
 
     local common=(--sim-url "http://127.0.0.1:$sim_port" --metrics-url "http://127.0.0.1:$met_port"
         --gateway-pid "$GATEWAY_PID" --watch "gateway=$GATEWAY_PID")
-    if run_variant embedded live "$EVENTS" "$dir/live.key" "${common[@]}" && ((TEST_EVENTS > 0)); then
-        run_variant embedded test "$TEST_EVENTS" "$dir/test.key" "${common[@]}" || true
+    if run_variant embedded live "$EVENTS" "$dir/live.key" "${common[@]}"; then
+        if ((TEST_EVENTS == 0)) || run_variant embedded test "$TEST_EVENTS" "$dir/test.key" "${common[@]}"; then
+            ((ENDPOINT_EVENTS == 0)) ||
+                run_variant embedded live+endpoint "$ENDPOINT_EVENTS" "$dir/live.key" "${common[@]}" || true
+        fi
     fi
     kill -0 "$GATEWAY_PID" 2>/dev/null || die "switchboard dev died (see $OUT/embedded-gateway.log)"
     log "embedded: stopping dev"
@@ -347,6 +359,8 @@ bulk = "${STREAMS[1]}"
 telemetry = "${STREAMS[2]}"
 subject_prefix = "$SUBJECT_PREFIX"
 telemetry_subject = "$SUBJECT_PREFIX.telemetry.receipts"
+webhooks = "${STREAMS[3]}"
+webhooks_subject = "$SUBJECT_PREFIX.webhooks.events"
 plugins_subject = "$SUBJECT_PREFIX.plugins.changed"
 revocations_subject = "$SUBJECT_PREFIX.keys.revoked"
 
@@ -356,6 +370,11 @@ key_prefix = "$COUNTER_PREFIX"
 
 [worker]
 consumer = "sbdlv-$RUN_ID"
+
+# The endpoint variant's receiver is the driver, on 127.0.0.1 over http.
+[webhook_endpoints]
+allow_http = true
+allow_private_networks = true
 
 # The bundled plugins may reach the simulator (as dev grants them).
 [plugins.grants]
@@ -434,8 +453,11 @@ EOF
     local common=(--sim-url "$sim_base" --metrics-url "http://127.0.0.1:$met_port"
         --gateway-pid "$GATEWAY_PID" --watch "gateway=$GATEWAY_PID" --watch "simulator=$SIM_PID"
         --pg-db "$DB")
-    if run_variant production live "$EVENTS" "$dir/live.key" "${common[@]}" && ((TEST_EVENTS > 0)); then
-        run_variant production test "$TEST_EVENTS" "$dir/test.key" "${common[@]}" || true
+    if run_variant production live "$EVENTS" "$dir/live.key" "${common[@]}"; then
+        if ((TEST_EVENTS == 0)) || run_variant production test "$TEST_EVENTS" "$dir/test.key" "${common[@]}"; then
+            ((ENDPOINT_EVENTS == 0)) ||
+                run_variant production live+endpoint "$ENDPOINT_EVENTS" "$dir/live.key" "${common[@]}" || true
+        fi
     fi
     kill -0 "$GATEWAY_PID" 2>/dev/null || die "switchboard serve died (see $OUT/production-gateway.log)"
     kill -0 "$SIM_PID" 2>/dev/null || die "switchboard sim died (see $OUT/production-sim.log)"
@@ -476,6 +498,7 @@ detail() { # set mode
       + (if .trigger_to_callback_received_ms then "\n  - Trigger to the callback reaching the gateway (timeline `delivered`): p50 \(.trigger_to_callback_received_ms.p50) ms, p99 \(.trigger_to_callback_received_ms.p99) ms." else "" end)
       + (if .memory.watched_vmhwm_kb.simulator then "\n  - Simulator process peak RSS (VmHWM): \(.memory.watched_vmhwm_kb.simulator / 1024 * 10 | round / 10) MiB; gateway VmRSS sampled every 0.5 s peaked at \((.memory.gateway_vmrss_max_sampled_kb // 0) / 1024 * 10 | round / 10) MiB." else "\n  - Gateway VmRSS sampled every 0.5 s peaked at \((.memory.gateway_vmrss_max_sampled_kb // 0) / 1024 * 10 | round / 10) MiB (the simulator runs inside it)." end)
       + "\n  - CPU from the first request until every message was final (or the deadline) (\(.cpu.window_s) s, in cores of \(.cpu.cpus)): \(groups); whole machine busy \(.cpu.machine.busy_cores // "n/a") cores, of which \(unseen) not attributed (processes that started and ended inside the window, e.g. compilers)."
+      + (if .endpoint then "\n  - Webhook endpoint (a local receiver, told of message.sent and message.delivered): \(.endpoint.distinct_events) events (\(.endpoint.by_type | tostring)), \(.endpoint.repeated_requests) repeated requests, last \(.endpoint.last_event_after_t0_s) s after the first request: **\(.endpoint.events_per_s) events/s**; trigger to message.delivered received p50 \(.endpoint.trigger_to_delivered_event_ms.p50) ms, p99 \(.endpoint.trigger_to_delivered_event_ms.p99) ms; \(.endpoint.messages_with_delivered_event) of \(.accepted) messages had their message.delivered." else "" end)
       + (if (.problems | length) > 0 then "\n  - **Problems**: \(.problems | join("; "))" else "" end)' "$f"
 }
 log_line() { # set
@@ -488,7 +511,7 @@ log_line() { # set
     done
     [[ -z ${g:-} ]] || printf -- '- **%s logs** (SWITCHBOARD_LOG=warn): %s\n' "$1" "$g"
     if [[ $1 == production && -f $OUT/streams-cleanup.json ]]; then
-        jq -r '"- **production streams**: messages left before deletion (work-queue retention: 0 means all acknowledged): \(.messages | to_entries | map("\(.key) \(.value)") | join(", ")); deleted \(.deleted | length) of 3"' "$OUT/streams-cleanup.json"
+        jq -r '"- **production streams**: messages left before deletion (work-queue retention: 0 means all acknowledged): \(.messages | to_entries | map("\(.key) \(.value)") | join(", ")); deleted \(.deleted | length) of 4"' "$OUT/streams-cleanup.json"
     fi
 }
 db_line() { # set
@@ -502,13 +525,13 @@ SUMMARY=$(
     cat <<EOF
 Command: \`$COMMAND_LINE\`
 Run: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs ($CPU_MODEL), git $GIT_REV, release build.
-Settings: $EVENTS live events and $TEST_EVENTS test-key events per backend set, \`welcome\` workflow, email, bulk requests of $BULK, one distinct subscriber per event; simulator callback delay ${CALLBACK_DELAY_MS:-300 (default)} ms; deadline $DEADLINE s, stall limit $STALL s. Embedded: \`switchboard dev\` (SQLite, embedded queue, in-memory counters, simulator in the same process). Production: \`switchboard serve\` on PostgreSQL 15 + NATS JetStream + Redis with \`switchboard sim\` as its own process. Everything shares the same $(nproc) cores.
+Settings: $EVENTS live events, $TEST_EVENTS test-key events and $ENDPOINT_EVENTS live events with a webhook endpoint per backend set, \`welcome\` workflow, email, bulk requests of $BULK, one distinct subscriber per event; simulator callback delay ${CALLBACK_DELAY_MS:-300 (default)} ms; deadline $DEADLINE s, stall limit $STALL s. Embedded: \`switchboard dev\` (SQLite, embedded queue, in-memory counters, simulator in the same process). Production: \`switchboard serve\` on PostgreSQL 15 + NATS JetStream + Redis with \`switchboard sim\` as its own process. Everything shares the same $(nproc) cores.
 
 | backend set | key | events | accepted/s | sent/s | delivered/s | trigger→DELIVERED p50 ms | p99 ms | trigger→sent p50 / p99 ms | gateway peak RSS MiB | verified |
 | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |
-$(for set in $SETS; do row "$set" live; row "$set" test; done)
+$(for set in $SETS; do row "$set" live; row "$set" test; row "$set" live+endpoint; done)
 
-$(for set in $SETS; do detail "$set" live; detail "$set" test; done)
+$(for set in $SETS; do detail "$set" live; detail "$set" test; detail "$set" live+endpoint; done)
 $(for set in $SETS; do db_line "$set"; log_line "$set"; done)
 EOF
 )

@@ -1283,6 +1283,36 @@ fn a_live_key_in_dev_reaches_delivered_through_the_simulator() {
         "{printed:?}"
     );
     let http = reqwest::blocking::Client::new();
+    // A local endpoint for delivery events, as a caller in dev would register one.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let got: std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, bytes::Bytes)>>> =
+        Default::default();
+    let noted = got.clone();
+    let app = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: bytes::Bytes| async move {
+                noted.lock().unwrap().push((headers, body));
+                axum::http::StatusCode::NO_CONTENT
+            },
+        ),
+    );
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let hooks = format!("http://{}/hooks", listener.local_addr().unwrap());
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    let resp = http
+        .post(format!("{url}/v1/webhook-endpoints"))
+        .bearer_auth(&live)
+        .json(&serde_json::json!({"url": hooks}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let secret = resp.json::<serde_json::Value>().unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut events = Vec::new();
     for body in [
         serde_json::json!({"name": "welcome", "to": {"subscriberId": "u1", "email": "u1@example.com"}, "payload": {"name": "Ada"}}),
@@ -1309,6 +1339,36 @@ fn a_live_key_in_dev_reaches_delivered_through_the_simulator() {
             .collect();
         assert_eq!(steps, ["queued", "sent", "delivered"], "{dto:#}");
         assert_eq!(dto["test_mode"], false);
+        // The endpoint was told of both changes, in order, signed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let told = loop {
+            let told: Vec<(String, bool)> = got
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|(headers, body)| {
+                    let posted: serde_json::Value = serde_json::from_slice(body).ok()?;
+                    (posted["data"]["event_id"] == event.as_str()).then(|| {
+                        let verified = standardwebhooks::Webhook::new(&secret)
+                            .unwrap()
+                            .verify(body, headers)
+                            .is_ok();
+                        (posted["type"].as_str().unwrap().to_string(), verified)
+                    })
+                })
+                .collect();
+            if told.len() >= 2 || std::time::Instant::now() > deadline {
+                break told;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(
+            told,
+            [
+                ("message.sent".to_string(), true),
+                ("message.delivered".to_string(), true)
+            ]
+        );
     }
     let _ = child.kill();
     let _ = child.wait();

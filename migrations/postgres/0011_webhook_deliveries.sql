@@ -8,7 +8,8 @@
 -- unsets `published` and sets the time of the retry), so no retry waits in the broker.
 -- `message_id` is the message a `message.*` event tells of: a message's events to one
 -- endpoint are tried in order while the earlier ones have not been tried yet.
--- `round` counts manual retries; with `attempts` it makes each publish's broker
+-- `round` counts manual retries (`round_start`: the tries before the round began, so
+-- a retried delivery starts the retry schedule again); with `attempts` it makes each publish's broker
 -- message id unique.
 CREATE TABLE webhook_deliveries (
     seq             BIGSERIAL PRIMARY KEY,
@@ -22,6 +23,7 @@ CREATE TABLE webhook_deliveries (
     status          TEXT NOT NULL,
     attempts        INTEGER NOT NULL DEFAULT 0,
     round           INTEGER NOT NULL DEFAULT 0,
+    round_start     INTEGER NOT NULL DEFAULT 0,
     published       BOOLEAN NOT NULL DEFAULT FALSE,
     next_attempt_at TIMESTAMPTZ NOT NULL,
     created_at      TIMESTAMPTZ NOT NULL,

@@ -30,6 +30,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "delivery/endpoint.rs"]
+mod endpoint;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "delivery",
@@ -86,6 +89,10 @@ struct Args {
     /// Free-form label copied into the report.
     #[arg(long)]
     label: Option<String>,
+    /// Register a local receiver as a webhook endpoint (message.sent and
+    /// message.delivered) and report the delivery events it gets.
+    #[arg(long)]
+    endpoint: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -276,6 +283,11 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
         .map(|u| base_url(u, "--metrics-url"))
         .transpose()?;
 
+    let receiver = if args.endpoint {
+        Some(endpoint::Receiver::start(&api).await?)
+    } else {
+        None
+    };
     let sim_before = match &sim {
         Some(sim) => Some(sim_stats(&http, sim).await?),
         None => None,
@@ -449,6 +461,9 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
         log(format!(
             "STOPPED WAITING: {why}; listing the messages still pending"
         ));
+        if let Some(receiver) = &receiver {
+            let _ = receiver.remove(&api).await;
+        }
         let pending = list_pending(&api).await?;
         let total: usize = pending.values().map(|(ids, _)| ids.len()).sum();
         let capped = pending.values().any(|(_, more)| *more);
@@ -500,6 +515,8 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
     let mut attempts: BTreeMap<i64, u64> = BTreeMap::new();
     let mut shapes: BTreeMap<String, u64> = BTreeMap::new();
     let mut provider_ids: HashSet<String> = HashSet::with_capacity(messages.len());
+    let mut created_at: std::collections::HashMap<String, DateTime<Utc>> =
+        std::collections::HashMap::with_capacity(messages.len());
     for (id, fetched) in event_ids.iter().zip(messages) {
         let m = match fetched {
             Fetched::Message(m) => m,
@@ -568,6 +585,7 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
             check.fail("unreadable created_at", id, Some(&m.created_at));
             continue;
         };
+        created_at.insert(id.clone(), created);
         if let Some(sent_at) = sent_at {
             to_sent.saturating_record(micros_between(created, sent_at));
             last_sent = last_sent.max(Some(sent_at));
@@ -652,6 +670,25 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
     };
     let sent_secs = since_t0(last_sent);
     let delivered_secs = since_t0(last_delivered);
+    let endpoint_report = match &receiver {
+        None => Value::Null,
+        Some(receiver) => {
+            let wanted: HashSet<&str> = created_at.keys().map(String::as_str).collect();
+            log("waiting for every message.delivered at the webhook endpoint");
+            // Events follow the status changes closely; a minute more at least.
+            let wait_until = deadline.max(Instant::now() + Duration::from_secs(60));
+            let all = receiver.wait_for(&wanted, wait_until).await;
+            let (report, problems) = receiver.report(t0, &created_at);
+            for p in problems {
+                check.problems.insert(p, (1, Vec::new()));
+            }
+            if !all {
+                log("the deadline passed before every delivery event arrived");
+            }
+            receiver.remove(&api).await?;
+            report
+        }
+    };
     let problems: Vec<String> = check
         .problems
         .iter()
@@ -689,6 +726,7 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
             "distinct_provider_message_ids": provider_ids.len(),
         },
         "simulator": sim_report,
+        "endpoint": endpoint_report,
     });
     if let (Value::Object(r), Value::Object(f)) = (&mut report, fields) {
         r.extend(f);

@@ -265,7 +265,7 @@ impl Dispatcher {
     }
 
     async fn handle(&self, delivery: Delivery) {
-        let settled = match self.try_once(&delivery.payload).await {
+        let settled = match self.try_once(&delivery.payload, delivery.delivered).await {
             Next::Ack => delivery.settle.ack().await,
             Next::Later(wait) => delivery.settle.nak(wait).await,
         };
@@ -288,16 +288,20 @@ impl Dispatcher {
         })
     }
 
-    /// A moment to hand a delivery back for (not a try).
-    fn moment() -> Next {
-        Next::Later(Duration::from_millis(rand::rng().random_range(100..400)))
+    /// How long to hand a delivery back for (not a try), the `delivered`th time the
+    /// broker has given it: doubling from about 200 ms to about 30 s, so that a slow
+    /// endpoint's backlog is looked at less and less often rather than spun through.
+    fn later(delivered: u64) -> Next {
+        let doublings = delivered.saturating_sub(1).min(8) as u32;
+        let base = Duration::from_millis(200 * 2u64.pow(doublings)).min(Duration::from_secs(30));
+        Next::Later(base.mul_f64(rand::rng().random_range(0.5..1.5)))
     }
 
     fn count(&self, outcome: &'static str) {
         Metrics::count(&self.metrics.endpoint_attempts, outcome, 1);
     }
 
-    async fn try_once(&self, payload: &[u8]) -> Next {
+    async fn try_once(&self, payload: &[u8], delivered: u64) -> Next {
         let publication: Publication = match serde_json::from_slice(payload) {
             Ok(p) => p,
             Err(e) => {
@@ -338,11 +342,11 @@ impl Dispatcher {
         }
         if target.behind_earlier {
             self.count("deferred");
-            return Self::moment();
+            return Self::later(delivered);
         }
         let Some(_slot) = self.slot(&endpoint.id) else {
             self.count("deferred");
-            return Self::moment();
+            return Self::later(delivered);
         };
         let now = Utc::now();
         let tried = self
@@ -364,7 +368,9 @@ impl Dispatcher {
             Verdict::Gone => (OutboundStatus::Failed, None, "gone"),
             Verdict::Retry => {
                 let jitter = rand::rng().random_range(-1.0..=1.0);
-                match retry_delay(&self.schedule, tries.unsigned_abs(), jitter) {
+                // A retried delivery starts the schedule again.
+                let failures = (tries - delivery.round_start).max(1).unsigned_abs();
+                match retry_delay(&self.schedule, failures, jitter) {
                     Some(wait) => (
                         OutboundStatus::Pending,
                         chrono::Duration::from_std(wait).ok().map(|w| now + w),

@@ -67,7 +67,7 @@ pub(crate) struct Due<'a> {
 /// takes the rows' locks where it locks rows (SQLite's transaction holds the file's
 /// write lock throughout).
 #[async_trait::async_trait]
-pub(crate) trait ErasureSql: Send {
+pub(crate) trait ErasureSql: super::outbound::OutboundSql + Send {
     /// Turns the subscriber row into a tombstone (contacts cleared, `deleted_at` set),
     /// creating it when missing; true when it existed.
     async fn tombstone(&mut self, workspace: &WorkspaceId, key: &str) -> Result<bool, StoreError>;
@@ -119,6 +119,8 @@ async fn scrub_due<C: ErasureSql + ?Sized>(conn: &mut C, due: Due<'_>) -> Result
         return Ok(0);
     }
     conn.erase_details(&ids).await?;
+    // The delivery events told of these messages: their bodies name the subscriber.
+    conn.delete_message_deliveries(&ids).await?;
     conn.scrub(&ids).await
 }
 

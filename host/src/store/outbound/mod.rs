@@ -81,6 +81,8 @@ pub struct OutboundDelivery {
     pub attempts: i32,
     /// Manual retries so far: a try of an older round is stale.
     pub round: i32,
+    /// Tries before this round began: the retry schedule counts from here.
+    pub round_start: i32,
     /// When the next try is due (meaningful while pending).
     pub next_attempt_at: DateTime<Utc>,
     /// Written (with the status change).
@@ -253,6 +255,7 @@ pub(crate) struct DeliveryRow {
     status: String,
     attempts: i32,
     round: i32,
+    round_start: i32,
     next_attempt_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
@@ -272,7 +275,7 @@ pub(crate) struct AttemptRow {
 
 /// The columns a [`DeliveryRow`] is read from.
 pub(crate) const DELIVERY_COLUMNS: &str = "id, endpoint_id, workspace_id, event_id, event_type, \
-     body, status, attempts, round, next_attempt_at, created_at, updated_at";
+     body, status, attempts, round, round_start, next_attempt_at, created_at, updated_at";
 
 /// Statements on one connection, inside a transaction.
 #[async_trait::async_trait]
@@ -327,6 +330,9 @@ pub(crate) trait OutboundSql: Send {
         endpoint: &str,
         id: &str,
     ) -> Result<Option<bool>, StoreError>;
+    /// Deletes the deliveries (and their tries) of messages `ids`: their bodies name
+    /// the subscriber, and go when the messages are scrubbed.
+    async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError>;
     /// An endpoint of `workspace`: whether it exists.
     async fn endpoint_exists(
         &mut self,
@@ -386,6 +392,7 @@ impl TryFrom<DeliveryRow> for OutboundDelivery {
             status: OutboundStatus::parse(&row.status)?,
             attempts: row.attempts,
             round: row.round,
+            round_start: row.round_start,
             next_attempt_at: row.next_attempt_at,
             created_at: row.created_at,
             updated_at: row.updated_at,
@@ -481,7 +488,10 @@ pub(crate) async fn emit<C: OutboundSql + ?Sized>(
 /// message in test mode, with a fresh id each time.
 pub fn test_event(kind: &str, at: DateTime<Utc>) -> Result<(String, String), StoreError> {
     if kind == "endpoint.disabled" {
-        let event = EndpointDisabled::new("ep_test", "https://example.com/webhooks", "test", at);
+        let mut event =
+            EndpointDisabled::new("ep_test", "https://example.com/webhooks", "test", at);
+        // A fresh id each time, as for the made-up messages.
+        event.id = format!("ep_test.disabled.{}", uuid::Uuid::new_v4().simple());
         return Ok((event.id.clone(), encode(&event)?));
     }
     let status = MessageStatus::ALL

@@ -199,7 +199,7 @@ impl OutboundSql for PgConnection {
             Some(_) => {
                 sqlx::query(
                     "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
-                     published = FALSE, next_attempt_at = now(), updated_at = now() \
+                     round_start = attempts, published = FALSE, next_attempt_at = now(), updated_at = now() \
                      WHERE id = $1",
                 )
                 .bind(id)
@@ -209,6 +209,15 @@ impl OutboundSql for PgConnection {
                 Ok(Some(true))
             }
         }
+    }
+
+    async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM webhook_deliveries WHERE message_id = ANY($1::text[])")
+            .bind(ids)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 
     async fn endpoint_exists(

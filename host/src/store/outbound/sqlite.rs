@@ -7,7 +7,7 @@ use super::{
 };
 use crate::store::StoreError;
 use crate::store::endpoints::EndpointRow;
-use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err, now_text};
+use crate::store::sqlite::{MAX_BINDS, SqliteStore, encode_timestamp, map_err, now_text};
 use chrono::{DateTime, Utc};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
@@ -19,6 +19,34 @@ fn push_in(query: &mut QueryBuilder<'_, Sqlite>, values: &[&str]) {
         list.push_bind(value.to_string());
     }
     query.push(")");
+}
+
+/// One `INSERT` of `rows`, skipping those stored already.
+async fn insert_delivery_rows(
+    conn: &mut SqliteConnection,
+    rows: &[NewDelivery],
+) -> Result<(), StoreError> {
+    let mut query = QueryBuilder::<Sqlite>::new(
+        "INSERT INTO webhook_deliveries (id, endpoint_id, workspace_id, event_id, \
+         event_type, body, status, next_attempt_at, created_at, updated_at, message_id) ",
+    );
+    query.push_values(rows, |mut row, d| {
+        let at = encode_timestamp(&d.created_at);
+        row.push_bind(d.id.clone())
+            .push_bind(d.endpoint_id.clone())
+            .push_bind(d.workspace_id.clone())
+            .push_bind(d.event_id.clone())
+            .push_bind(d.event_type.clone())
+            .push_bind(d.body.clone())
+            .push_bind("PENDING")
+            .push_bind(at.clone())
+            .push_bind(at.clone())
+            .push_bind(at)
+            .push_bind(d.message_id.clone());
+    });
+    query.push(" ON CONFLICT (endpoint_id, event_id) DO NOTHING");
+    query.build().execute(conn).await.map_err(map_err)?;
+    Ok(())
 }
 
 #[async_trait::async_trait]
@@ -55,26 +83,10 @@ impl OutboundSql for SqliteConnection {
     }
 
     async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO webhook_deliveries (id, endpoint_id, workspace_id, event_id, \
-             event_type, body, status, next_attempt_at, created_at, updated_at, message_id) ",
-        );
-        query.push_values(rows, |mut row, d| {
-            let at = encode_timestamp(&d.created_at);
-            row.push_bind(d.id.clone())
-                .push_bind(d.endpoint_id.clone())
-                .push_bind(d.workspace_id.clone())
-                .push_bind(d.event_id.clone())
-                .push_bind(d.event_type.clone())
-                .push_bind(d.body.clone())
-                .push_bind("PENDING")
-                .push_bind(at.clone())
-                .push_bind(at.clone())
-                .push_bind(at)
-                .push_bind(d.message_id.clone());
-        });
-        query.push(" ON CONFLICT (endpoint_id, event_id) DO NOTHING");
-        query.build().execute(self).await.map_err(map_err)?;
+        // Within SQLite's binds per statement (eleven a row).
+        for rows in rows.chunks(MAX_BINDS / 11) {
+            insert_delivery_rows(self, rows).await?;
+        }
         Ok(())
     }
 
@@ -202,7 +214,7 @@ impl OutboundSql for SqliteConnection {
             Some(_) => {
                 sqlx::query(
                     "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
-                     published = 0, next_attempt_at = ?1, updated_at = ?1 WHERE id = ?2",
+                     round_start = attempts, published = 0, next_attempt_at = ?1, updated_at = ?1 WHERE id = ?2",
                 )
                 .bind(now_text())
                 .bind(id)
@@ -212,6 +224,17 @@ impl OutboundSql for SqliteConnection {
                 Ok(Some(true))
             }
         }
+    }
+
+    async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        for ids in ids.chunks(MAX_BINDS) {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let mut query =
+                QueryBuilder::<Sqlite>::new("DELETE FROM webhook_deliveries WHERE message_id");
+            push_in(&mut query, &ids);
+            query.build().execute(&mut *self).await.map_err(map_err)?;
+        }
+        Ok(())
     }
 
     async fn endpoint_exists(

@@ -121,6 +121,25 @@ pub(crate) async fn events_follow_status_changes(store: Arc<dyn Store>) {
     store.mark_published(&due[..2]).await.unwrap();
     let left = store.due_deliveries(100).await.unwrap();
     assert_eq!(left, due[2..].to_vec());
+    // Erasing the subscriber scrubs its messages past the audit window, and the
+    // deliveries that told of them go too (their bodies name the subscriber).
+    let before = store.pending_deliveries().await.unwrap();
+    let m2 = sent(store, &ws.id, 2, "prova", "pm-events-2").await;
+    assert_eq!(store.pending_deliveries().await.unwrap(), before + 1);
+    store
+        .erase_subscriber(&ws.id, &m2.subscriber_id, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(store.pending_deliveries().await.unwrap(), before);
+    let kept = store
+        .list_deliveries(&ws.id, &all.id, None, 10)
+        .await
+        .unwrap();
+    assert!(
+        kept.iter()
+            .all(|(d, _)| !d.body.contains(&m2.subscriber_id))
+    );
+
     // Once the earlier one has been tried, the later one goes.
     let p = Publication {
         id: earlier.id.clone(),
@@ -276,6 +295,7 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
         (OutboundStatus::Pending, 1)
     );
     assert_eq!(tries.len(), 2, "the log is kept");
+    assert_eq!(retried.round_start, 2, "the retry schedule starts again");
     assert!(matches!(
         store.retry_delivery(&ws.id, &e.id, &d.id).await,
         Err(StoreError::Conflict(_))
