@@ -76,6 +76,9 @@ pub struct WebhookEndpointsConfig {
     pub retry_schedule_ms: Vec<u64>,
     /// An endpoint that has failed every try for this long is disabled, seconds.
     pub disable_after_secs: u64,
+    /// Finished delivery events (and their tries) are deleted this many days after
+    /// their last change.
+    pub retention_days: u32,
 }
 
 /// The default waits before each retry of a delivery event, milliseconds: 5 s, 30 s,
@@ -99,6 +102,7 @@ impl Default for WebhookEndpointsConfig {
             timeout_secs: 15,
             retry_schedule_ms: DEFAULT_RETRY_SCHEDULE_MS.to_vec(),
             disable_after_secs: 5 * 24 * 3600,
+            retention_days: 30,
         }
     }
 }
@@ -598,6 +602,11 @@ impl Config {
                     .all(|ms| (1..=7 * 24 * 3_600_000).contains(ms)),
             "webhook_endpoints.retry_schedule_ms",
             "1 to 20 waits, each between 1 ms and 7 days",
+        )?;
+        ensure(
+            (1..=3650).contains(&e.retention_days),
+            "webhook_endpoints.retention_days",
+            "between 1 and 3650",
         )?;
         ensure(
             e.disable_after_secs >= 1,

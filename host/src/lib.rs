@@ -314,6 +314,7 @@ pub fn endpoint_dispatch(
         ingest.broker.clone(),
         ingest.streams.clone(),
         ingest.metrics.clone(),
+        Duration::from_secs(u64::from(config.webhook_endpoints.retention_days) * 86_400),
     );
     let sender = outbound::send::Sender::new(
         outbound::policy::UrlPolicy::of(config),

@@ -41,27 +41,55 @@ const RELAY_PAGE: usize = 256;
 /// How long a store failure or a busy endpoint hands a delivery back for.
 const STORE_RETRY: Duration = Duration::from_secs(1);
 
-/// Publishes due deliveries to the webhooks stream.
+/// Finished deliveries one prune deletes at most (a short transaction each).
+const PRUNE_BATCH: u32 = 5_000;
+
+/// How often the relay prunes finished deliveries past their retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Publishes due deliveries to the webhooks stream, and deletes finished ones once
+/// they are older than the retention.
 pub struct Relay {
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
     streams: StreamNames,
     metrics: Arc<Metrics>,
+    retention: Duration,
 }
 
 impl Relay {
-    /// A relay over these backends.
+    /// A relay over these backends, keeping finished deliveries for `retention`.
     pub fn new(
         store: Arc<dyn Store>,
         broker: Arc<dyn Broker>,
         streams: StreamNames,
         metrics: Arc<Metrics>,
+        retention: Duration,
     ) -> Self {
         Self {
             store,
             broker,
             streams,
             metrics,
+            retention,
+        }
+    }
+
+    /// Deletes finished deliveries last changed more than the retention ago; how many.
+    pub async fn prune(&self) -> Result<u64, StoreError> {
+        let Some(before) = chrono::Duration::from_std(self.retention)
+            .ok()
+            .and_then(|r| Utc::now().checked_sub_signed(r))
+        else {
+            return Ok(0);
+        };
+        let mut total = 0;
+        loop {
+            let n = self.store.prune_deliveries(before, PRUNE_BATCH).await?;
+            total += n;
+            if n < u64::from(PRUNE_BATCH) {
+                return Ok(total);
+            }
         }
     }
 
@@ -113,6 +141,8 @@ impl Relay {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
+        // Every process with workers prunes; the deletes are idempotent.
+        let mut pruned = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -134,6 +164,14 @@ impl Relay {
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
             ticks += 1;
+            if pruned.elapsed() >= PRUNE_EVERY {
+                pruned = tokio::time::Instant::now();
+                match self.prune().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "pruned finished delivery events"),
+                    Err(e) => tracing::warn!(error = %e, "pruning delivery events"),
+                }
+            }
         }
     }
 }

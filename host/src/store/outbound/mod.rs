@@ -193,6 +193,9 @@ pub trait Outbound: Send + Sync {
     ) -> Result<Option<OutboundDelivery>, StoreError>;
     /// Deliveries pending, published or not (the metrics' queue depth).
     async fn pending_deliveries(&self) -> Result<u64, StoreError>;
+    /// Deletes up to `limit` finished deliveries (and their tries) last changed
+    /// before `before`; how many.
+    async fn prune_deliveries(&self, before: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;
 }
 
 /// One publish of a delivery for one try: the broker message's content, and (as
@@ -333,6 +336,12 @@ pub(crate) trait OutboundSql: Send {
     /// Deletes the deliveries (and their tries) of messages `ids`: their bodies name
     /// the subscriber, and go when the messages are scrubbed.
     async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError>;
+    /// Deletes up to `limit` finished deliveries last changed before `before`.
+    async fn prune_finished(
+        &mut self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, StoreError>;
     /// An endpoint of `workspace`: whether it exists.
     async fn endpoint_exists(
         &mut self,
@@ -808,5 +817,14 @@ where
 
     async fn pending_deliveries(&self) -> Result<u64, StoreError> {
         Ok(u64::try_from(self.pending_count().await?).unwrap_or(0))
+    }
+
+    async fn prune_deliveries(&self, before: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        // A long write: in a batch of its own, not holding up the delivery path's.
+        self.group()
+            .run_alone(Box::new(move |conn| {
+                Box::pin(async move { conn.prune_finished(before, i64::from(limit)).await })
+            }))
+            .await
     }
 }

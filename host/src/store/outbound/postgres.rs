@@ -220,6 +220,23 @@ impl OutboundSql for PgConnection {
         Ok(())
     }
 
+    async fn prune_finished(
+        &mut self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM webhook_deliveries WHERE seq IN (SELECT seq FROM webhook_deliveries \
+             WHERE status <> 'PENDING' AND updated_at < $1 LIMIT $2)",
+        )
+        .bind(before)
+        .bind(limit)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+
     async fn endpoint_exists(
         &mut self,
         workspace: &str,

@@ -425,6 +425,39 @@ pub(crate) async fn disabling_and_abandoning(store: Arc<dyn Store>) {
         Some("not sent: the endpoint is disabled")
     );
 
+    // Pruning takes finished deliveries last changed before the cut only.
+    let watched = store
+        .list_deliveries(&ws.id, &watcher.id, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(watched[0].0.status, OutboundStatus::Pending);
+    let past = now() - Duration::seconds(60);
+    assert_eq!(store.prune_deliveries(past, 100).await.unwrap(), 0);
+    assert_eq!(store.prune_deliveries(now(), 100).await.unwrap(), 1);
+    assert!(
+        store
+            .list_deliveries(&ws.id, &failing.id, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .list_deliveries(&ws.id, &watcher.id, None, 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "a pending one is kept"
+    );
+
+    // Deleting an endpoint deletes its deliveries.
+    let last = store
+        .send_test_event(&ws.id, &failing.id, "message.sent")
+        .await
+        .unwrap()
+        .unwrap();
     assert!(store.delete_endpoint(&ws.id, &failing.id).await.unwrap());
+    assert!(store.dispatch_target(&last.id).await.unwrap().is_none());
     assert!(store.dispatch_target(&d.id).await.unwrap().is_none());
 }
