@@ -410,6 +410,36 @@ async fn events_arrive_signed_in_order_and_the_log_shows_them(b: Backends) {
     assert_eq!(tries[0]["status_code"], 204);
     assert!(first.get("next_attempt_at").is_none());
 
+    // The metrics count the tries, time them, and show the stream and what waits.
+    let metrics = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"switchboard_endpoint_attempts_total{outcome="delivered"}"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchboard_endpoint_latency_seconds_count"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchboard_endpoint_deliveries_pending"),
+        "{metrics}"
+    );
+    let webhooks_stream = &gw.state.config.broker.streams.webhooks;
+    assert!(
+        metrics.contains(&format!(
+            r#"switchboard_queue_depth{{stream="{webhooks_stream}"}}"#
+        )),
+        "{metrics}"
+    );
+
     // A test event, through the same path.
     let (status, queued) = gw
         .call(
