@@ -24,6 +24,7 @@ both!(
     a_rotated_secret_signs_beside_the_new_one,
     production_refuses_an_internal_address_when_sending,
     a_restart_loses_no_pending_delivery,
+    a_lost_broker_message_is_published_again,
 );
 
 /// Statuses a path answers first, in order, and then.
@@ -796,4 +797,64 @@ async fn a_restart_loses_no_pending_delivery(b: Backends) {
         d.iter().any(|d| d["status"] == "SUCCEEDED")
     })
     .await;
+}
+
+async fn a_lost_broker_message_is_published_again(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    // No workers: this test runs the relay and the dispatcher by hand.
+    let gw = Gateway::start(b, &dir, |c| {
+        c.worker.enabled = false;
+        c.webhook_endpoints.republish_after_secs = 1;
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    let (id, secret) = gw.endpoint(&receiver.url("lost"), None).await;
+    let (status, queued) = gw
+        .call(
+            "POST",
+            &format!("/v1/webhook-endpoints/{id}/test"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let (relay, dispatcher) = switchboard::endpoint_dispatch(&gw.state).unwrap();
+    assert_eq!(relay.publish_due().await.unwrap(), 1);
+    assert_eq!(relay.republish_stale().await.unwrap(), 0, "not stale yet");
+
+    // The broker loses it (a stream restored empty).
+    let config = &gw.state.config;
+    let stream = config.broker.streams.webhooks.clone();
+    if b == Backends::Production {
+        let client = async_nats::connect(&config.broker.url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        js.get_stream(&stream).await.unwrap().purge().await.unwrap();
+    } else {
+        common::execute(
+            config,
+            &[format!(
+                "DELETE FROM broker_queue WHERE stream = '{stream}'"
+            )],
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(
+        relay.publish_due().await.unwrap(),
+        0,
+        "published, so not due"
+    );
+    assert_eq!(relay.republish_stale().await.unwrap(), 1);
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(dispatcher.run(stopped));
+    let got = receiver.until("lost", "the event", |g| !g.is_empty()).await;
+    assert!(got[0].verifies(&secret));
+    gw.log_until(&id, "the delivery succeeded", |d| {
+        d.iter().all(|d| d["status"] == "SUCCEEDED")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.at("lost").len(), 1, "sent once");
+    let _ = stop.send(true);
+    let _ = running.await;
 }

@@ -79,6 +79,9 @@ pub struct WebhookEndpointsConfig {
     /// Finished delivery events (and their tries) are deleted this many days after
     /// their last change.
     pub retention_days: u32,
+    /// A delivery event published but neither tried nor handed back for this long is
+    /// published again (its broker message was lost), seconds.
+    pub republish_after_secs: u64,
 }
 
 /// The default waits before each retry of a delivery event, milliseconds: 5 s, 30 s,
@@ -103,6 +106,7 @@ impl Default for WebhookEndpointsConfig {
             retry_schedule_ms: DEFAULT_RETRY_SCHEDULE_MS.to_vec(),
             disable_after_secs: 5 * 24 * 3600,
             retention_days: 30,
+            republish_after_secs: 600,
         }
     }
 }
@@ -602,6 +606,11 @@ impl Config {
                     .all(|ms| (1..=7 * 24 * 3_600_000).contains(ms)),
             "webhook_endpoints.retry_schedule_ms",
             "1 to 20 waits, each between 1 ms and 7 days",
+        )?;
+        ensure(
+            (1..=86_400).contains(&e.republish_after_secs),
+            "webhook_endpoints.republish_after_secs",
+            "between 1 and 86400",
         )?;
         ensure(
             (1..=3650).contains(&e.retention_days),

@@ -315,6 +315,7 @@ pub fn endpoint_dispatch(
         ingest.streams.clone(),
         ingest.metrics.clone(),
         Duration::from_secs(u64::from(config.webhook_endpoints.retention_days) * 86_400),
+        Duration::from_secs(config.webhook_endpoints.republish_after_secs),
     );
     let sender = outbound::send::Sender::new(
         outbound::policy::UrlPolicy::of(config),

@@ -132,7 +132,10 @@ async fn refuse_messages_when(config: &Config, condition: &str) {
 }
 
 /// Runs statements on the gateway's own database, over a connection of the test's.
-async fn execute(config: &Config, statements: &[String]) {
+/// Runs `statements` on the gateway's database (PostgreSQL or the SQLite file, which
+/// also holds the embedded queue).
+#[allow(dead_code)]
+pub async fn execute(config: &Config, statements: &[String]) {
     use sqlx::Connection;
     if config.store.backend == switchboard::config::StoreBackend::Postgres {
         let mut conn = sqlx::PgConnection::connect(&config.store.url)

@@ -14,6 +14,10 @@
 //!   slow endpoint never holds the others' slots and a message's events arrive in
 //!   order when the receiver answers promptly (a failed earlier event does not hold
 //!   the later ones back: it is retried on its schedule).
+//! - A delivery published but neither tried nor handed back for
+//!   `republish_after_secs` is published again (under a new broker message id): its
+//!   broker message was lost, say with a stream restored empty. A try is recorded once
+//!   per publication, so a copy that was only late does no harm.
 //! - A 410 disables the endpoint at once; an endpoint whose tries have all failed for
 //!   `disable_after_secs` is disabled too, and `endpoint.disabled` is recorded for the
 //!   workspace's other endpoints.
@@ -47,6 +51,16 @@ const PRUNE_BATCH: u32 = 5_000;
 /// How often the relay prunes finished deliveries past their retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
+/// How often the relay looks for published deliveries gone stale.
+const STALE_EVERY: Duration = Duration::from_secs(30);
+
+/// Times the broker hands a delivery to a busy endpoint's dispatcher before it goes
+/// back to the database (so the broker does not hold a slow endpoint's backlog).
+const DEFERRALS_IN_BROKER: u64 = 5;
+
+/// How long a delivery handed back to the database waits.
+const DEFERRED_FOR: Duration = Duration::from_secs(30);
+
 /// Publishes due deliveries to the webhooks stream, and deletes finished ones once
 /// they are older than the retention.
 pub struct Relay {
@@ -55,6 +69,7 @@ pub struct Relay {
     streams: StreamNames,
     metrics: Arc<Metrics>,
     retention: Duration,
+    republish_after: Duration,
 }
 
 impl Relay {
@@ -65,6 +80,7 @@ impl Relay {
         streams: StreamNames,
         metrics: Arc<Metrics>,
         retention: Duration,
+        republish_after: Duration,
     ) -> Self {
         Self {
             store,
@@ -72,7 +88,67 @@ impl Relay {
             streams,
             metrics,
             retention,
+            republish_after,
         }
+    }
+
+    /// Publishes again the deliveries published but unchanged for `republish_after`;
+    /// how many.
+    pub async fn republish_stale(&self) -> Result<usize, StoreError> {
+        let Some(before) = chrono::Duration::from_std(self.republish_after)
+            .ok()
+            .and_then(|r| Utc::now().checked_sub_signed(r))
+        else {
+            return Ok(0);
+        };
+        let stale = self.store.stale_deliveries(before, RELAY_PAGE).await?;
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        tracing::warn!(
+            count = stale.len(),
+            "delivery events published but not tried for a while: publishing them again"
+        );
+        // A new broker message id: the first one may still be in its duplicate window.
+        let nonce = Utc::now().timestamp_millis();
+        Ok(self.publish(&stale, Some(nonce)).await?.0)
+    }
+
+    /// Publishes `list` (with `nonce` in the broker message ids, if given) and marks
+    /// those acknowledged: how many, and whether all were.
+    async fn publish(
+        &self,
+        list: &[Publication],
+        nonce: Option<i64>,
+    ) -> Result<(usize, bool), StoreError> {
+        let subject = self.streams.subject(StreamClass::Webhooks, "");
+        let mut publishes = Vec::with_capacity(list.len());
+        for p in list {
+            let payload = serde_json::to_vec(p)
+                .map_err(|e| StoreError::Other(format!("encoding a publication: {e}")))?;
+            let msg_id = match nonce {
+                None => p.msg_id(),
+                Some(n) => format!("{}.{n}", p.msg_id()),
+            };
+            publishes.push(Publish {
+                class: StreamClass::Webhooks,
+                subject: subject.clone(),
+                msg_id,
+                payload: payload.into(),
+            });
+        }
+        let acks = self.broker.publish_batch(&publishes).await;
+        let done: Vec<Publication> = list
+            .iter()
+            .zip(&acks)
+            .filter(|(_, ack)| ack.is_ok())
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.store.mark_published(&done).await?;
+        if let Some(Err(e)) = acks.iter().find(|a| a.is_err()) {
+            tracing::warn!(error = %e, "publishing delivery events; retrying");
+        }
+        Ok((done.len(), done.len() == list.len()))
     }
 
     /// Deletes finished deliveries last changed more than the retention ago; how many.
@@ -102,34 +178,9 @@ impl Relay {
             if due.is_empty() {
                 return Ok(total);
             }
-            let subject = self.streams.subject(StreamClass::Webhooks, "");
-            let mut publishes = Vec::with_capacity(due.len());
-            for p in &due {
-                let payload = serde_json::to_vec(p)
-                    .map_err(|e| StoreError::Other(format!("encoding a publication: {e}")))?;
-                publishes.push(Publish {
-                    class: StreamClass::Webhooks,
-                    subject: subject.clone(),
-                    msg_id: p.msg_id(),
-                    payload: payload.into(),
-                });
-            }
-            let acks = self.broker.publish_batch(&publishes).await;
-            let done: Vec<Publication> = due
-                .iter()
-                .zip(&acks)
-                .filter(|(_, ack)| ack.is_ok())
-                .map(|(p, _)| p.clone())
-                .collect();
-            self.store.mark_published(&done).await?;
-            total += done.len();
-            if done.len() < due.len() {
-                if let Some(Err(e)) = acks.iter().find(|a| a.is_err()) {
-                    tracing::warn!(error = %e, "publishing delivery events; retrying");
-                }
-                return Ok(total);
-            }
-            if due.len() < RELAY_PAGE {
+            let (done, all) = self.publish(&due, None).await?;
+            total += done;
+            if !all || due.len() < RELAY_PAGE {
                 return Ok(total);
             }
         }
@@ -143,6 +194,7 @@ impl Relay {
         let mut ticks: u64 = 0;
         // Every process with workers prunes; the deletes are idempotent.
         let mut pruned = tokio::time::Instant::now();
+        let mut swept = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -164,6 +216,12 @@ impl Relay {
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
             ticks += 1;
+            if swept.elapsed() >= STALE_EVERY.min(self.republish_after) {
+                swept = tokio::time::Instant::now();
+                if let Err(e) = self.republish_stale().await {
+                    tracing::warn!(error = %e, "republishing stale delivery events");
+                }
+            }
             if pruned.elapsed() >= PRUNE_EVERY {
                 pruned = tokio::time::Instant::now();
                 match self.prune().await {
@@ -335,6 +393,21 @@ impl Dispatcher {
         Next::Later(base.mul_f64(rand::rng().random_range(0.5..1.5)))
     }
 
+    /// Hands a delivery back (not a try): to the broker for a growing moment, and
+    /// after a few times to the database, due a while later.
+    async fn defer(&self, publication: &Publication, delivered: u64) -> Next {
+        self.count("deferred");
+        if delivered < DEFERRALS_IN_BROKER {
+            return Self::later(delivered);
+        }
+        let until = Utc::now()
+            + chrono::Duration::from_std(DEFERRED_FOR).unwrap_or(chrono::Duration::zero());
+        match self.store.defer_delivery(publication, until).await {
+            Ok(_) => Next::Ack,
+            Err(_) => Self::later(delivered),
+        }
+    }
+
     fn count(&self, outcome: &'static str) {
         Metrics::count(&self.metrics.endpoint_attempts, outcome, 1);
     }
@@ -379,12 +452,10 @@ impl Dispatcher {
             };
         }
         if target.behind_earlier {
-            self.count("deferred");
-            return Self::later(delivered);
+            return self.defer(&publication, delivered).await;
         }
         let Some(_slot) = self.slot(&endpoint.id) else {
-            self.count("deferred");
-            return Self::later(delivered);
+            return self.defer(&publication, delivered).await;
         };
         let now = Utc::now();
         let tried = self

@@ -134,8 +134,25 @@ pub enum EndpointHealth {
 pub trait Outbound: Send + Sync {
     /// Up to `limit` deliveries due and not published, soonest due first.
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError>;
-    /// Marks deliveries published, each only if still at the try it was published for.
+    /// Marks deliveries published (and when), each only if still at the try it was
+    /// published for.
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError>;
+    /// Up to `limit` deliveries published, still pending, and unchanged since `before`:
+    /// their broker message was lost (a stream restored empty), or is still waiting
+    /// behind a very long backlog. Publishing them again is safe: a try is recorded
+    /// once per publication.
+    async fn stale_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Publication>, StoreError>;
+    /// Hands the delivery `publication` was for back to the relay, due at `until`,
+    /// without counting a try (its endpoint was busy); whether it had not moved on.
+    async fn defer_delivery(
+        &self,
+        publication: &Publication,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
     /// A delivery and its endpoint, if both still exist.
     async fn dispatch_target(
         &self,
@@ -294,6 +311,15 @@ pub(crate) trait OutboundSql: Send {
     async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError>;
     /// Sets `published` on `(id, round, attempts)`s still at that round and try.
     async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError>;
+    /// Unpublishes a delivery still pending at `round` and `attempts` tries, due at
+    /// `until`; whether it was.
+    async fn unpublish(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
     /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
     /// moves it to `status`; with `next`, unpublished and due then. Its `(endpoint,
     /// tries)` afterwards, `None` when it had moved on.
@@ -355,6 +381,13 @@ pub(crate) trait OutboundSql: Send {
 pub(crate) trait OutboundReadSql: Send + Sync {
     /// Up to `limit` unpublished `(id, round, attempts)` due by now, soonest first.
     async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError>;
+    /// Up to `limit` published, pending `(id, round, attempts)` unchanged since
+    /// `before`, oldest first.
+    async fn stale_rows(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<(String, i32, i32)>, StoreError>;
     /// One delivery row.
     async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError>;
     /// One delivery of `workspace`'s `endpoint`.
@@ -493,6 +526,18 @@ pub(crate) async fn emit<C: OutboundSql + ?Sized>(
     Ok(())
 }
 
+fn publications(rows: Vec<(String, i32, i32)>) -> Result<Vec<Publication>, StoreError> {
+    rows.into_iter()
+        .map(|(id, round, attempts)| {
+            Ok(Publication {
+                id: WebhookDeliveryId::parse(&id).map_err(super::corrupt)?,
+                round,
+                attempts,
+            })
+        })
+        .collect()
+}
+
 /// The test event an endpoint gets from [`Outbound::send_test_event`]: a made-up
 /// message in test mode, with a fresh id each time.
 pub fn test_event(kind: &str, at: DateTime<Utc>) -> Result<(String, String), StoreError> {
@@ -531,17 +576,38 @@ where
     Conn<T>: OutboundSql,
 {
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError> {
-        self.due_rows(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await?
-            .into_iter()
-            .map(|(id, round, attempts)| {
-                Ok(Publication {
-                    id: WebhookDeliveryId::parse(&id).map_err(super::corrupt)?,
-                    round,
-                    attempts,
+        publications(
+            self.due_rows(i64::try_from(limit).unwrap_or(i64::MAX))
+                .await?,
+        )
+    }
+
+    async fn stale_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Publication>, StoreError> {
+        publications(
+            self.stale_rows(before, i64::try_from(limit).unwrap_or(i64::MAX))
+                .await?,
+        )
+    }
+
+    async fn defer_delivery(
+        &self,
+        publication: &Publication,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let p = Arc::new(publication.clone());
+        self.group()
+            .run(Box::new(move |conn| {
+                let p = p.clone();
+                Box::pin(async move {
+                    conn.unpublish(p.id.as_str(), p.round, p.attempts, until)
+                        .await
                 })
-            })
-            .collect()
+            }))
+            .await
     }
 
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError> {

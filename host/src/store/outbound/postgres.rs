@@ -81,7 +81,7 @@ impl OutboundSql for PgConnection {
 
     async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE webhook_deliveries d SET published = TRUE \
+            "UPDATE webhook_deliveries d SET published = TRUE, updated_at = now() \
              FROM UNNEST($1::text[], $2::int4[], $3::int4[]) AS p(i, r, a) \
              WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a",
         )
@@ -92,6 +92,28 @@ impl OutboundSql for PgConnection {
         .await
         .map_err(map_err)?;
         Ok(())
+    }
+
+    async fn unpublish(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET published = FALSE, next_attempt_at = $4, \
+             updated_at = now() \
+             WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING'",
+        )
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(until)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn finish_try(
@@ -262,6 +284,23 @@ impl OutboundReadSql for PgStore {
              WHERE NOT published AND next_attempt_at <= now() \
              ORDER BY next_attempt_at, seq LIMIT $1",
         )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn stale_rows(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<(String, i32, i32)>, StoreError> {
+        sqlx::query_as(
+            "SELECT id, round, attempts FROM webhook_deliveries \
+             WHERE status = 'PENDING' AND published AND updated_at < $1 \
+             ORDER BY seq LIMIT $2",
+        )
+        .bind(before)
         .bind(limit)
         .fetch_all(self.pool())
         .await

@@ -91,8 +91,11 @@ impl OutboundSql for SqliteConnection {
     }
 
     async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError> {
-        let mut query =
-            QueryBuilder::<Sqlite>::new("UPDATE webhook_deliveries SET published = 1 FROM (");
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "UPDATE webhook_deliveries SET published = 1, updated_at = ",
+        );
+        query.push_bind(now_text());
+        query.push(" FROM (");
         // A VALUES list names its columns column1, column2.
         query.push_values(rows, |mut row, (id, round, tries)| {
             row.push_bind(id.to_string())
@@ -105,6 +108,29 @@ impl OutboundSql for SqliteConnection {
         );
         query.build().execute(self).await.map_err(map_err)?;
         Ok(())
+    }
+
+    async fn unpublish(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET published = 0, next_attempt_at = ?1, \
+             updated_at = ?2 \
+             WHERE id = ?3 AND round = ?4 AND attempts = ?5 AND status = 'PENDING'",
+        )
+        .bind(encode_timestamp(&until))
+        .bind(now_text())
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn finish_try(
@@ -279,6 +305,23 @@ impl OutboundReadSql for SqliteStore {
              ORDER BY next_attempt_at, seq LIMIT ?",
         )
         .bind(now_text())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn stale_rows(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<(String, i32, i32)>, StoreError> {
+        sqlx::query_as(
+            "SELECT id, round, attempts FROM webhook_deliveries \
+             WHERE status = 'PENDING' AND published = 1 AND updated_at < ? \
+             ORDER BY seq LIMIT ?",
+        )
+        .bind(encode_timestamp(&before))
         .bind(limit)
         .fetch_all(self.pool())
         .await

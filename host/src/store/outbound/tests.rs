@@ -204,6 +204,25 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(store.due_deliveries(10).await.unwrap().is_empty());
+    // Published and unchanged since: stale only past the cut.
+    let past = now() - Duration::seconds(60);
+    assert!(store.stale_deliveries(past, 10).await.unwrap().is_empty());
+    let future = now() + Duration::seconds(1);
+    assert_eq!(
+        store.stale_deliveries(future, 10).await.unwrap(),
+        vec![p.clone()]
+    );
+    // Handed back (its endpoint busy): due again then, not counted as a try.
+    let soon = now() + Duration::milliseconds(200);
+    assert!(store.defer_delivery(&p, soon).await.unwrap());
+    assert!(store.due_deliveries(10).await.unwrap().is_empty());
+    assert!(store.stale_deliveries(future, 10).await.unwrap().is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p.clone()]);
+    store
+        .mark_published(std::slice::from_ref(&p))
+        .await
+        .unwrap();
 
     let t0 = now();
     let retry_at = t0 + Duration::milliseconds(300);
