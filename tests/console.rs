@@ -887,6 +887,7 @@ async fn webhook_endpoints_and_their_delivery_log_show_one_workspace(b: Backends
         id: delivery.id.clone(),
         round: 0,
         attempts: 0,
+        handbacks: 0,
     };
     store
         .record_attempt(&publication, &tried, OutboundStatus::Succeeded)

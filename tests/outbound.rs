@@ -25,6 +25,7 @@ both!(
     production_refuses_an_internal_address_when_sending,
     a_restart_loses_no_pending_delivery,
     a_lost_broker_message_is_published_again,
+    a_burst_to_one_endpoint_arrives_whole_and_once,
 );
 
 /// Statuses a path answers first, in order, and then.
@@ -54,7 +55,7 @@ impl Got {
 }
 
 /// A local HTTP receiver: `/{name}` answers the statuses queued for `name` first,
-/// then `default` (204), and records every request.
+/// then `default` (204), and records every request; `/slow…` answers after 30 ms.
 #[derive(Clone)]
 struct Receiver {
     base: String,
@@ -84,6 +85,9 @@ impl Receiver {
                             body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
                             raw,
                         });
+                        if name.starts_with("slow") {
+                            tokio::time::sleep(Duration::from_millis(30)).await;
+                        }
                         let status = {
                             let mut plans = r.plans.lock().unwrap();
                             match plans.get_mut(&name) {
@@ -857,4 +861,77 @@ async fn a_lost_broker_message_is_published_again(b: Backends) {
     assert_eq!(receiver.at("lost").len(), 1, "sent once");
     let _ = stop.send(true);
     let _ = running.await;
+}
+
+async fn a_burst_to_one_endpoint_arrives_whole_and_once(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    // One slot for the endpoint and one to wait, of eight: the other six of the
+    // dispatcher's hand theirs back, to the broker and then to the database, to be
+    // published again.
+    let gw = Gateway::start(b, &dir, |c| {
+        c.webhook_endpoints.concurrency = 8;
+        c.webhook_endpoints.per_endpoint_concurrency = 1;
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    let (id, _) = gw.endpoint(&receiver.url("slow-burst"), None).await;
+    const BURST: usize = 100;
+    let mut ids = std::collections::BTreeSet::new();
+    for _ in 0..BURST {
+        let (status, queued) = gw
+            .call(
+                "POST",
+                &format!("/v1/webhook-endpoints/{id}/test"),
+                Some(json!({})),
+            )
+            .await;
+        assert_eq!(status, 202, "{queued}");
+        ids.insert(queued["event_id"].as_str().unwrap().to_string());
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let got: std::collections::BTreeSet<String> = receiver
+            .at("slow-burst")
+            .iter()
+            .map(|g| g.id().to_string())
+            .collect();
+        if got == ids {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let (_, log) = gw
+                .call(
+                    "GET",
+                    &format!("/v1/webhook-endpoints/{id}/deliveries?limit=3"),
+                    None,
+                )
+                .await;
+            panic!(
+                "{} of {BURST} events arrived; the log: {log:#}",
+                got.intersection(&ids).count()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.at("slow-burst").len(), BURST, "each event once");
+    // The burst did go back to the database and out again.
+    let metrics = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let deferred: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"switchboard_endpoint_attempts_total{outcome="deferred"} "#))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        deferred >= 5.0 * 10.0,
+        "few hand-backs ({deferred}): the test proves little"
+    );
 }

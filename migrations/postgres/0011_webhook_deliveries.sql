@@ -9,8 +9,9 @@
 -- `message_id` is the message a `message.*` event tells of: a message's events to one
 -- endpoint are tried in order while the earlier ones have not been tried yet.
 -- `round` counts manual retries (`round_start`: the tries before the round began, so
--- a retried delivery starts the retry schedule again); with `attempts` it makes each publish's broker
--- message id unique.
+-- a retried delivery starts the retry schedule again); `handbacks` counts the times a
+-- busy endpoint's delivery went back to the relay untried; with `attempts` it makes each publish's broker
+-- message id unique (with `handbacks`).
 CREATE TABLE webhook_deliveries (
     seq             BIGSERIAL PRIMARY KEY,
     id              TEXT NOT NULL UNIQUE,
@@ -24,6 +25,7 @@ CREATE TABLE webhook_deliveries (
     attempts        INTEGER NOT NULL DEFAULT 0,
     round           INTEGER NOT NULL DEFAULT 0,
     round_start     INTEGER NOT NULL DEFAULT 0,
+    handbacks       INTEGER NOT NULL DEFAULT 0,
     published       BOOLEAN NOT NULL DEFAULT FALSE,
     next_attempt_at TIMESTAMPTZ NOT NULL,
     created_at      TIMESTAMPTZ NOT NULL,

@@ -10,8 +10,9 @@
 -- `message_id` is the message a `message.*` event tells of: a message's events to one
 -- endpoint are tried in order while the earlier ones have not been tried yet.
 -- `round` counts manual retries (`round_start`: the tries before the round began, so
--- a retried delivery starts the retry schedule again); with `attempts` it makes each publish's broker
--- message id unique.
+-- a retried delivery starts the retry schedule again); `handbacks` counts the times a
+-- busy endpoint's delivery went back to the relay untried; with `attempts` it makes each publish's broker
+-- message id unique (with `handbacks`).
 CREATE TABLE webhook_deliveries (
     seq             INTEGER PRIMARY KEY AUTOINCREMENT,
     id              TEXT NOT NULL UNIQUE,
@@ -25,6 +26,7 @@ CREATE TABLE webhook_deliveries (
     attempts        INTEGER NOT NULL DEFAULT 0,
     round           INTEGER NOT NULL DEFAULT 0,
     round_start     INTEGER NOT NULL DEFAULT 0,
+    handbacks       INTEGER NOT NULL DEFAULT 0,
     published       INTEGER NOT NULL DEFAULT 0,
     next_attempt_at TEXT NOT NULL,
     created_at      TEXT NOT NULL,

@@ -8,12 +8,13 @@
 //!   goes back to the store with the time of the retry, not to the broker, so no
 //!   retry waits in the broker for hours. An acknowledgement comes only after the try
 //!   is logged: a crash before it means the try is made again (at least once).
-//! - One endpoint holds at most `per_endpoint_concurrency` tries at a time; a delivery
-//!   for a busy endpoint, or for a message whose earlier event to the same endpoint
-//!   has not been tried yet, is handed back for a moment (not counted as a try), so a
-//!   slow endpoint never holds the others' slots and a message's events arrive in
-//!   order when the receiver answers promptly (a failed earlier event does not hold
-//!   the later ones back: it is retried on its schedule).
+//! - One endpoint holds at most `per_endpoint_concurrency` tries at a time, and as
+//!   many more may wait for one of them; a delivery for an endpoint busier than that,
+//!   or for a message whose earlier event to the same endpoint has not been tried
+//!   yet, is handed back (not counted as a try), so a slow endpoint never holds all of
+//!   the dispatcher's slots and a message's events arrive in order when the receiver
+//!   answers promptly (a failed earlier event does not hold the later ones back: it
+//!   is retried on its schedule).
 //! - A delivery published but neither tried nor handed back for
 //!   `republish_after_secs` is published again (under a new broker message id): its
 //!   broker message was lost, say with a stream restored empty. A try is recorded once
@@ -35,9 +36,10 @@ use chrono::Utc;
 use futures::StreamExt;
 use rand::Rng;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// Deliveries the relay reads and publishes at a time.
 const RELAY_PAGE: usize = 256;
@@ -252,30 +254,14 @@ pub struct Dispatcher {
     config: WebhookEndpointsConfig,
     schedule: Vec<Duration>,
     metrics: Arc<Metrics>,
-    /// Tries in flight per endpoint.
-    in_flight: Mutex<HashMap<EndpointId, usize>>,
+    /// Each endpoint's slots.
+    gates: Mutex<HashMap<EndpointId, Arc<Gate>>>,
 }
 
-/// One of an endpoint's slots, given back when dropped.
-struct Slot<'a> {
-    dispatcher: &'a Dispatcher,
-    endpoint: EndpointId,
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        let mut in_flight = self
-            .dispatcher
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = in_flight.get_mut(&self.endpoint) {
-            *n -= 1;
-            if *n == 0 {
-                in_flight.remove(&self.endpoint);
-            }
-        }
-    }
+/// An endpoint's slots: its tries in flight, and how many wait for one.
+struct Gate {
+    slots: Arc<Semaphore>,
+    waiting: AtomicUsize,
 }
 
 impl Dispatcher {
@@ -301,7 +287,7 @@ impl Dispatcher {
             config,
             schedule,
             metrics,
-            in_flight: Mutex::new(HashMap::new()),
+            gates: Mutex::new(HashMap::new()),
         })
     }
 
@@ -370,18 +356,36 @@ impl Dispatcher {
         }
     }
 
-    /// Takes a slot of the endpoint, if one is free.
-    fn slot(&self, endpoint: &EndpointId) -> Option<Slot<'_>> {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        let n = in_flight.entry(endpoint.clone()).or_insert(0);
-        if *n >= self.config.per_endpoint_concurrency {
+    /// A slot of the endpoint: one free now, or one waited for unless as many tries
+    /// as it has slots wait already (each holds one of the dispatcher's slots) or the
+    /// wait outlasts a third of the ack wait (the broker would deliver it again).
+    async fn slot(&self, endpoint: &EndpointId) -> Option<OwnedSemaphorePermit> {
+        let gate = self
+            .gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(endpoint.clone())
+            .or_insert_with(|| {
+                Arc::new(Gate {
+                    slots: Arc::new(Semaphore::new(self.config.per_endpoint_concurrency)),
+                    waiting: AtomicUsize::new(0),
+                })
+            })
+            .clone();
+        if let Ok(permit) = gate.slots.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        if gate.waiting.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_concurrency {
+            gate.waiting.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
-        *n += 1;
-        Some(Slot {
-            dispatcher: self,
-            endpoint: endpoint.clone(),
-        })
+        let waited = tokio::time::timeout(
+            self.settings.ack_wait / 3,
+            gate.slots.clone().acquire_owned(),
+        )
+        .await;
+        gate.waiting.fetch_sub(1, Ordering::SeqCst);
+        waited.ok().and_then(Result::ok)
     }
 
     /// How long to hand a delivery back for (not a try), the `delivered`th time the
@@ -433,6 +437,7 @@ impl Dispatcher {
         if delivery.status != OutboundStatus::Pending
             || delivery.round != publication.round
             || delivery.attempts != publication.attempts
+            || delivery.handbacks != publication.handbacks
         {
             // Tried already (a repeated publish), or retried by hand since.
             return Next::Ack;
@@ -454,7 +459,7 @@ impl Dispatcher {
         if target.behind_earlier {
             return self.defer(&publication, delivered).await;
         }
-        let Some(_slot) = self.slot(&endpoint.id) else {
+        let Some(_slot) = self.slot(&endpoint.id).await else {
             return self.defer(&publication, delivered).await;
         };
         let now = Utc::now();

@@ -81,6 +81,8 @@ pub struct OutboundDelivery {
     pub attempts: i32,
     /// Manual retries so far: a try of an older round is stale.
     pub round: i32,
+    /// Times it went back to the relay untried (its endpoint busy).
+    pub handbacks: i32,
     /// Tries before this round began: the retry schedule counts from here.
     pub round_start: i32,
     /// When the next try is due (meaningful while pending).
@@ -225,12 +227,18 @@ pub struct Publication {
     pub round: i32,
     /// Its tries so far when published.
     pub attempts: i32,
+    /// Times it went back to the relay untried when published.
+    #[serde(default)]
+    pub handbacks: i32,
 }
 
 impl Publication {
-    /// The broker's de-duplication id.
+    /// The broker's de-duplication id: one per publish of a due row.
     pub fn msg_id(&self) -> String {
-        format!("{}.{}.{}", self.id, self.round, self.attempts)
+        format!(
+            "{}.{}.{}.{}",
+            self.id, self.round, self.attempts, self.handbacks
+        )
     }
 }
 
@@ -276,6 +284,7 @@ pub(crate) struct DeliveryRow {
     attempts: i32,
     round: i32,
     round_start: i32,
+    handbacks: i32,
     next_attempt_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
@@ -293,9 +302,13 @@ pub(crate) struct AttemptRow {
     next_retry_at: Option<DateTime<Utc>>,
 }
 
+/// `(id, round, attempts, handbacks)`: a [`Publication`] as stored.
+pub(crate) type PublicationRow = (String, i32, i32, i32);
+
 /// The columns a [`DeliveryRow`] is read from.
 pub(crate) const DELIVERY_COLUMNS: &str = "id, endpoint_id, workspace_id, event_id, event_type, \
-     body, status, attempts, round, round_start, next_attempt_at, created_at, updated_at";
+     body, status, attempts, round, round_start, handbacks, next_attempt_at, created_at, \
+     updated_at";
 
 /// Statements on one connection, inside a transaction.
 #[async_trait::async_trait]
@@ -309,15 +322,14 @@ pub(crate) trait OutboundSql: Send {
     ) -> Result<Vec<(String, Option<String>)>, StoreError>;
     /// Inserts deliveries, skipping any whose (endpoint, event id) is stored already.
     async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError>;
-    /// Sets `published` on `(id, round, attempts)`s still at that round and try.
-    async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError>;
-    /// Unpublishes a delivery still pending at `round` and `attempts` tries, due at
-    /// `until`; whether it was.
+    /// Sets `published` on `(id, round, attempts, handbacks)`s still at them.
+    async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError>;
+    /// Unpublishes a delivery still pending at `(round, attempts, handbacks)`, due
+    /// at `until`, counting the hand-back; whether it was.
     async fn unpublish(
         &mut self,
         id: &str,
-        round: i32,
-        attempts: i32,
+        at: (i32, i32, i32),
         until: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
     /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
@@ -379,15 +391,15 @@ pub(crate) trait OutboundSql: Send {
 /// Reads on the pool.
 #[async_trait::async_trait]
 pub(crate) trait OutboundReadSql: Send + Sync {
-    /// Up to `limit` unpublished `(id, round, attempts)` due by now, soonest first.
-    async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError>;
-    /// Up to `limit` published, pending `(id, round, attempts)` unchanged since
-    /// `before`, oldest first.
+    /// Up to `limit` unpublished deliveries due by now, soonest first.
+    async fn due_rows(&self, limit: i64) -> Result<Vec<PublicationRow>, StoreError>;
+    /// Up to `limit` published, pending deliveries unchanged since `before`, oldest
+    /// first.
     async fn stale_rows(
         &self,
         before: DateTime<Utc>,
         limit: i64,
-    ) -> Result<Vec<(String, i32, i32)>, StoreError>;
+    ) -> Result<Vec<PublicationRow>, StoreError>;
     /// One delivery row.
     async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError>;
     /// One delivery of `workspace`'s `endpoint`.
@@ -435,6 +447,7 @@ impl TryFrom<DeliveryRow> for OutboundDelivery {
             attempts: row.attempts,
             round: row.round,
             round_start: row.round_start,
+            handbacks: row.handbacks,
             next_attempt_at: row.next_attempt_at,
             created_at: row.created_at,
             updated_at: row.updated_at,
@@ -526,13 +539,14 @@ pub(crate) async fn emit<C: OutboundSql + ?Sized>(
     Ok(())
 }
 
-fn publications(rows: Vec<(String, i32, i32)>) -> Result<Vec<Publication>, StoreError> {
+fn publications(rows: Vec<PublicationRow>) -> Result<Vec<Publication>, StoreError> {
     rows.into_iter()
-        .map(|(id, round, attempts)| {
+        .map(|(id, round, attempts, handbacks)| {
             Ok(Publication {
                 id: WebhookDeliveryId::parse(&id).map_err(super::corrupt)?,
                 round,
                 attempts,
+                handbacks,
             })
         })
         .collect()
@@ -603,7 +617,7 @@ where
             .run(Box::new(move |conn| {
                 let p = p.clone();
                 Box::pin(async move {
-                    conn.unpublish(p.id.as_str(), p.round, p.attempts, until)
+                    conn.unpublish(p.id.as_str(), (p.round, p.attempts, p.handbacks), until)
                         .await
                 })
             }))
@@ -619,9 +633,9 @@ where
             .run(Box::new(move |conn| {
                 let rows = rows.clone();
                 Box::pin(async move {
-                    let refs: Vec<(&str, i32, i32)> = rows
+                    let refs: Vec<(&str, i32, i32, i32)> = rows
                         .iter()
-                        .map(|p| (p.id.as_str(), p.round, p.attempts))
+                        .map(|p| (p.id.as_str(), p.round, p.attempts, p.handbacks))
                         .collect();
                     conn.set_published(&refs).await
                 })

@@ -2,7 +2,7 @@
 
 use super::{
     AttemptRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt, OutboundReadSql,
-    OutboundSql, SubscriptionRow,
+    OutboundSql, PublicationRow, SubscriptionRow,
 };
 use crate::store::StoreError;
 use crate::store::endpoints::EndpointRow;
@@ -79,15 +79,24 @@ impl OutboundSql for PgConnection {
         Ok(())
     }
 
-    async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError> {
+    async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE webhook_deliveries d SET published = TRUE, updated_at = now() \
-             FROM UNNEST($1::text[], $2::int4[], $3::int4[]) AS p(i, r, a) \
-             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a",
+             FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::int4[]) AS p(i, r, a, h) \
+             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a AND d.handbacks = p.h",
         )
-        .bind(rows.iter().map(|(id, _, _)| *id).collect::<Vec<_>>())
-        .bind(rows.iter().map(|(_, round, _)| *round).collect::<Vec<_>>())
-        .bind(rows.iter().map(|(_, _, tries)| *tries).collect::<Vec<_>>())
+        .bind(rows.iter().map(|(id, _, _, _)| *id).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|(_, round, _, _)| *round)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, _, tries, _)| *tries)
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|(_, _, _, h)| *h).collect::<Vec<_>>())
         .execute(self)
         .await
         .map_err(map_err)?;
@@ -97,18 +106,19 @@ impl OutboundSql for PgConnection {
     async fn unpublish(
         &mut self,
         id: &str,
-        round: i32,
-        attempts: i32,
+        (round, attempts, handbacks): (i32, i32, i32),
         until: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE webhook_deliveries SET published = FALSE, next_attempt_at = $4, \
-             updated_at = now() \
-             WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING'",
+            "UPDATE webhook_deliveries SET published = FALSE, next_attempt_at = $5, \
+             handbacks = handbacks + 1, updated_at = now() \
+             WHERE id = $1 AND round = $2 AND attempts = $3 AND handbacks = $4 \
+             AND status = 'PENDING'",
         )
         .bind(id)
         .bind(round)
         .bind(attempts)
+        .bind(handbacks)
         .bind(until)
         .execute(self)
         .await
@@ -278,9 +288,9 @@ impl OutboundSql for PgConnection {
 
 #[async_trait::async_trait]
 impl OutboundReadSql for PgStore {
-    async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError> {
+    async fn due_rows(&self, limit: i64) -> Result<Vec<PublicationRow>, StoreError> {
         sqlx::query_as(
-            "SELECT id, round, attempts FROM webhook_deliveries \
+            "SELECT id, round, attempts, handbacks FROM webhook_deliveries \
              WHERE NOT published AND next_attempt_at <= now() \
              ORDER BY next_attempt_at, seq LIMIT $1",
         )
@@ -294,9 +304,9 @@ impl OutboundReadSql for PgStore {
         &self,
         before: DateTime<Utc>,
         limit: i64,
-    ) -> Result<Vec<(String, i32, i32)>, StoreError> {
+    ) -> Result<Vec<PublicationRow>, StoreError> {
         sqlx::query_as(
-            "SELECT id, round, attempts FROM webhook_deliveries \
+            "SELECT id, round, attempts, handbacks FROM webhook_deliveries \
              WHERE status = 'PENDING' AND published AND updated_at < $1 \
              ORDER BY seq LIMIT $2",
         )

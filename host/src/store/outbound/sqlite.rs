@@ -3,7 +3,7 @@
 
 use super::{
     AttemptRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt, OutboundReadSql,
-    OutboundSql, SubscriptionRow,
+    OutboundSql, PublicationRow, SubscriptionRow,
 };
 use crate::store::StoreError;
 use crate::store::endpoints::EndpointRow;
@@ -90,21 +90,23 @@ impl OutboundSql for SqliteConnection {
         Ok(())
     }
 
-    async fn set_published(&mut self, rows: &[(&str, i32, i32)]) -> Result<(), StoreError> {
+    async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
         let mut query = QueryBuilder::<Sqlite>::new(
             "UPDATE webhook_deliveries SET published = 1, updated_at = ",
         );
         query.push_bind(now_text());
         query.push(" FROM (");
         // A VALUES list names its columns column1, column2.
-        query.push_values(rows, |mut row, (id, round, tries)| {
+        query.push_values(rows, |mut row, (id, round, tries, handbacks)| {
             row.push_bind(id.to_string())
                 .push_bind(*round)
-                .push_bind(*tries);
+                .push_bind(*tries)
+                .push_bind(*handbacks);
         });
         query.push(
             ") AS p WHERE webhook_deliveries.id = p.column1 \
-             AND webhook_deliveries.round = p.column2 AND webhook_deliveries.attempts = p.column3",
+             AND webhook_deliveries.round = p.column2 AND webhook_deliveries.attempts = p.column3 \
+             AND webhook_deliveries.handbacks = p.column4",
         );
         query.build().execute(self).await.map_err(map_err)?;
         Ok(())
@@ -113,20 +115,21 @@ impl OutboundSql for SqliteConnection {
     async fn unpublish(
         &mut self,
         id: &str,
-        round: i32,
-        attempts: i32,
+        (round, attempts, handbacks): (i32, i32, i32),
         until: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE webhook_deliveries SET published = 0, next_attempt_at = ?1, \
-             updated_at = ?2 \
-             WHERE id = ?3 AND round = ?4 AND attempts = ?5 AND status = 'PENDING'",
+             handbacks = handbacks + 1, updated_at = ?2 \
+             WHERE id = ?3 AND round = ?4 AND attempts = ?5 AND handbacks = ?6 \
+             AND status = 'PENDING'",
         )
         .bind(encode_timestamp(&until))
         .bind(now_text())
         .bind(id)
         .bind(round)
         .bind(attempts)
+        .bind(handbacks)
         .execute(self)
         .await
         .map_err(map_err)?;
@@ -298,9 +301,9 @@ impl OutboundSql for SqliteConnection {
 
 #[async_trait::async_trait]
 impl OutboundReadSql for SqliteStore {
-    async fn due_rows(&self, limit: i64) -> Result<Vec<(String, i32, i32)>, StoreError> {
+    async fn due_rows(&self, limit: i64) -> Result<Vec<PublicationRow>, StoreError> {
         sqlx::query_as(
-            "SELECT id, round, attempts FROM webhook_deliveries \
+            "SELECT id, round, attempts, handbacks FROM webhook_deliveries \
              WHERE published = 0 AND next_attempt_at <= ? \
              ORDER BY next_attempt_at, seq LIMIT ?",
         )
@@ -315,9 +318,9 @@ impl OutboundReadSql for SqliteStore {
         &self,
         before: DateTime<Utc>,
         limit: i64,
-    ) -> Result<Vec<(String, i32, i32)>, StoreError> {
+    ) -> Result<Vec<PublicationRow>, StoreError> {
         sqlx::query_as(
-            "SELECT id, round, attempts FROM webhook_deliveries \
+            "SELECT id, round, attempts, handbacks FROM webhook_deliveries \
              WHERE status = 'PENDING' AND published = 1 AND updated_at < ? \
              ORDER BY seq LIMIT ?",
         )

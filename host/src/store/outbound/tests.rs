@@ -145,6 +145,7 @@ pub(crate) async fn events_follow_status_changes(store: Arc<dyn Store>) {
         id: earlier.id.clone(),
         round: 0,
         attempts: 0,
+        handbacks: 0,
     };
     let tried = OutboundAttempt {
         attempt_no: 1,
@@ -197,6 +198,7 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
         id: first.id.clone(),
         round: 0,
         attempts: 0,
+        handbacks: 0,
     };
     assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p.clone()]);
     store
@@ -218,7 +220,17 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
     assert!(store.due_deliveries(10).await.unwrap().is_empty());
     assert!(store.stale_deliveries(future, 10).await.unwrap().is_empty());
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Published again under a new broker id: the hand-back is counted.
+    let p = Publication { handbacks: 1, ..p };
     assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p.clone()]);
+    assert_ne!(
+        p.msg_id(),
+        Publication {
+            handbacks: 0,
+            ..p.clone()
+        }
+        .msg_id()
+    );
     store
         .mark_published(std::slice::from_ref(&p))
         .await
@@ -330,6 +342,7 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
         id: d.id.clone(),
         round: 1,
         attempts: 2,
+        handbacks: 0,
     };
     assert_eq!(
         store.due_deliveries(10).await.unwrap(),
@@ -424,6 +437,7 @@ pub(crate) async fn disabling_and_abandoning(store: Arc<dyn Store>) {
         id: pending.id.clone(),
         round: 0,
         attempts: 0,
+        handbacks: 0,
     };
     assert!(
         store
