@@ -113,16 +113,19 @@ impl Relay {
         );
         // A new broker message id: the first one may still be in its duplicate window.
         let nonce = Utc::now().timestamp_millis();
-        Ok(self.publish(&stale, Some(nonce)).await?.0)
+        let acked = self.publish(&stale, Some(nonce)).await?;
+        // Touched, so that they are not stale again before their new copy is tried.
+        self.store.mark_published(&acked).await?;
+        Ok(acked.len())
     }
 
-    /// Publishes `list` (with `nonce` in the broker message ids, if given) and marks
-    /// those acknowledged: how many, and whether all were.
+    /// Publishes `list` (with `nonce` in the broker message ids, if given): those the
+    /// broker acknowledged.
     async fn publish(
         &self,
         list: &[Publication],
         nonce: Option<i64>,
-    ) -> Result<(usize, bool), StoreError> {
+    ) -> Result<Vec<Publication>, StoreError> {
         let subject = self.streams.subject(StreamClass::Webhooks, "");
         let mut publishes = Vec::with_capacity(list.len());
         for p in list {
@@ -140,17 +143,15 @@ impl Relay {
             });
         }
         let acks = self.broker.publish_batch(&publishes).await;
-        let done: Vec<Publication> = list
+        if let Some(Err(e)) = acks.iter().find(|a| a.is_err()) {
+            tracing::warn!(error = %e, "publishing delivery events; retrying");
+        }
+        Ok(list
             .iter()
             .zip(&acks)
             .filter(|(_, ack)| ack.is_ok())
             .map(|(p, _)| p.clone())
-            .collect();
-        self.store.mark_published(&done).await?;
-        if let Some(Err(e)) = acks.iter().find(|a| a.is_err()) {
-            tracing::warn!(error = %e, "publishing delivery events; retrying");
-        }
-        Ok((done.len(), done.len() == list.len()))
+            .collect())
     }
 
     /// Deletes finished deliveries last changed more than the retention ago; how many.
@@ -176,12 +177,19 @@ impl Relay {
     pub async fn publish_due(&self) -> Result<usize, StoreError> {
         let mut total = 0;
         loop {
-            let due = self.store.due_deliveries(RELAY_PAGE).await?;
+            // Marked published first: a try can then never race the mark.
+            let due = self.store.claim_due(RELAY_PAGE).await?;
             if due.is_empty() {
                 return Ok(total);
             }
-            let (done, all) = self.publish(&due, None).await?;
-            total += done;
+            let acked = self.publish(&due, None).await?;
+            total += acked.len();
+            let all = acked.len() == due.len();
+            if !all {
+                let refused: Vec<Publication> =
+                    due.iter().filter(|p| !acked.contains(p)).cloned().collect();
+                self.store.unclaim(&refused).await?;
+            }
             if !all || due.len() < RELAY_PAGE {
                 return Ok(total);
             }

@@ -136,6 +136,12 @@ pub enum EndpointHealth {
 pub trait Outbound: Send + Sync {
     /// Up to `limit` deliveries due and not published, soonest due first.
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError>;
+    /// Takes up to `limit` deliveries due and not published, soonest due first, and
+    /// marks them published before they are: no try can race the mark. A process
+    /// that dies before publishing them leaves them to [`Outbound::stale_deliveries`].
+    async fn claim_due(&self, limit: usize) -> Result<Vec<Publication>, StoreError>;
+    /// Gives back claimed deliveries the broker did not take: due again at once.
+    async fn unclaim(&self, publications: &[Publication]) -> Result<(), StoreError>;
     /// Marks deliveries published (and when), each only if still at the try it was
     /// published for.
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError>;
@@ -305,6 +311,9 @@ pub(crate) struct AttemptRow {
 /// `(id, round, attempts, handbacks)`: a [`Publication`] as stored.
 pub(crate) type PublicationRow = (String, i32, i32, i32);
 
+/// A claimed row: its publication, due time and `seq`.
+pub(crate) type ClaimedRow = (String, i32, i32, i32, DateTime<Utc>, i64);
+
 /// The columns a [`DeliveryRow`] is read from.
 pub(crate) const DELIVERY_COLUMNS: &str = "id, endpoint_id, workspace_id, event_id, event_type, \
      body, status, attempts, round, round_start, handbacks, next_attempt_at, created_at, \
@@ -324,6 +333,12 @@ pub(crate) trait OutboundSql: Send {
     async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError>;
     /// Sets `published` on `(id, round, attempts, handbacks)`s still at them.
     async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError>;
+    /// Sets `published` on up to `limit` unpublished rows due now (skipping rows
+    /// another transaction holds, where the backend can); returns them with their due
+    /// time and `seq`.
+    async fn claim_due_rows(&mut self, limit: i64) -> Result<Vec<ClaimedRow>, StoreError>;
+    /// Unsets `published` on `(id, round, attempts, handbacks)`s still pending at them.
+    async fn unset_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError>;
     /// Unpublishes a delivery still pending at `(round, attempts, handbacks)`, due
     /// at `until`, counting the hand-back; whether it was.
     async fn unpublish(
@@ -594,6 +609,42 @@ where
             self.due_rows(i64::try_from(limit).unwrap_or(i64::MAX))
                 .await?,
         )
+    }
+
+    async fn claim_due(&self, limit: usize) -> Result<Vec<Publication>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut rows = self
+            .group()
+            .run(Box::new(move |conn| {
+                Box::pin(async move { conn.claim_due_rows(limit).await })
+            }))
+            .await?;
+        // In the order they fell due (an UPDATE returns rows in no set order).
+        rows.sort_by_key(|r| (r.4, r.5));
+        publications(
+            rows.into_iter()
+                .map(|(id, round, attempts, handbacks, _, _)| (id, round, attempts, handbacks))
+                .collect(),
+        )
+    }
+
+    async fn unclaim(&self, publications: &[Publication]) -> Result<(), StoreError> {
+        if publications.is_empty() {
+            return Ok(());
+        }
+        let rows = Arc::new(publications.to_vec());
+        self.group()
+            .run(Box::new(move |conn| {
+                let rows = rows.clone();
+                Box::pin(async move {
+                    let refs: Vec<(&str, i32, i32, i32)> = rows
+                        .iter()
+                        .map(|p| (p.id.as_str(), p.round, p.attempts, p.handbacks))
+                        .collect();
+                    conn.unset_published(&refs).await
+                })
+            }))
+            .await
     }
 
     async fn stale_deliveries(

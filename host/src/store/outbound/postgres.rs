@@ -1,8 +1,8 @@
 //! [`OutboundSql`] and [`OutboundReadSql`] on PostgreSQL.
 
 use super::{
-    AttemptRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt, OutboundReadSql,
-    OutboundSql, PublicationRow, SubscriptionRow,
+    AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt,
+    OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
 };
 use crate::store::StoreError;
 use crate::store::endpoints::EndpointRow;
@@ -103,6 +103,46 @@ impl OutboundSql for PgConnection {
         Ok(())
     }
 
+    async fn claim_due_rows(&mut self, limit: i64) -> Result<Vec<ClaimedRow>, StoreError> {
+        sqlx::query_as(
+            "UPDATE webhook_deliveries d SET published = TRUE, updated_at = now() \
+             FROM (SELECT seq FROM webhook_deliveries \
+             WHERE NOT published AND next_attempt_at <= now() \
+             ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED) AS due \
+             WHERE d.seq = due.seq \
+             RETURNING d.id, d.round, d.attempts, d.handbacks, d.next_attempt_at, d.seq",
+        )
+        .bind(limit)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn unset_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE webhook_deliveries d SET published = FALSE, updated_at = now() \
+             FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::int4[]) AS p(i, r, a, h) \
+             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a AND d.handbacks = p.h \
+             AND d.status = 'PENDING'",
+        )
+        .bind(rows.iter().map(|(id, _, _, _)| *id).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|(_, round, _, _)| *round)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, _, tries, _)| *tries)
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|(_, _, _, h)| *h).collect::<Vec<_>>())
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
     async fn unpublish(
         &mut self,
         id: &str,
@@ -178,17 +218,34 @@ impl OutboundSql for PgConnection {
         endpoint: &str,
         at: Option<DateTime<Utc>>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let since: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(
-            "UPDATE webhook_endpoints SET failing_since = \
-             CASE WHEN $2::timestamptz IS NULL THEN NULL \
-             ELSE COALESCE(failing_since, $2::timestamptz) END \
-             WHERE id = $1 RETURNING failing_since",
+        // The row is written only when the run starts or ends: every try of a busy
+        // endpoint updating it would queue them all behind its lock.
+        let Some(at) = at else {
+            sqlx::query(
+                "UPDATE webhook_endpoints SET failing_since = NULL \
+                 WHERE id = $1 AND failing_since IS NOT NULL",
+            )
+            .bind(endpoint)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE webhook_endpoints SET failing_since = $2 \
+             WHERE id = $1 AND failing_since IS NULL",
         )
         .bind(endpoint)
         .bind(at)
-        .fetch_optional(self)
+        .execute(&mut *self)
         .await
         .map_err(map_err)?;
+        let since: Option<Option<DateTime<Utc>>> =
+            sqlx::query_scalar("SELECT failing_since FROM webhook_endpoints WHERE id = $1")
+                .bind(endpoint)
+                .fetch_optional(self)
+                .await
+                .map_err(map_err)?;
         Ok(since.flatten())
     }
 

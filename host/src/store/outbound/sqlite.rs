@@ -2,8 +2,8 @@
 //! stored text form ([`encode_timestamp`]); lists as `IN` lists of binds.
 
 use super::{
-    AttemptRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt, OutboundReadSql,
-    OutboundSql, PublicationRow, SubscriptionRow,
+    AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt,
+    OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
 };
 use crate::store::StoreError;
 use crate::store::endpoints::EndpointRow;
@@ -112,6 +112,43 @@ impl OutboundSql for SqliteConnection {
         Ok(())
     }
 
+    async fn claim_due_rows(&mut self, limit: i64) -> Result<Vec<ClaimedRow>, StoreError> {
+        let now = now_text();
+        sqlx::query_as(
+            "UPDATE webhook_deliveries SET published = 1, updated_at = ?1 \
+             WHERE seq IN (SELECT seq FROM webhook_deliveries \
+             WHERE published = 0 AND next_attempt_at <= ?1 \
+             ORDER BY next_attempt_at, seq LIMIT ?2) \
+             RETURNING id, round, attempts, handbacks, next_attempt_at, seq",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn unset_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "UPDATE webhook_deliveries SET published = 0, updated_at = ",
+        );
+        query.push_bind(now_text());
+        query.push(" FROM (");
+        query.push_values(rows, |mut row, (id, round, tries, handbacks)| {
+            row.push_bind(id.to_string())
+                .push_bind(*round)
+                .push_bind(*tries)
+                .push_bind(*handbacks);
+        });
+        query.push(
+            ") AS p WHERE webhook_deliveries.id = p.column1 \
+             AND webhook_deliveries.round = p.column2 AND webhook_deliveries.attempts = p.column3 \
+             AND webhook_deliveries.handbacks = p.column4 AND webhook_deliveries.status = 'PENDING'",
+        );
+        query.build().execute(self).await.map_err(map_err)?;
+        Ok(())
+    }
+
     async fn unpublish(
         &mut self,
         id: &str,
@@ -189,17 +226,31 @@ impl OutboundSql for SqliteConnection {
         endpoint: &str,
         at: Option<DateTime<Utc>>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let at = at.as_ref().map(encode_timestamp);
-        let since: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(
-            "UPDATE webhook_endpoints SET failing_since = \
-             CASE WHEN ?1 IS NULL THEN NULL ELSE COALESCE(failing_since, ?1) END \
-             WHERE id = ?2 RETURNING failing_since",
+        let Some(at) = at else {
+            sqlx::query(
+                "UPDATE webhook_endpoints SET failing_since = NULL \
+                 WHERE id = ? AND failing_since IS NOT NULL",
+            )
+            .bind(endpoint)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE webhook_endpoints SET failing_since = ? WHERE id = ? AND failing_since IS NULL",
         )
-        .bind(at)
+        .bind(encode_timestamp(&at))
         .bind(endpoint)
-        .fetch_optional(self)
+        .execute(&mut *self)
         .await
         .map_err(map_err)?;
+        let since: Option<Option<DateTime<Utc>>> =
+            sqlx::query_scalar("SELECT failing_since FROM webhook_endpoints WHERE id = ?")
+                .bind(endpoint)
+                .fetch_optional(self)
+                .await
+                .map_err(map_err)?;
         Ok(since.flatten())
     }
 

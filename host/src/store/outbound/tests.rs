@@ -201,6 +201,13 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
         handbacks: 0,
     };
     assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p.clone()]);
+    // The relay claims due ones (marked published first) and gives back those the
+    // broker refused.
+    assert_eq!(store.claim_due(10).await.unwrap(), vec![p.clone()]);
+    assert!(store.due_deliveries(10).await.unwrap().is_empty());
+    assert!(store.claim_due(10).await.unwrap().is_empty());
+    store.unclaim(std::slice::from_ref(&p)).await.unwrap();
+    assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p.clone()]);
     store
         .mark_published(std::slice::from_ref(&p))
         .await
