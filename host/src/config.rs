@@ -101,7 +101,7 @@ impl Default for WebhookEndpointsConfig {
             allow_private_networks: false,
             secret_overlap_secs: 24 * 3600,
             concurrency: 64,
-            per_endpoint_concurrency: 8,
+            per_endpoint_concurrency: 16,
             timeout_secs: 15,
             retry_schedule_ms: DEFAULT_RETRY_SCHEDULE_MS.to_vec(),
             disable_after_secs: 5 * 24 * 3600,

@@ -61,7 +61,7 @@ const STALE_EVERY: Duration = Duration::from_secs(30);
 const DEFERRALS_IN_BROKER: u64 = 5;
 
 /// How long a delivery handed back to the database waits.
-const DEFERRED_FOR: Duration = Duration::from_secs(30);
+const DEFERRED_FOR: Duration = Duration::from_secs(10);
 
 /// Publishes due deliveries to the webhooks stream, and deletes finished ones once
 /// they are older than the retention.
