@@ -1,0 +1,389 @@
+//! [`Outbound`] for every store, over the backend's [`OutboundSql`] (writes, through
+//! the group commit) and [`OutboundReadSql`] (reads on the pool).
+
+use super::emit::{encode, event_types, test_event};
+use super::{
+    AttemptRow, DispatchTarget, EndpointHealth, NewDelivery, Outbound, OutboundAttempt,
+    OutboundDelivery, OutboundReadSql, OutboundSql, OutboundStatus, Publication, PublicationRow,
+};
+use crate::events::{self, EndpointDisabled};
+use crate::ids::{EndpointId, WebhookDeliveryId, WorkspaceId};
+use crate::store::group::{Conn, Grouped};
+use crate::store::{StoreError, now_micros};
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+
+fn publications(rows: Vec<PublicationRow>) -> Result<Vec<Publication>, StoreError> {
+    rows.into_iter()
+        .map(|(id, round, attempts, handbacks)| {
+            Ok(Publication {
+                id: WebhookDeliveryId::parse(&id).map_err(crate::store::corrupt)?,
+                round,
+                attempts,
+                handbacks,
+            })
+        })
+        .collect()
+}
+
+#[async_trait::async_trait]
+impl<T> Outbound for T
+where
+    T: OutboundReadSql + Grouped,
+    Conn<T>: OutboundSql,
+{
+    async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError> {
+        publications(
+            self.due_rows(i64::try_from(limit).unwrap_or(i64::MAX))
+                .await?,
+        )
+    }
+
+    async fn claim_due(&self, limit: usize) -> Result<Vec<Publication>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut rows = self
+            .group()
+            .run(Box::new(move |conn| {
+                Box::pin(async move { conn.claim_due_rows(limit).await })
+            }))
+            .await?;
+        // In the order they fell due (an UPDATE returns rows in no set order).
+        rows.sort_by_key(|r| (r.4, r.5));
+        publications(
+            rows.into_iter()
+                .map(|(id, round, attempts, handbacks, _, _)| (id, round, attempts, handbacks))
+                .collect(),
+        )
+    }
+
+    async fn unclaim(&self, publications: &[Publication]) -> Result<(), StoreError> {
+        if publications.is_empty() {
+            return Ok(());
+        }
+        let rows = Arc::new(publications.to_vec());
+        self.group()
+            .run(Box::new(move |conn| {
+                let rows = rows.clone();
+                Box::pin(async move {
+                    let refs: Vec<(&str, i32, i32, i32)> = rows
+                        .iter()
+                        .map(|p| (p.id.as_str(), p.round, p.attempts, p.handbacks))
+                        .collect();
+                    conn.unset_published(&refs).await
+                })
+            }))
+            .await
+    }
+
+    async fn stale_deliveries(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Publication>, StoreError> {
+        publications(
+            self.stale_rows(before, i64::try_from(limit).unwrap_or(i64::MAX))
+                .await?,
+        )
+    }
+
+    async fn defer_delivery(
+        &self,
+        publication: &Publication,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let p = Arc::new(publication.clone());
+        self.group()
+            .run(Box::new(move |conn| {
+                let p = p.clone();
+                Box::pin(async move {
+                    conn.unpublish(p.id.as_str(), (p.round, p.attempts, p.handbacks), until)
+                        .await
+                })
+            }))
+            .await
+    }
+
+    async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError> {
+        if published.is_empty() {
+            return Ok(());
+        }
+        let rows = Arc::new(published.to_vec());
+        self.group()
+            .run(Box::new(move |conn| {
+                let rows = rows.clone();
+                Box::pin(async move {
+                    let refs: Vec<(&str, i32, i32, i32)> = rows
+                        .iter()
+                        .map(|p| (p.id.as_str(), p.round, p.attempts, p.handbacks))
+                        .collect();
+                    conn.set_published(&refs).await
+                })
+            }))
+            .await
+    }
+
+    async fn dispatch_target(
+        &self,
+        id: &WebhookDeliveryId,
+    ) -> Result<Option<DispatchTarget>, StoreError> {
+        let Some(row) = self.delivery_row(id.as_str()).await? else {
+            return Ok(None);
+        };
+        let Some(endpoint) = self.endpoint_by_id(&row.endpoint_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(DispatchTarget {
+            behind_earlier: self.behind_earlier(id.as_str()).await?,
+            delivery: row.try_into()?,
+            endpoint: endpoint.try_into()?,
+        }))
+    }
+
+    async fn record_attempt(
+        &self,
+        publication: &Publication,
+        attempt: &OutboundAttempt,
+        status: OutboundStatus,
+    ) -> Result<Option<EndpointHealth>, StoreError> {
+        let args = Arc::new((publication.clone(), attempt.clone()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (p, attempt) = &*args;
+                    let id = p.id.as_str();
+                    let next = attempt
+                        .next_retry_at
+                        .filter(|_| status == OutboundStatus::Pending);
+                    let Some((endpoint, attempts)) = conn
+                        .finish_try(id, p.round, p.attempts, status.as_str(), next)
+                        .await?
+                    else {
+                        return Ok(None);
+                    };
+                    let attempt = OutboundAttempt {
+                        attempt_no: attempts,
+                        ..attempt.clone()
+                    };
+                    conn.insert_attempt(id, &attempt).await?;
+                    let failed =
+                        (status != OutboundStatus::Succeeded).then_some(attempt.attempted_at);
+                    Ok(Some(match conn.set_failing(&endpoint, failed).await? {
+                        None => EndpointHealth::Succeeded,
+                        Some(since) => EndpointHealth::FailingSince(since),
+                    }))
+                })
+            }))
+            .await
+    }
+
+    async fn disable_failing_endpoint(
+        &self,
+        endpoint: &EndpointId,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let args = Arc::new((endpoint.to_string(), reason.to_string()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (endpoint, reason) = &*args;
+                    let Some((workspace, url)) =
+                        conn.disable_endpoint_row(endpoint, reason).await?
+                    else {
+                        return Ok(false);
+                    };
+                    let at = now_micros();
+                    let event = EndpointDisabled::new(endpoint, &url, reason, at);
+                    let body = encode(&event)?;
+                    let mut inserts = Vec::new();
+                    for (id, types) in conn.enabled_endpoints(&workspace).await? {
+                        if events::wants(event_types(types.as_deref())?.as_deref(), &event.kind) {
+                            inserts.push(NewDelivery {
+                                id: WebhookDeliveryId::generate().to_string(),
+                                endpoint_id: id,
+                                workspace_id: workspace.clone(),
+                                event_id: event.id.clone(),
+                                message_id: None,
+                                event_type: event.kind.clone(),
+                                body: body.clone(),
+                                created_at: at,
+                            });
+                        }
+                    }
+                    if !inserts.is_empty() {
+                        conn.insert_deliveries(&inserts).await?;
+                    }
+                    Ok(true)
+                })
+            }))
+            .await
+    }
+
+    async fn abandon_delivery(
+        &self,
+        publication: &Publication,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let args = Arc::new((publication.clone(), reason.to_string()));
+        self.group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (p, reason) = &*args;
+                    let id = p.id.as_str();
+                    let failed = OutboundStatus::Failed.as_str();
+                    let Some((_, attempts)) = conn
+                        .finish_try(id, p.round, p.attempts, failed, None)
+                        .await?
+                    else {
+                        return Ok(false);
+                    };
+                    // Logged as a try with no answer, so the log says why it stopped.
+                    let attempt = OutboundAttempt {
+                        attempt_no: attempts,
+                        attempted_at: now_micros(),
+                        status_code: None,
+                        latency_ms: 0,
+                        error: Some(reason.clone()),
+                        next_retry_at: None,
+                    };
+                    conn.insert_attempt(id, &attempt).await?;
+                    Ok(true)
+                })
+            }))
+            .await
+    }
+
+    async fn list_deliveries(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        before: Option<&WebhookDeliveryId>,
+        limit: u32,
+    ) -> Result<Vec<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .delivery_rows(
+                workspace.as_str(),
+                endpoint.as_str(),
+                before.map(|b| b.as_str()),
+                i64::from(limit),
+            )
+            .await?;
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let mut attempts = if ids.is_empty() {
+            Vec::new()
+        } else {
+            self.attempt_rows(&ids).await?
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (mine, rest): (Vec<AttemptRow>, Vec<AttemptRow>) =
+                attempts.into_iter().partition(|a| a.delivery_id == row.id);
+            attempts = rest;
+            out.push((
+                OutboundDelivery::try_from(row)?,
+                mine.into_iter().map(OutboundAttempt::from).collect(),
+            ));
+        }
+        Ok(out)
+    }
+
+    async fn retry_delivery(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        id: &WebhookDeliveryId,
+    ) -> Result<Option<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError> {
+        let args = Arc::new((workspace.to_string(), endpoint.to_string(), id.to_string()));
+        let requeued = self
+            .group()
+            .run(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (workspace, endpoint, id) = &*args;
+                    conn.requeue(workspace, endpoint, id).await
+                })
+            }))
+            .await?;
+        match requeued {
+            None => Ok(None),
+            Some(false) => Err(StoreError::Conflict(format!(
+                "delivery {id} is still pending: it is tried on its schedule"
+            ))),
+            Some(true) => {
+                let Some(row) = self
+                    .scoped_delivery_row(workspace.as_str(), endpoint.as_str(), id.as_str())
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let attempts = self.attempt_rows(&[id.as_str()]).await?;
+                Ok(Some((
+                    row.try_into()?,
+                    attempts.into_iter().map(OutboundAttempt::from).collect(),
+                )))
+            }
+        }
+    }
+
+    async fn send_test_event(
+        &self,
+        workspace: &WorkspaceId,
+        endpoint: &EndpointId,
+        kind: &str,
+    ) -> Result<Option<OutboundDelivery>, StoreError> {
+        let at = now_micros();
+        let (event_id, body) = test_event(kind, at)?;
+        let id = WebhookDeliveryId::generate();
+        let row = Arc::new(NewDelivery {
+            id: id.to_string(),
+            endpoint_id: endpoint.to_string(),
+            workspace_id: workspace.to_string(),
+            event_id,
+            message_id: None,
+            event_type: kind.to_string(),
+            body,
+            created_at: at,
+        });
+        let written = self
+            .group()
+            .run(Box::new(move |conn| {
+                let row = row.clone();
+                Box::pin(async move {
+                    if !conn
+                        .endpoint_exists(&row.workspace_id, &row.endpoint_id)
+                        .await?
+                    {
+                        return Ok(false);
+                    }
+                    conn.insert_deliveries(std::slice::from_ref(&*row)).await?;
+                    Ok(true)
+                })
+            }))
+            .await?;
+        if !written {
+            return Ok(None);
+        }
+        self.scoped_delivery_row(workspace.as_str(), endpoint.as_str(), id.as_str())
+            .await?
+            .map(OutboundDelivery::try_from)
+            .transpose()
+    }
+
+    async fn pending_deliveries(&self) -> Result<u64, StoreError> {
+        Ok(u64::try_from(self.pending_count().await?).unwrap_or(0))
+    }
+
+    async fn prune_deliveries(&self, before: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        // A long write: in a batch of its own, not holding up the delivery path's.
+        self.group()
+            .run_alone(Box::new(move |conn| {
+                Box::pin(async move { conn.prune_finished(before, i64::from(limit)).await })
+            }))
+            .await
+    }
+}
