@@ -18,6 +18,7 @@ pub mod cache;
 pub mod capture;
 pub mod conformance;
 pub mod egress;
+pub mod host_calls;
 pub mod install;
 pub mod native;
 pub mod registry;

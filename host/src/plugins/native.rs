@@ -19,7 +19,7 @@
 //! is small, and swaps are rare) and calls in flight finish on it.
 
 use super::egress::{AllowList, Egress};
-use super::runtime::{PluginError, PluginStats};
+use super::host_calls::{PluginError, PluginStats};
 use super::types;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -305,7 +305,7 @@ unsafe extern "C" fn host_http_request(
                                 return Err(types::HttpError::Timeout);
                             }
                             tokio::select! {
-                                answer = super::runtime::perform_http(
+                                answer = super::host_calls::perform_http(
                                     &ctx.slug,
                                     ctx.network,
                                     &ctx.allow,
@@ -345,13 +345,15 @@ unsafe extern "C" fn host_log(ctx: *mut c_void, line: *const u8, line_len: usize
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: as in `host_http_request`.
         let (ctx, line) = unsafe { (&*(ctx as *const HostCtx), abi::bytes(line, line_len)) };
-        if ctx.log_lines.fetch_add(1, Ordering::Relaxed) >= super::runtime::MAX_LOG_LINES_PER_CALL {
+        if ctx.log_lines.fetch_add(1, Ordering::Relaxed)
+            >= super::host_calls::MAX_LOG_LINES_PER_CALL
+        {
             return;
         }
         if let Ok((level, message, fields)) =
             postcard::from_bytes::<(types::LogLevel, String, Vec<(String, String)>)>(line)
         {
-            super::runtime::write_log(&ctx.slug, level, message, fields);
+            super::host_calls::write_log(&ctx.slug, level, message, fields);
         }
     });
 }

@@ -6,11 +6,13 @@
 
 use super::bindings::switchboard::provider::{host, types};
 use super::bindings::{Provider, ProviderPre};
-use super::egress::{AllowList, Egress, Refusal};
+use super::egress::{AllowList, Egress};
+use super::host_calls::{MAX_LOG_LINES_PER_CALL, perform_http, write_log};
+pub use super::host_calls::{PluginError, PluginStats};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use switchboard_sdk::native::op;
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -23,11 +25,6 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// How often the engine's epoch advances; the granularity of guest-time checks.
 const EPOCH_TICK: Duration = Duration::from_millis(2);
-/// Largest response body handed back to a plugin.
-const MAX_RESPONSE_BYTES: usize = 1 << 20;
-/// Log lines kept from one call; a chatty plugin cannot flood the host's logs.
-pub(super) const MAX_LOG_LINES_PER_CALL: u32 = 64;
-const MAX_LOG_LINE_BYTES: usize = 2048;
 /// Least guest time `info` gets: it runs once per load, and a start on a busy machine
 /// (the thread descheduled mid-call) must not fail a plugin that would serve fine.
 const LOAD_GUEST_TIME_FLOOR: Duration = Duration::from_secs(1);
@@ -64,67 +61,6 @@ impl Default for RuntimeConfig {
             cache_dir: None,
             native_trusted: Vec::new(),
         }
-    }
-}
-
-/// Why a plugin call did not produce a result. The host keeps serving in every case.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PluginError {
-    /// The guest ran past its time budget and was interrupted.
-    #[error("plugin exceeded its guest time budget of {0:?}")]
-    Timeout(Duration),
-    /// The guest tried to grow its memory past the limit.
-    #[error("plugin exceeded its memory limit of {0} bytes")]
-    MemoryLimit(usize),
-    /// The guest trapped (panic, unreachable, stack overflow, ...).
-    #[error("plugin trapped: {0}")]
-    Trap(String),
-    /// The component is not a valid provider plugin for this host.
-    #[error("invalid plugin: {0}")]
-    Invalid(String),
-}
-
-/// Counters per loaded plugin, for metrics and tests.
-#[derive(Debug, Default)]
-pub struct PluginStats {
-    /// Calls started (instantiating a session counts as one).
-    pub calls: AtomicU64,
-    /// Calls that trapped for any reason (including timeouts and memory).
-    pub failures: AtomicU64,
-    /// Outbound requests made.
-    pub http_requests: AtomicU64,
-    /// Outbound requests refused by the allow-list.
-    pub egress_denied: AtomicU64,
-    denied_hosts: Mutex<Vec<String>>,
-    /// Microseconds spent running guest code (host calls excluded).
-    guest_micros: AtomicU64,
-    /// Outbound responses by status class: `[no response, 1xx, 2xx, 3xx, 4xx, 5xx]`.
-    http_status: [AtomicU64; 6],
-}
-
-impl PluginStats {
-    /// Time spent running guest code (host calls excluded), over every call.
-    pub fn guest_time(&self) -> Duration {
-        Duration::from_micros(self.guest_micros.load(Ordering::Relaxed))
-    }
-
-    /// Outbound responses by status class: `[no response, 1xx, 2xx, 3xx, 4xx, 5xx]`.
-    pub fn http_statuses(&self) -> [u64; 6] {
-        std::array::from_fn(|i| self.http_status[i].load(Ordering::Relaxed))
-    }
-
-    /// Counts one outbound response (`None`: none came, e.g. a timeout).
-    fn count_http(&self, status: Option<u16>) {
-        let class = status.map_or(0, |s| usize::from(s / 100).clamp(1, 5));
-        self.http_status[class].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Hosts the plugin tried to reach and was refused (the first 32).
-    pub fn denied_hosts(&self) -> Vec<String> {
-        self.denied_hosts
-            .lock()
-            .map(|h| h.clone())
-            .unwrap_or_default()
     }
 }
 
@@ -1017,35 +953,6 @@ impl host::Host for HostState {
     }
 }
 
-/// One plugin log line, attributed to the plugin and capped in size.
-pub(super) fn write_log(
-    slug: &str,
-    level: types::LogLevel,
-    message: String,
-    fields: Vec<(String, String)>,
-) {
-    {
-        let mut line = message;
-        for (k, v) in fields {
-            line.push_str(&format!(" {k}={v}"));
-        }
-        if line.len() > MAX_LOG_LINE_BYTES {
-            let mut cut = MAX_LOG_LINE_BYTES;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-        }
-        match level {
-            types::LogLevel::Trace => tracing::trace!(target: "plugin", plugin = slug, "{line}"),
-            types::LogLevel::Debug => tracing::debug!(target: "plugin", plugin = slug, "{line}"),
-            types::LogLevel::Info => tracing::info!(target: "plugin", plugin = slug, "{line}"),
-            types::LogLevel::Warn => tracing::warn!(target: "plugin", plugin = slug, "{line}"),
-            types::LogLevel::Error => tracing::error!(target: "plugin", plugin = slug, "{line}"),
-        }
-    }
-}
-
 impl HostState {
     async fn perform_http(
         &mut self,
@@ -1061,124 +968,6 @@ impl HostState {
             request,
         )
         .await
-    }
-}
-
-/// An outbound request for plugin `slug`, through its allow-list and the address
-/// check (see [`super::egress`]), with the host's timeout cap and response size limit.
-pub(super) async fn perform_http(
-    slug: &str,
-    network: bool,
-    allow: &AllowList,
-    egress: &Egress,
-    http_timeout: Duration,
-    stats: &PluginStats,
-    request: types::OutboundRequest,
-) -> Result<types::OutboundResponse, types::HttpError> {
-    {
-        use types::HttpError;
-        let deny = |refused: String, why: &str| {
-            stats.egress_denied.fetch_add(1, Ordering::Relaxed);
-            if let Ok(mut hosts) = stats.denied_hosts.lock()
-                && hosts.len() < 32
-            {
-                hosts.push(refused.clone());
-            }
-            tracing::warn!(plugin = %slug, host = %refused, "outbound request denied: {why}");
-            Err(HttpError::Denied(refused))
-        };
-        if !network {
-            return deny(
-                request.url.clone(),
-                "only `send` may make requests (not verify, parse, sign, normalize or info)",
-            );
-        }
-        let permit = match allow.check(&request.url) {
-            Ok(permit) => permit,
-            Err(refused) => return deny(refused, "host not granted"),
-        };
-        let started = Instant::now();
-        let timeout = request
-            .timeout_ms
-            .map(|ms| Duration::from_millis(ms.into()))
-            .unwrap_or(http_timeout)
-            .min(http_timeout);
-        // Resolved once and checked; the client connects to exactly those addresses.
-        let http = match egress.client_for(&permit, timeout).await {
-            Ok(http) => http,
-            Err(Refusal::Denied { addr, kind }) => {
-                let why = format!("{} resolves to {addr}, a {kind} address", permit.shown());
-                return deny(
-                    format!("{} (a {kind} address)", permit.shown()),
-                    &format!("{why} the grant does not allow (grant `private:` to opt in)"),
-                );
-            }
-            Err(Refusal::Timeout) => {
-                stats.count_http(None);
-                return Err(HttpError::Timeout);
-            }
-            Err(Refusal::Unresolved(e)) => {
-                stats.count_http(None);
-                return Err(HttpError::Transport(e));
-            }
-        };
-        let timeout = timeout.saturating_sub(started.elapsed());
-        if timeout.is_zero() {
-            stats.count_http(None);
-            return Err(HttpError::Timeout);
-        }
-        stats.http_requests.fetch_add(1, Ordering::Relaxed);
-        let method = match request.method {
-            types::HttpMethod::Get => reqwest::Method::GET,
-            types::HttpMethod::Post => reqwest::Method::POST,
-            types::HttpMethod::Put => reqwest::Method::PUT,
-            types::HttpMethod::Patch => reqwest::Method::PATCH,
-            types::HttpMethod::Delete => reqwest::Method::DELETE,
-        };
-        let mut builder = http
-            .request(method, permit.url().clone())
-            .timeout(timeout)
-            .body(request.body);
-        for (name, value) in &request.headers {
-            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| HttpError::InvalidRequest(format!("invalid header name {name:?}")))?;
-            let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
-                HttpError::InvalidRequest(format!("invalid value for header {name}"))
-            })?;
-            builder = builder.header(name, value);
-        }
-        let classify = |e: reqwest::Error| {
-            if e.is_timeout() {
-                HttpError::Timeout
-            } else {
-                HttpError::Transport(e.without_url().to_string())
-            }
-        };
-        let mut response = builder.send().await.map_err(|e| {
-            stats.count_http(None);
-            classify(e)
-        })?;
-        let status = response.status().as_u16();
-        stats.count_http(Some(status));
-        let headers = response
-            .headers()
-            .iter()
-            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
-            .collect();
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(classify)? {
-            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
-                return Err(HttpError::Transport(format!(
-                    "response larger than {MAX_RESPONSE_BYTES} bytes"
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(types::OutboundResponse {
-            status,
-            headers,
-            body,
-        })
     }
 }
 
