@@ -255,6 +255,18 @@ impl Gateway {
         (*self.state.config).clone()
     }
 
+    /// The `/metrics` text.
+    async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         self.call_as(&self.live, method, path, body).await
     }
@@ -416,15 +428,7 @@ async fn events_arrive_signed_in_order_and_the_log_shows_them(b: Backends) {
     assert!(first.get("next_attempt_at").is_none());
 
     // The metrics count the tries, time them, and show the stream and what waits.
-    let metrics = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     assert!(
         metrics.contains(r#"switchboard_endpoint_attempts_total{outcome="delivered"}"#),
         "{metrics}"
@@ -916,15 +920,7 @@ async fn a_burst_to_one_endpoint_arrives_whole_and_once(b: Backends) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.at("slow-burst").len(), BURST, "each event once");
     // The burst did go back to the database and out again.
-    let metrics = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     let deferred: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix(r#"switchboard_endpoint_attempts_total{outcome="deferred"} "#))

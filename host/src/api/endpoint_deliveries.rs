@@ -6,6 +6,7 @@
 //! path as real ones). Workspace-scoped like the endpoints themselves.
 
 use super::ApiError;
+use super::endpoints::{endpoint_id, endpoint_path, not_found, page_limit};
 use super::error::ErrorBody;
 use super::extract::{Caller, Json};
 use super::messages::format_time;
@@ -20,10 +21,6 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-/// Default page of the delivery log.
-pub const DEFAULT_LIMIT: u32 = 20;
-/// Largest page of the delivery log.
-pub const MAX_LIMIT: u32 = 100;
 /// The type a test event has when the request names none.
 pub const DEFAULT_TEST_TYPE: &str = "message.delivered";
 
@@ -171,16 +168,6 @@ pub struct TestEventRequest {
 
 impl crate::ingest::JsonBody for TestEventRequest {}
 
-fn endpoint_id(id: &str) -> Result<EndpointId, ApiError> {
-    EndpointId::parse(id).map_err(|_| {
-        ApiError::BadRequest("invalid endpointId: expected ep_ followed by lower-case hex".into())
-    })
-}
-
-fn endpoint_not_found(id: &EndpointId) -> ApiError {
-    ApiError::ResourceNotFound(format!("no webhook endpoint {id} in this workspace"))
-}
-
 /// 404 unless the workspace has the endpoint.
 async fn existing(state: &AppState, caller: &Caller, id: &EndpointId) -> Result<(), ApiError> {
     state
@@ -190,7 +177,7 @@ async fn existing(state: &AppState, caller: &Caller, id: &EndpointId) -> Result<
         .await
         .map_err(ApiError::from_store_read)?
         .map(|_| ())
-        .ok_or_else(|| endpoint_not_found(id))
+        .ok_or_else(|| not_found(id))
 }
 
 /// Posts a made-up event (test mode, a fresh id) to the endpoint, through the same
@@ -214,8 +201,7 @@ pub async fn test(
     path: Result<Path<String>, PathRejection>,
     Json(request): Json<TestEventRequest>,
 ) -> Result<(StatusCode, axum::Json<DeliveryDto>), ApiError> {
-    let Path(id) = path.map_err(|e| ApiError::BadRequest(format!("invalid endpointId: {e}")))?;
-    let id = endpoint_id(&id)?;
+    let id = endpoint_path(path)?;
     let kind = request
         .event_type
         .unwrap_or_else(|| DEFAULT_TEST_TYPE.to_string());
@@ -227,7 +213,7 @@ pub async fn test(
         .send_test_event(&caller.key.workspace, &id, &kind)
         .await
         .map_err(ApiError::from_store_write)?
-        .ok_or_else(|| endpoint_not_found(&id))?;
+        .ok_or_else(|| not_found(&id))?;
     Ok((
         StatusCode::ACCEPTED,
         axum::Json(DeliveryDto::of(&delivery, &[])),
@@ -255,15 +241,9 @@ pub async fn list(
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<axum::Json<ListDeliveriesResponse>, ApiError> {
-    let Path(id) = path.map_err(|e| ApiError::BadRequest(format!("invalid endpointId: {e}")))?;
-    let id = endpoint_id(&id)?;
+    let id = endpoint_path(path)?;
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1 to {MAX_LIMIT}"
-        )));
-    }
+    let limit = page_limit(query.limit)?;
     let cursor = query
         .cursor
         .as_deref()

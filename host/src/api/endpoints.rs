@@ -213,14 +213,34 @@ fn checked_types(types: Option<Vec<String>>) -> Result<Option<Vec<String>>, ApiE
         .transpose()
 }
 
-fn endpoint_path(path: Result<Path<String>, PathRejection>) -> Result<EndpointId, ApiError> {
+pub(super) fn endpoint_path(
+    path: Result<Path<String>, PathRejection>,
+) -> Result<EndpointId, ApiError> {
     let Path(id) = path.map_err(|e| ApiError::BadRequest(format!("invalid endpointId: {e}")))?;
-    EndpointId::parse(&id).map_err(|_| {
+    endpoint_id(&id)
+}
+
+/// An `endpointId` of a path.
+pub(super) fn endpoint_id(id: &str) -> Result<EndpointId, ApiError> {
+    EndpointId::parse(id).map_err(|_| {
         ApiError::BadRequest("invalid endpointId: expected ep_ followed by lower-case hex".into())
     })
 }
 
-fn not_found(id: &EndpointId) -> ApiError {
+/// A page size of this resource's lists (and its delivery log): 1 to 100, 20 when
+/// absent.
+pub(super) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_LIMIT);
+    if (1..=MAX_LIMIT).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "limit must be 1 to {MAX_LIMIT}"
+        )))
+    }
+}
+
+pub(super) fn not_found(id: &EndpointId) -> ApiError {
     ApiError::ResourceNotFound(format!("no webhook endpoint {id} in this workspace"))
 }
 
@@ -296,12 +316,7 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<axum::Json<ListEndpointsResponse>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1 to {MAX_LIMIT}"
-        )));
-    }
+    let limit = page_limit(query.limit)?;
     let cursor = query
         .cursor
         .as_deref()

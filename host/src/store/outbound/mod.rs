@@ -241,6 +241,11 @@ pub struct Publication {
 }
 
 impl Publication {
+    /// `(id, round, attempts, handbacks)`, as the SQL traits take it.
+    pub(crate) fn key(&self) -> (&str, i32, i32, i32) {
+        (self.id.as_str(), self.round, self.attempts, self.handbacks)
+    }
+
     /// The broker's de-duplication id: one per publish of a due row.
     pub fn msg_id(&self) -> String {
         format!(
@@ -333,14 +338,17 @@ pub(crate) trait OutboundSql: Send {
     ) -> Result<Vec<(String, Option<String>)>, StoreError>;
     /// Inserts deliveries, skipping any whose (endpoint, event id) is stored already.
     async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError>;
-    /// Sets `published` on `(id, round, attempts, handbacks)`s still at them.
-    async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError>;
+    /// Sets `published` to `published` on the pending `(id, round, attempts,
+    /// handbacks)`s still at them.
+    async fn set_published(
+        &mut self,
+        rows: &[(&str, i32, i32, i32)],
+        published: bool,
+    ) -> Result<(), StoreError>;
     /// Sets `published` on up to `limit` unpublished rows due now (skipping rows
     /// another transaction holds, where the backend can); returns them with their due
     /// time and `seq`.
     async fn claim_due_rows(&mut self, limit: i64) -> Result<Vec<ClaimedRow>, StoreError>;
-    /// Unsets `published` on `(id, round, attempts, handbacks)`s still pending at them.
-    async fn unset_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError>;
     /// Unpublishes a delivery still pending at `(round, attempts, handbacks)`, due
     /// at `until`, counting the hand-back; whether it was.
     async fn unpublish(

@@ -26,6 +26,32 @@ fn publications(rows: Vec<PublicationRow>) -> Result<Vec<Publication>, StoreErro
         .collect()
 }
 
+/// Sets `published` on the deliveries of `list` still at their try.
+async fn set_published<T>(
+    store: &T,
+    list: &[Publication],
+    published: bool,
+) -> Result<(), StoreError>
+where
+    T: Grouped,
+    Conn<T>: OutboundSql,
+{
+    if list.is_empty() {
+        return Ok(());
+    }
+    let rows = Arc::new(list.to_vec());
+    store
+        .group()
+        .run(Box::new(move |conn| {
+            let rows = rows.clone();
+            Box::pin(async move {
+                let keys: Vec<_> = rows.iter().map(Publication::key).collect();
+                conn.set_published(&keys, published).await
+            })
+        }))
+        .await
+}
+
 #[async_trait::async_trait]
 impl<T> Outbound for T
 where
@@ -57,22 +83,7 @@ where
     }
 
     async fn unclaim(&self, publications: &[Publication]) -> Result<(), StoreError> {
-        if publications.is_empty() {
-            return Ok(());
-        }
-        let rows = Arc::new(publications.to_vec());
-        self.group()
-            .run(Box::new(move |conn| {
-                let rows = rows.clone();
-                Box::pin(async move {
-                    let refs: Vec<(&str, i32, i32, i32)> = rows
-                        .iter()
-                        .map(|p| (p.id.as_str(), p.round, p.attempts, p.handbacks))
-                        .collect();
-                    conn.unset_published(&refs).await
-                })
-            }))
-            .await
+        set_published(self, publications, false).await
     }
 
     async fn stale_deliveries(
@@ -96,7 +107,8 @@ where
             .run(Box::new(move |conn| {
                 let p = p.clone();
                 Box::pin(async move {
-                    conn.unpublish(p.id.as_str(), (p.round, p.attempts, p.handbacks), until)
+                    let (id, round, attempts, handbacks) = p.key();
+                    conn.unpublish(id, (round, attempts, handbacks), until)
                         .await
                 })
             }))
@@ -104,22 +116,7 @@ where
     }
 
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError> {
-        if published.is_empty() {
-            return Ok(());
-        }
-        let rows = Arc::new(published.to_vec());
-        self.group()
-            .run(Box::new(move |conn| {
-                let rows = rows.clone();
-                Box::pin(async move {
-                    let refs: Vec<(&str, i32, i32, i32)> = rows
-                        .iter()
-                        .map(|p| (p.id.as_str(), p.round, p.attempts, p.handbacks))
-                        .collect();
-                    conn.set_published(&refs).await
-                })
-            }))
-            .await
+        set_published(self, published, true).await
     }
 
     async fn dispatch_target(

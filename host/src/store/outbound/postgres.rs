@@ -79,24 +79,22 @@ impl OutboundSql for PgConnection {
         Ok(())
     }
 
-    async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
+    async fn set_published(
+        &mut self,
+        rows: &[(&str, i32, i32, i32)],
+        published: bool,
+    ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE webhook_deliveries d SET published = TRUE, updated_at = now() \
+            "UPDATE webhook_deliveries d SET published = $5, updated_at = now() \
              FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::int4[]) AS p(i, r, a, h) \
-             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a AND d.handbacks = p.h",
+             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a AND d.handbacks = p.h \
+             AND d.status = 'PENDING'",
         )
         .bind(rows.iter().map(|(id, _, _, _)| *id).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|(_, round, _, _)| *round)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|(_, _, tries, _)| *tries)
-                .collect::<Vec<_>>(),
-        )
+        .bind(rows.iter().map(|(_, r, _, _)| *r).collect::<Vec<_>>())
+        .bind(rows.iter().map(|(_, _, a, _)| *a).collect::<Vec<_>>())
         .bind(rows.iter().map(|(_, _, _, h)| *h).collect::<Vec<_>>())
+        .bind(published)
         .execute(self)
         .await
         .map_err(map_err)?;
@@ -116,31 +114,6 @@ impl OutboundSql for PgConnection {
         .fetch_all(self)
         .await
         .map_err(map_err)
-    }
-
-    async fn unset_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE webhook_deliveries d SET published = FALSE, updated_at = now() \
-             FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::int4[]) AS p(i, r, a, h) \
-             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a AND d.handbacks = p.h \
-             AND d.status = 'PENDING'",
-        )
-        .bind(rows.iter().map(|(id, _, _, _)| *id).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|(_, round, _, _)| *round)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|(_, _, tries, _)| *tries)
-                .collect::<Vec<_>>(),
-        )
-        .bind(rows.iter().map(|(_, _, _, h)| *h).collect::<Vec<_>>())
-        .execute(self)
-        .await
-        .map_err(map_err)?;
-        Ok(())
     }
 
     async fn unpublish(

@@ -90,10 +90,14 @@ impl OutboundSql for SqliteConnection {
         Ok(())
     }
 
-    async fn set_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "UPDATE webhook_deliveries SET published = 1, updated_at = ",
-        );
+    async fn set_published(
+        &mut self,
+        rows: &[(&str, i32, i32, i32)],
+        published: bool,
+    ) -> Result<(), StoreError> {
+        let mut query = QueryBuilder::<Sqlite>::new("UPDATE webhook_deliveries SET published = ");
+        query.push_bind(published);
+        query.push(", updated_at = ");
         query.push_bind(now_text());
         query.push(" FROM (");
         // A VALUES list names its columns column1, column2.
@@ -106,7 +110,7 @@ impl OutboundSql for SqliteConnection {
         query.push(
             ") AS p WHERE webhook_deliveries.id = p.column1 \
              AND webhook_deliveries.round = p.column2 AND webhook_deliveries.attempts = p.column3 \
-             AND webhook_deliveries.handbacks = p.column4",
+             AND webhook_deliveries.handbacks = p.column4 AND webhook_deliveries.status = 'PENDING'",
         );
         query.build().execute(self).await.map_err(map_err)?;
         Ok(())
@@ -126,27 +130,6 @@ impl OutboundSql for SqliteConnection {
         .fetch_all(self)
         .await
         .map_err(map_err)
-    }
-
-    async fn unset_published(&mut self, rows: &[(&str, i32, i32, i32)]) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "UPDATE webhook_deliveries SET published = 0, updated_at = ",
-        );
-        query.push_bind(now_text());
-        query.push(" FROM (");
-        query.push_values(rows, |mut row, (id, round, tries, handbacks)| {
-            row.push_bind(id.to_string())
-                .push_bind(*round)
-                .push_bind(*tries)
-                .push_bind(*handbacks);
-        });
-        query.push(
-            ") AS p WHERE webhook_deliveries.id = p.column1 \
-             AND webhook_deliveries.round = p.column2 AND webhook_deliveries.attempts = p.column3 \
-             AND webhook_deliveries.handbacks = p.column4 AND webhook_deliveries.status = 'PENDING'",
-        );
-        query.build().execute(self).await.map_err(map_err)?;
-        Ok(())
     }
 
     async fn unpublish(
