@@ -68,6 +68,13 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
         Self::start(max, in_flight, run)
     }
 
+    /// Runs `requests` as one batch of their own, now, on the caller's task: what the
+    /// gatherer does with requests that arrive together, without the race of whether
+    /// they do. Answers in order.
+    pub(crate) async fn run_together(&self, requests: Vec<Req>) -> Vec<Result<Resp, StoreError>> {
+        (self.run)(requests).await
+    }
+
     /// Runs `request` in the next batch and returns its answer.
     pub(crate) async fn submit(&self, request: Req) -> Result<Resp, StoreError> {
         if super::group::is_urgent() {

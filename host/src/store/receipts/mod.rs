@@ -59,6 +59,14 @@ pub trait Receipts: Send + Sync {
     /// transaction.
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError>;
 
+    /// [`Receipts::apply_receipt`] for `receipts` as one batch: receipts for one message
+    /// apply in the order given; a receipt key given twice applies after the others.
+    /// An answer per receipt, in order.
+    async fn apply_receipts(
+        &self,
+        receipts: &[ReceiptWrite],
+    ) -> Vec<Result<ReceiptOutcome, StoreError>>;
+
     /// Deletes receipts (applied, ignored or still pending) received before `before`,
     /// and expired replay keys; returns how many receipts went.
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
@@ -476,6 +484,13 @@ where
 
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
         self.receipts().submit(receipt.clone()).await
+    }
+
+    async fn apply_receipts(
+        &self,
+        receipts: &[ReceiptWrite],
+    ) -> Vec<Result<ReceiptOutcome, StoreError>> {
+        self.receipts().run_together(receipts.to_vec()).await
     }
 
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
