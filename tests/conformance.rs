@@ -103,3 +103,71 @@ async fn reference_vectors_pin_the_five_schemes() {
     assert!(conformance::reference_signature("provz", "k", b"", 0).is_none());
     assert_eq!(conformance::spec_call_states("provd").unwrap().len(), 9);
 }
+
+/// Components built against `switchboard:provider@0.1.0` (from the 0.1.0 SDK, kept as
+/// fixtures) still load and conform; the kit looks for the event id in their requests,
+/// the only key 0.1.0 has. The bundled plugins are on 0.2.0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wit_0_1_0_components_load_and_conform_beside_0_2_0_ones() {
+    let rt = runtime();
+    for slug in ["prova", "provc"] {
+        let path = format!(
+            "{}/../tests/fixtures/wit-v0.1.0/{slug}.wasm",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let wasm = std::fs::read(&path).unwrap();
+        let plugin = rt
+            .load(&wasm, switchboard::plugins::Grants::Declared)
+            .await
+            .unwrap();
+        assert_eq!(
+            (plugin.info().slug.as_str(), plugin.wit_version()),
+            (slug, "0.1.0")
+        );
+        let report = conformance::check(&rt, &wasm, slug, &KitOptions::default()).await;
+        assert!(report.passed(), "{}", report.render());
+        assert!(
+            report
+                .checks
+                .iter()
+                .any(|c| c.name == "send.sms.idempotency"
+                    && c.detail == "event id passed to the provider")
+                || report
+                    .checks
+                    .iter()
+                    .any(|c| c.name == "send.email.idempotency"
+                        && c.detail == "event id passed to the provider"),
+            "{}",
+            report.render()
+        );
+    }
+    for plugin in BUNDLED {
+        let loaded = rt
+            .load(plugin.wasm, switchboard::plugins::Grants::Declared)
+            .await
+            .unwrap();
+        assert_eq!(loaded.wit_version(), "0.2.0", "{}", plugin.slug);
+    }
+}
+
+/// A file that exports no supported world is refused naming every version tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_of_no_supported_version_is_refused_clearly() {
+    // A component that exports nothing at all: valid, but no provider world.
+    let empty = wat_component();
+    let err = runtime()
+        .load(&empty, switchboard::plugins::Grants::Declared)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("does not export a provider world this host supports (0.2.0, 0.1.0)"),
+        "{err}"
+    );
+}
+
+/// The smallest valid component: `(component)`, in its binary form.
+fn wat_component() -> Vec<u8> {
+    // Preamble of a component (magic, version 0x0d, layer 1), no sections.
+    vec![0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00]
+}

@@ -318,10 +318,16 @@ async fn failover_across_providers_then_channels(b: Backends) {
     assert_eq!(dto["cost_micro_usd"], 6_800);
     let to_good = good.take_requests();
     assert_eq!(to_good.len(), 1);
-    // The event id travels as provD's de-duplication key.
+    // The attempt's own key travels as provD's de-duplication key: the fallback is the
+    // second attempt, so provC's failed one cannot make provD see a repeat.
     let body: Value = serde_json::from_slice(&to_good[0].body).unwrap();
-    assert_eq!(body["client_ref"], event.as_str());
-    assert_eq!(bad.take_requests().len(), 1);
+    assert_eq!(body["client_ref"], format!("{event}.2"));
+    let to_bad = bad.take_requests();
+    assert_eq!(to_bad.len(), 1);
+    assert_eq!(
+        to_bad[0].header("idempotency-key"),
+        Some(format!("{event}.1").as_str())
+    );
 
     // Channel failover: the only SMS provider refuses, email goes through.
     gw.route("sms", &[("provc", &bad.url())]).await;
@@ -349,7 +355,11 @@ async fn failover_across_providers_then_channels(b: Backends) {
     assert_eq!(dto["events"][2]["detail"]["channel"], "email");
     let sent = good.take_requests();
     assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].header("idempotency-key"), Some(event.as_str()));
+    // Each attempt has its own key (sms at provC was the first).
+    assert_eq!(
+        sent[0].header("idempotency-key"),
+        Some(format!("{event}.2").as_str())
+    );
     // Every plugin call and outbound response is counted per slug, and each stream's
     // depth is read at the scrape.
     let text = gw
@@ -1193,7 +1203,8 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice() {
             m.attempts, 1,
             "{id} failed over although the provider accepted"
         );
-        assert_eq!(m.provider_message_id, Some(format!("sid-{id}")));
+        // Sent by its first attempt, under that attempt's key.
+        assert_eq!(m.provider_message_id, Some(format!("sid-{id}.1")));
         let timeline = m.timeline.unwrap();
         let sent: Vec<_> = timeline
             .iter()
@@ -1207,7 +1218,7 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice() {
     let seen = provider.seen.lock().unwrap().clone();
     // Every event reached the provider, as exactly one de-duplication key each.
     assert_eq!(seen.len(), N);
-    assert!(ids.iter().all(|id| seen.contains_key(id)));
+    assert!(ids.iter().all(|id| seen.contains_key(&format!("{id}.1"))));
     // A key seen twice is only ever an attempt cut off mid-call and resumed.
     let repeated = seen.values().filter(|n| **n > 1).count();
     assert!(seen.values().all(|n| *n <= 2), "{seen:?}");

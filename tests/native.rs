@@ -124,6 +124,7 @@ async fn native_and_sandboxed_builds_answer_alike() {
 fn sms() -> Message {
     Message {
         event_id: "evt_native".into(),
+        idempotency_key: "evt_native.1".into(),
         subscriber_id: "s".into(),
         content: Content::Sms(SmsMessage {
             to: "+14155550100".into(),
@@ -224,8 +225,8 @@ async fn a_library_speaking_another_abi_version_is_refused_clearly() {
         .to_string();
     assert!(
         err.contains("ABI version mismatch")
-            && err.contains("speaks version 2")
-            && err.contains("host speaks version 1"),
+            && err.contains("speaks version 3")
+            && err.contains("host speaks version 2"),
         "{err}"
     );
 }

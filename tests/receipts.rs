@@ -274,6 +274,7 @@ both!(
     a_file_dropped_into_the_watched_directory_is_installed,
     a_trusted_native_build_swaps_and_rolls_back_like_a_component,
     an_announced_swap_is_followed_at_once,
+    a_wit_0_1_0_component_serves_beside_0_2_0_ones,
     the_spec_provider_names_reach_their_plugins_in_any_case,
     callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace,
 );
@@ -463,6 +464,11 @@ async fn provc_rejecting_fails_over_to_provd(b: Backends) {
     assert_eq!(dto["provider"], "provd");
     let stats = lp.sim.as_ref().unwrap().stats();
     assert!(stats.provider("provc").rejected >= 1, "{stats:?}");
+    // The fallback is the message's second attempt, and carries that attempt's key.
+    assert_eq!(
+        lp.sim.as_ref().unwrap().accepted_keys("provd"),
+        [format!("{event}.2")]
+    );
     lp.cleanup().await;
 }
 
@@ -1340,5 +1346,80 @@ async fn an_announced_swap_is_followed_at_once(b: Backends) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    lp.cleanup().await;
+}
+
+/// A component built against `switchboard:provider@0.1.0` (provc from the 0.1.0 SDK,
+/// kept as a fixture) passes the kit, is installed and serves sms beside the bundled
+/// 0.2.0 plugins; each gets the de-duplication key its version knows.
+async fn a_wit_0_1_0_component_serves_beside_0_2_0_ones(b: Backends) {
+    use switchboard::plugins::install::{self, InstallOutcome};
+    let lp = Loop::start_with(b, &[], |c| c.plugins.sync_ms = 100, |_| {}).await;
+    let store = lp.state.ingest.store.clone();
+    let key = lp.key().await;
+    assert_eq!(
+        lp.state.plugins.get("provc").unwrap().wit_version(),
+        "0.2.0"
+    );
+    let kit =
+        switchboard::plugins::PluginRuntime::new(install::kit_runtime_config(&lp.config)).unwrap();
+    let old = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/wit-v0.1.0/provc.wasm"
+    ))
+    .unwrap();
+    let digest = match install::install(&*store, &kit, &old, "test", false, &Default::default())
+        .await
+        .unwrap()
+    {
+        InstallOutcome::Activated {
+            digest,
+            report: Some(report),
+            ..
+        } => {
+            assert!(report.contains("CONFORMS"), "{report}");
+            digest
+        }
+        other => panic!("a 0.1.0 component was refused: {other:?}"),
+    };
+    let started = Instant::now();
+    while lp.state.plugins.get("provc").unwrap().digest() != digest {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not swapped in"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let provc = lp.state.plugins.get("provc").unwrap();
+    assert_eq!(provc.wit_version(), "0.1.0");
+    assert_eq!(
+        lp.state.plugins.get("prova").unwrap().wit_version(),
+        "0.2.0"
+    );
+
+    lp.route("sms", &["provc"]).await;
+    lp.route("email", &["prova"]).await;
+    let sms = lp
+        .trigger(
+            &key,
+            json!({"name": "otp", "to": {"subscriberId": "u9", "phone": "+14155550199"}, "payload": {"code": "12"}}),
+            "CRITICAL",
+        )
+        .await;
+    let email = lp
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "u9", "email": "ada@example.test"}, "payload": {"name": "Ada"}}),
+            "CRITICAL",
+        )
+        .await;
+    for (event, slug) in [(&sms, "provc"), (&email, "prova")] {
+        let dto = lp.until(&key, event, "DELIVERED").await;
+        assert_eq!(dto["provider"], slug, "{dto:#}");
+    }
+    let sim = lp.sim.as_ref().unwrap();
+    // 0.1.0 has only the event id; 0.2.0 the attempt's own key.
+    assert_eq!(sim.accepted_keys("provc"), vec![sms]);
+    assert_eq!(sim.accepted_keys("prova"), [format!("{email}.1")]);
     lp.cleanup().await;
 }

@@ -51,6 +51,7 @@ async fn healthy_call(plugin: &Plugin) {
 fn sms(event_id: &str) -> Message {
     Message {
         event_id: event_id.into(),
+        idempotency_key: format!("{}.1", event_id),
         subscriber_id: "s".into(),
         content: Content::Sms(SmsMessage {
             to: "+14155550100".into(),

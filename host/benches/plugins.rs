@@ -132,6 +132,7 @@ fn benches(c: &mut Criterion) {
     ];
     let message = Message {
         event_id: "evt_bench".into(),
+        idempotency_key: "evt_bench.1".into(),
         subscriber_id: "s".into(),
         content: Content::Sms(SmsMessage {
             to: "+14155550100".into(),

@@ -2,7 +2,7 @@
 //!
 //! Write a Switchboard delivery-provider plugin as a plain Rust type. You implement
 //! [`Provider`] and call [`export_provider!`] once; the SDK generates the WebAssembly
-//! component glue for the `switchboard:provider@0.1.0` world, so you never touch
+//! component glue for the `switchboard:provider@0.2.0` world, so you never touch
 //! `wit-bindgen` yourself.
 //!
 //! The same code compiles for the host target too. There the host imports
@@ -69,7 +69,7 @@ pub mod validate;
 pub mod bindings {
     #![allow(missing_docs, clippy::all)]
     wit_bindgen::generate!({
-        path: "../wit/provider/v0.1.0",
+        path: "../wit/provider/v0.2.0",
         world: "provider",
         pub_export_macro: true,
         export_macro_name: "export_bindings",

@@ -8,36 +8,36 @@
 //! - `switchboard_native_abi_version() -> u32`: [`ABI_VERSION`]. Its signature never
 //!   changes, so a host can always ask before it calls anything else, and refuses a
 //!   library whose answer differs from its own.
-//! - `switchboard_native_call_v1(host, op, input, input_len, sink, sink_ctx) -> u32`:
+//! - `switchboard_native_call_v2(host, op, input, input_len, sink, sink_ctx) -> u32`:
 //!   one function per call of the WIT `adapter` interface, picked by `op` ([`op`]).
 //!
 //! Values cross the boundary in [postcard](https://docs.rs/postcard/1) encoding of the
-//! `switchboard:provider@0.1.0` WIT types: the serde form of the Rust types both sides
+//! `switchboard:provider@0.2.0` WIT types: the serde form of the Rust types both sides
 //! generate from the same WIT (records as their fields in WIT order, enums and variants
 //! by case index, lists length-prefixed, `list<u8>` as raw bytes). The arguments are a
 //! tuple in WIT order; the result is the function's return value. The format is not
-//! self-describing, so [`ABI_VERSION`] names the WIT package too: version 1 is
-//! `switchboard:provider@0.1.0`, and an SDK built on a newer WIT package speaks a new
-//! ABI version (with its own `switchboard_native_call_vN`), which a host that does not
+//! self-describing, so [`ABI_VERSION`] names the WIT package too: version 1 was
+//! `switchboard:provider@0.1.0`, version 2 is `switchboard:provider@0.2.0`, and an SDK
+//! built on a newer WIT package speaks a new ABI version (with its own `switchboard_native_call_vN`), which a host that does not
 //! know it refuses at the version check instead of misreading its values. Nothing
 //! allocated on one side is freed on the other: output is handed to a [`Sink`]
 //! callback, which copies it before returning.
 //!
-//! The host serves `http-request` and `log` through [`HostV1`] (the allow-list still
+//! The host serves `http-request` and `log` through [`HostV2`] (the allow-list still
 //! applies to requests made that way). `now-millis` and `hmac-sha256` are computed in
 //! the library itself.
 
 use std::ffi::c_void;
 
 /// The native ABI version this SDK speaks.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Receives bytes; the callee copies them before returning.
 pub type Sink = unsafe extern "C" fn(sink_ctx: *mut c_void, ptr: *const u8, len: usize);
 
-/// `switchboard_native_call_v1`.
-pub type CallV1 = unsafe extern "C" fn(
-    host: *const HostV1,
+/// `switchboard_native_call_v2`.
+pub type CallV2 = unsafe extern "C" fn(
+    host: *const HostV2,
     op: u32,
     input: *const u8,
     input_len: usize,
@@ -50,7 +50,7 @@ pub type AbiVersion = unsafe extern "C" fn() -> u32;
 
 /// What the host lends a native plugin for the duration of one call.
 #[repr(C)]
-pub struct HostV1 {
+pub struct HostV2 {
     /// Passed back as the first argument of every function below.
     pub ctx: *mut c_void,
     /// Input: `outbound-request`. Output (to `sink`):
@@ -66,7 +66,7 @@ pub struct HostV1 {
     pub log: unsafe extern "C" fn(ctx: *mut c_void, line: *const u8, line_len: usize),
 }
 
-/// The `op` numbers of `switchboard_native_call_v1`, one per `adapter` function.
+/// The `op` numbers of `switchboard_native_call_v2`, one per `adapter` function.
 pub mod op {
     /// `info() -> provider-info`; arguments `[]`.
     pub const INFO: u32 = 0;
@@ -82,7 +82,7 @@ pub mod op {
     pub const NORMALIZE_CALL_STATE: u32 = 5;
 }
 
-/// What `switchboard_native_call_v1` returns.
+/// What `switchboard_native_call_v2` returns.
 pub mod status {
     /// The sink holds the encoded result.
     pub const OK: u32 = 0;
@@ -138,7 +138,7 @@ pub(crate) mod guest {
     use std::cell::Cell;
 
     thread_local! {
-        static HOST: Cell<*const HostV1> = const { Cell::new(std::ptr::null()) };
+        static HOST: Cell<*const HostV2> = const { Cell::new(std::ptr::null()) };
     }
 
     /// Set once a host has called into this library: from then on this is a loaded
@@ -146,7 +146,7 @@ pub(crate) mod guest {
     static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
     /// The host lent for the call running on this thread, if any.
-    fn host() -> Option<&'static HostV1> {
+    fn host() -> Option<&'static HostV2> {
         let ptr = HOST.with(Cell::get);
         // SAFETY: set only while a `call` on this thread runs, during which the host
         // keeps it alive; cleared before `call` returns.
@@ -229,13 +229,13 @@ pub(crate) mod guest {
         }
     }
 
-    /// The body of `switchboard_native_call_v1` for provider `P`.
+    /// The body of `switchboard_native_call_v2` for provider `P`.
     ///
     /// # Safety
     /// As the ABI documents: `host` valid (or null) for the call, `input` readable for
     /// `input_len` bytes, `sink`/`sink_ctx` a valid pair.
     pub unsafe fn call<P: Provider>(
-        host: *const HostV1,
+        host: *const HostV2,
         op: u32,
         input: *const u8,
         input_len: usize,
@@ -244,7 +244,7 @@ pub(crate) mod guest {
     ) -> u32 {
         // SAFETY: the caller guarantees `input` is readable for `input_len` bytes.
         let input = unsafe { bytes(input, input_len) };
-        struct Lent(*const HostV1);
+        struct Lent(*const HostV2);
         impl Drop for Lent {
             fn drop(&mut self) {
                 HOST.with(|h| h.set(self.0));
@@ -293,8 +293,8 @@ macro_rules! __export_native {
             /// # Safety
             /// See `switchboard_sdk::native`.
             #[unsafe(no_mangle)]
-            pub unsafe extern "C" fn switchboard_native_call_v1(
-                host: *const $crate::native::HostV1,
+            pub unsafe extern "C" fn switchboard_native_call_v2(
+                host: *const $crate::native::HostV2,
                 op: u32,
                 input: *const u8,
                 input_len: usize,
@@ -368,9 +368,9 @@ mod tests {
         }
     }
 
-    fn invoke(host: *const HostV1, op: u32, input: &[u8]) -> (u32, Vec<u8>) {
+    fn invoke(host: *const HostV2, op: u32, input: &[u8]) -> (u32, Vec<u8>) {
         let mut out = Vec::new();
-        // SAFETY: valid buffers for the call; `host` is null or a live `HostV1`.
+        // SAFETY: valid buffers for the call; `host` is null or a live `HostV2`.
         let code = unsafe {
             call::<Panicky>(
                 host,
@@ -387,6 +387,7 @@ mod tests {
     fn sms(event_id: &str) -> Vec<u8> {
         let message = Message {
             event_id: event_id.into(),
+            idempotency_key: format!("{}.1", event_id),
             subscriber_id: "s".into(),
             content: Content::Sms(SmsMessage {
                 to: "+14155550100".into(),
@@ -450,7 +451,7 @@ mod tests {
     #[test]
     fn inside_a_call_http_goes_to_the_lent_host_and_only_then() {
         let mut status_code: u16 = 202;
-        let host = HostV1 {
+        let host = HostV2 {
             ctx: &mut status_code as *mut u16 as *mut c_void,
             http_request: fake_http,
             log: fake_log,

@@ -39,8 +39,8 @@ pub fn render_plugins(registry: &Registry) -> String {
     use crate::plugins::PluginKind;
     use crate::plugins::registry::Source;
     let mut out = format!(
-        "{:<8} {:<8} {:<26} {:<18} {:<30} source\n",
-        "slug", "version", "channels", "digest", "allowed hosts"
+        "{:<8} {:<8} {:<5} {:<26} {:<18} {:<30} source\n",
+        "slug", "version", "wit", "channels", "digest", "allowed hosts"
     );
     for entry in registry.list() {
         let info = entry.plugin.info();
@@ -54,9 +54,10 @@ pub fn render_plugins(registry: &Registry) -> String {
             source.push_str(" (native, unsandboxed)");
         }
         out.push_str(&format!(
-            "{:<8} {:<8} {:<26} {:<18} {:<30} {}\n",
+            "{:<8} {:<8} {:<5} {:<26} {:<18} {:<30} {}\n",
             info.slug,
             info.version,
+            entry.plugin.wit_version(),
             channels.join(","),
             &entry.plugin.digest()[..16],
             entry.plugin.allowed_hosts().join(","),

@@ -28,6 +28,9 @@ pub struct LoadedPlugin {
     pub source: String,
     /// `wasm` (a sandboxed component) or `native` (a trusted native library).
     pub kind: String,
+    /// The `switchboard:provider` WIT version it was built against (`0.1.0`,
+    /// `0.2.0`; a native library: the one its ABI carries).
+    pub wit_version: String,
     /// Channels served.
     pub channels: Vec<String>,
 }
@@ -184,6 +187,7 @@ impl PluginListing {
                 }
                 .into(),
                 kind: e.plugin.kind().as_str().into(),
+                wit_version: e.plugin.wit_version().into(),
                 channels: e
                     .plugin
                     .info()

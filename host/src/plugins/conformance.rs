@@ -808,8 +808,13 @@ impl Kit<'_> {
                     }
                     _ => true,
                 };
-                let mentions_event = req.headers.iter().any(|(_, v)| v.contains(EVENT_ID))
-                    || String::from_utf8_lossy(&req.body).contains(EVENT_ID);
+                // WIT 0.1.0 has only the event id; from 0.2.0 the attempt's own key.
+                let (key, what) = match self.plugin.wit_version() {
+                    "0.1.0" => (EVENT_ID.to_string(), "event id"),
+                    _ => (kit_key(*channel), "attempt's idempotency key"),
+                };
+                let mentions_event = req.headers.iter().any(|(_, v)| v.contains(&key))
+                    || String::from_utf8_lossy(&req.body).contains(&key);
                 self.record(
                     &format!("send.{ch}.request"),
                     json_ok && !req.method.is_empty(),
@@ -828,7 +833,11 @@ impl Kit<'_> {
                 self.record(
                     &format!("send.{ch}.idempotency"),
                     mentions_event,
-                    if mentions_event { "event id passed to the provider".into() } else { "the event id appears nowhere in the request; providers need it to de-duplicate".to_string() },
+                    if mentions_event {
+                        format!("{what} passed to the provider")
+                    } else {
+                        format!("the {what} appears nowhere in the request; providers need it to de-duplicate")
+                    },
                 );
             }
             for (status, retryable) in [(400u16, false), (401, false), (429, true), (503, true)] {
@@ -916,6 +925,19 @@ fn error_name(e: SignatureError) -> &'static str {
     }
 }
 
+/// The kit's attempt key for `channel`: a different attempt per channel, so a plugin
+/// that keys by the event id (the same for all) is told apart.
+fn kit_key(channel: Channel) -> String {
+    let attempt = match channel {
+        Channel::Sms => 1,
+        Channel::Email => 2,
+        Channel::Push => 3,
+        Channel::Whatsapp => 4,
+        Channel::Voice => 5,
+    };
+    crate::plugins::types::idempotency_key(EVENT_ID, attempt)
+}
+
 fn sample_message(channel: Channel) -> Message {
     let to = "+14155550100".to_string();
     let content = match channel {
@@ -954,6 +976,7 @@ fn sample_message(channel: Channel) -> Message {
     };
     Message {
         event_id: EVENT_ID.into(),
+        idempotency_key: kit_key(channel),
         subscriber_id: "sub_kit".into(),
         content,
         extra_params: vec![],

@@ -3,8 +3,8 @@
 //! library, [`super::native`]): the errors a call ends in, the counters, log lines and
 //! outbound HTTP. Both kinds use this module; it uses neither.
 
-use super::bindings::switchboard::provider::types;
 use super::egress::{AllowList, Egress, Refusal};
+use super::types;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

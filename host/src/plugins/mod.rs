@@ -1,8 +1,11 @@
 //! Provider plugins: sandboxed WebAssembly components behind the
-//! `switchboard:provider@0.1.0` world.
+//! `switchboard:provider` world, every released version of it side by side.
 //!
+//! - [`types`]: the plugin-facing types, owned by the host.
+//! - [`wit`]: one module per supported WIT version, the only code that sees generated
+//!   bindings; it converts them to and from [`types`].
 //! - [`runtime`]: one wasmtime engine, a fresh sandboxed store per call with memory and
-//!   guest-time limits, the host imports.
+//!   guest-time limits; `sandbox`: what one instance is granted and its host imports.
 //! - [`egress`]: the operator's outbound-host grants.
 //! - [`announce`]: swaps announced to every running process (NATS in production).
 //! - [`cache`]: compiled components cached on disk by digest.
@@ -23,27 +26,10 @@ pub mod install;
 pub mod native;
 pub mod registry;
 pub mod runtime;
+mod sandbox;
 pub mod scaffold;
-
-/// Host-side bindings generated from the WIT world.
-pub mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit/provider/v0.1.0",
-        world: "provider",
-        imports: {
-            "switchboard:provider/host.http-request": async,
-            default: trappable,
-        },
-        exports: { default: async },
-        // Serde: native plugins exchange these types in postcard form (`plugins::native`).
-        additional_derives: [Clone, PartialEq, serde::Serialize, serde::Deserialize],
-    });
-}
-
-/// The plugin-facing types, as the host sees them.
-pub mod types {
-    pub use super::bindings::switchboard::provider::types::*;
-}
+pub mod types;
+pub mod wit;
 
 pub use native::{ArtifactKind, artifact_kind};
 pub use runtime::{Grants, Plugin, PluginError, PluginKind, PluginRuntime, RuntimeConfig};

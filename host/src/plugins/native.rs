@@ -28,7 +28,13 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use switchboard_sdk::native::{self as abi, ABI_VERSION, AbiVersion, CallV1, HostV1, Sink};
+use switchboard_sdk::native::{self as abi, ABI_VERSION, AbiVersion, CallV2, HostV2, Sink};
+
+/// The WIT package whose types native ABI [`ABI_VERSION`] carries. Only that version
+/// is spoken: a native library is trusted code its operator builds, so an older one is
+/// rebuilt rather than translated (a sandboxed component of any supported version
+/// loads as it is).
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// What a plugin file is, judged by its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +64,7 @@ pub fn artifact_kind(bytes: &[u8]) -> ArtifactKind {
 
 /// An opened native plugin library.
 pub(crate) struct Library {
-    call: CallV1,
+    call: CallV2,
     digest: String,
 }
 
@@ -133,12 +139,12 @@ fn check_abi(lib: &'static libloading::Library, digest: &str) -> Result<Library,
              with native ABI {ABI_VERSION}"
         ));
     }
-    // SAFETY: ABI version 1 fixes this symbol's type; the library is never unmapped, so
+    // SAFETY: ABI version 2 fixes this symbol's type; the library is never unmapped, so
     // the function pointer stays valid for the process.
-    let call = unsafe { lib.get::<CallV1>(b"switchboard_native_call_v1\0") }
+    let call = unsafe { lib.get::<CallV2>(b"switchboard_native_call_v2\0") }
         .map(|symbol| *symbol)
         .map_err(|_| {
-            "native plugin reports ABI 1 but exports no `switchboard_native_call_v1`".to_string()
+            "native plugin reports ABI 2 but exports no `switchboard_native_call_v2`".to_string()
         })?;
     Ok(Library {
         call,
@@ -259,7 +265,7 @@ where
 
 /// One call through the ABI: the host lent, the answer collected.
 fn invoke(lib: &Library, ctx: &HostCtx, op: u32, input: &[u8]) -> (u32, Vec<u8>) {
-    let host = HostV1 {
+    let host = HostV2 {
         ctx: ctx as *const HostCtx as *mut c_void,
         http_request: host_http_request,
         log: host_log,
@@ -280,7 +286,7 @@ fn invoke(lib: &Library, ctx: &HostCtx, op: u32, input: &[u8]) -> (u32, Vec<u8>)
     (code, out)
 }
 
-/// `HostV1::http_request`: runs the request on the runtime the call came from.
+/// `HostV2::http_request`: runs the request on the runtime the call came from.
 unsafe extern "C" fn host_http_request(
     ctx: *mut c_void,
     request: *const u8,
@@ -340,7 +346,7 @@ unsafe extern "C" fn host_http_request(
     unsafe { abi::write(sink, sink_ctx, &answer) };
 }
 
-/// `HostV1::log`: the same attributed, size-capped line a sandboxed plugin writes.
+/// `HostV2::log`: the same attributed, size-capped line a sandboxed plugin writes.
 unsafe extern "C" fn host_log(ctx: *mut c_void, line: *const u8, line_len: usize) {
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: as in `host_http_request`.
@@ -438,6 +444,7 @@ mod tests {
         use switchboard_sdk as sdk;
         let message = sdk::Message {
             event_id: "evt_1".into(),
+            idempotency_key: "evt_1.1".into(),
             subscriber_id: "sub".into(),
             content: sdk::Content::Email(sdk::EmailMessage {
                 to: "a@example.com".into(),

@@ -4,11 +4,11 @@
 //! WASI context that grants nothing: no files, environment, sockets, and clocks frozen
 //! at the epoch (the `now-millis` import is the only clock a plugin sees).
 
-use super::bindings::switchboard::provider::{host, types};
-use super::bindings::{Provider, ProviderPre};
 use super::egress::{AllowList, Egress};
-use super::host_calls::{MAX_LOG_LINES_PER_CALL, perform_http, write_log};
 pub use super::host_calls::{PluginError, PluginStats};
+use super::sandbox::{HostState, InstanceGrants};
+use super::types;
+use super::wit::{Provider, ProviderPre};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,12 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use switchboard_sdk::native::op;
 use tokio::sync::{Semaphore, SemaphorePermit};
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::Linker;
 use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
-    UpdateDeadline,
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
 };
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// How often the engine's epoch advances; the granularity of guest-time checks.
 const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -111,8 +109,7 @@ impl PluginRuntime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("linking WASI: {e}"))?;
-        Provider::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(|e| anyhow::anyhow!("linking host imports: {e}"))?;
+        super::wit::add_to_linker(&mut linker)?;
 
         let egress = Egress::new(config.http_timeout.min(Duration::from_secs(5)))?;
 
@@ -236,16 +233,8 @@ impl PluginRuntime {
         .map_err(|e| PluginError::Invalid(format!("compilation task failed: {e}")))?
         .map_err(|e| PluginError::Invalid(format!("not a loadable component: {e}")))?;
 
-        let instance_pre = self
-            .shared
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| {
-                PluginError::Invalid(format!("imports something the host does not offer: {e}"))
-            })?;
-        let pre = ProviderPre::new(instance_pre).map_err(|e| {
-            PluginError::Invalid(format!("does not export the provider world: {e}"))
-        })?;
+        let pre =
+            ProviderPre::new(&component, &self.shared.linker).map_err(PluginError::Invalid)?;
 
         self.finish_load(Backend::Wasm(pre), digest, grants).await
     }
@@ -320,7 +309,7 @@ struct PluginInner {
 /// How a plugin's code runs.
 enum Backend {
     /// A WebAssembly component, one sandboxed instance per call.
-    Wasm(ProviderPre<HostState>),
+    Wasm(ProviderPre),
     /// A trusted native library, called in-process on a blocking thread.
     Native(Arc<super::native::Library>),
 }
@@ -427,6 +416,15 @@ impl Plugin {
             self.inner.stats.failures.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// The `switchboard:provider` WIT version the plugin was built against (a native
+    /// library: the one its ABI version names).
+    pub fn wit_version(&self) -> &'static str {
+        match &self.inner.backend {
+            Backend::Wasm(pre) => pre.version(),
+            Backend::Native(_) => super::native::WIT_VERSION,
+        }
     }
 
     /// The hosts this plugin may reach.
@@ -550,16 +548,7 @@ impl Plugin {
             .acquire()
             .await
             .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
-        let state = HostState {
-            wasi: deny_all_wasi(),
-            table: ResourceTable::new(),
-            memory_limit: shared.config.memory_limit_bytes,
-            memory_limit_hit: false,
-            budget,
-            started: Instant::now(),
-            host_time: Duration::ZERO,
-            timed_out: false,
-            log_lines: 0,
+        let grants = InstanceGrants {
             slug: self.inner.info.slug.clone(),
             allow: self.inner.allow.clone(),
             egress: shared.egress.clone(),
@@ -567,6 +556,7 @@ impl Plugin {
             stats: self.inner.stats.clone(),
             network: kind == CallKind::Send,
         };
+        let state = HostState::new(grants, budget, shared.config.memory_limit_bytes);
         let mut store = Store::new(&shared.engine, state);
         store.limiter(|s| s);
         store.set_epoch_deadline(1);
@@ -645,11 +635,9 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn guest(&self) -> &super::bindings::exports::switchboard::provider::adapter::Guest {
-        self.guest
-            .as_ref()
-            .expect("instantiated before any call")
-            .switchboard_provider_adapter()
+    /// The instance, taken for the length of one call (its calls borrow the store).
+    fn guest(&mut self) -> Provider {
+        self.guest.take().expect("instantiated before any call")
     }
 
     /// Adds the call that just ended to the plugin's guest time.
@@ -699,8 +687,9 @@ impl Session<'_> {
     /// `info()`.
     pub async fn info(&mut self) -> Result<types::ProviderInfo, PluginError> {
         self.begin()?;
-        let guest = self.guest().clone();
+        let guest = self.guest();
         let result = guest.call_info(&mut self.store).await;
+        self.guest = Some(guest);
         self.end(result)
     }
 
@@ -711,8 +700,9 @@ impl Session<'_> {
         message: &types::Message,
     ) -> Result<types::SendOutcome, PluginError> {
         self.begin()?;
-        let guest = self.guest().clone();
+        let guest = self.guest();
         let result = guest.call_send(&mut self.store, config, message).await;
+        self.guest = Some(guest);
         self.end(result)
     }
 
@@ -725,10 +715,11 @@ impl Session<'_> {
         now: u64,
     ) -> Result<Result<(), types::SignatureError>, PluginError> {
         self.begin()?;
-        let guest = self.guest().clone();
+        let guest = self.guest();
         let result = guest
-            .call_verify_signature(&mut self.store, secret, &headers.to_vec(), body, now)
+            .call_verify_signature(&mut self.store, secret, headers, body, now)
             .await;
+        self.guest = Some(guest);
         self.end(result)
     }
 
@@ -740,10 +731,11 @@ impl Session<'_> {
         timestamp: u64,
     ) -> Result<Vec<(String, String)>, PluginError> {
         self.begin()?;
-        let guest = self.guest().clone();
+        let guest = self.guest();
         let result = guest
             .call_sign_webhook(&mut self.store, secret, body, timestamp)
             .await;
+        self.guest = Some(guest);
         self.end(result)
     }
 
@@ -754,10 +746,11 @@ impl Session<'_> {
         body: &[u8],
     ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
         self.begin()?;
-        let guest = self.guest().clone();
+        let guest = self.guest();
         let result = guest
-            .call_parse_receipt(&mut self.store, &headers.to_vec(), body)
+            .call_parse_receipt(&mut self.store, headers, body)
             .await;
+        self.guest = Some(guest);
         self.end(result)
     }
 
@@ -767,10 +760,11 @@ impl Session<'_> {
         state: &str,
     ) -> Result<types::DeliveryStatus, PluginError> {
         self.begin()?;
-        let guest = self.guest().clone();
+        let guest = self.guest();
         let result = guest
             .call_normalize_call_state(&mut self.store, state)
             .await;
+        self.guest = Some(guest);
         self.end(result)
     }
 }
@@ -827,148 +821,6 @@ pub fn validate_info(info: &types::ProviderInfo) -> Result<(), String> {
     }
     AllowList::new(&info.outbound_hosts).map_err(|e| format!("outbound-hosts: {e}"))?;
     Ok(())
-}
-
-fn deny_all_wasi() -> WasiCtx {
-    WasiCtxBuilder::new()
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .wall_clock(FrozenClock)
-        .monotonic_clock(FrozenClock)
-        .build()
-}
-
-/// WASI clocks that always read zero: the only real clock is the `now-millis` import.
-struct FrozenClock;
-
-impl wasmtime_wasi::HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
-/// Per-call state of one sandboxed instance.
-pub struct HostState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    memory_limit: usize,
-    memory_limit_hit: bool,
-    budget: Duration,
-    started: Instant,
-    /// Time spent in host calls that wait (outbound HTTP); not charged to the guest.
-    host_time: Duration,
-    timed_out: bool,
-    log_lines: u32,
-    slug: String,
-    allow: AllowList,
-    egress: Egress,
-    http_timeout: Duration,
-    stats: Arc<PluginStats>,
-    /// Only `send` reaches the network: a plugin verifying or parsing a callback (with
-    /// a tenant's webhook secret in hand) gets no outbound request at all.
-    network: bool,
-}
-
-impl WasiView for HostState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl ResourceLimiter for HostState {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.memory_limit {
-            self.memory_limit_hit = true;
-            wasmtime::bail!("memory limit of {} bytes reached", self.memory_limit);
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
-    }
-}
-
-impl types::Host for HostState {}
-
-impl host::Host for HostState {
-    async fn http_request(
-        &mut self,
-        request: types::OutboundRequest,
-    ) -> Result<types::OutboundResponse, types::HttpError> {
-        let started = Instant::now();
-        let result = self.perform_http(request).await;
-        self.host_time += started.elapsed();
-        result
-    }
-
-    fn now_millis(&mut self) -> wasmtime::Result<u64> {
-        Ok(std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0))
-    }
-
-    fn log(
-        &mut self,
-        level: types::LogLevel,
-        message: String,
-        fields: Vec<(String, String)>,
-    ) -> wasmtime::Result<()> {
-        self.log_lines += 1;
-        if self.log_lines <= MAX_LOG_LINES_PER_CALL {
-            write_log(&self.slug, level, message, fields);
-        }
-        Ok(())
-    }
-
-    fn hmac_sha256(&mut self, key: Vec<u8>, data: Vec<u8>) -> wasmtime::Result<Vec<u8>> {
-        Ok(crate::crypto::hmac_sha256(&key, &data).to_vec())
-    }
-}
-
-impl HostState {
-    async fn perform_http(
-        &mut self,
-        request: types::OutboundRequest,
-    ) -> Result<types::OutboundResponse, types::HttpError> {
-        perform_http(
-            &self.slug,
-            self.network,
-            &self.allow,
-            &self.egress,
-            self.http_timeout,
-            &self.stats,
-            request,
-        )
-        .await
-    }
 }
 
 #[cfg(test)]

@@ -472,6 +472,16 @@ impl Simulator {
         format!("http://{}/{slug}", self.addr)
     }
 
+    /// The idempotency keys `slug`'s accepted sends carried (the most recent
+    /// 100,000), oldest first: what a plugin hands its provider to de-duplicate.
+    pub fn accepted_keys(&self, slug: &str) -> Vec<String> {
+        self.shared
+            .idempotency
+            .lock()
+            .map(|t| t.keys(slug))
+            .unwrap_or_default()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> SimStats {
         self.shared.stats()

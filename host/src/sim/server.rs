@@ -192,6 +192,15 @@ pub(super) struct IdempotencyKeys {
 }
 
 impl IdempotencyKeys {
+    /// The keys of `slug`'s accepted sends still remembered, oldest first.
+    pub(super) fn keys(&self, slug: &str) -> Vec<String> {
+        self.order
+            .iter()
+            .filter(|(s, _, _)| s.name() == slug)
+            .map(|(_, _, key)| key.clone())
+            .collect()
+    }
+
     fn get(&self, key: &IdemKey) -> Option<String> {
         self.ids.get(key).cloned()
     }

@@ -220,6 +220,7 @@ fn message(channel: Channel, event_id: &str, to_phone: &str) -> Message {
     };
     Message {
         event_id: event_id.into(),
+        idempotency_key: format!("{}.1", event_id),
         subscriber_id: "sub_sim".into(),
         content,
         extra_params: vec![],
@@ -653,8 +654,10 @@ async fn a_repeated_idempotency_key_returns_the_same_id_and_one_callback_sequenc
 }
 
 fn message_with_new_id(message: &Message) -> Message {
+    let event_id = event_id();
     Message {
-        event_id: event_id(),
+        idempotency_key: format!("{event_id}.1"),
+        event_id,
         ..message.clone()
     }
 }

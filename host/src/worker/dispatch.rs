@@ -325,6 +325,10 @@ impl Run<'_> {
         let request = &self.envelope.request;
         let message = types::Message {
             event_id: self.envelope.event_id.to_string(),
+            idempotency_key: types::idempotency_key(
+                self.envelope.event_id.as_str(),
+                call.attempt_no,
+            ),
             subscriber_id: request.to.subscriber_id.clone(),
             content: call.content.clone(),
             extra_params: request

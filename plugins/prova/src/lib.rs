@@ -2,7 +2,7 @@
 //!
 //! ## Provider API (as this plugin speaks it)
 //! - `POST {base_url}/v3/mail/send`, `Authorization: Bearer {api_key}`,
-//!   `Idempotency-Key: {event_id}`, JSON `{from, to, subject, html, text, headers, reference}`;
+//!   `Idempotency-Key: {idempotency_key}`, JSON `{from, to, subject, html, text, headers, reference}`;
 //!   answers `202 {"id": "<message id>"}`.
 //! - `POST {base_url}/v3/push/send`, same auth, JSON `{tokens, title, body, data, reference}`;
 //!   answers `202 {"id": "<message id>"}`.
@@ -146,7 +146,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
     let auth = format!("Bearer {api_key}");
     let headers = [
         ("Authorization", auth.as_str()),
-        ("Idempotency-Key", message.event_id.as_str()),
+        ("Idempotency-Key", message.idempotency_key.as_str()),
     ];
     let (request, cost) = match &message.content {
         Content::Email(email) => {
@@ -247,6 +247,7 @@ mod tests {
     fn email_message() -> Message {
         Message {
             event_id: "evt_01".into(),
+            idempotency_key: "evt_01.1".into(),
             subscriber_id: "sub_1".into(),
             content: Content::Email(EmailMessage {
                 to: "ada@example.test".into(),
@@ -286,7 +287,7 @@ mod tests {
         assert_eq!(req.url, "http://prova.test/v3/mail/send");
         let headers = Headers::from(req.headers.clone());
         assert_eq!(headers.get("authorization"), Some("Bearer k_live"));
-        assert_eq!(headers.get("idempotency-key"), Some("evt_01"));
+        assert_eq!(headers.get("idempotency-key"), Some("evt_01.1"));
         let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
         assert_eq!(body["from"], "noreply@acme.test");
         assert_eq!(body["headers"]["Reply-To"], "help@acme.test");

@@ -3,7 +3,7 @@
 //! ## Provider API (as this plugin speaks it)
 //! `POST {base_url}/email/v1/messages`, header `X-Api-Key: {api_key}`, JSON
 //! `{sender, recipients: [to], subject, body_html, body_text, headers, reference}` where
-//! `reference` is the gateway's event id (provB de-duplicates on it); answers
+//! `reference` is the attempt's idempotency key (provB de-duplicates on it); answers
 //! `200 {"message_id": "<id>"}`.
 //!
 //! ## Webhooks
@@ -164,7 +164,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
         "body_html": email.html,
         "body_text": email.text,
         "headers": headers,
-        "reference": message.event_id,
+        "reference": message.idempotency_key,
     });
     let request = http::post_json(
         &http::join_url(base_url, "/email/v1/messages"),
@@ -248,6 +248,7 @@ mod tests {
         ]);
         let message = Message {
             event_id: "evt_9".into(),
+            idempotency_key: "evt_9.1".into(),
             subscriber_id: "s".into(),
             content: Content::Email(EmailMessage {
                 to: "a@b.test".into(),
@@ -262,7 +263,7 @@ mod tests {
         let outcome = testing::with_http(
             |req| {
                 let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
-                assert_eq!(body["reference"], "evt_9");
+                assert_eq!(body["reference"], "evt_9.1");
                 assert_eq!(req.url, "http://provb.test/email/v1/messages");
                 Ok(OutboundResponse {
                     status: 200,

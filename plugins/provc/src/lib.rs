@@ -2,7 +2,7 @@
 //!
 //! ## Provider API (as this plugin speaks it)
 //! Form-encoded `POST`s with HTTP basic auth `{account_sid}:{auth_token}` and header
-//! `Idempotency-Key: {event_id}`:
+//! `Idempotency-Key: {idempotency_key}`:
 //! - SMS: `{base_url}/2010-04-01/Accounts/{account_sid}/Messages.json` with `To`, `From`, `Body`;
 //! - voice: `{base_url}/2010-04-01/Accounts/{account_sid}/Calls.json` with `To`, `From`,
 //!   `Twiml` = `<Response><Say>{script}</Say></Response>` (provC uses its own default
@@ -140,7 +140,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
     );
     let headers = [
         ("Authorization", basic.as_str()),
-        ("Idempotency-Key", message.event_id.as_str()),
+        ("Idempotency-Key", message.idempotency_key.as_str()),
     ];
     let (to, sender, path, field, cost) = match &message.content {
         Content::Sms(sms) => (
@@ -285,6 +285,7 @@ mod tests {
         ]);
         let message = Message {
             event_id: "evt_v".into(),
+            idempotency_key: "evt_v.1".into(),
             subscriber_id: "s".into(),
             content: Content::Voice(VoiceMessage {
                 to: "+14155550123".into(),

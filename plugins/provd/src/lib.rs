@@ -142,7 +142,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
                 "to": sms.to,
                 "from": sms.sender.as_deref().unwrap_or(default_sender),
                 "text": sms.text,
-                "client_ref": message.event_id,
+                "client_ref": message.idempotency_key,
             });
             let r: MessageResponse = http::send_json(&http::post_json(
                 &http::join_url(base_url, "/v1/messages"),
@@ -166,7 +166,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
                 "to": wa.to,
                 "from": default_sender,
                 "template": {"name": wa.template_name, "language": wa.language, "parameters": parameters},
-                "client_ref": message.event_id,
+                "client_ref": message.idempotency_key,
             });
             let r: MessageResponse = http::send_json(&http::post_json(
                 &http::join_url(base_url, "/v1/messages"),
@@ -184,7 +184,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
                 "to": voice.to,
                 "from": voice.caller_id.as_deref().unwrap_or(default_sender),
                 "ncco": [{"action": "talk", "text": voice.script, "language": voice.language}],
-                "client_ref": message.event_id,
+                "client_ref": message.idempotency_key,
             });
             let r: CallResponse = http::send_json(&http::post_json(
                 &http::join_url(base_url, "/v1/calls"),
@@ -254,6 +254,7 @@ mod tests {
         ]);
         let message = Message {
             event_id: "evt_w".into(),
+            idempotency_key: "evt_w.1".into(),
             subscriber_id: "s".into(),
             content: Content::Whatsapp(WhatsappMessage {
                 to: "+447700900123".into(),
@@ -267,7 +268,7 @@ mod tests {
             |req| {
                 let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
                 assert_eq!(body["template"]["name"], "otp");
-                assert_eq!(body["client_ref"], "evt_w");
+                assert_eq!(body["client_ref"], "evt_w.1");
                 Ok(OutboundResponse {
                     status: 202,
                     headers: vec![],

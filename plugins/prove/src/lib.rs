@@ -155,7 +155,7 @@ fn send(config: &Config, message: &Message) -> Result<Accepted, Rejection> {
         "text": voice.script,
         "language": primary_subtag(&voice.language),
         "voice": voice.voice_id,
-        "reference": message.event_id,
+        "reference": message.idempotency_key,
     });
     let auth = format!("App {api_key}");
     let request = http::post_json(
@@ -210,6 +210,7 @@ mod tests {
         ]);
         let message = Message {
             event_id: "evt_e".into(),
+            idempotency_key: "evt_e.1".into(),
             subscriber_id: "s".into(),
             content: Content::Voice(VoiceMessage {
                 to: "+4915112345678".into(),
