@@ -121,6 +121,30 @@ fn invalid_configuration_is_a_one_line_error_naming_the_setting() {
     assert!(stderr.contains("plugins.memory_limit_mib"), "{stderr}");
 }
 
+/// Settings whose rules belong to a part of the gateway (a plugin's host grant, the
+/// simulator's providers) are checked at start too, naming the setting.
+#[test]
+fn a_bad_grant_or_simulator_setting_is_named_at_start() {
+    for (var, value, named) in [
+        (
+            "SWITCHBOARD_PLUGINS__GRANTS",
+            "{provc=[\"http://x/\"]}",
+            "plugins.grants.provc",
+        ),
+        ("SWITCHBOARD_SIM__CALLBACK_TRIES", "0", "sim.callback_tries"),
+    ] {
+        let out = switchboard()
+            .args(["plugin", "list"])
+            .env(var, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}: {stderr}");
+        assert!(stderr.contains(named), "{var}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+}
+
 #[test]
 fn dev_serves_health_on_the_address_it_prints() {
     let dir = tempfile::tempdir().unwrap();

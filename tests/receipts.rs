@@ -14,7 +14,6 @@ use switchboard::model::{
     ProviderRoute, Step, SubscriberContacts, Tier,
 };
 use switchboard::sim::{SimConfig, SimFaults, Simulator};
-use switchboard::webhooks::native;
 
 mod common;
 use common::Backends;
@@ -202,9 +201,20 @@ impl Loop {
         }
     }
 
+    /// The headers provider `slug` sends with `body`: its plugin's `sign-webhook`.
+    async fn sign(&self, slug: &str, secret: &str, body: &[u8], ts: u64) -> Vec<(String, String)> {
+        self.state
+            .plugins
+            .get(slug)
+            .unwrap()
+            .sign_webhook(secret, body, ts)
+            .await
+            .unwrap()
+    }
+
     /// Posts a callback as provider `slug` would: `body` signed with `secret`.
     async fn post_signed(&self, slug: &str, secret: &str, body: &[u8], ts: u64) -> (u16, Value) {
-        let headers = native::sign(slug, secret, body, ts).unwrap();
+        let headers = self.sign(slug, secret, body, ts).await;
         self.post(slug, &headers, body).await
     }
 
@@ -558,14 +568,14 @@ async fn tampered_and_unknown_callbacks_are_refused_and_retries_answered_again(b
 
     // The same callback again (a provider retrying after our answer was lost): the
     // same answer, processed once (checked below).
-    let signed = native::sign("prova", &secret, body, now).unwrap();
+    let signed = lp.sign("prova", &secret, body, now).await;
     let (s, replay) = lp.post("prova", &signed, body).await;
     assert_eq!(s, 200, "{replay}");
     assert_eq!(replay["event_id"], first["event_id"]);
     // provB: the same ts+sig twice.
     let b_event = sent_message(&lp, "provb", "pb-1").await;
     let b_body = br#"{"message_id":"pb-1","status":"DELIVERED"}"#;
-    let b_signed = native::sign("provb", &lp.secrets["provb"], b_body, now).unwrap();
+    let b_signed = lp.sign("provb", &lp.secrets["provb"], b_body, now).await;
     let (s, b_first) = lp.post("provb", &b_signed, b_body).await;
     assert_eq!(s, 200);
     let (s, b_again) = lp.post("provb", &b_signed, b_body).await;
@@ -675,7 +685,7 @@ async fn the_spec_provider_names_reach_their_plugins_in_any_case(b: Backends) {
             let body = format!(r#"{{"message_id":"{pmid}","status":"DELIVERED"}}"#);
             // Signed as the provider signs (the scheme is the plugin's, whatever the
             // path's case).
-            let headers = native::sign(slug, &lp.secrets[slug], body.as_bytes(), now).unwrap();
+            let headers = lp.sign(slug, &lp.secrets[slug], body.as_bytes(), now).await;
             let (s, answer) = lp.post(path, &headers, body.as_bytes()).await;
             assert_eq!(s, 200, "{path}: {answer}");
             assert_eq!(answer["provider"], path, "the slug from the path, as sent");
@@ -709,12 +719,12 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
     common::announce_config_change(&lp.state, "provc").await;
     let now = now_secs();
     let body = br#"{"message_id":"SM-ws-1","status":"DELIVERED"}"#;
-    let signed = native::sign("provc", "whsec_globex", body, now).unwrap();
+    let signed = lp.sign("provc", "whsec_globex", body, now).await;
     let (s, e) = lp.post("provc/globex", &signed, body).await;
     assert_eq!(s, 200, "the named workspace's secret verifies: {e}");
     // Named for acme, globex's signature is not tried: refused.
     let other = br#"{"message_id":"SM-ws-2","status":"DELIVERED"}"#;
-    let signed = native::sign("provc", "whsec_globex", other, now).unwrap();
+    let signed = lp.sign("provc", "whsec_globex", other, now).await;
     let (s, e) = lp.post("provC/acme", &signed, other).await;
     assert_eq!(
         (s, e["error"].as_str()),
@@ -741,7 +751,7 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
         (429, Some("RATE_LIMIT_EXCEEDED")),
         "{e}"
     );
-    let signed = native::sign("provc", "whsec_globex", body, now).unwrap();
+    let signed = lp.sign("provc", "whsec_globex", body, now).await;
     assert_eq!(
         lp.post("provc/globex", &signed, body).await.0,
         429,
@@ -1063,7 +1073,11 @@ async fn a_trusted_native_build_swaps_and_rolls_back_like_a_component(b: Backend
     // A process whose configuration does not trust native provC keeps its component.
     let mut untrusting = lp.config.plugins.clone();
     untrusting.native_trusted.clear();
-    let runtime = PluginRuntime::new(untrusting.runtime_config_in(&lp.config.data_dir)).unwrap();
+    let runtime = PluginRuntime::new(switchboard::plugins::RuntimeConfig::from_settings(
+        &untrusting,
+        &lp.config.data_dir,
+    ))
+    .unwrap();
     let other = switchboard::plugins::registry::Registry::load(runtime, &untrusting)
         .await
         .unwrap();

@@ -1,23 +1,24 @@
-//! Webhook receipts per second: signature verified inside the provider's plugin
-//! (the default) against the same endpoint with host-native verification
-//! (`webhooks.verifier = "native"`), in one run, on the production backends (the
-//! machine's PostgreSQL and NATS JetStream; a fresh database and streams per run).
+//! Webhook receipts per second, signature verified inside the provider's plugin, on
+//! the production backends (the machine's PostgreSQL and NATS JetStream; a fresh
+//! database and streams per run). What a plugin call costs beside the same code
+//! linked natively is `--bench plugins`.
 //!
 //! `cargo bench -p switchboard --bench webhooks` (settings: `REQUESTS` [4000] per
-//! round, `CONCURRENCY` [32] requests in flight, `ROUNDS` [5] per verifier).
+//! round, `CONCURRENCY` [32] requests in flight, `ROUNDS` [5]).
 //!
 //! Each request is a distinct, freshly signed callback (replay protection would
 //! refuse a repeat), cycling through the five bundled providers' schemes; the
 //! time covers signature verification, the replay check, parsing in the plugin and
 //! the telemetry publish (200 means the receipt is on the stream). The receipt
 //! consumer is off, so the store work of applying receipts is not measured here.
-//! Rounds alternate between the verifiers so drift on a noisy machine hits both.
+//! Callbacks are signed by the bundled plugins' own `sign-webhook`, before the clock
+//! starts.
 
 use futures::StreamExt;
 use std::time::{Duration, Instant};
 use switchboard::broker::StreamNames;
-use switchboard::config::{Config, SignatureVerifier};
-use switchboard::webhooks::native;
+use switchboard::config::Config;
+use switchboard::plugins::{Grants, Plugin, PluginRuntime, RuntimeConfig};
 
 const SLUGS: [&str; 5] = ["prova", "provb", "provc", "provd", "prove"];
 
@@ -33,7 +34,7 @@ struct Server {
     config: Config,
 }
 
-async fn start(verifier: SignatureVerifier, db: &str, id: &str) -> Server {
+async fn start(db: &str, id: &str) -> Server {
     let mut config = Config {
         data_dir: std::env::temp_dir().join(format!("sb-whbench-{id}")),
         ..Config::default()
@@ -43,7 +44,6 @@ async fn start(verifier: SignatureVerifier, db: &str, id: &str) -> Server {
     config.broker.streams = StreamNames::isolated(&format!("whb{id}"));
     config.counters.key_prefix = format!("sbbench:{id}:");
     config.worker.enabled = false;
-    config.webhooks.verifier = verifier;
     config.plugins.cache_dir = Some(std::env::temp_dir().join("switchboard-bench-plugin-cache"));
     let state = switchboard::build_state(config.clone())
         .await
@@ -65,8 +65,23 @@ async fn start(verifier: SignatureVerifier, db: &str, id: &str) -> Server {
 /// A signed callback ready to send: slug, headers, body.
 type Prepared = (&'static str, Vec<(String, String)>, Vec<u8>);
 
+/// The bundled plugins, to sign with.
+async fn signers() -> std::collections::HashMap<&'static str, Plugin> {
+    let runtime = PluginRuntime::new(RuntimeConfig::default()).unwrap();
+    let mut signers = std::collections::HashMap::new();
+    for slug in SLUGS {
+        let wasm = switchboard::plugins::bundled::find(slug).unwrap().wasm;
+        signers.insert(
+            slug,
+            runtime.load(wasm, Grants::Exactly(&[])).await.unwrap(),
+        );
+    }
+    signers
+}
+
 /// One round: `requests` callbacks, `concurrency` at a time; receipts/s and latencies.
 async fn round(
+    signers: &std::collections::HashMap<&'static str, Plugin>,
     http: &reqwest::Client,
     url: &str,
     requests: usize,
@@ -78,18 +93,19 @@ async fn round(
         .unwrap()
         .as_secs();
     // Signed before the clock starts: the sender's cost is not the gateway's.
-    let prepared: Vec<Prepared> = (0..requests)
-        .map(|i| {
-            let slug = SLUGS[i % SLUGS.len()];
-            let body = format!(
-                r#"{{"message_id":"{tag}-{i}","status":"DELIVERED","channel":"sms","recipient":"+14155550123"}}"#
-            )
-            .into_bytes();
-            let headers =
-                native::sign(slug, &format!("whsec_bench_{slug}"), &body, now).unwrap();
-            (slug, headers, body)
-        })
-        .collect();
+    let mut prepared: Vec<Prepared> = Vec::with_capacity(requests);
+    for i in 0..requests {
+        let slug = SLUGS[i % SLUGS.len()];
+        let body = format!(
+            r#"{{"message_id":"{tag}-{i}","status":"DELIVERED","channel":"sms","recipient":"+14155550123"}}"#
+        )
+        .into_bytes();
+        let headers = signers[slug]
+            .sign_webhook(&format!("whsec_bench_{slug}"), &body, now)
+            .await
+            .unwrap();
+        prepared.push((slug, headers, body));
+    }
     let started = Instant::now();
     let latencies: Vec<Duration> = futures::stream::iter(prepared)
         .map(|(slug, headers, body)| async move {
@@ -137,58 +153,50 @@ async fn main() {
         .execute(&admin)
         .await
         .unwrap();
-    let plugin = start(SignatureVerifier::Plugin, &db, &id).await;
-    let native_server = start(SignatureVerifier::Native, &db, &id).await;
+    let server = start(&db, &id).await;
+    let signers = signers().await;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()
         .unwrap();
     // Warm-up: compiled instances, connection pools.
-    for (i, s) in [&plugin, &native_server].iter().enumerate() {
-        round(&http, &s.url, 500, concurrency, &format!("warm{i}")).await;
-    }
-    let mut rates = [Vec::new(), Vec::new()];
-    let mut lat = [Vec::new(), Vec::new()];
+    round(&signers, &http, &server.url, 500, concurrency, "warm").await;
+    let mut rates = Vec::new();
+    let mut lat = Vec::new();
     for r in 0..rounds {
-        for (k, s) in [&plugin, &native_server].iter().enumerate() {
-            let (rate, l) = round(&http, &s.url, requests, concurrency, &format!("r{r}v{k}")).await;
-            println!(
-                "round {r} {}: {rate:.0} receipts/s",
-                if k == 0 { "plugin" } else { "native" }
-            );
-            rates[k].push(rate);
-            lat[k].extend(l);
-        }
+        let (rate, l) = round(
+            &signers,
+            &http,
+            &server.url,
+            requests,
+            concurrency,
+            &format!("r{r}"),
+        )
+        .await;
+        println!("round {r}: {rate:.0} receipts/s");
+        rates.push(rate);
+        lat.extend(l);
     }
-    let p = median(&mut rates[0]);
-    let n = median(&mut rates[1]);
+    let rate = median(&mut rates);
+    let p50 = percentile(&mut lat, 0.50);
+    let p99 = percentile(&mut lat, 0.99);
     println!();
-    println!("| verifier | receipts/s (median of {rounds}) | p50 | p99 |");
-    println!("|---|---|---|---|");
-    for (k, name) in ["plugin (wasm)", "native"].iter().enumerate() {
-        let rate = if k == 0 { p } else { n };
-        let p50 = percentile(&mut lat[k], 0.50);
-        let p99 = percentile(&mut lat[k], 0.99);
-        println!(
-            "| {name} | {rate:.0} | {:.2} ms | {:.2} ms |",
-            p50.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3
-        );
-    }
-    println!();
+    println!("| receipts/s (median of {rounds}) | p50 | p99 |");
+    println!("|---|---|---|");
     println!(
-        "plugin / native = {:.2} ({requests} requests per round, {concurrency} in flight)",
-        p / n
+        "| {rate:.0} | {:.2} ms | {:.2} ms |",
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3
     );
+    println!("({requests} requests per round, {concurrency} in flight)");
     // Clean up the streams; the database is left for inspection (`sb_whbench_*`).
     let js = async_nats::jetstream::new(
-        async_nats::connect(&plugin.config.broker.url)
+        async_nats::connect(&server.config.broker.url)
             .await
             .unwrap(),
     );
-    let s = &plugin.config.broker.streams;
+    let s = &server.config.broker.streams;
     for stream in [&s.critical, &s.bulk, &s.telemetry] {
         let _ = js.delete_stream(stream).await;
     }
-    let _ = native_server;
 }

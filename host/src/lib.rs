@@ -68,6 +68,20 @@ pub struct AppState {
     pub config_cache: Arc<config_cache::ConfigCache>,
 }
 
+/// Checks what [`Config::validate`] leaves to the parts the settings belong to: each
+/// plugin host grant's syntax and the simulator's settings. Every command runs it on
+/// the configuration it loaded; errors name the setting.
+pub fn check_config(config: &Config) -> anyhow::Result<()> {
+    for (slug, hosts) in &config.plugins.grants {
+        plugins::egress::AllowList::new(hosts)
+            .map_err(|e| anyhow::anyhow!("invalid configuration: plugins.grants.{slug}: {e}"))?;
+    }
+    config
+        .sim
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
+}
+
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
 pub async fn open_store(
     config: &Config,
@@ -203,7 +217,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             )
         }
     };
-    let runtime = plugins::PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
+    let runtime = plugins::PluginRuntime::new(crate::plugins::RuntimeConfig::from_settings(
+        &config.plugins,
+        &config.data_dir,
+    ))?;
     let registry = plugins::registry::Registry::load(runtime, &config.plugins).await?;
     // Start on the installed versions that are active now; `follow` keeps up after.
     registry

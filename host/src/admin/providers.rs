@@ -21,7 +21,10 @@ pub async fn plugin_infos(
     config: &Config,
     store: Option<&dyn Store>,
 ) -> anyhow::Result<BTreeMap<String, ProviderInfo>> {
-    let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
+    let runtime = PluginRuntime::new(crate::plugins::RuntimeConfig::from_settings(
+        &config.plugins,
+        &config.data_dir,
+    ))?;
     let registry = Registry::load(runtime, &config.plugins).await?;
     if let Some(store) = store {
         registry.sync(store).await?;

@@ -158,6 +158,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => Config::default(),
     };
     let config = Config::load_over(defaults, cli.config.as_deref())?;
+    crate::check_config(&config)?;
     match cli.command {
         Command::Dev(args) => run::dev(args, config).await,
         Command::Serve(args) => run::serve(args, config).await,

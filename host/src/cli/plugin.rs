@@ -107,7 +107,10 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
         PluginCommand::List { format, target } => {
             // Plugins first: listing them needs no database, broker or counters.
             let config = target.apply(config);
-            let runtime = PluginRuntime::new(config.plugins.runtime_config_in(&config.data_dir))?;
+            let runtime = PluginRuntime::new(crate::plugins::RuntimeConfig::from_settings(
+                &config.plugins,
+                &config.data_dir,
+            ))?;
             let registry = Registry::load(runtime, &config.plugins).await?;
             match crate::open_store(&config).await {
                 Ok((store, _)) => {

@@ -24,29 +24,10 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use minijinja::{Environment, Value, context};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::sync::OnceLock;
 
-/// Console settings (`[console]`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ConsoleConfig {
-    /// Signs session cookies; set the same value on every gateway behind one address.
-    /// Without it each process makes its own at start (sessions end on restart and
-    /// hold on that process only).
-    pub session_secret: Option<String>,
-    /// How long a session lasts, minutes.
-    pub session_minutes: u32,
-}
-
-impl Default for ConsoleConfig {
-    fn default() -> Self {
-        Self {
-            session_secret: None,
-            session_minutes: 480,
-        }
-    }
-}
+pub use crate::config::ConsoleConfig;
 
 /// Routes of the console.
 pub fn router() -> Router<AppState> {

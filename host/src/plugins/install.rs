@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 /// a good plugin (the configured budget still applies once it serves).
 pub fn kit_runtime_config(config: &crate::config::Config) -> super::RuntimeConfig {
     let floor = std::time::Duration::from_secs(1);
-    let mut rt = config.plugins.runtime_config_in(&config.data_dir);
+    let mut rt = crate::plugins::RuntimeConfig::from_settings(&config.plugins, &config.data_dir);
     rt.http_timeout = std::time::Duration::from_millis(750);
     rt.guest_time_budget = rt.guest_time_budget.max(floor);
     rt.send_guest_time_budget = rt.send_guest_time_budget.max(floor);

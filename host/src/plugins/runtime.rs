@@ -48,6 +48,30 @@ pub struct RuntimeConfig {
     pub native_trusted: Vec<String>,
 }
 
+impl RuntimeConfig {
+    /// The runtime `settings` ask for, with the compile cache under `data_dir` unless
+    /// they name another place.
+    pub fn from_settings(
+        settings: &crate::config::PluginsConfig,
+        data_dir: &std::path::Path,
+    ) -> Self {
+        Self {
+            memory_limit_bytes: (settings.memory_limit_mib as usize) << 20,
+            guest_time_budget: Duration::from_millis(settings.guest_time_ms),
+            send_guest_time_budget: Duration::from_millis(settings.send_guest_time_ms),
+            http_timeout: Duration::from_millis(settings.http_timeout_ms),
+            max_instances: settings.max_instances,
+            cache_dir: Some(
+                settings
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| data_dir.join("plugin-cache")),
+            ),
+            native_trusted: settings.native_trusted.clone(),
+        }
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {

@@ -32,8 +32,8 @@
 //!
 //! ## Callbacks
 //! `callback_delay_ms` after acceptance, the spec's `GenericWebhookPayload` is posted
-//! to `{gateway_url}/v1/webhooks/{slug}`, signed with [`crate::webhooks::native::sign`]
-//! under `secrets[slug]` (no secret: nothing is posted, with a warning). Email, push,
+//! to `{gateway_url}/v1/webhooks/{slug}`, signed by the bundled plugin's own
+//! `sign-webhook` (`signing`) under `secrets[slug]` (no secret: nothing is posted, with a warning). Email, push,
 //! SMS and WhatsApp get one `DELIVERED` (or `BOUNCED_HARD`); a call gets its carrier's
 //! own states `state_interval_ms` apart, e.g. provC `Queued`, `Ringing`,
 //! `In-Progress`, `Completed`, the last with `duration_seconds` and `cost_micro_usd`.
@@ -42,10 +42,13 @@
 
 mod callbacks;
 mod server;
+mod signing;
+
+pub use crate::config::{MAX_DELAY_MS, SimConfig, SimFaults};
 #[cfg(test)]
 mod tests;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -57,25 +60,6 @@ use tokio::sync::watch;
 /// The providers the simulator serves: the bundled plugins' slugs.
 pub const SLUGS: [&str; 5] = ["prova", "provb", "provc", "provd", "prove"];
 
-/// Longest delay or timeout the simulator accepts (10 minutes).
-pub const MAX_DELAY_MS: u64 = 600_000;
-
-/// Failure injection for one provider. Rates are probabilities in 0..=1.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct SimFaults {
-    /// Send requests refused (the provider answers an error).
-    pub reject_rate: f64,
-    /// Send requests left hanging for `sim.timeout_ms` (the plugin's HTTP timeout fires).
-    pub timeout_rate: f64,
-    /// Accepted emails that bounce (callback `BOUNCED_HARD`).
-    pub bounce_rate: f64,
-    /// Accepted calls that end busy.
-    pub busy_rate: f64,
-    /// Accepted calls that end unanswered.
-    pub no_answer_rate: f64,
-}
-
 impl SimFaults {
     /// Each rate with its setting name.
     fn rates(&self) -> [(&'static str, f64); 5] {
@@ -86,50 +70,6 @@ impl SimFaults {
             ("busy_rate", self.busy_rate),
             ("no_answer_rate", self.no_answer_rate),
         ]
-    }
-}
-
-/// Simulator settings (`[sim]`); settings left out keep their defaults.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct SimConfig {
-    /// Where the simulator listens (`switchboard sim`, and `dev` unless disabled).
-    pub listen: SocketAddr,
-    /// Start the simulator inside `switchboard dev` and route the dev workspace to it.
-    pub in_dev: bool,
-    /// Gateway base URL callbacks are posted to (`switchboard sim`; `dev` uses its own).
-    pub gateway_url: String,
-    /// Delay before the first callback of a message, milliseconds.
-    pub callback_delay_ms: u64,
-    /// Delay between successive callbacks of one message (voice call states), ms.
-    pub state_interval_ms: u64,
-    /// How long a request chosen to time out hangs, milliseconds.
-    pub timeout_ms: u64,
-    /// Tries per callback: a 5xx answer or no answer is retried after 200 ms,
-    /// doubling up to 5 s between tries, as providers retry their webhooks.
-    pub callback_tries: u32,
-    /// Webhook secret per provider slug, used to sign callbacks.
-    pub secrets: BTreeMap<String, String>,
-    /// Failure injection per provider slug.
-    pub providers: BTreeMap<String, SimFaults>,
-    /// E.164 numbers whose calls end `DND` (suppressed by the carrier).
-    pub dnd_numbers: Vec<String>,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8090".parse().expect("valid address"),
-            in_dev: true,
-            gateway_url: "http://127.0.0.1:8080".into(),
-            callback_delay_ms: 300,
-            state_interval_ms: 100,
-            timeout_ms: 60_000,
-            callback_tries: 5,
-            secrets: BTreeMap::new(),
-            providers: BTreeMap::new(),
-            dnd_numbers: Vec::new(),
-        }
     }
 }
 
@@ -438,6 +378,8 @@ impl Simulator {
             idempotency: Default::default(),
             stop: stop_rx,
         });
+        // The signing plugins compile once per process; before the first callback.
+        signing::warm().await.map_err(|e| anyhow::anyhow!(e))?;
         let app = server::router(shared.clone());
         let graceful = {
             let shared = shared.clone();

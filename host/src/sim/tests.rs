@@ -7,7 +7,6 @@ use crate::plugins::types::{
     SignatureError, SmsMessage, VoiceMessage, WhatsappMessage,
 };
 use crate::plugins::{Grants, Plugin, PluginRuntime, RuntimeConfig};
-use crate::webhooks::native;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -38,7 +37,8 @@ struct GatewayState {
     attempts: AtomicU64,
 }
 
-/// A tiny gateway: records callbacks and checks their signatures natively.
+/// A tiny gateway: records callbacks and checks their signatures with the bundled
+/// plugins' `verify-signature`, as the real one does.
 struct Gateway {
     url: String,
     state: Arc<GatewayState>,
@@ -115,10 +115,16 @@ async fn receive(
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
         .collect();
-    let verified = state
-        .secrets
-        .get(&slug)
-        .and_then(|secret| native::verify(&slug, secret, &headers, &body, now_secs()));
+    let verified = match state.secrets.get(&slug) {
+        Some(secret) => Some(
+            verifier(&slug)
+                .await
+                .verify_signature(secret, &headers, &body, now_secs())
+                .await
+                .expect("verify-signature runs"),
+        ),
+        None => None,
+    };
     let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     state.received.lock().unwrap().push(Received {
         slug,
@@ -128,6 +134,30 @@ async fn receive(
         verified,
     });
     StatusCode::OK
+}
+
+/// The bundled plugin for `slug` (all five loaded once per test process).
+async fn verifier(slug: &str) -> crate::plugins::Plugin {
+    use crate::plugins::{Grants, Plugin, PluginRuntime, RuntimeConfig};
+    static PLUGINS: tokio::sync::OnceCell<BTreeMap<&'static str, Plugin>> =
+        tokio::sync::OnceCell::const_new();
+    let plugins = PLUGINS
+        .get_or_init(|| async {
+            let runtime = PluginRuntime::new(RuntimeConfig {
+                guest_time_budget: Duration::from_secs(2),
+                max_instances: 16,
+                ..Default::default()
+            })
+            .unwrap();
+            let mut plugins = BTreeMap::new();
+            for b in crate::plugins::bundled::BUNDLED {
+                let plugin = runtime.load(b.wasm, Grants::Exactly(&[])).await.unwrap();
+                plugins.insert(b.slug, plugin);
+            }
+            plugins
+        })
+        .await;
+    plugins[slug].clone()
 }
 
 fn secrets() -> BTreeMap<String, String> {

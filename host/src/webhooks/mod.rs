@@ -22,10 +22,8 @@
 //! tolerance are refused as stale by the signature check; for every provider a
 //! receipt never moves a message backwards ([`crate::receipts`]).
 
-pub mod native;
-
 use crate::broker::{Broker, Publish, StreamClass, StreamNames};
-use crate::config::{SignatureVerifier, WebhooksConfig};
+use crate::config::WebhooksConfig;
 use crate::ids::{ReceiptId, WorkspaceId};
 use crate::metrics::Metrics;
 use crate::model::MessageStatus;
@@ -391,19 +389,10 @@ impl Webhooks {
         body: &[u8],
         now: u64,
     ) -> Result<Result<(), SignatureError>, WebhookError> {
-        match self.config.verifier {
-            SignatureVerifier::Plugin => plugin
-                .verify_signature(secret, headers, body, now)
-                .await
-                .map_err(|e| plugin_failure(slug, "verify-signature", e)),
-            SignatureVerifier::Native => native::verify(slug, secret, headers, body, now)
-                .ok_or_else(|| {
-                    WebhookError::InvalidSignature(format!(
-                        "webhooks.verifier is `native`, which knows only the bundled \
-                         providers' schemes, not {slug}'s"
-                    ))
-                }),
-        }
+        plugin
+            .verify_signature(secret, headers, body, now)
+            .await
+            .map_err(|e| plugin_failure(slug, "verify-signature", e))
     }
 }
 

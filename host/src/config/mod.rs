@@ -2,6 +2,17 @@
 //! `SWITCHBOARD_*` environment variables (nested keys with `__`, e.g.
 //! `SWITCHBOARD_PLUGINS__MEMORY_LIMIT_MIB`), then command-line flags. Validated once at
 //! start; errors name the setting.
+//!
+//! Plain data: the rules here are ranges and combinations of settings. Rules that
+//! belong to a part of the gateway (the syntax of a plugin's host grant, the
+//! simulator's providers) are that part's, checked by [`crate::check_config`] over
+//! the whole configuration.
+
+mod console;
+mod sim;
+
+pub use console::ConsoleConfig;
+pub use sim::{MAX_DELAY_MS, SimConfig, SimFaults};
 
 use crate::broker::nats::NatsAuth;
 use crate::tls::TlsFiles;
@@ -44,10 +55,10 @@ pub struct Config {
     /// Provider webhooks (delivery receipts).
     pub webhooks: WebhooksConfig,
     /// The provider simulator (`switchboard sim`, and inside `switchboard dev`).
-    pub sim: crate::sim::SimConfig,
+    pub sim: SimConfig,
     /// The operator console at `/console`.
     #[serde(default)]
-    pub console: crate::console::ConsoleConfig,
+    pub console: ConsoleConfig,
     /// Callers' webhook endpoints (delivery events sent to the caller).
     #[serde(default)]
     pub webhook_endpoints: WebhookEndpointsConfig,
@@ -111,18 +122,6 @@ impl Default for WebhookEndpointsConfig {
     }
 }
 
-/// Who checks webhook signatures.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum SignatureVerifier {
-    /// The provider's plugin, in its sandbox (the default, and the only way for a
-    /// third-party provider).
-    Plugin,
-    /// Host-native code for the five bundled schemes: a baseline for the webhook
-    /// benchmark. Other slugs are refused.
-    Native,
-}
-
 /// Provider webhook settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -134,8 +133,6 @@ pub struct WebhooksConfig {
     /// Longer than any provider's timestamp tolerance, so a replay is refused either
     /// as seen or as stale.
     pub replay_window_secs: u64,
-    /// Who verifies signatures.
-    pub verifier: SignatureVerifier,
     /// Receipts the receipt consumer applies at once per process.
     pub receipt_concurrency: usize,
     /// Largest callback body accepted, bytes (413 beyond). Receipts are small; the
@@ -375,7 +372,7 @@ pub struct PluginsConfig {
     /// Outbound-host grants per plugin slug (`host` or `host:port`). A slug not listed
     /// is granted exactly the hosts its `info()` declares. A host name reaches only
     /// public addresses unless written `private:host[:port]`; an IP literal reaches the
-    /// address it names, private or not (see [`crate::plugins::egress`]).
+    /// address it names, private or not.
     pub grants: BTreeMap<String, Vec<String>>,
     /// How often every process checks the database for plugin versions installed,
     /// upgraded or rolled back (`switchboard plugin install|rollback`), milliseconds.
@@ -456,13 +453,12 @@ impl Default for Config {
             webhooks: WebhooksConfig {
                 allow_unsigned_voice: false,
                 replay_window_secs: 900,
-                verifier: SignatureVerifier::Plugin,
                 receipt_concurrency: 16,
                 max_body_bytes: 256 * 1024,
                 max_failures_per_minute: 60,
             },
-            sim: crate::sim::SimConfig::default(),
-            console: crate::console::ConsoleConfig::default(),
+            sim: SimConfig::default(),
+            console: ConsoleConfig::default(),
             webhook_endpoints: WebhookEndpointsConfig::default(),
         }
     }
@@ -568,11 +564,6 @@ impl Config {
             "sync_ms",
             "between 50 and 600000",
         )?;
-        for (slug, hosts) in &p.grants {
-            crate::plugins::egress::AllowList::new(hosts).map_err(|e| {
-                anyhow::anyhow!("invalid configuration: plugins.grants.{slug}: {e}")
-            })?;
-        }
         let w = &self.worker;
         let ensure = |ok: bool, setting: &str, want: &str| -> anyhow::Result<()> {
             anyhow::ensure!(ok, "invalid configuration: {setting} must be {want}");
@@ -678,9 +669,6 @@ impl Config {
             "webhooks.receipt_concurrency",
             "between 1 and 1024",
         )?;
-        self.sim
-            .validate()
-            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         self.validate_tls()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
     }
@@ -702,25 +690,6 @@ impl Config {
             }
         }
         Ok(())
-    }
-}
-
-impl PluginsConfig {
-    /// The runtime settings these translate to, with the cache under `data_dir`.
-    pub fn runtime_config_in(&self, data_dir: &Path) -> crate::plugins::RuntimeConfig {
-        crate::plugins::RuntimeConfig {
-            memory_limit_bytes: (self.memory_limit_mib as usize) << 20,
-            guest_time_budget: Duration::from_millis(self.guest_time_ms),
-            send_guest_time_budget: Duration::from_millis(self.send_guest_time_ms),
-            http_timeout: Duration::from_millis(self.http_timeout_ms),
-            max_instances: self.max_instances,
-            cache_dir: Some(
-                self.cache_dir
-                    .clone()
-                    .unwrap_or_else(|| data_dir.join("plugin-cache")),
-            ),
-            native_trusted: self.native_trusted.clone(),
-        }
     }
 }
 
