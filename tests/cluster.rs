@@ -425,9 +425,12 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
     let (operator_key, mut record) = switchboard::auth::generate_key(&ws.id, KeyMode::Live);
     record.scopes = vec!["operator".into()];
     store.insert_api_key(&record).await.unwrap();
-    let (secrets, _) = switchboard::admin::dev_simulator_setup(&*store, &ws, |slug| {
-        format!("http://{sim_addr}/{slug}")
-    })
+    let (secrets, _) = switchboard::admin::dev_simulator_setup(
+        &*store,
+        &ws,
+        &common::bundled_default_routes(),
+        |slug| format!("http://{sim_addr}/{slug}"),
+    )
     .await
     .unwrap();
     let free = store

@@ -205,9 +205,12 @@ impl Gateway {
             .ensure_workspace("acme", Some(Tier::Paid))
             .await
             .unwrap();
-        let (secrets, _) = switchboard::admin::dev_simulator_setup(&*store, &ws, |slug| {
-            format!("http://{sim_addr}/{slug}")
-        })
+        let (secrets, _) = switchboard::admin::dev_simulator_setup(
+            &*store,
+            &ws,
+            &state.plugins.default_routes(),
+            |slug| format!("http://{sim_addr}/{slug}"),
+        )
         .await
         .unwrap();
         for w in switchboard::workflow::parse_file(switchboard::workflow::DEV_EXAMPLES).unwrap() {

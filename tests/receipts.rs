@@ -80,9 +80,12 @@ impl Loop {
             .ensure_workspace("acme", Some(Tier::Paid))
             .await
             .unwrap();
-        let (secrets, routed) = switchboard::admin::dev_simulator_setup(&*store, &ws, |slug| {
-            format!("http://{sim_addr}/{slug}")
-        })
+        let (secrets, routed) = switchboard::admin::dev_simulator_setup(
+            &*store,
+            &ws,
+            &state.plugins.default_routes(),
+            |slug| format!("http://{sim_addr}/{slug}"),
+        )
         .await
         .unwrap();
         assert!(routed);

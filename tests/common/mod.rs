@@ -579,3 +579,20 @@ pub async fn assert_delivered_once(
         assert_eq!(sent, 1, "{id} sent {sent} times");
     }
 }
+
+/// The default routes the bundled plugins give each channel (what
+/// `Registry::default_routes` answers with nothing swapped in), for tests that route
+/// through the simulator before any gateway process runs.
+#[allow(dead_code)]
+pub fn bundled_default_routes() -> std::collections::BTreeMap<String, Vec<String>> {
+    [
+        ("email", &["prova", "provb"][..]),
+        ("sms", &["provc", "provd"]),
+        ("push", &["prova"]),
+        ("whatsapp", &["provd"]),
+        ("voice", &["prove", "provc", "provd"]),
+    ]
+    .into_iter()
+    .map(|(c, slugs)| (c.to_string(), slugs.iter().map(|s| s.to_string()).collect()))
+    .collect()
+}

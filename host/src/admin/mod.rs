@@ -359,11 +359,13 @@ pub fn render_webhook_secrets(entries: &[WebhookSecretEntry]) -> String {
 /// For `switchboard dev` with the simulator: gives each bundled provider a
 /// provider-wide webhook secret (a random one, made once and kept) and, when the
 /// workspace has no provider route at all, routes every channel through the
-/// simulator (`base_url(slug)`) in the default order. Returns the secrets by slug,
+/// simulator (`base_url(slug)`) in the default order (`defaults`, by channel, from
+/// [`crate::plugins::registry::Registry::default_routes`]). Returns the secrets by slug,
 /// for the simulator to sign with.
 pub async fn dev_simulator_setup(
     store: &dyn Store,
     ws: &Workspace,
+    defaults: &BTreeMap<String, Vec<String>>,
     base_url: impl Fn(&str) -> String,
 ) -> anyhow::Result<(BTreeMap<String, String>, bool)> {
     let mut secrets = BTreeMap::new();
@@ -385,8 +387,10 @@ pub async fn dev_simulator_setup(
     }
     let routed = if store.provider_routes(&ws.id).await?.is_empty() {
         for channel in CHANNELS {
-            let route: Vec<ProviderRoute> = crate::worker::plan::default_route(channel)
-                .iter()
+            let route: Vec<ProviderRoute> = defaults
+                .get(channel.as_str())
+                .into_iter()
+                .flatten()
                 .map(|slug| ProviderRoute {
                     provider: slug.to_string(),
                     config: crate::sim::route_config(slug, &base_url(slug)),

@@ -339,13 +339,19 @@ pub fn route_entries(
             let (route, default) = match routes.get(channel.as_str()) {
                 Some(r) => (r.clone(), false),
                 None => (
-                    crate::worker::plan::default_route(channel)
-                        .iter()
-                        .map(|slug| ProviderRoute {
-                            provider: slug.to_string(),
-                            config: BTreeMap::new(),
+                    crate::plugins::bundled::default_route(|slug| {
+                        plugins.get(slug).is_some_and(|info| {
+                            info.channels
+                                .iter()
+                                .any(|c| channel_name(c) == channel.as_str())
                         })
-                        .collect(),
+                    })
+                    .into_iter()
+                    .map(|provider| ProviderRoute {
+                        provider,
+                        config: BTreeMap::new(),
+                    })
+                    .collect(),
                     true,
                 ),
             };

@@ -101,7 +101,8 @@ pub(super) async fn dev(args: DevArgs, mut config: Config) -> anyhow::Result<Exi
     let simulator = match sim_listener {
         Some(sim_listener) => {
             let sim_addr = sim_listener.local_addr()?;
-            let (secrets, routed) = admin::dev_simulator_setup(&*store, &ws, |slug| {
+            let defaults = state.plugins.default_routes();
+            let (secrets, routed) = admin::dev_simulator_setup(&*store, &ws, &defaults, |slug| {
                 format!("http://{sim_addr}/{slug}")
             })
             .await?;

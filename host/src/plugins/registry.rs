@@ -302,8 +302,71 @@ impl Registry {
             .map(|e| e.plugin.clone())
     }
 
+    /// Each channel's default route over the plugins loaded now
+    /// ([`super::bundled::default_route`]), by channel name.
+    pub fn default_routes(&self) -> BTreeMap<String, Vec<String>> {
+        let entries = self.entries.read().unwrap();
+        let mut routes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for bundled in BUNDLED {
+            let Some(entry) = entries.get(bundled.slug) else {
+                continue;
+            };
+            for channel in &entry.plugin.info().channels {
+                routes
+                    .entry(super::channel_name(channel).to_string())
+                    .or_default()
+                    .push(bundled.slug.to_string());
+            }
+        }
+        routes
+    }
+
     /// Every plugin, by slug.
     pub fn list(&self) -> Vec<Entry> {
         self.entries.read().unwrap().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn default_routes_follow_what_the_loaded_plugins_serve() {
+        let runtime = PluginRuntime::new(super::super::RuntimeConfig {
+            guest_time_budget: std::time::Duration::from_secs(2),
+            ..Default::default()
+        })
+        .unwrap();
+        let registry = Registry::load(runtime, &crate::config::Config::default().plugins)
+            .await
+            .unwrap();
+        let routes = |r: &Registry| -> Vec<(String, String)> {
+            r.default_routes()
+                .into_iter()
+                .map(|(c, slugs)| (c, slugs.join(",")))
+                .collect()
+        };
+        let expected = [
+            ("email", "prova,provb"),
+            ("push", "prova"),
+            ("sms", "provc,provd"),
+            ("voice", "prove,provc,provd"),
+            ("whatsapp", "provd"),
+        ]
+        .map(|(c, s)| (c.to_string(), s.to_string()));
+        assert_eq!(routes(&registry), expected);
+        // A version of provD that serves only email (here: provA's component) leaves the
+        // routes of the channels it no longer serves and joins email's, in its place.
+        let email_only = registry.get("prova").unwrap();
+        registry.swap("provd", email_only, Source::Bundled);
+        let expected = [
+            ("email", "prova,provb,provd"),
+            ("push", "prova,provd"),
+            ("sms", "provc"),
+            ("voice", "prove,provc"),
+        ]
+        .map(|(c, s)| (c.to_string(), s.to_string()));
+        assert_eq!(routes(&registry), expected);
     }
 }

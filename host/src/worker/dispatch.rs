@@ -103,11 +103,13 @@ impl Dispatcher {
             None => Ok(None),
         };
         let routes = self.config.provider_routes(ws).await?;
+        let defaults = self.plugins.default_routes();
         let mut ctx = Context {
             envelope,
             prefs,
             workflow,
             routes: &routes,
+            defaults: &defaults,
             dnd_listed: None,
         };
         // The plan of a fresh message (nothing attempted yet), written with the claim

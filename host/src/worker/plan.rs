@@ -24,18 +24,6 @@ pub const DISPATCH_FAILED: &str = "DISPATCH_FAILED";
 /// Message-level error code when delivery was withheld.
 pub const SUPPRESSED: &str = "SUPPRESSED";
 
-/// Providers to try for a channel when the workspace configures none: the bundled
-/// plugins that serve it, in this order, without configuration.
-pub fn default_route(channel: Channel) -> &'static [&'static str] {
-    match channel {
-        Channel::Email => &["prova", "provb"],
-        Channel::Sms => &["provc", "provd"],
-        Channel::Push => &["prova"],
-        Channel::Whatsapp => &["provd"],
-        Channel::Voice => &["prove", "provc", "provd"],
-    }
-}
-
 /// Whether `channel` may be used under `prefs` for `category`: a category rule for
 /// the channel wins over the channel flag; absent both, it is allowed.
 pub fn allowed(prefs: &Preferences, category: &str, channel: Channel) -> bool {
@@ -75,6 +63,9 @@ pub(super) struct Context<'a> {
     pub workflow: Result<Option<Workflow>, String>,
     /// The workspace's provider routes by channel.
     pub routes: &'a BTreeMap<String, Vec<ProviderRoute>>,
+    /// Each channel's providers when the workspace configures none (by channel name,
+    /// from the loaded plugins: [`crate::plugins::bundled::default_route`]).
+    pub defaults: &'a BTreeMap<String, Vec<String>>,
     /// Whether the recipient's number is on the DND list, once looked up.
     pub dnd_listed: Option<bool>,
 }
@@ -357,10 +348,12 @@ impl Planner<'_, '_> {
             .get(channel.as_str())
             .cloned()
             .unwrap_or_else(|| {
-                default_route(channel)
-                    .iter()
+                let slugs = self.ctx.defaults.get(channel.as_str());
+                slugs
+                    .into_iter()
+                    .flatten()
                     .map(|slug| ProviderRoute {
-                        provider: slug.to_string(),
+                        provider: slug.clone(),
                         config: BTreeMap::new(),
                     })
                     .collect()
@@ -531,6 +524,24 @@ mod tests {
         .unwrap()
     }
 
+    /// The bundled plugins' default routes, as the registry gives them.
+    fn defaults() -> &'static BTreeMap<String, Vec<String>> {
+        static DEFAULTS: std::sync::OnceLock<BTreeMap<String, Vec<String>>> =
+            std::sync::OnceLock::new();
+        DEFAULTS.get_or_init(|| {
+            [
+                ("email", &["prova", "provb"][..]),
+                ("sms", &["provc", "provd"]),
+                ("push", &["prova"]),
+                ("whatsapp", &["provd"]),
+                ("voice", &["prove", "provc", "provd"]),
+            ]
+            .into_iter()
+            .map(|(c, slugs)| (c.to_string(), slugs.iter().map(|s| s.to_string()).collect()))
+            .collect()
+        })
+    }
+
     fn context<'a>(
         envelope: &'a Envelope,
         routes: &'a BTreeMap<String, Vec<ProviderRoute>>,
@@ -540,6 +551,7 @@ mod tests {
             prefs: Preferences::default(),
             workflow: Ok(Some(welcome(false))),
             routes,
+            defaults: defaults(),
             dnd_listed: None,
         }
     }
@@ -739,12 +751,5 @@ mod tests {
         );
         assert_eq!(out, "bad key *** for AC1");
         assert_eq!(scrub("x", None, None, &[]), "x");
-    }
-
-    #[test]
-    fn every_channel_has_a_default_route() {
-        for c in crate::routing::REACHABILITY_ORDER {
-            assert!(!default_route(c).is_empty());
-        }
     }
 }

@@ -1,5 +1,9 @@
 //! The five provider plugins, built for `wasm32-wasip2` by the host's build script and
 //! embedded in the binary, so running the gateway needs no separate build step.
+//! This registration, with the known answers for their providers' schemes
+//! ([`known_answers`]), is the only place that names them.
+
+pub mod known_answers;
 
 /// A plugin shipped inside the `switchboard` binary.
 #[derive(Debug, Clone, Copy)]
@@ -10,7 +14,8 @@ pub struct BundledPlugin {
     pub wasm: &'static [u8],
 }
 
-/// Every bundled provider plugin.
+/// Every bundled provider plugin, in the order a channel's default route lists them
+/// ([`default_route`]): this registration is the one place that names them.
 pub const BUNDLED: &[BundledPlugin] = &[
     BundledPlugin {
         slug: "prova",
@@ -27,6 +32,13 @@ pub const BUNDLED: &[BundledPlugin] = &[
         )),
     },
     BundledPlugin {
+        slug: "prove",
+        wasm: include_bytes!(concat!(
+            env!("SWITCHBOARD_WASM_DIR"),
+            "/switchboard_plugin_prove.wasm"
+        )),
+    },
+    BundledPlugin {
         slug: "provc",
         wasm: include_bytes!(concat!(
             env!("SWITCHBOARD_WASM_DIR"),
@@ -40,14 +52,18 @@ pub const BUNDLED: &[BundledPlugin] = &[
             "/switchboard_plugin_provd.wasm"
         )),
     },
-    BundledPlugin {
-        slug: "prove",
-        wasm: include_bytes!(concat!(
-            env!("SWITCHBOARD_WASM_DIR"),
-            "/switchboard_plugin_prove.wasm"
-        )),
-    },
 ];
+
+/// The providers a channel is sent through when a workspace configures none: the
+/// bundled plugins whose loaded version serves it (`serves(slug)`, from its
+/// `info().channels`), in the order of [`BUNDLED`], without configuration.
+pub fn default_route(serves: impl Fn(&str) -> bool) -> Vec<String> {
+    BUNDLED
+        .iter()
+        .filter(|b| serves(b.slug))
+        .map(|b| b.slug.to_string())
+        .collect()
+}
 
 /// The bundled plugin with `slug`, if any.
 pub fn find(slug: &str) -> Option<&'static BundledPlugin> {
