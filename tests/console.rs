@@ -635,6 +635,10 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
         page.contains("a key with the <code>admin</code> scope sees their depths"),
         "streams are shared: an application key does not see them: {page}"
     );
+    assert!(
+        page.contains("a key with the <code>admin</code> scope sees them"),
+        "circuits count every workspace: an application key does not see them: {page}"
+    );
     let (_, _, page) = get(&url, "/console/overview", &globex_cookie).await;
     assert!(page.contains("<strong>0</strong> messages"), "{page}");
 }
@@ -687,6 +691,31 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
         .unwrap();
     assert_eq!(resp.status(), 403);
     assert_eq!(loaded("provc"), bundled_digest);
+
+    // Circuits, counted over every workspace's traffic, show to an admin key.
+    let (_, _, page) = get(&url, "/console/overview", &admin_cookie).await;
+    assert!(page.contains("Every circuit is closed."), "{page}");
+    for _ in 0..30 {
+        state
+            .circuits
+            .record("provc", "sms", switchboard::circuits::Outcome::SendFailed);
+    }
+    let circuit = ("provc".to_string(), "sms".to_string());
+    let started = std::time::Instant::now();
+    while !state.circuits.snapshot().contains_key(&circuit) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "circuit not opened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (_, _, page) = get(&url, "/console/overview", &admin_cookie).await;
+    assert!(
+        page.contains(
+            "<td>provc</td><td>sms</td><td>open</td><td>100 % failures in the last 60 s</td>"
+        ),
+        "{page}"
+    );
 
     // The operator installs: the kit runs, its report is shown, provc switches.
     let (cookie, _) = sign_in(&url, &operator.0, false).await;

@@ -1264,6 +1264,7 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
         gw.state.ingest.store.clone(),
         gw.state.config_cache.clone(),
         gw.state.plugins.clone(),
+        gw.state.circuits.clone(),
         "wkr_same_process".into(),
         Duration::from_secs(30),
         Duration::from_secs(5),

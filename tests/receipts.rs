@@ -288,6 +288,7 @@ both!(
     a_trusted_native_build_swaps_and_rolls_back_like_a_component,
     an_announced_swap_is_followed_at_once,
     a_wit_0_1_0_component_serves_beside_0_2_0_ones,
+    a_failing_provider_is_skipped_and_traffic_recovers_on_its_peer,
     the_spec_provider_names_reach_their_plugins_in_any_case,
     callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace,
 );
@@ -1438,5 +1439,87 @@ async fn a_wit_0_1_0_component_serves_beside_0_2_0_ones(b: Backends) {
     // 0.1.0 has only the event id; 0.2.0 the attempt's own key.
     assert_eq!(sim.accepted_keys("provc"), vec![sms]);
     assert_eq!(sim.accepted_keys("prova"), [format!("{email}.1")]);
+    lp.cleanup().await;
+}
+
+/// provC starts refusing 80 % of sends: once the window has enough of them its circuit
+/// opens, later messages go straight to provD with the skip on their timeline, and no
+/// message is lost on the way.
+async fn a_failing_provider_is_skipped_and_traffic_recovers_on_its_peer(b: Backends) {
+    let faults = SimFaults {
+        reject_rate: 0.8,
+        ..SimFaults::default()
+    };
+    let lp = Loop::start_with(
+        b,
+        &[("provc", faults)],
+        |c| {
+            c.circuits = switchboard::config::CircuitsConfig {
+                enabled: true,
+                window_secs: 120,
+                min_samples: 10,
+                failure_percent: 50,
+                // No probe during the test: the circuit stays open once opened.
+                cooldown_secs: 600,
+                probes: 2,
+            }
+        },
+        |_| {},
+    )
+    .await;
+    let key = lp.key().await;
+    lp.route("sms", &["provc", "provd"]).await;
+    let otp = |i: usize| json!({"name": "otp", "to": {"subscriberId": format!("cb{i}"), "phone": "+14155550177"}, "payload": {"code": "7"}});
+    let mut first = Vec::new();
+    for i in 0..20 {
+        first.push(lp.trigger(&key, otp(i), "NORMAL").await);
+    }
+    // Each is delivered, by provC when it accepted, else by provD after it.
+    for event in &first {
+        lp.until(&key, event, "DELIVERED").await;
+    }
+    // Then the circuit is open, in every process's snapshot within a refresh.
+    let circuit = ("provc".to_string(), "sms".to_string());
+    let started = Instant::now();
+    while !lp.state.circuits.snapshot().contains_key(&circuit) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the circuit never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reason = lp.state.circuits.snapshot()[&circuit].reason.clone();
+    assert!(reason.contains("% failures in the last 120 s"), "{reason}");
+    let mut later = Vec::new();
+    for i in 20..30 {
+        later.push(lp.trigger(&key, otp(i), "NORMAL").await);
+    }
+    for event in &later {
+        let dto = lp.until(&key, event, "DELIVERED").await;
+        assert_eq!(
+            timeline(&dto),
+            ["queued:-", "sent:provd", "delivered:provd"],
+            "provC is no longer tried first: {dto:#}"
+        );
+        let skipped = &dto["events"][1]["detail"]["skipped"];
+        assert_eq!(
+            skipped[0].as_str(),
+            Some(format!("provc skipped: circuit open, {reason}").as_str()),
+            "{dto:#}"
+        );
+    }
+    let metrics = lp
+        .http
+        .get(format!("{}/metrics", lp.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"switchboard_circuit_state{provider="provc",channel="sms"} 1"#),
+        "{metrics}"
+    );
     lp.cleanup().await;
 }

@@ -9,6 +9,7 @@ pub mod announce;
 pub mod api;
 pub mod auth;
 pub mod broker;
+pub mod circuits;
 pub mod cli;
 pub mod config;
 pub mod config_cache;
@@ -44,6 +45,8 @@ use std::time::{Duration, Instant};
 pub struct AppState {
     /// Loaded provider plugins.
     pub plugins: Arc<plugins::registry::Registry>,
+    /// Circuit breakers per provider and channel.
+    pub circuits: Arc<circuits::Circuits>,
     /// The validated configuration.
     pub config: Arc<Config>,
     /// When start-up finished.
@@ -181,9 +184,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         .setup()
         .await
         .map_err(|e| anyhow::anyhow!("creating streams: {e}"))?;
-    let (counters, idempotency): (
+    let (counters, idempotency, breakers): (
         Arc<dyn ratelimit::Counters>,
         Arc<dyn idempotency::IdempotencyStore>,
+        Arc<dyn circuits::CircuitStore>,
     ) = match config.counters.backend {
         CountersBackend::Redis => {
             let url = &config.counters.url;
@@ -195,8 +199,14 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             };
             // A connection each, as before TLS: neither waits behind the other's replies.
             let counters = ratelimit::redis::RedisCounters::new(connect().await?, prefix.clone());
-            let idempotency = idempotency::redis::RedisIdempotency::new(connect().await?, prefix);
-            (Arc::new(counters), Arc::new(idempotency))
+            let idempotency =
+                idempotency::redis::RedisIdempotency::new(connect().await?, prefix.clone());
+            let breakers = circuits::redis::RedisCircuits::new(connect().await?, prefix);
+            (
+                Arc::new(counters),
+                Arc::new(idempotency),
+                Arc::new(breakers),
+            )
         }
         // With the dev database at hand, idempotency keys live in it and survive restarts.
         CountersBackend::Memory => {
@@ -214,6 +224,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             (
                 Arc::new(ratelimit::memory::MemoryCounters::new()),
                 idempotency,
+                Arc::new(circuits::memory::MemoryCircuits::default()),
             )
         }
     };
@@ -262,8 +273,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
+    let circuits = circuits::Circuits::start(config.circuits.clone(), breakers);
     Ok(AppState {
         plugins,
+        circuits,
         webhooks,
         config: Arc::new(config),
         started: Instant::now(),
@@ -290,6 +303,7 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
         state.ingest.store.clone(),
         state.config_cache.clone(),
         state.plugins.clone(),
+        state.circuits.clone(),
         format!("wkr_{}", uuid::Uuid::new_v4().simple()),
         lease,
         send_timeout,
@@ -314,6 +328,7 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
         },
         config.webhooks.receipt_concurrency,
         state.ingest.metrics.clone(),
+        state.circuits.clone(),
     )
 }
 

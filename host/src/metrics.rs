@@ -50,6 +50,15 @@ pub struct StreamLabels {
     pub stream: String,
 }
 
+/// A provider on a channel, for its circuit.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CircuitLabels {
+    /// Provider slug.
+    pub provider: String,
+    /// Channel.
+    pub channel: String,
+}
+
 /// A plugin, by slug.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SlugLabels {
@@ -204,6 +213,10 @@ pub struct Metrics {
     /// `switchboard_endpoint_deliveries_pending`: delivery events waiting for a try
     /// (their first or a retry). Updated by the relay.
     pub endpoint_pending: Gauge,
+    /// `switchboard_circuit_state{provider,channel}`: 1 for a circuit open (its
+    /// provider moved to the end of the chain), 2 half-open (probing); a closed
+    /// circuit has no series. Read at each scrape.
+    pub circuit_state: Family<CircuitLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -312,7 +325,14 @@ impl Metrics {
             "Delivery events waiting for a try at callers' webhook endpoints",
             endpoint_pending.clone(),
         );
+        let circuit_state = Family::<CircuitLabels, Gauge>::default();
+        registry.register(
+            "circuit_state",
+            "Circuits not closed, by provider and channel: 1 open, 2 half-open",
+            circuit_state.clone(),
+        );
         Self {
+            circuit_state,
             endpoint_attempts,
             endpoint_latency,
             endpoint_pending,

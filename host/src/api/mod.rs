@@ -118,6 +118,17 @@ async fn render_metrics(
         }
         Err(e) => tracing::warn!(error = %e, "metrics: stream depths unavailable"),
     }
+    // Circuits as last read by this process; closed ones drop out.
+    metrics.circuit_state.clear();
+    let now = crate::circuits::now_ms();
+    for ((provider, channel), opened) in state.circuits.snapshot().iter() {
+        let labels = crate::metrics::CircuitLabels {
+            provider: provider.clone(),
+            channel: channel.clone(),
+        };
+        let value = if opened.half_open(now) { 2 } else { 1 };
+        metrics.circuit_state.get_or_create(&labels).set(value);
+    }
     (
         [(
             "content-type",

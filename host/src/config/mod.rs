@@ -8,9 +8,11 @@
 //! simulator's providers) are that part's, checked by [`crate::check_config`] over
 //! the whole configuration.
 
+mod circuits;
 mod console;
 mod sim;
 
+pub use circuits::CircuitsConfig;
 pub use console::ConsoleConfig;
 pub use sim::{MAX_DELAY_MS, SimConfig, SimFaults};
 
@@ -62,6 +64,9 @@ pub struct Config {
     /// Callers' webhook endpoints (delivery events sent to the caller).
     #[serde(default)]
     pub webhook_endpoints: WebhookEndpointsConfig,
+    /// Circuit breakers per provider and channel.
+    #[serde(default)]
+    pub circuits: CircuitsConfig,
 }
 
 /// Callers' webhook endpoints (`[webhook_endpoints]`). `dev` allows every URL.
@@ -460,6 +465,7 @@ impl Default for Config {
             sim: SimConfig::default(),
             console: ConsoleConfig::default(),
             webhook_endpoints: WebhookEndpointsConfig::default(),
+            circuits: CircuitsConfig::default(),
         }
     }
 }
@@ -492,6 +498,7 @@ const TOP_LEVEL: &[&str] = &[
     "sim",
     "console",
     "webhook_endpoints",
+    "circuits",
 ];
 
 impl Config {
@@ -669,6 +676,9 @@ impl Config {
             "webhooks.receipt_concurrency",
             "between 1 and 1024",
         )?;
+        self.circuits
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         self.validate_tls()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
     }

@@ -210,10 +210,31 @@ pub(super) async fn overview(
     } else {
         None
     };
+    // Circuits are counted over every workspace's traffic: the operator's too.
+    let circuits: Vec<(String, String, &'static str, String)> = if crate::api::admin::is_admin(&key)
+    {
+        let now = crate::circuits::now_ms();
+        state
+            .circuits
+            .snapshot()
+            .iter()
+            .map(|((provider, channel), o)| {
+                let state = if o.half_open(now) {
+                    "half-open"
+                } else {
+                    "open"
+                };
+                (provider.clone(), channel.clone(), state, o.reason.clone())
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let header = page_context(&state, &key, &cookie);
     let ctx = context! {
         o => Value::from(Serde(&summary)),
         depths => depths,
+        circuits => circuits,
         classes => CLASSES.to_vec(),
         ..header
     };

@@ -15,6 +15,7 @@
 //! transaction, so the usual delivery costs one write before the provider call.
 
 use super::plan::{self, Action, Answer, Call, Context};
+use crate::circuits::{Circuits, Outcome as CircuitOutcome, Verdict};
 use crate::ids::WorkspaceId;
 use crate::ingest::Envelope;
 use crate::model::{
@@ -27,6 +28,7 @@ use crate::store::coalesce::Coalescer;
 use crate::store::{Store, StoreError};
 use crate::voice;
 use crate::workflow::Workflow;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +43,11 @@ pub enum Outcome {
     Busy,
 }
 
+/// The failure code of a route naming a slug no plugin has.
+const NOT_LOADED: &str = "plugin-not-loaded";
+/// The failure code of a route naming a plugin that does not serve the channel.
+const NOT_SERVED: &str = "channel-not-supported";
+
 /// Dispatches events through the workspace's providers.
 pub struct Dispatcher {
     /// Database.
@@ -49,6 +56,8 @@ pub struct Dispatcher {
     pub config: Arc<crate::config_cache::ConfigCache>,
     /// Loaded plugins.
     pub plugins: Arc<Registry>,
+    /// Circuit breakers: where outcomes are counted and verdicts read.
+    pub circuits: Arc<Circuits>,
     /// This worker's lease owner id.
     pub owner: String,
     /// Lease length (the broker's ack wait).
@@ -68,6 +77,7 @@ impl Dispatcher {
         store: Arc<dyn Store>,
         config: Arc<crate::config_cache::ConfigCache>,
         plugins: Arc<Registry>,
+        circuits: Arc<Circuits>,
         owner: String,
         lease: Duration,
         send_timeout: Duration,
@@ -77,6 +87,7 @@ impl Dispatcher {
             store,
             config,
             plugins,
+            circuits,
             owner,
             lease,
             send_timeout,
@@ -104,12 +115,14 @@ impl Dispatcher {
         };
         let routes = self.config.provider_routes(ws).await?;
         let defaults = self.plugins.default_routes();
+        let circuits = self.circuit_verdicts(envelope, &routes, &defaults).await;
         let mut ctx = Context {
             envelope,
             prefs,
             workflow,
             routes: &routes,
             defaults: &defaults,
+            circuits: &circuits,
             dnd_listed: None,
         };
         // The plan of a fresh message (nothing attempted yet), written with the claim
@@ -164,6 +177,38 @@ impl Dispatcher {
         }
         let next = plan::next(&ctx, snapshot.erased, &run.attempts);
         run.carry_out(&mut ctx, next, false).await
+    }
+
+    /// The verdicts of the circuits that are not closed among the providers this event
+    /// could use (its channels' routes): none at all while every circuit is closed.
+    async fn circuit_verdicts(
+        &self,
+        envelope: &Envelope,
+        routes: &BTreeMap<String, Vec<crate::model::ProviderRoute>>,
+        defaults: &BTreeMap<String, Vec<String>>,
+    ) -> HashMap<(String, String), Verdict> {
+        let open = self.circuits.snapshot();
+        if open.is_empty() {
+            return HashMap::new();
+        }
+        let mut keys = Vec::new();
+        for channel in &envelope.channels {
+            let ch = channel.as_str();
+            let slugs: Vec<&str> = match routes.get(ch) {
+                Some(route) => route.iter().map(|r| r.provider.as_str()).collect(),
+                None => defaults
+                    .get(ch)
+                    .map(|d| d.iter().map(String::as_str).collect())
+                    .unwrap_or_default(),
+            };
+            for slug in slugs {
+                let key = (slug.to_string(), ch.to_string());
+                if open.contains_key(&key) {
+                    keys.push(key);
+                }
+            }
+        }
+        self.circuits.verdicts(&keys).await
     }
 
     /// Whether the event's recipient number is on its workspace's DND list.
@@ -244,18 +289,24 @@ impl Run<'_> {
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
         match self.call(call).await {
             Ok(answer) => {
+                self.d.circuits.record(slug, ch, CircuitOutcome::Accepted);
                 self.step(&plan::sent_step(
                     call.channel,
                     slug,
                     attempt_no,
                     answer,
                     resumed,
+                    &call.skipped,
                 ))
                 .await?;
                 tracing::info!(provider = slug, channel = ch, attempt_no, "sent");
                 Ok(Some(Outcome::Done(MessageStatus::Sent)))
             }
             Err((code, detail)) => {
+                // A slug nothing serves is the route's problem, not the provider's.
+                if !matches!(code.as_str(), NOT_LOADED | NOT_SERVED) {
+                    self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
+                }
                 let secrets: Vec<&str> = call.route.config.values().map(String::as_str).collect();
                 let to = &self.envelope.request.to;
                 let (email, phone) = (to.email.as_deref(), to.phone.as_deref());
@@ -274,6 +325,7 @@ impl Run<'_> {
                     attempt_no,
                     &code,
                     &detail,
+                    &call.skipped,
                 ))
                 .await?;
                 let failed = AttemptRecord {
@@ -303,10 +355,7 @@ impl Run<'_> {
         let (channel, route) = (call.channel, &call.route);
         let slug = route.provider.as_str();
         let Some(plugin) = self.d.plugins.get(slug) else {
-            return Err((
-                "plugin-not-loaded".into(),
-                format!("no plugin {slug:?} is loaded"),
-            ));
+            return Err((NOT_LOADED.into(), format!("no plugin {slug:?} is loaded")));
         };
         let serves = plugin
             .info()
@@ -315,7 +364,7 @@ impl Run<'_> {
             .any(|c| crate::plugins::channel_name(c) == channel.as_str());
         if !serves {
             return Err((
-                "channel-not-supported".into(),
+                NOT_SERVED.into(),
                 format!("{slug} does not serve {}", channel.as_str()),
             ));
         }

@@ -6,6 +6,7 @@
 //! the claim and written in the claim's own transaction (see
 //! [`crate::store::Delivery::claim_message`]).
 
+use crate::circuits::Verdict;
 use crate::ingest::Envelope;
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, KeyMode, MessageStatus, MessageUpdate,
@@ -17,7 +18,7 @@ use crate::voice;
 use crate::workflow::{self, BuildError, Workflow};
 use chrono::Utc;
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Message-level error code when every provider and channel failed.
 pub const DISPATCH_FAILED: &str = "DISPATCH_FAILED";
@@ -66,6 +67,9 @@ pub(super) struct Context<'a> {
     /// Each channel's providers when the workspace configures none (by channel name,
     /// from the loaded plugins: [`crate::plugins::bundled::default_route`]).
     pub defaults: &'a BTreeMap<String, Vec<String>>,
+    /// Verdicts of the circuits that are not closed, by (provider, channel): a
+    /// provider skipped by its circuit goes to the end of its channel's chain.
+    pub circuits: &'a HashMap<(String, String), Verdict>,
     /// Whether the recipient's number is on the DND list, once looked up.
     pub dnd_listed: Option<bool>,
 }
@@ -77,6 +81,9 @@ pub(super) struct Call {
     pub route: ProviderRoute,
     pub content: types::Content,
     pub attempt_no: i32,
+    /// Providers of the channel moved to the end by their circuit, with why, for the
+    /// timeline ("provc skipped: circuit open, ...").
+    pub skipped: Vec<String>,
 }
 
 /// The next thing a delivery does.
@@ -87,9 +94,9 @@ pub(super) enum Action {
     /// Look up whether the recipient's number is on the DND list, then plan again.
     CheckDnd,
     /// Record `step` (the attempt `started`), then make the call.
-    Start { step: Step, call: Call },
+    Start { step: Step, call: Box<Call> },
     /// Make again the call an earlier delivery started and never finished.
-    Resume(Call),
+    Resume(Box<Call>),
 }
 
 impl Action {
@@ -132,6 +139,7 @@ pub(super) fn sent_step(
     attempt_no: i32,
     answer: Answer,
     resumed: bool,
+    skipped: &[String],
 ) -> Step {
     let ch = channel.as_str();
     let (version, digest) = answer.plugin.unzip();
@@ -140,6 +148,9 @@ pub(super) fn sent_step(
         "plugin_version": version, "plugin_digest": digest});
     if resumed {
         detail["resumed"] = json!(true);
+    }
+    if !skipped.is_empty() {
+        detail["skipped"] = json!(skipped);
     }
     Step {
         attempt: Some(AttemptWrite::Finish {
@@ -169,8 +180,14 @@ pub(super) fn failed_step(
     attempt_no: i32,
     code: &str,
     detail: &str,
+    skipped: &[String],
 ) -> Step {
     let ch = channel.as_str();
+    let mut entry_detail =
+        json!({"channel": ch, "attempt": attempt_no, "code": code, "detail": detail});
+    if !skipped.is_empty() {
+        entry_detail["skipped"] = json!(skipped);
+    }
     Step {
         attempt: Some(AttemptWrite::Finish {
             attempt_no,
@@ -180,11 +197,7 @@ pub(super) fn failed_step(
             detail: Some(format!("{code}: {detail}")),
         }),
         message: MessageUpdate::default(),
-        timeline: vec![entry(
-            StepStatus::Failed,
-            Some(slug),
-            json!({"channel": ch, "attempt": attempt_no, "code": code, "detail": detail}),
-        )],
+        timeline: vec![entry(StepStatus::Failed, Some(slug), entry_detail)],
     }
 }
 
@@ -318,7 +331,7 @@ impl Planner<'_, '_> {
                 }
             }
             first = false;
-            let route = self.route_for(channel);
+            let (route, skipped) = self.by_circuits(channel, self.route_for(channel));
             if route.is_empty() {
                 self.tried
                     .push(format!("{}: no provider configured", channel.as_str()));
@@ -330,7 +343,7 @@ impl Planner<'_, '_> {
                 return self.test_send(channel, &route[0].provider);
             }
             for route in route {
-                if let Some(action) = self.attempt(channel, route, &content) {
+                if let Some(action) = self.attempt(channel, route, &content, &skipped) {
                     return action;
                 }
             }
@@ -377,6 +390,28 @@ impl Planner<'_, '_> {
         route
     }
 
+    /// `route` with the providers whose circuit says skip moved to its end (still tried
+    /// when everything before them failed), and why each was moved.
+    fn by_circuits(
+        &self,
+        channel: Channel,
+        route: Vec<ProviderRoute>,
+    ) -> (Vec<ProviderRoute>, Vec<String>) {
+        let ch = channel.as_str();
+        let (mut kept, mut moved, mut why) = (Vec::new(), Vec::new(), Vec::new());
+        for r in route {
+            match self.ctx.circuits.get(&(r.provider.clone(), ch.to_string())) {
+                Some(Verdict::Skip(reason)) => {
+                    why.push(format!("{} skipped: {reason}", r.provider));
+                    moved.push(r);
+                }
+                _ => kept.push(r),
+            }
+        }
+        kept.append(&mut moved);
+        (kept, why)
+    }
+
     /// Test keys: no plugin call, a synthetic id, zero cost, the same timeline shape.
     fn test_send(&self, channel: Channel, provider: &str) -> Action {
         let id = format!("svc_test_{}", self.ctx.envelope.event_id);
@@ -418,6 +453,7 @@ impl Planner<'_, '_> {
         channel: Channel,
         route: ProviderRoute,
         content: &types::Content,
+        skipped: &[String],
     ) -> Option<Action> {
         let slug = route.provider.as_str();
         let ch = channel.as_str();
@@ -443,16 +479,17 @@ impl Planner<'_, '_> {
                     plugin: None,
                 };
                 Some(Action::Finish {
-                    step: sent_step(channel, slug, a.attempt_no, answer, false),
+                    step: sent_step(channel, slug, a.attempt_no, answer, false, skipped),
                     status: MessageStatus::Sent,
                 })
             }
-            Some(a) => Some(Action::Resume(Call {
+            Some(a) => Some(Action::Resume(Box::new(Call {
                 channel,
                 attempt_no: a.attempt_no,
                 content: content.clone(),
                 route,
-            })),
+                skipped: skipped.to_vec(),
+            }))),
             None => {
                 let attempt_no = self
                     .attempts
@@ -477,12 +514,13 @@ impl Planner<'_, '_> {
                 };
                 Some(Action::Start {
                     step,
-                    call: Call {
+                    call: Box::new(Call {
                         channel,
                         attempt_no,
                         content: content.clone(),
                         route,
-                    },
+                        skipped: skipped.to_vec(),
+                    }),
                 })
             }
         }
@@ -542,6 +580,12 @@ mod tests {
         })
     }
 
+    fn no_circuits() -> &'static HashMap<(String, String), Verdict> {
+        static NONE: std::sync::OnceLock<HashMap<(String, String), Verdict>> =
+            std::sync::OnceLock::new();
+        NONE.get_or_init(HashMap::new)
+    }
+
     fn context<'a>(
         envelope: &'a Envelope,
         routes: &'a BTreeMap<String, Vec<ProviderRoute>>,
@@ -552,6 +596,7 @@ mod tests {
             workflow: Ok(Some(welcome(false))),
             routes,
             defaults: defaults(),
+            circuits: no_circuits(),
             dnd_listed: None,
         }
     }

@@ -8,7 +8,9 @@
 
 use super::backoff;
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
+use crate::circuits::{Circuits, Outcome as CircuitOutcome};
 use crate::metrics::Metrics;
+use crate::model::MessageStatus;
 use crate::receipts::{ReceiptOutcome, TelemetryReceiptEvent};
 use crate::store::Receipts;
 use futures::StreamExt;
@@ -27,6 +29,7 @@ pub struct ReceiptConsumer {
     settings: ConsumerSettings,
     concurrency: usize,
     metrics: Arc<Metrics>,
+    circuits: Arc<Circuits>,
 }
 
 impl ReceiptConsumer {
@@ -37,6 +40,7 @@ impl ReceiptConsumer {
         settings: ConsumerSettings,
         concurrency: usize,
         metrics: Arc<Metrics>,
+        circuits: Arc<Circuits>,
     ) -> Arc<Self> {
         Arc::new(Self {
             store,
@@ -44,6 +48,7 @@ impl ReceiptConsumer {
             settings,
             concurrency: concurrency.max(1),
             metrics,
+            circuits,
         })
     }
 
@@ -132,6 +137,7 @@ impl ReceiptConsumer {
                 let label = match &outcome {
                     ReceiptOutcome::Applied(event_id) => {
                         tracing::debug!(%event_id, "receipt applied");
+                        self.count_against_provider(&event, write.status);
                         "applied"
                     }
                     ReceiptOutcome::Ignored(_) => "ignored",
@@ -154,6 +160,17 @@ impl ReceiptConsumer {
         };
         if let Err(e) = settled {
             tracing::warn!(error = %e, "could not settle a receipt; it will be redelivered");
+        }
+    }
+
+    /// A bounce or failure the provider reports for a send it accepted counts against
+    /// its circuit on that channel (when the receipt names the channel).
+    fn count_against_provider(&self, event: &TelemetryReceiptEvent, status: MessageStatus) {
+        if matches!(status, MessageStatus::BouncedHard | MessageStatus::Failed)
+            && let Some(channel) = event.channel.as_deref()
+        {
+            self.circuits
+                .record(&event.provider, channel, CircuitOutcome::ReceiptFailed);
         }
     }
 

@@ -1,0 +1,168 @@
+use super::memory::MemoryCircuits;
+use super::redis::RedisCircuits;
+use super::*;
+
+fn settings() -> CircuitsConfig {
+    CircuitsConfig {
+        enabled: true,
+        window_secs: 60,
+        min_samples: 10,
+        failure_percent: 50,
+        cooldown_secs: 30,
+        probes: 2,
+    }
+}
+
+fn tally(sends: u64, failures: u64) -> Tally {
+    Tally { sends, failures }
+}
+
+#[test]
+fn a_closed_circuit_opens_past_the_threshold_with_enough_samples() {
+    let s = settings();
+    let none = Tally::default();
+    // Too few sends, however bad.
+    assert_eq!(evaluate(None, tally(9, 9), none, 1_000, &s), None);
+    // Below the threshold.
+    assert_eq!(evaluate(None, tally(100, 49), none, 1_000, &s), None);
+    let Some(Transition::Open(o)) = evaluate(None, tally(50, 31), none, 1_000, &s) else {
+        panic!("should open");
+    };
+    assert_eq!(
+        (o.since_ms, o.until_ms, o.reason.as_str()),
+        (1_000, 31_000, "62 % failures in the last 60 s")
+    );
+    // Receipt failures count against the sends they follow, capped at 100 %.
+    assert_eq!(tally(10, 25).failure_percent(), 100);
+    assert_eq!(tally(0, 3).failure_percent(), 0);
+}
+
+#[test]
+fn an_open_circuit_waits_then_probes_then_closes_or_opens_again() {
+    let s = settings();
+    let open = Opened {
+        since_ms: 0,
+        until_ms: 30_000,
+        reason: "x".into(),
+    };
+    let bad = tally(100, 100);
+    // Cooling down: nothing changes, whatever the counts.
+    assert_eq!(evaluate(Some(&open), bad, bad, 29_999, &s), None);
+    // Half-open: probes still out.
+    assert_eq!(evaluate(Some(&open), bad, tally(1, 0), 30_000, &s), None);
+    // Enough successful probes close it.
+    assert_eq!(
+        evaluate(Some(&open), bad, tally(2, 0), 31_000, &s),
+        Some(Transition::Close)
+    );
+    // One failed probe opens it again, for a new cooldown.
+    let Some(Transition::Open(again)) = evaluate(Some(&open), bad, tally(2, 1), 31_000, &s) else {
+        panic!("should open again");
+    };
+    assert_eq!((again.since_ms, again.until_ms), (31_000, 61_000));
+    assert!(again.reason.contains("probe failed"), "{}", again.reason);
+}
+
+#[test]
+fn verdicts_skip_open_circuits_and_let_probes_through() {
+    let open = Opened {
+        since_ms: 0,
+        until_ms: 30_000,
+        reason: "62 % failures in the last 60 s".into(),
+    };
+    assert_eq!(verdict(None, 5, || unreachable!()), Verdict::Allow);
+    assert_eq!(
+        verdict(Some(&open), 5, || unreachable!(
+            "no probe while cooling down"
+        )),
+        Verdict::Skip("circuit open, 62 % failures in the last 60 s".into())
+    );
+    assert_eq!(verdict(Some(&open), 30_000, || true), Verdict::Allow);
+    assert!(matches!(
+        verdict(Some(&open), 30_000, || false),
+        Verdict::Skip(r) if r.contains("half-open")
+    ));
+}
+
+/// What every [`CircuitStore`] must do, run on each.
+async fn store_contract(store: &dyn CircuitStore) {
+    let key: Key = ("provc".into(), "sms".into());
+    let other: Key = ("provc".into(), "voice".into());
+    store
+        .add(&[
+            (key.clone(), 100, 3, 1),
+            (key.clone(), 101, 2, 2),
+            (other.clone(), 101, 5, 0),
+        ])
+        .await
+        .unwrap();
+    store.add(&[(key.clone(), 101, 1, 0)]).await.unwrap();
+    assert_eq!(store.tally(&key, 100, 101).await.unwrap(), tally(6, 3));
+    assert_eq!(store.tally(&key, 101, 200).await.unwrap(), tally(3, 2));
+    assert_eq!(store.tally(&other, 0, 200).await.unwrap(), tally(5, 0));
+    assert_eq!(store.tally(&key, 102, 200).await.unwrap(), Tally::default());
+
+    assert!(store.states().await.unwrap().is_empty());
+    let opened = Opened {
+        since_ms: 1,
+        until_ms: 2,
+        reason: "r".into(),
+    };
+    store.put_state(&key, Some(&opened)).await.unwrap();
+    assert_eq!(store.states().await.unwrap(), vec![(key.clone(), opened)]);
+    assert_eq!(store.take_probe(&key, 2).await.unwrap(), 1);
+    assert_eq!(store.take_probe(&key, 2).await.unwrap(), 2);
+    // Another spell counts afresh.
+    assert_eq!(store.take_probe(&key, 9).await.unwrap(), 1);
+    store.put_state(&key, None).await.unwrap();
+    assert!(store.states().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_memory_store_keeps_the_contract() {
+    store_contract(&MemoryCircuits::default()).await;
+}
+
+#[tokio::test]
+async fn the_redis_store_keeps_the_contract() {
+    let conn =
+        crate::ratelimit::redis::connect_manager("redis://127.0.0.1:6379", &Default::default())
+            .await
+            .expect("Redis on 127.0.0.1:6379");
+    let prefix = format!("sbtest:{}:", uuid::Uuid::new_v4().simple());
+    store_contract(&RedisCircuits::new(conn, prefix)).await;
+}
+
+/// Outcomes recorded in one process reach the shared store, open the circuit, and
+/// show in the snapshot routing reads.
+#[tokio::test]
+async fn recorded_failures_open_the_circuit_for_routing() {
+    let circuits = Circuits::start(settings(), Arc::new(MemoryCircuits::default()));
+    for i in 0..12 {
+        let outcome = if i % 4 == 0 {
+            Outcome::Accepted
+        } else {
+            Outcome::SendFailed
+        };
+        circuits.record("provc", "sms", outcome);
+    }
+    circuits.record("provd", "sms", Outcome::Accepted);
+    let key: Key = ("provc".into(), "sms".into());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !circuits.snapshot().contains_key(&key) {
+        assert!(std::time::Instant::now() < deadline, "circuit never opened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let verdicts = circuits
+        .verdicts(&[key.clone(), ("provd".into(), "sms".into())])
+        .await;
+    assert!(
+        matches!(&verdicts[&key], Verdict::Skip(r) if r.contains("75 % failures")),
+        "{verdicts:?}"
+    );
+    assert_eq!(
+        verdicts.len(),
+        1,
+        "closed circuits have no verdict: {verdicts:?}"
+    );
+}
