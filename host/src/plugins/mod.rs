@@ -5,7 +5,8 @@
 //! - [`wit`]: one module per supported WIT version, the only code that sees generated
 //!   bindings; it converts them to and from [`types`].
 //! - [`runtime`]: one wasmtime engine, a fresh sandboxed store per call with memory and
-//!   guest-time limits; `sandbox`: what one instance is granted and its host imports.
+//!   guest-time limits; [`session`]: one live instance; `sandbox`: what one instance is
+//!   granted and its host imports.
 //! - [`egress`]: the operator's outbound-host grants.
 //! - [`announce`]: swaps announced to every running process (NATS in production).
 //! - [`cache`]: compiled components cached on disk by digest.
@@ -28,6 +29,7 @@ pub mod registry;
 pub mod runtime;
 mod sandbox;
 pub mod scaffold;
+pub mod session;
 pub mod types;
 pub mod wit;
 

@@ -1,0 +1,276 @@
+//! One live sandboxed instance of a component ([`Session`]): a fresh wasmtime store
+//! with the plugin's grants, its memory limit and a guest-time budget per call
+//! ([`CallKind`]); a call that fails discards the instance.
+
+use super::runtime::{Backend, Plugin, PluginError, RuntimeConfig};
+use super::sandbox::{HostState, InstanceGrants};
+use super::types;
+use super::wit::Provider;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::SemaphorePermit;
+use wasmtime::{Store, UpdateDeadline};
+
+/// Least guest time `info` gets: it runs once per load, and a start on a busy machine
+/// (the thread descheduled mid-call) must not fail a plugin that would serve fine.
+const LOAD_GUEST_TIME_FLOOR: Duration = Duration::from_secs(1);
+
+impl Plugin {
+    /// A fresh sandboxed instance for one or more calls. Each call gets the full
+    /// budget of `kind`; after a failed call the instance is discarded. A native plugin
+    /// has no sandbox, hence no session.
+    pub async fn session(&self, kind: CallKind) -> Result<Session<'_>, PluginError> {
+        let Backend::Wasm(pre) = &self.inner.backend else {
+            return Err(PluginError::Invalid(
+                "a native plugin has no sandboxed session".into(),
+            ));
+        };
+        let shared = &self.inner.shared;
+        let budget = kind.budget(&shared.config);
+        let slot = shared
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
+        let grants = InstanceGrants {
+            slug: self.inner.info.slug.clone(),
+            allow: self.inner.allow.clone(),
+            egress: shared.egress.clone(),
+            http_timeout: shared.config.http_timeout,
+            stats: self.inner.stats.clone(),
+            network: kind == CallKind::Send,
+        };
+        let state = HostState::new(grants, budget, shared.config.memory_limit_bytes);
+        let mut store = Store::new(&shared.engine, state);
+        store.limiter(|s| s);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| {
+            let state = ctx.data_mut();
+            let guest_time = state.started.elapsed().saturating_sub(state.host_time);
+            if guest_time > state.budget {
+                state.timed_out = true;
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Continue(1))
+            }
+        });
+        let mut session = Session {
+            plugin: self,
+            store,
+            guest: None,
+            poisoned: false,
+            _slot: slot,
+        };
+        session.begin()?;
+        let instance = pre.instantiate_async(&mut session.store).await;
+        session.guest = Some(session.end(instance)?);
+        Ok(session)
+    }
+}
+
+/// Which guest-time budget a call gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// `verify-signature`, `sign-webhook`, `parse-receipt`, `normalize-call-state`.
+    Quick,
+    /// `info`, once per load: the quick budget, but at least a second.
+    Load,
+    /// `send`: a longer budget; time waiting on outbound HTTP is not counted.
+    Send,
+}
+
+impl CallKind {
+    /// The guest time a call of this kind gets under `config`.
+    pub fn budget(self, config: &RuntimeConfig) -> Duration {
+        match self {
+            CallKind::Quick => config.guest_time_budget,
+            CallKind::Send => config.send_guest_time_budget,
+            CallKind::Load => config.guest_time_budget.max(LOAD_GUEST_TIME_FLOOR),
+        }
+    }
+}
+
+/// One live sandboxed instance. Dropping it frees the instance and its slot.
+pub struct Session<'a> {
+    plugin: &'a Plugin,
+    store: Store<HostState>,
+    guest: Option<Provider>,
+    poisoned: bool,
+    _slot: SemaphorePermit<'a>,
+}
+
+impl Session<'_> {
+    /// Starts a call: a fresh budget, unless an earlier call failed.
+    fn begin(&mut self) -> Result<(), PluginError> {
+        if self.poisoned {
+            return Err(PluginError::Trap(
+                "instance discarded after an earlier failure".into(),
+            ));
+        }
+        self.plugin
+            .inner
+            .stats
+            .calls
+            .fetch_add(1, Ordering::Relaxed);
+        let state = self.store.data_mut();
+        state.started = Instant::now();
+        state.host_time = Duration::ZERO;
+        state.log_lines = 0;
+        Ok(())
+    }
+
+    /// The instance, taken for the length of one call (its calls borrow the store).
+    fn guest(&mut self) -> Provider {
+        self.guest.take().expect("instantiated before any call")
+    }
+
+    /// Adds the call that just ended to the plugin's guest time.
+    fn count_guest_time(&self) {
+        let state = self.store.data();
+        let guest = state.started.elapsed().saturating_sub(state.host_time);
+        let micros = u64::try_from(guest.as_micros()).unwrap_or(u64::MAX);
+        self.plugin
+            .inner
+            .stats
+            .guest_micros
+            .fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Maps a wasmtime error to what happened: timeout, memory limit or trap.
+    fn end<R>(&mut self, result: wasmtime::Result<R>) -> Result<R, PluginError> {
+        let error = match result {
+            Ok(value) => {
+                self.count_guest_time();
+                return Ok(value);
+            }
+            Err(error) => error,
+        };
+        self.poisoned = true;
+        self.plugin
+            .inner
+            .stats
+            .failures
+            .fetch_add(1, Ordering::Relaxed);
+        self.count_guest_time();
+        let state = self.store.data();
+        let mapped = if state.timed_out {
+            PluginError::Timeout(state.budget)
+        } else if state.memory_limit_hit {
+            PluginError::MemoryLimit(state.memory_limit)
+        } else {
+            let text = match error.downcast_ref::<wasmtime::Trap>() {
+                Some(trap) => trap.to_string(),
+                None => error.to_string(),
+            };
+            PluginError::Trap(text)
+        };
+        tracing::warn!(plugin = %self.plugin.inner.info.slug, error = %mapped, "plugin call failed");
+        Err(mapped)
+    }
+
+    /// `info()`.
+    pub async fn info(&mut self) -> Result<types::ProviderInfo, PluginError> {
+        self.begin()?;
+        let guest = self.guest();
+        let result = guest.call_info(&mut self.store).await;
+        self.guest = Some(guest);
+        self.end(result)
+    }
+
+    /// `send(config, message)`.
+    pub async fn send(
+        &mut self,
+        config: &[(String, String)],
+        message: &types::Message,
+    ) -> Result<types::SendOutcome, PluginError> {
+        self.begin()?;
+        let guest = self.guest();
+        let result = guest.call_send(&mut self.store, config, message).await;
+        self.guest = Some(guest);
+        self.end(result)
+    }
+
+    /// `verify-signature(secret, headers, raw-body, now)`.
+    pub async fn verify_signature(
+        &mut self,
+        secret: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<(), types::SignatureError>, PluginError> {
+        self.begin()?;
+        let guest = self.guest();
+        let result = guest
+            .call_verify_signature(&mut self.store, secret, headers, body, now)
+            .await;
+        self.guest = Some(guest);
+        self.end(result)
+    }
+
+    /// `sign-webhook(secret, raw-body, timestamp)`.
+    pub async fn sign_webhook(
+        &mut self,
+        secret: &str,
+        body: &[u8],
+        timestamp: u64,
+    ) -> Result<Vec<(String, String)>, PluginError> {
+        self.begin()?;
+        let guest = self.guest();
+        let result = guest
+            .call_sign_webhook(&mut self.store, secret, body, timestamp)
+            .await;
+        self.guest = Some(guest);
+        self.end(result)
+    }
+
+    /// `parse-receipt(headers, raw-body)`.
+    pub async fn parse_receipt(
+        &mut self,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
+        self.begin()?;
+        let guest = self.guest();
+        let result = guest
+            .call_parse_receipt(&mut self.store, headers, body)
+            .await;
+        self.guest = Some(guest);
+        self.end(result)
+    }
+
+    /// `normalize-call-state(state)`.
+    pub async fn normalize_call_state(
+        &mut self,
+        state: &str,
+    ) -> Result<types::DeliveryStatus, PluginError> {
+        self.begin()?;
+        let guest = self.guest();
+        let result = guest
+            .call_normalize_call_state(&mut self.store, state)
+            .await;
+        self.guest = Some(guest);
+        self.end(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_at_load_gets_at_least_a_second_and_other_calls_their_budget() {
+        let config = RuntimeConfig {
+            guest_time_budget: Duration::from_millis(5),
+            send_guest_time_budget: Duration::from_millis(7),
+            ..RuntimeConfig::default()
+        };
+        assert_eq!(CallKind::Quick.budget(&config), Duration::from_millis(5));
+        assert_eq!(CallKind::Send.budget(&config), Duration::from_millis(7));
+        assert_eq!(CallKind::Load.budget(&config), Duration::from_secs(1));
+        let generous = RuntimeConfig {
+            guest_time_budget: Duration::from_secs(3),
+            ..config
+        };
+        assert_eq!(CallKind::Load.budget(&generous), Duration::from_secs(3));
+    }
+}
