@@ -244,6 +244,52 @@ macro_rules! conversions {
 }
 pub(crate) use conversions;
 
+/// [`conversions`] for the types of 0.1.0, which every later version has kept so far;
+/// `$more` are the records a later version adds or changes (a version that changes
+/// one of these lists its own instead).
+macro_rules! conversions_since_0_1_0 {
+    ($($more:tt)*) => {
+        $crate::plugins::wit::conversions! {
+            enums {
+                Channel { Sms, Email, Push, Whatsapp, Voice }
+                DeliveryStatus {
+                    Triggered, Queued, Sent, Delivered, Seen, Clicked, BouncedHard, BouncedSoft,
+                    Complained, Failed, Suppressed,
+                }
+                SignatureError { Missing, Malformed, Mismatch, TimestampOutOfRange }
+                LogLevel { Trace, Debug, Info, Warn, Error }
+                HttpMethod { Get, Post, Put, Patch, Delete }
+            }
+            records {
+                ConfigKey { name, required, secret, description }
+                ProviderInfo {
+                    slug, display_name, version, channels: each, config_keys: each, outbound_hosts,
+                    signature_tolerance_seconds,
+                }
+                EmailMessage { to, from, subject, html, text, custom_headers }
+                SmsMessage { to, sender, text }
+                PushMessage { device_tokens, title, body, data }
+                WhatsappMessage { to, template_name, language, parameters }
+                VoiceMessage { to, script, language, voice_id, caller_id }
+                Accepted { provider_message_id, cost_micro_usd }
+                Rejection { code, detail, retryable }
+                Receipt {
+                    provider_message_id, status: into, recipient, channel: opt, cost_micro_usd,
+                    duration_seconds, latency_ms, bounce_reason, provider_state,
+                }
+                OutboundRequest { method: into, url, headers, body, timeout_ms }
+                OutboundResponse { status, headers, body }
+                $($more)*
+            }
+            variants {
+                Content { Email, Sms, Push, Whatsapp, Voice }
+                SendOutcome { Accepted, Rejected }
+            }
+        }
+    };
+}
+pub(crate) use conversions_since_0_1_0;
+
 /// The exports and host imports of one version, over its generated bindings (in scope
 /// as `bindings`, with its `types` as `g`): the same code for every version whose
 /// functions have the same signatures; only the types they carry differ.

@@ -20,42 +20,7 @@ mod bindings {
 
 super::calls!();
 
-super::conversions! {
-    enums {
-        Channel { Sms, Email, Push, Whatsapp, Voice }
-        DeliveryStatus {
-            Triggered, Queued, Sent, Delivered, Seen, Clicked, BouncedHard, BouncedSoft,
-            Complained, Failed, Suppressed,
-        }
-        SignatureError { Missing, Malformed, Mismatch, TimestampOutOfRange }
-        LogLevel { Trace, Debug, Info, Warn, Error }
-        HttpMethod { Get, Post, Put, Patch, Delete }
-    }
-    records {
-        ConfigKey { name, required, secret, description }
-        ProviderInfo {
-            slug, display_name, version, channels: each, config_keys: each, outbound_hosts,
-            signature_tolerance_seconds,
-        }
-        EmailMessage { to, from, subject, html, text, custom_headers }
-        SmsMessage { to, sender, text }
-        PushMessage { device_tokens, title, body, data }
-        WhatsappMessage { to, template_name, language, parameters }
-        VoiceMessage { to, script, language, voice_id, caller_id }
-        Accepted { provider_message_id, cost_micro_usd }
-        Rejection { code, detail, retryable }
-        Receipt {
-            provider_message_id, status: into, recipient, channel: opt, cost_micro_usd,
-            duration_seconds, latency_ms, bounce_reason, provider_state,
-        }
-        OutboundRequest { method: into, url, headers, body, timeout_ms }
-        OutboundResponse { status, headers, body }
-    }
-    variants {
-        Content { Email, Sms, Push, Whatsapp, Voice }
-        SendOutcome { Accepted, Rejected }
-    }
-}
+super::conversions_since_0_1_0!();
 
 /// 0.1.0 has no `idempotency-key`: its plugins key by `event-id`, as they always did.
 impl From<types::Message> for g::Message {
