@@ -58,9 +58,14 @@ impl CircuitStore for MemoryCircuits {
     async fn put_state(&self, key: &Key, state: Option<&Opened>) -> Result<(), String> {
         let mut inner = self.inner.lock().unwrap();
         match state {
-            Some(o) => inner.states.insert(key.clone(), o.clone()),
-            None => inner.states.remove(key),
-        };
+            Some(o) => {
+                inner.states.insert(key.clone(), o.clone());
+            }
+            None => {
+                inner.states.remove(key);
+                inner.buckets.remove(key);
+            }
+        }
         // Probe counts of earlier spells are done with.
         inner.probes.retain(|(k, _), _| k != key);
         Ok(())

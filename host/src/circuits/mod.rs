@@ -151,7 +151,8 @@ pub trait CircuitStore: Send + Sync + 'static {
     async fn tally(&self, key: &Key, from: i64, to: i64) -> Result<Tally, String>;
     /// Every circuit that is not closed.
     async fn states(&self) -> Result<Vec<(Key, Opened)>, String>;
-    /// Stores `key`'s state (`None`: closed).
+    /// Stores `key`'s state. `None` closes it, and forgets its counts: a closed
+    /// circuit counts afresh, so the failures that opened it cannot open it again.
     async fn put_state(&self, key: &Key, state: Option<&Opened>) -> Result<(), String>;
     /// Takes one of the probes of `key`'s half-open spell that started at
     /// `until_ms`; the number taken so far, this one included.

@@ -101,8 +101,12 @@ impl super::CircuitStore for RedisCircuits {
                     .await
                     .map_err(err)
             }
-            None => conn
-                .hdel::<_, _, ()>(self.states_key(), field)
+            None => redis::pipe()
+                .hdel(self.states_key(), field)
+                .ignore()
+                .del(self.counts_key(key))
+                .ignore()
+                .query_async::<()>(&mut conn)
                 .await
                 .map_err(err),
         }

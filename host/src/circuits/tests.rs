@@ -116,6 +116,9 @@ async fn store_contract(store: &dyn CircuitStore) {
     assert_eq!(store.take_probe(&key, 9).await.unwrap(), 1);
     store.put_state(&key, None).await.unwrap();
     assert!(store.states().await.unwrap().is_empty());
+    // Closed, it counts afresh; other circuits keep theirs.
+    assert_eq!(store.tally(&key, 0, 200).await.unwrap(), Tally::default());
+    assert_eq!(store.tally(&other, 0, 200).await.unwrap(), tally(5, 0));
 }
 
 #[tokio::test]
@@ -165,4 +168,59 @@ async fn recorded_failures_open_the_circuit_for_routing() {
         1,
         "closed circuits have no verdict: {verdicts:?}"
     );
+}
+
+/// After the cooldown, successful probes close the circuit, and the failures that
+/// opened it do not open it again.
+#[tokio::test]
+async fn probes_close_a_circuit_for_good() {
+    let settings = CircuitsConfig {
+        cooldown_secs: 1,
+        probes: 2,
+        ..settings()
+    };
+    let circuits = Circuits::start(settings, Arc::new(MemoryCircuits::default()));
+    let key: Key = ("provc".into(), "sms".into());
+    let until = |want: bool| {
+        let circuits = circuits.clone();
+        let key = key.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while circuits.snapshot().contains_key(&key) != want {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "open should be {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    for _ in 0..10 {
+        circuits.record("provc", "sms", Outcome::SendFailed);
+    }
+    until(true).await;
+    // Cooling down: skipped, no probe taken.
+    assert!(matches!(
+        circuits.verdicts(std::slice::from_ref(&key)).await[&key],
+        Verdict::Skip(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Half-open: two probes in their place, then no more.
+    for _ in 0..2 {
+        assert_eq!(
+            circuits.verdicts(std::slice::from_ref(&key)).await[&key],
+            Verdict::Allow
+        );
+    }
+    assert!(matches!(
+        &circuits.verdicts(std::slice::from_ref(&key)).await[&key],
+        Verdict::Skip(r) if r.contains("half-open")
+    ));
+    circuits.record("provc", "sms", Outcome::Accepted);
+    circuits.record("provc", "sms", Outcome::Accepted);
+    until(false).await;
+    // One more success: the old failures are forgotten, the circuit stays closed.
+    circuits.record("provc", "sms", Outcome::Accepted);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!circuits.snapshot().contains_key(&key));
 }
