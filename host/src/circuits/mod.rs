@@ -12,7 +12,8 @@
 //!   channel's chain (it is still tried when everything before it failed), and the
 //!   message's timeline says so.
 //! - **Half-open** after the cooldown: up to `probes` sends go through it in its usual
-//!   place; one failure opens it again, `probes` successes close it.
+//!   place (as many again each further cooldown, until results come); one failure
+//!   opens it again, `probes` successes close it.
 //!
 //! The rules are plain functions ([`evaluate`], [`Verdict`]); [`Circuits`] gathers
 //! outcomes, writes them every [`FLUSH_EVERY`], evaluates the circuits it wrote to and
@@ -155,7 +156,8 @@ pub trait CircuitStore: Send + Sync + 'static {
     /// circuit counts afresh, so the failures that opened it cannot open it again.
     async fn put_state(&self, key: &Key, state: Option<&Opened>) -> Result<(), String>;
     /// Takes one of the probes of `key`'s half-open spell that started at
-    /// `until_ms`; the number taken so far, this one included.
+    /// `until_ms` (a new spell each cooldown); the number taken so far, this one
+    /// included.
     async fn take_probe(&self, key: &Key, until_ms: i64) -> Result<u64, String>;
 }
 
@@ -213,7 +215,10 @@ impl Circuits {
             outcomes,
             snapshot: RwLock::new(Arc::default()),
         });
-        tokio::spawn(flush_forever(Arc::downgrade(&circuits), rx));
+        // Off, nothing is counted and every circuit stays closed: no store traffic.
+        if circuits.settings.enabled {
+            tokio::spawn(flush_forever(Arc::downgrade(&circuits), rx));
+        }
         circuits
     }
 
@@ -247,7 +252,12 @@ impl Circuits {
                 continue;
             };
             let taken = if state.half_open(now) {
-                match self.store.take_probe(key, state.until_ms).await {
+                // Probe slots come afresh every cooldown: a slot taken by a message
+                // that then went another way (it had another channel first) is not
+                // lost for good, so a half-open circuit always gets its probes.
+                let cooldown = (self.settings.cooldown_secs.max(1) as i64) * 1000;
+                let spell = state.until_ms + (now - state.until_ms) / cooldown * cooldown;
+                match self.store.take_probe(key, spell).await {
                     Ok(n) => n <= u64::from(self.settings.probes.max(1)),
                     Err(e) => {
                         tracing::warn!(error = %e, "circuit store unreachable; not probing");

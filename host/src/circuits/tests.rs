@@ -216,6 +216,12 @@ async fn probes_close_a_circuit_for_good() {
         &circuits.verdicts(std::slice::from_ref(&key)).await[&key],
         Verdict::Skip(r) if r.contains("half-open")
     ));
+    // Slots taken by messages that went another way come back with the next spell.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        circuits.verdicts(std::slice::from_ref(&key)).await[&key],
+        Verdict::Allow
+    );
     circuits.record("provc", "sms", Outcome::Accepted);
     circuits.record("provc", "sms", Outcome::Accepted);
     until(false).await;
@@ -223,4 +229,25 @@ async fn probes_close_a_circuit_for_good() {
     circuits.record("provc", "sms", Outcome::Accepted);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!circuits.snapshot().contains_key(&key));
+}
+
+/// Off, nothing is counted: however many failures, no circuit opens.
+#[tokio::test]
+async fn off_nothing_opens() {
+    let store = Arc::new(MemoryCircuits::default());
+    let off = CircuitsConfig {
+        enabled: false,
+        ..settings()
+    };
+    let circuits = Circuits::start(off, store.clone());
+    for _ in 0..50 {
+        circuits.record("provc", "sms", Outcome::SendFailed);
+    }
+    tokio::time::sleep(FLUSH_EVERY * 3).await;
+    assert!(circuits.snapshot().is_empty());
+    let key: Key = ("provc".into(), "sms".into());
+    assert_eq!(
+        store.tally(&key, 0, i64::MAX).await.unwrap(),
+        Tally::default()
+    );
 }
