@@ -111,7 +111,17 @@ pub(super) async fn dev(args: DevArgs, mut config: Config) -> anyhow::Result<Exi
                 sim_config.secrets.entry(slug).or_insert(secret);
             }
             let gateway = format!("http://{}", listener.local_addr()?);
-            let simulator = crate::sim::Simulator::start(sim_config, gateway, sim_listener).await?;
+            let cache = crate::plugins::RuntimeConfig::from_settings(
+                &state.config.plugins,
+                &state.config.data_dir,
+            );
+            let simulator = crate::sim::Simulator::start_cached(
+                sim_config,
+                gateway,
+                sim_listener,
+                cache.cache_dir,
+            )
+            .await?;
             println!(
                 "provider simulator on http://{sim_addr}{}",
                 if routed {
@@ -189,6 +199,7 @@ pub(super) async fn sim(args: SimArgs, config: Config) -> anyhow::Result<ExitCod
         "provider simulator on http://{}; callbacks go to {gateway}",
         listener.local_addr()?
     );
-    crate::sim::run(sim, gateway, listener, signal).await?;
+    let cache = crate::plugins::RuntimeConfig::from_settings(&config.plugins, &config.data_dir);
+    crate::sim::run(sim, gateway, listener, cache.cache_dir, signal).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -19,7 +19,7 @@ use super::runtime::{Grants, Plugin, PluginRuntime};
 use crate::config::PluginsConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 /// Where a plugin came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,9 @@ pub struct Entry {
 pub struct Registry {
     runtime: PluginRuntime,
     entries: RwLock<BTreeMap<String, Entry>>,
+    /// [`Registry::default_routes`], worked out again whenever `entries` changes (a
+    /// delivery reads it; only a swap changes it).
+    defaults: RwLock<Arc<BTreeMap<String, Vec<String>>>>,
     /// Bundled and directory plugins, what a slug falls back to when its installed
     /// version is deactivated.
     base: BTreeMap<String, Entry>,
@@ -135,6 +138,7 @@ impl Registry {
         Ok(Self {
             runtime,
             base: entries.clone(),
+            defaults: RwLock::new(Arc::new(default_routes(&entries))),
             entries: RwLock::new(entries),
             grants: config.grants.clone(),
             refused: Default::default(),
@@ -230,6 +234,7 @@ impl Registry {
                         entries.remove(slug);
                     }
                 }
+                *self.defaults.write().unwrap() = Arc::new(default_routes(&entries));
                 tracing::info!(%slug, "installed version deactivated; back to the base plugin");
                 swapped.push(slug.clone());
             }
@@ -241,10 +246,10 @@ impl Registry {
     pub fn swap(&self, slug: &str, plugin: Plugin, source: Source) {
         let version = plugin.info().version.clone();
         let digest = plugin.digest().to_string();
-        self.entries
-            .write()
-            .unwrap()
-            .insert(slug.to_string(), Entry { plugin, source });
+        let mut entries = self.entries.write().unwrap();
+        entries.insert(slug.to_string(), Entry { plugin, source });
+        *self.defaults.write().unwrap() = Arc::new(default_routes(&entries));
+        drop(entries);
         tracing::info!(%slug, %version, digest = %&digest[..16], "plugin swapped in");
     }
 
@@ -304,27 +309,31 @@ impl Registry {
 
     /// Each channel's default route over the plugins loaded now
     /// ([`super::bundled::default_route`]), by channel name.
-    pub fn default_routes(&self) -> BTreeMap<String, Vec<String>> {
-        let entries = self.entries.read().unwrap();
-        let mut routes: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for bundled in BUNDLED {
-            let Some(entry) = entries.get(bundled.slug) else {
-                continue;
-            };
-            for channel in &entry.plugin.info().channels {
-                routes
-                    .entry(super::channel_name(channel).to_string())
-                    .or_default()
-                    .push(bundled.slug.to_string());
-            }
-        }
-        routes
+    pub fn default_routes(&self) -> Arc<BTreeMap<String, Vec<String>>> {
+        self.defaults.read().unwrap().clone()
     }
 
     /// Every plugin, by slug.
     pub fn list(&self) -> Vec<Entry> {
         self.entries.read().unwrap().values().cloned().collect()
     }
+}
+
+/// [`super::bundled::default_route`] for every channel the `entries` serve.
+fn default_routes(entries: &BTreeMap<String, Entry>) -> BTreeMap<String, Vec<String>> {
+    let mut routes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for bundled in BUNDLED {
+        let Some(entry) = entries.get(bundled.slug) else {
+            continue;
+        };
+        for channel in &entry.plugin.info().channels {
+            routes
+                .entry(super::channel_name(channel).to_string())
+                .or_default()
+                .push(bundled.slug.to_string());
+        }
+    }
+    routes
 }
 
 #[cfg(test)]
@@ -343,8 +352,8 @@ mod tests {
             .unwrap();
         let routes = |r: &Registry| -> Vec<(String, String)> {
             r.default_routes()
-                .into_iter()
-                .map(|(c, slugs)| (c, slugs.join(",")))
+                .iter()
+                .map(|(c, slugs)| (c.clone(), slugs.join(",")))
                 .collect()
         };
         let expected = [

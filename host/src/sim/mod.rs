@@ -357,6 +357,18 @@ impl Simulator {
         gateway_url: String,
         listener: tokio::net::TcpListener,
     ) -> anyhow::Result<Simulator> {
+        Self::start_cached(config, gateway_url, listener, None).await
+    }
+
+    /// [`Simulator::start`], with the signing plugins' compiled code cached in
+    /// `cache_dir` (the operator's plugin cache), so a restart does not compile them
+    /// again. The first simulator of a process decides.
+    pub async fn start_cached(
+        config: SimConfig,
+        gateway_url: String,
+        listener: tokio::net::TcpListener,
+        cache_dir: Option<std::path::PathBuf>,
+    ) -> anyhow::Result<Simulator> {
         config
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid simulator configuration: {e}"))?;
@@ -379,7 +391,9 @@ impl Simulator {
             stop: stop_rx,
         });
         // The signing plugins compile once per process; before the first callback.
-        signing::warm().await.map_err(|e| anyhow::anyhow!(e))?;
+        signing::warm(cache_dir)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
         let app = server::router(shared.clone());
         let graceful = {
             let shared = shared.clone();
@@ -458,9 +472,10 @@ pub async fn run(
     config: SimConfig,
     gateway_url: String,
     listener: tokio::net::TcpListener,
+    cache_dir: Option<std::path::PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let mut sim = Simulator::start(config, gateway_url, listener).await?;
+    let mut sim = Simulator::start_cached(config, gateway_url, listener, cache_dir).await?;
     for slug in SLUGS {
         tracing::info!(provider = slug, base_url = %sim.base_url(slug), "simulated provider");
     }

@@ -9,13 +9,15 @@
 use crate::plugins::bundled::BUNDLED;
 use crate::plugins::{Grants, Plugin, PluginRuntime, RuntimeConfig};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
 static SIGNERS: OnceCell<Result<HashMap<&'static str, Plugin>, String>> = OnceCell::const_new();
 
-async fn load() -> Result<HashMap<&'static str, Plugin>, String> {
+async fn load(cache_dir: Option<PathBuf>) -> Result<HashMap<&'static str, Plugin>, String> {
     let runtime = PluginRuntime::new(RuntimeConfig {
+        cache_dir,
         max_instances: 16,
         // Generous: a signature is a few HMACs, but a busy 2-core machine may
         // deschedule the call; a slow signature only delays a callback.
@@ -42,7 +44,7 @@ pub(super) async fn sign(
     timestamp: u64,
 ) -> Result<Vec<(String, String)>, String> {
     let signers = SIGNERS
-        .get_or_init(load)
+        .get_or_init(|| load(None))
         .await
         .as_ref()
         .map_err(Clone::clone)?;
@@ -55,10 +57,11 @@ pub(super) async fn sign(
         .map_err(|e| format!("{slug}'s sign-webhook failed: {e}"))
 }
 
-/// Loads the signing plugins now, so the first callback does not wait for them.
-pub(super) async fn warm() -> Result<(), String> {
+/// Loads the signing plugins now (compiled code cached in `cache_dir`), so the first
+/// callback does not wait for them.
+pub(super) async fn warm(cache_dir: Option<PathBuf>) -> Result<(), String> {
     SIGNERS
-        .get_or_init(load)
+        .get_or_init(|| load(cache_dir))
         .await
         .as_ref()
         .map(|_| ())

@@ -890,9 +890,15 @@ async fn stop_and_run_shut_the_server_down() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(run(fast_config(), gateway.url.clone(), listener, async {
-        let _ = rx.await;
-    }));
+    let running = tokio::spawn(run(
+        fast_config(),
+        gateway.url.clone(),
+        listener,
+        None,
+        async {
+            let _ = rx.await;
+        },
+    ));
     let id = provd_sms_at(addr).await;
     assert!(!id.is_empty());
     tx.send(()).unwrap();
