@@ -842,6 +842,66 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
         .unwrap();
     assert_eq!(resp.status(), 404, "nothing installed is active now");
     assert_eq!(resp.json::<Value>().await.unwrap()["error"], "NOT_FOUND");
+
+    // A canary: a share that is not 1-99 is refused; then it serves beside the bundled
+    // plugin, the page shows it and offers to roll the canary back, which ends it.
+    let canary = common::with_custom_section(bundled, "switchboard-test", b"console canary");
+    for bad in ["0", "100", "ten"] {
+        let (ct, body) = multipart(&[("csrf", &csrf), ("canary", bad)], ("component", &canary));
+        let resp = client()
+            .post(format!("{url}/console/plugins/install"))
+            .header("cookie", &cookie)
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "canary share {bad}");
+    }
+    let (ct, body) = multipart(&[("csrf", &csrf), ("canary", "25")], ("component", &canary));
+    let resp = client()
+        .post(format!("{url}/console/plugins/install"))
+        .header("cookie", &cookie)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let page = resp.text().await.unwrap();
+    assert!(
+        page.contains("serves 25 % of provc&#x27;s events as a canary")
+            || page.contains("serves 25 % of provc's events as a canary"),
+        "{page}"
+    );
+    assert_eq!(
+        loaded("provc"),
+        bundled_digest,
+        "the canary serves beside it"
+    );
+    let trial = state
+        .plugins
+        .canary("provc")
+        .expect("this gateway serves the canary");
+    let (_, _, page) = get(&url, "/console/plugins", &cookie).await;
+    assert!(
+        page.contains(&format!(
+            "(<code>{}</code>) serves 25 % since",
+            &trial.digest[..12]
+        )),
+        "{page}"
+    );
+    assert!(page.contains("Roll back the canary of provc"), "{page}");
+    assert!(
+        page.contains(&trial.digest),
+        "the form names the canary: {page}"
+    );
+    let fields = [("csrf", csrf.as_str()), ("digest", trial.digest.as_str())];
+    let (status, _, _) = post_fields(&url, rolling, &cookie, &fields).await;
+    assert_eq!(status, 303);
+    assert!(state.plugins.canary("provc").is_none());
+    let (_, _, page) = get(&url, "/console/plugins", &cookie).await;
+    assert!(page.contains("rolled back by the operator"), "{page}");
+    assert_eq!(loaded("provc"), bundled_digest);
 }
 
 async fn webhook_endpoints_and_their_delivery_log_show_one_workspace(b: Backends) {

@@ -289,6 +289,7 @@ both!(
     an_announced_swap_is_followed_at_once,
     a_wit_0_1_0_component_serves_beside_0_2_0_ones,
     a_failing_provider_is_skipped_and_traffic_recovers_on_its_peer,
+    a_bouncing_canary_is_rolled_back_and_a_good_one_promoted,
     the_spec_provider_names_reach_their_plugins_in_any_case,
     callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace,
 );
@@ -918,6 +919,7 @@ async fn hot_swapping_a_provider_under_load_loses_nothing(b: Backends) {
             wasm,
             "test",
             false,
+            None,
             &Default::default(),
         )
         .await
@@ -1059,7 +1061,7 @@ async fn a_trusted_native_build_swaps_and_rolls_back_like_a_component(b: Backend
         ..Default::default()
     };
     for bytes in [&component, &library] {
-        let outcome = install::install(&*store, &kit, bytes, "test", false, &as_native)
+        let outcome = install::install(&*store, &kit, bytes, "test", false, None, &as_native)
             .await
             .unwrap();
         let InstallOutcome::Activated { digest, .. } = outcome else {
@@ -1210,7 +1212,7 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
         (Some("ACTIVE"), Some("provc"))
     );
     let digest = body["digest"].as_str().unwrap().to_string();
-    let (_, listing) = get(admin_key).await;
+    let (_, listing) = get(admin_key.clone()).await;
     let provc = listing["loaded"]
         .as_array()
         .unwrap()
@@ -1246,6 +1248,108 @@ async fn the_admin_api_lists_and_installs_plugins_for_admin_keys_only(b: Backend
             .iter()
             .all(|v| v["kind"] == "wasm"),
         "{listing}"
+    );
+
+    // A canary: a share outside 1-99 is 400; one canary per slug (409 for a second);
+    // the listing shows it; the rollback ends it.
+    let canary = |tag: &[u8], share: &str| {
+        let http = lp.http.clone();
+        let url = lp.url.clone();
+        let key = admin_key.clone();
+        let wasm = common::with_custom_section(bundled, "switchboard-test", tag);
+        let share = share.to_string();
+        async move {
+            let resp = http
+                .post(format!("{url}/v1/admin/plugins?canary={share}"))
+                .bearer_auth(key)
+                .header("content-type", "application/wasm")
+                .body(wasm)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    for bad in ["0", "100", "-1", "x"] {
+        let (s, e) = canary(b"api-canary", bad).await;
+        assert_eq!(
+            (s, e["error"].as_str()),
+            (400, Some("BAD_REQUEST")),
+            "{bad}: {e}"
+        );
+    }
+    let (s, body) = canary(b"api-canary", "30").await;
+    assert_eq!(s, 201, "{body}");
+    assert_eq!(
+        (body["status"].as_str(), body["canary_percent"].as_u64()),
+        (Some("CANARY"), Some(30))
+    );
+    let canary_digest = body["digest"].as_str().unwrap().to_string();
+    let (s, e) = canary(b"api-canary-2", "30").await;
+    assert_eq!((s, e["error"].as_str()), (409, Some("CONFLICT")), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("already has a canary"),
+        "{e}"
+    );
+    let (_, listing) = get(admin_key.clone()).await;
+    let provc = listing["loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["slug"] == "provc")
+        .unwrap()
+        .clone();
+    assert_eq!(provc["digest"].as_str(), Some(digest.as_str()), "{provc}");
+    assert_eq!(
+        (
+            provc["canary"]["digest"].as_str(),
+            provc["canary"]["percent"].as_u64()
+        ),
+        (Some(canary_digest.as_str()), Some(30)),
+        "{provc}"
+    );
+    let installed = listing["installed"].as_array().unwrap();
+    let row = installed
+        .iter()
+        .find(|v| v["digest"] == canary_digest.as_str())
+        .unwrap();
+    assert_eq!(
+        (row["state"].as_str(), row["canary_percent"].as_u64()),
+        (Some("canary"), Some(30))
+    );
+    let resp = lp
+        .http
+        .post(format!("{}/v1/admin/plugins/provc/rollback", lp.url))
+        .bearer_auth(&admin_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert!(
+        answer["detail"].as_str().unwrap().contains("canary"),
+        "{answer}"
+    );
+    let (_, listing) = get(admin_key).await;
+    let row = listing["installed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["digest"] == canary_digest.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (row["state"].as_str(), row["canary_result"].as_str()),
+        (Some("standby"), Some("rolled back by the operator")),
+        "{row}"
+    );
+    assert_eq!(
+        lp.state.plugins.get("provc").unwrap().digest(),
+        digest,
+        "the active one stays"
     );
     lp.cleanup().await;
 }
@@ -1324,9 +1428,17 @@ async fn an_announced_swap_is_followed_at_once(b: Backends) {
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
     let install_version = async |tag: &[u8]| {
         let wasm = common::with_custom_section(bundled, "switchboard-test", tag);
-        match install::install(&*store, &kit, &wasm, "test", false, &Default::default())
-            .await
-            .unwrap()
+        match install::install(
+            &*store,
+            &kit,
+            &wasm,
+            "test",
+            false,
+            None,
+            &Default::default(),
+        )
+        .await
+        .unwrap()
         {
             InstallOutcome::Activated { digest, .. } => digest,
             other => panic!("install refused: {other:?}"),
@@ -1386,9 +1498,17 @@ async fn a_wit_0_1_0_component_serves_beside_0_2_0_ones(b: Backends) {
         "/../tests/fixtures/wit-v0.1.0/provc.wasm"
     ))
     .unwrap();
-    let digest = match install::install(&*store, &kit, &old, "test", false, &Default::default())
-        .await
-        .unwrap()
+    let digest = match install::install(
+        &*store,
+        &kit,
+        &old,
+        "test",
+        false,
+        None,
+        &Default::default(),
+    )
+    .await
+    .unwrap()
     {
         InstallOutcome::Activated {
             digest,
@@ -1521,5 +1641,259 @@ async fn a_failing_provider_is_skipped_and_traffic_recovers_on_its_peer(b: Backe
         metrics.contains(r#"switchboard_circuit_state{provider="provc",channel="sms"} 1"#),
         "{metrics}"
     );
+    lp.cleanup().await;
+}
+
+/// Installs `wasm` as a canary of prova serving `percent` %, and waits until this
+/// process serves it; its digest.
+async fn start_canary(lp: &Loop, wasm: &[u8], percent: u8) -> String {
+    use switchboard::plugins::install::{self, InstallOutcome};
+    let kit =
+        switchboard::plugins::PluginRuntime::new(install::kit_runtime_config(&lp.config)).unwrap();
+    let store = lp.state.ingest.store.clone();
+    let digest = match install::install(
+        &*store,
+        &kit,
+        wasm,
+        "test",
+        false,
+        Some(percent),
+        &Default::default(),
+    )
+    .await
+    .unwrap()
+    {
+        InstallOutcome::Canary {
+            digest, percent: p, ..
+        } => {
+            assert_eq!(p, percent);
+            digest
+        }
+        other => panic!("not a canary: {other:?}"),
+    };
+    let started = Instant::now();
+    while lp.state.plugins.canary("prova").map(|t| t.digest) != Some(digest.clone()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the canary never served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    digest
+}
+
+/// Waits until prova's version `digest` is no longer a canary; its listing.
+async fn trial_ended(lp: &Loop, digest: &str) -> switchboard::store::PluginVersion {
+    let started = Instant::now();
+    loop {
+        let versions = lp
+            .state
+            .ingest
+            .store
+            .plugin_versions(Some("prova"))
+            .await
+            .unwrap();
+        let v = versions.into_iter().find(|v| v.digest == digest).unwrap();
+        if v.state != switchboard::store::PluginState::Canary {
+            return v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the trial of {digest} never ended: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Triggers `n` welcome emails (new subscribers each); waits until each is final and
+/// returns `(event, status, digest prefix of the plugin build that sent it)`.
+async fn welcome_emails(
+    lp: &Loop,
+    key: &str,
+    tag: &str,
+    n: usize,
+) -> Vec<(String, String, String)> {
+    let mut events = Vec::new();
+    for i in 0..n {
+        let body = json!({"name": "welcome", "to": {"subscriberId": format!("{tag}{i}"), "email": format!("{tag}{i}@example.test")}, "payload": {"name": "Ada"}});
+        events.push(lp.trigger(key, body, "NORMAL").await);
+    }
+    let mut finals = Vec::new();
+    for event in events {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let dto: Value = lp
+                .http
+                .get(format!("{}/v1/events/{event}", lp.url))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let status = dto["status"].as_str().unwrap_or_default().to_string();
+            if status == "DELIVERED" || status == "BOUNCED_HARD" {
+                let sent = dto["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|e| e["status"] == "sent")
+                    .unwrap_or_else(|| panic!("{dto:#}"));
+                let build = sent["detail"]["plugin_digest"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                finals.push((event, status, build));
+                break;
+            }
+            assert!(Instant::now() < deadline, "{event} never ended: {dto:#}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    finals
+}
+
+/// A canary of prova whose build the provider bounces gets its share of the events (and
+/// only those bounce), and is rolled back on its own with the reason recorded; then a
+/// good canary serves its share and is promoted once the window has passed. No message
+/// is lost on the way.
+async fn a_bouncing_canary_is_rolled_back_and_a_good_one_promoted(b: Backends) {
+    use sha2::Digest as _;
+    use switchboard::plugins::trial::takes_canary;
+    use switchboard::store::PluginState;
+    let bundled = switchboard::plugins::bundled::find("prova").unwrap().wasm;
+    let bouncing = common::with_custom_section(bundled, "switchboard-test", b"bouncing canary");
+    let good = common::with_custom_section(bundled, "switchboard-test", b"good canary");
+    let bouncing_build = hex::encode(sha2::Sha256::digest(&bouncing))[..16].to_string();
+    let lp = Loop::start_with(
+        b,
+        &[],
+        |c| {
+            c.plugins.sync_ms = 100;
+            // Only the trial is under test: prova's circuit must not open.
+            c.circuits.enabled = false;
+            c.canary = switchboard::config::CanaryConfig {
+                window_secs: 8,
+                min_sends: 20,
+                margin_percent: 10,
+            };
+        },
+        |sim| {
+            let bounce = SimFaults {
+                bounce_rate: 1.0,
+                ..SimFaults::default()
+            };
+            sim.builds.insert(bouncing_build.clone(), bounce);
+        },
+    )
+    .await;
+    let key = lp.key().await;
+    lp.route("email", &["prova"]).await;
+    let stable = lp.state.plugins.get("prova").unwrap().digest().to_string();
+
+    let digest = start_canary(&lp, &bouncing, 50).await;
+    let listing = switchboard::api::admin::plugin_listing(&lp.state)
+        .await
+        .unwrap();
+    let prova = listing.loaded.iter().find(|p| p.slug == "prova").unwrap();
+    let serving = prova.canary.as_ref().expect("the listing shows the canary");
+    assert_eq!(
+        (serving.digest.as_str(), serving.percent),
+        (digest.as_str(), 50)
+    );
+    // 80 events: the canary's half is over `min_sends` but for a 1 in 300,000 draw.
+    // While the canary serves, it takes exactly the events the rule gives it, and only
+    // those bounce; once it is rolled back (as soon as its bounces count, maybe before
+    // the last of these is sent), the stable version takes them all.
+    let finals = welcome_emails(&lp, &key, "bad", 80).await;
+    let mut by_canary = 0;
+    for (event, status, build) in &finals {
+        if *build == bouncing_build {
+            by_canary += 1;
+            assert!(
+                takes_canary("prova", event, 50),
+                "{event}: not the canary's"
+            );
+            assert_eq!(status, "BOUNCED_HARD", "{event}");
+        } else {
+            assert_eq!(build, &stable[..16], "{event}");
+            assert_eq!(
+                status, "DELIVERED",
+                "{event}: only the canary's events bounce"
+            );
+        }
+    }
+    assert!(by_canary >= 20, "the canary sent {by_canary}");
+    let ended = trial_ended(&lp, &digest).await;
+    assert_eq!(ended.state, PluginState::Standby);
+    let result = ended.canary_result.unwrap();
+    assert!(
+        result.starts_with("rolled back: canary ")
+            && result.contains(", stable 0.0 % in ")
+            && result.ends_with(": worse by more than 10 points"),
+        "{result}"
+    );
+    let started = Instant::now();
+    while lp.state.plugins.canary("prova").is_some() {
+        assert!(started.elapsed() < Duration::from_secs(10), "still served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lp.state.plugins.get("prova").unwrap().digest(), stable);
+    for (event, status, build) in welcome_emails(&lp, &key, "after", 10).await {
+        assert_eq!(
+            (status.as_str(), build.as_str()),
+            ("DELIVERED", &stable[..16]),
+            "{event}: the stable version serves every event again"
+        );
+    }
+
+    let digest = start_canary(&lp, &good, 50).await;
+    let mut by_canary = 0;
+    for (event, status, build) in welcome_emails(&lp, &key, "good", 80).await {
+        assert_eq!(status, "DELIVERED", "{event}");
+        let canary = takes_canary("prova", &event, 50);
+        by_canary += usize::from(canary);
+        // The rule's events go to the canary, during the trial and after it is
+        // promoted; the others to the stable version (or, on a machine slow enough
+        // that the window ends first, the promoted canary).
+        if canary {
+            assert_eq!(build, &digest[..16], "{event}");
+        } else {
+            assert!(
+                build == stable[..16] || build == digest[..16],
+                "{event}: {build}"
+            );
+        }
+    }
+    assert!(by_canary >= 20, "the canary sent {by_canary}");
+    let ended = trial_ended(&lp, &digest).await;
+    assert_eq!(ended.state, PluginState::Active);
+    let result = ended.canary_result.unwrap();
+    assert!(
+        result.starts_with("promoted: canary 0.0 % failures in ")
+            && result.ends_with(": within 10 points"),
+        "{result}"
+    );
+    let waited: u64 = result
+        .split(" over ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("{result}"));
+    assert!(waited >= 8, "promoted before the window: {result}");
+    let started = Instant::now();
+    while lp.state.plugins.get("prova").unwrap().digest() != digest
+        || lp.state.plugins.canary("prova").is_some()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not swapped in"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every send reached the simulator once.
+    let sim = lp.sim.as_ref().unwrap();
+    assert_eq!(sim.accepted_keys("prova").len(), 170);
     lp.cleanup().await;
 }

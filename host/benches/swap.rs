@@ -87,6 +87,7 @@ async fn main() {
             &wasm,
             "bench",
             false,
+            None,
             &Default::default(),
         )
         .await

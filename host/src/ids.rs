@@ -45,6 +45,15 @@ macro_rules! prefixed_id {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+            /// When a [`Self::generate`]d id was made, epoch milliseconds (its UUIDv7
+            /// timestamp); `None` for an id of another shape.
+            pub fn created_ms(&self) -> Option<i64> {
+                let hex = &self.0[$prefix.len()..];
+                if hex.len() != 32 || hex.as_bytes()[12] != b'7' {
+                    return None;
+                }
+                i64::from_str_radix(&hex[..12], 16).ok()
+            }
         }
 
         impl fmt::Display for $name {
@@ -133,5 +142,18 @@ mod tests {
         let json = serde_json::to_string(&id).unwrap();
         assert_eq!(serde_json::from_str::<EventId>(&json).unwrap(), id);
         assert!(serde_json::from_str::<WorkspaceId>("\"evt_00\"").is_err());
+    }
+
+    #[test]
+    fn a_generated_id_tells_when_it_was_made() {
+        let before = chrono::Utc::now().timestamp_millis();
+        let id = EventId::generate();
+        let after = chrono::Utc::now().timestamp_millis();
+        let made = id.created_ms().unwrap();
+        assert!((before..=after).contains(&made), "{before} {made} {after}");
+        // Another shape (a caller's own id, or not a UUIDv7) tells nothing.
+        assert_eq!(EventId::parse("evt_abc").unwrap().created_ms(), None);
+        let v4 = format!("evt_{}", uuid::Uuid::new_v4().simple());
+        assert_eq!(EventId::parse(&v4).unwrap().created_ms(), None);
     }
 }

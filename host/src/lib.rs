@@ -9,6 +9,7 @@ pub mod announce;
 pub mod api;
 pub mod auth;
 pub mod broker;
+pub mod canary;
 pub mod circuits;
 pub mod cli;
 pub mod config;
@@ -47,6 +48,8 @@ pub struct AppState {
     pub plugins: Arc<plugins::registry::Registry>,
     /// Circuit breakers per provider and channel.
     pub circuits: Arc<circuits::Circuits>,
+    /// Counts and verdicts of canary plugin versions.
+    pub canaries: Arc<canary::Canaries>,
     /// The validated configuration.
     pub config: Arc<Config>,
     /// When start-up finished.
@@ -273,10 +276,13 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
+    let canaries =
+        canary::Canaries::start(config.canary.clone(), breakers.clone(), plugins.clone());
     let circuits = circuits::Circuits::start(config.circuits.clone(), breakers);
     Ok(AppState {
         plugins,
         circuits,
+        canaries,
         webhooks,
         config: Arc::new(config),
         started: Instant::now(),
@@ -307,7 +313,8 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
         format!("wkr_{}", uuid::Uuid::new_v4().simple()),
         lease,
         send_timeout,
-    );
+    )
+    .with_canaries(state.canaries.clone());
     worker::Worker::new(
         dispatcher,
         state.queue.clone(),
@@ -329,6 +336,7 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
         config.webhooks.receipt_concurrency,
         state.ingest.metrics.clone(),
         state.circuits.clone(),
+        state.canaries.clone(),
     )
 }
 
@@ -373,8 +381,8 @@ pub fn endpoint_dispatch(
 /// How often the relay looks for delivery events due.
 const RELAY_EVERY: Duration = Duration::from_millis(200);
 
-/// Delivery workers, the receipt consumer, the erasure scrubber and the delivery
-/// events' relay and dispatcher, until `stop` turns true.
+/// Delivery workers, the receipt consumer, the canaries' judge, the erasure scrubber
+/// and the delivery events' relay and dispatcher, until `stop` turns true.
 async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Receiver<bool>) {
     let receipts = tokio::spawn(receipt_consumer(&state).run(stop.clone()));
     let events = match endpoint_dispatch(&state) {
@@ -387,6 +395,12 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
             None
         }
     };
+    // Every process with workers judges the canaries; the store lets one end each.
+    let judge = tokio::spawn(state.canaries.clone().judge_forever(
+        state.ingest.store.clone(),
+        state.announcer.clone(),
+        stop.clone(),
+    ));
     let scrubber = tokio::spawn(worker::erasure::run(
         state.ingest.store.clone(),
         state.config.erasure.audit_window(),
@@ -396,6 +410,7 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
     worker(&state).run(stop).await;
     let _ = receipts.await;
     let _ = scrubber.await;
+    let _ = judge.await;
     if let Some((relay, dispatcher)) = events {
         let _ = relay.await;
         let _ = dispatcher.await;

@@ -66,6 +66,21 @@ pub fn render_plugins(registry: &Registry) -> String {
             entry.plugin.allowed_hosts().join(","),
             source
         ));
+        if let Some((trial, canary)) = registry
+            .canaries()
+            .into_iter()
+            .find(|(t, _)| t.slug == info.slug)
+        {
+            out.push_str(&format!(
+                "  canary {} ({}) serves {} % since {}\n",
+                canary.info().version,
+                &trial.digest[..16],
+                trial.percent,
+                trial
+                    .since
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
+        }
     }
     out
 }

@@ -33,6 +33,21 @@ pub struct LoadedPlugin {
     pub wit_version: String,
     /// Channels served.
     pub channels: Vec<String>,
+    /// The canary serving a share of this slug's events beside it, if one runs.
+    pub canary: Option<ServingCanary>,
+}
+
+/// A canary version serving beside the active one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServingCanary {
+    /// Version from `info()`.
+    pub version: String,
+    /// Hex SHA-256 of the component.
+    pub digest: String,
+    /// Share of the slug's events it serves, 1-99.
+    pub percent: i64,
+    /// When its trial began (RFC 3339).
+    pub since: String,
 }
 
 /// An installed version (stored in the database).
@@ -46,8 +61,14 @@ pub struct InstalledVersion {
     pub digest: String,
     /// `wasm` (a sandboxed component) or `native` (a trusted native library).
     pub kind: String,
-    /// `active`, `standby` or `rejected`.
+    /// `active`, `standby`, `rejected` or `canary`.
     pub state: String,
+    /// While a canary: the share of the slug's events it serves, 1-99.
+    pub canary_percent: Option<i64>,
+    /// While a canary: when its trial began (RFC 3339).
+    pub canary_since: Option<String>,
+    /// How its last canary trial ended (`promoted: ...`, `rolled back: ...`).
+    pub canary_result: Option<String>,
     /// Who installed it (`cli:<user>`, `api:<key id>`).
     pub installed_by: String,
     /// When (RFC 3339).
@@ -68,8 +89,8 @@ pub struct PluginListing {
 /// `POST /v1/admin/plugins` success.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InstallResponse {
-    /// Always `ACTIVE`: every process switches when it hears the swap announced, and
-    /// within `plugins.sync_ms` in any case.
+    /// `ACTIVE`, or `CANARY` when installed with `canary`: every process switches
+    /// when it hears the swap announced, and within `plugins.sync_ms` in any case.
     pub status: String,
     /// Slug.
     pub slug: String,
@@ -77,8 +98,10 @@ pub struct InstallResponse {
     pub version: String,
     /// Hex SHA-256 of the component.
     pub digest: String,
-    /// The installed version it replaced, if any.
+    /// The installed version it replaced, if any (`null` for a canary).
     pub previous: Option<String>,
+    /// A canary's share of the slug's events.
+    pub canary_percent: Option<u8>,
 }
 
 /// `POST /v1/admin/plugins` query.
@@ -87,6 +110,8 @@ pub struct InstallQuery {
     /// Allow outbound hosts the active version does not declare.
     #[serde(default)]
     pub approve_hosts: bool,
+    /// Install as a canary serving this share (1-99 %) of the slug's events.
+    pub canary: Option<u8>,
 }
 
 /// Routes of this resource.
@@ -173,6 +198,7 @@ pub async fn plugin_listing(state: &AppState) -> Result<PluginListing, ApiError>
 impl PluginListing {
     /// What serves each slug in `registry`, and the installed `versions`.
     pub fn of(registry: &Registry, versions: Vec<crate::store::PluginVersion>) -> Self {
+        let canaries = registry.canaries();
         let loaded = registry
             .list()
             .into_iter()
@@ -188,6 +214,15 @@ impl PluginListing {
                 .into(),
                 kind: e.plugin.kind().as_str().into(),
                 wit_version: e.plugin.wit_version().into(),
+                canary: canaries
+                    .iter()
+                    .find(|(t, _)| t.slug == e.plugin.info().slug)
+                    .map(|(t, p)| ServingCanary {
+                        version: p.info().version.clone(),
+                        digest: t.digest.clone(),
+                        percent: t.percent,
+                        since: t.since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    }),
                 channels: e
                     .plugin
                     .info()
@@ -205,6 +240,11 @@ impl PluginListing {
                 digest: v.digest,
                 kind: v.kind.as_str().into(),
                 state: v.state.as_str().into(),
+                canary_percent: v.canary.map(|(percent, _)| percent),
+                canary_since: v
+                    .canary
+                    .map(|(_, since)| since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+                canary_result: v.canary_result,
                 installed_by: v.installed_by,
                 installed_at: v
                     .installed_at
@@ -224,13 +264,17 @@ impl PluginListing {
     path = "/v1/admin/plugins",
     tag = "admin",
     security(("bearer" = [])),
-    params(("approve_hosts" = Option<bool>, Query, description = "Refused when true (403): new outbound hosts are approved only on the host, with `switchboard plugin install --approve-hosts`")),
+    params(
+        ("approve_hosts" = Option<bool>, Query, description = "Refused when true (403): new outbound hosts are approved only on the host, with `switchboard plugin install --approve-hosts`"),
+        ("canary" = Option<u8>, Query, description = "Install as a canary serving this share of the slug's events, 1 to 99 (%); it is promoted or rolled back on its own"),
+    ),
     request_body(content = Vec<u8>, description = "The component (`.wasm`)", content_type = "application/wasm"),
     responses(
-        (status = 201, description = "Installed and active", body = InstallResponse),
+        (status = 201, description = "Installed and active, or serving as a canary", body = InstallResponse),
         (status = 400, description = "Not a provider component", body = super::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
         (status = 403, description = "The key lacks the `operator` scope, or `approve_hosts` was asked for", body = super::error::ErrorBody),
+        (status = 409, description = "A canary was asked for and cannot start: the slug has one running, or this version is active", body = super::error::ErrorBody),
         (status = 422, description = "`PLUGIN_REJECTED`: failed the conformance kit, new hosts without approval (the message is the report), or a native library (installed only with the CLI)", body = super::error::ErrorBody),
     )
 )]
@@ -258,9 +302,16 @@ pub async fn install_plugin(
             ApiError::BadRequest(format!("could not read the request body: {e}"))
         }
     })?;
+    if let Some(percent) = query.canary
+        && !(1..=99).contains(&percent)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "canary must be 1 to 99 (% of the slug's events), not {percent}"
+        )));
+    }
     let by = format!("api:{}", caller.key.id);
     caller.still_valid().await?;
-    match install_component(&state, &wasm, &by).await? {
+    match install_component(&state, &wasm, &by, query.canary).await? {
         InstallOutcome::Activated {
             slug,
             version,
@@ -275,6 +326,23 @@ pub async fn install_plugin(
                 version,
                 digest,
                 previous,
+                canary_percent: None,
+            }),
+        )),
+        InstallOutcome::Canary {
+            slug,
+            version,
+            digest,
+            percent,
+        } => Ok((
+            StatusCode::CREATED,
+            axum::Json(InstallResponse {
+                status: "CANARY".into(),
+                slug,
+                version,
+                digest,
+                previous: None,
+                canary_percent: Some(percent),
             }),
         )),
         InstallOutcome::Rejected {
@@ -294,6 +362,7 @@ pub async fn install_component(
     state: &AppState,
     wasm: &[u8],
     installed_by: &str,
+    canary: Option<u8>,
 ) -> Result<InstallOutcome, ApiError> {
     if crate::plugins::artifact_kind(wasm) == crate::plugins::ArtifactKind::Native {
         // An API key must never be a way to run unsandboxed code in the gateway.
@@ -312,18 +381,21 @@ pub async fn install_component(
         wasm,
         installed_by,
         false,
+        canary,
         &Default::default(),
     )
     .await
     .map_err(|e| {
         let text = e.to_string();
         if text.starts_with("not a valid provider plugin") {
-            ApiError::BadRequest(text)
-        } else {
-            ApiError::Internal(e)
+            return ApiError::BadRequest(text);
+        }
+        match e.downcast::<crate::store::StoreError>() {
+            Ok(e) => ApiError::from_store_change(e),
+            Err(e) => ApiError::Internal(e),
         }
     })?;
-    if let InstallOutcome::Activated { slug, .. } = &outcome {
+    if let InstallOutcome::Activated { slug, .. } | InstallOutcome::Canary { slug, .. } = &outcome {
         swapped(state, slug).await;
     }
     Ok(outcome)
@@ -363,12 +435,14 @@ pub struct RollbackResponse {
     pub status: String,
     /// Slug.
     pub slug: String,
-    /// What happened: the version now active, or that the bundled plugin serves again.
+    /// What happened: the canary rolled back, the version now active, or that the
+    /// bundled plugin serves again.
     pub detail: String,
 }
 
-/// Rolls a slug back to the installed version that was active before, or, when there
-/// is none, to its bundled (or directory) plugin.
+/// Ends the slug's canary when it has one (the active version keeps serving);
+/// otherwise rolls the slug back to the installed version that was active before, or,
+/// when there is none, to its bundled (or directory) plugin.
 #[utoipa::path(
     post,
     operation_id = "rollbackPlugin",
@@ -381,7 +455,7 @@ pub struct RollbackResponse {
         (status = 400, description = "The slug is not valid text", body = super::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = super::error::ErrorBody),
         (status = 403, description = "The key lacks the `operator` scope", body = super::error::ErrorBody),
-        (status = 404, description = "The slug has no active installed version", body = super::error::ErrorBody),
+        (status = 404, description = "The slug has no canary and no active installed version", body = super::error::ErrorBody),
         (status = 409, description = "A concurrent swap changed the slug's versions; nothing was changed", body = super::error::ErrorBody),
     )
 )]

@@ -318,6 +318,20 @@ impl Circuits {
     }
 }
 
+/// Every outcome waiting in `rx`, summed by key; `None` once every sender is gone.
+pub(crate) fn gather(
+    rx: &mut mpsc::UnboundedReceiver<(Key, Outcome)>,
+) -> Option<HashMap<Key, Tally>> {
+    let mut batch: HashMap<Key, Tally> = HashMap::new();
+    loop {
+        match rx.try_recv() {
+            Ok((key, outcome)) => batch.entry(key).or_default().add(outcome),
+            Err(mpsc::error::TryRecvError::Empty) => return Some(batch),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+        }
+    }
+}
+
 /// Gathers outcomes and flushes them every [`FLUSH_EVERY`]; reads the states back at
 /// least every [`REFRESH_EVERY`]. Ends when the [`Circuits`] is dropped.
 async fn flush_forever(
@@ -327,14 +341,9 @@ async fn flush_forever(
     let mut last_refresh = std::time::Instant::now();
     loop {
         tokio::time::sleep(FLUSH_EVERY).await;
-        let mut batch: HashMap<Key, Tally> = HashMap::new();
-        loop {
-            match rx.try_recv() {
-                Ok((key, outcome)) => batch.entry(key).or_default().add(outcome),
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => return,
-            }
-        }
+        let Some(batch) = gather(&mut rx) else {
+            return;
+        };
         let Some(circuits) = circuits.upgrade() else {
             return;
         };

@@ -31,6 +31,12 @@ pub(super) enum PluginCommand {
         /// Allow outbound hosts the current version does not declare.
         #[arg(long)]
         approve_hosts: bool,
+        /// Serve the new version to this share (1-99 %) of the slug's events beside the
+        /// active one; it is promoted when its failure rate is no worse than the active
+        /// version's by `canary.margin_percent` after `canary.window_secs`, and rolled
+        /// back as soon as it is.
+        #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=99))]
+        canary: Option<u8>,
         /// The file is a native library (no sandbox) for this slug, which
         /// `plugins.native_trusted` must list; checked before the library is opened.
         #[arg(long, value_name = "SLUG", value_parser = slug_arg)]
@@ -41,7 +47,8 @@ pub(super) enum PluginCommand {
         #[command(flatten)]
         target: Target,
     },
-    /// Go back to the version that was active before (or to the bundled plugin).
+    /// Go back to the version that was active before (or to the bundled plugin); while
+    /// the slug has a canary, end the canary instead (the active version keeps serving).
     Rollback {
         /// The plugin's slug.
         #[arg(value_parser = slug_arg)]
@@ -137,6 +144,7 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
         PluginCommand::Install {
             component,
             approve_hosts,
+            canary,
             native,
             provider_config,
             target,
@@ -159,6 +167,7 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
                 &wasm,
                 &by,
                 approve_hosts,
+                canary,
                 &kit,
             )
             .await?;
@@ -176,6 +185,22 @@ pub(super) async fn run(command: PluginCommand, config: Config) -> anyhow::Resul
                         previous
                             .map(|p| format!(", replacing {p}"))
                             .unwrap_or_default(),
+                        started.elapsed().as_millis(),
+                        announce_swap(&config, &slug).await
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                crate::plugins::install::InstallOutcome::Canary {
+                    slug,
+                    version,
+                    digest,
+                    percent,
+                } => {
+                    println!(
+                        "{slug} {version} ({}) serves {percent} % of {slug}'s events as a canary \
+                         in {} ms; it is promoted or rolled back on its own (`switchboard plugin \
+                         list` shows how it fares); {}",
+                        &digest[..12],
                         started.elapsed().as_millis(),
                         announce_swap(&config, &slug).await
                     );

@@ -8,10 +8,12 @@
 //! simulator's providers) are that part's, checked by [`crate::check_config`] over
 //! the whole configuration.
 
+mod canary;
 mod circuits;
 mod console;
 mod sim;
 
+pub use canary::CanaryConfig;
 pub use circuits::CircuitsConfig;
 pub use console::ConsoleConfig;
 pub use sim::{MAX_DELAY_MS, SimConfig, SimFaults};
@@ -67,6 +69,9 @@ pub struct Config {
     /// Circuit breakers per provider and channel.
     #[serde(default)]
     pub circuits: CircuitsConfig,
+    /// How canary plugin versions are judged.
+    #[serde(default)]
+    pub canary: CanaryConfig,
 }
 
 /// Callers' webhook endpoints (`[webhook_endpoints]`). `dev` allows every URL.
@@ -466,6 +471,7 @@ impl Default for Config {
             console: ConsoleConfig::default(),
             webhook_endpoints: WebhookEndpointsConfig::default(),
             circuits: CircuitsConfig::default(),
+            canary: CanaryConfig::default(),
         }
     }
 }
@@ -499,6 +505,7 @@ const TOP_LEVEL: &[&str] = &[
     "console",
     "webhook_endpoints",
     "circuits",
+    "canary",
 ];
 
 impl Config {
@@ -677,6 +684,9 @@ impl Config {
             "between 1 and 1024",
         )?;
         self.circuits
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        self.canary
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         self.validate_tls()

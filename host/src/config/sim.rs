@@ -47,6 +47,11 @@ pub struct SimConfig {
     pub secrets: BTreeMap<String, String>,
     /// Failure injection per provider slug.
     pub providers: BTreeMap<String, SimFaults>,
+    /// Failure injection per plugin build, named by the first 16 hex digits of its
+    /// digest (as `switchboard plugin list` shows it and the plugin's requests carry it
+    /// in their `User-Agent`): a build listed here gets these faults instead of its
+    /// provider's, e.g. a canary version that the provider bounces.
+    pub builds: BTreeMap<String, SimFaults>,
     /// E.164 numbers whose calls end `DND` (suppressed by the carrier).
     pub dnd_numbers: Vec<String>,
 }
@@ -63,6 +68,7 @@ impl Default for SimConfig {
             callback_tries: 5,
             secrets: BTreeMap::new(),
             providers: BTreeMap::new(),
+            builds: BTreeMap::new(),
             dnd_numbers: Vec::new(),
         }
     }

@@ -30,13 +30,24 @@ pub(super) async fn plugins(
     };
     require_admin(&key, "the plugin registry")?;
     let listing = crate::api::admin::plugin_listing(&state).await?;
-    // A rollback is offered where an installed version is active; the form names it,
-    // so a stale page (or a reload) cannot roll back something else.
-    let rollbacks: Vec<(String, String)> = listing
+    // A rollback is offered where an installed version is active or a canary (which
+    // is what a rollback of its slug ends); the form names it, so a stale page (or a
+    // reload) cannot roll back something else.
+    let canary_slugs: Vec<&str> = listing
         .installed
         .iter()
-        .filter(|v| v.state == "active")
-        .map(|v| (v.slug.clone(), v.digest.clone()))
+        .filter(|v| v.state == "canary")
+        .map(|v| v.slug.as_str())
+        .collect();
+    let rollbacks: Vec<(String, String, bool)> = listing
+        .installed
+        .iter()
+        .filter(|v| match v.state.as_str() {
+            "canary" => true,
+            "active" => !canary_slugs.contains(&v.slug.as_str()),
+            _ => false,
+        })
+        .map(|v| (v.slug.clone(), v.digest.clone(), v.state == "canary"))
         .collect();
     // After a rollback: what serves the slug now (only a slug that is loaded is named).
     let rolled_back = query_value(raw.as_deref(), "rolled_back")
@@ -98,11 +109,12 @@ pub(super) async fn install(
             ApiError::BadRequest(format!("invalid form: {}", e.body_text()))
         }
     };
-    let (mut csrf, mut wasm) = (String::new(), None);
+    let (mut csrf, mut wasm, mut canary) = (String::new(), None, String::new());
     while let Some(field) = form.next_field().await.map_err(bad)? {
         match field.name() {
             Some("csrf") => csrf = field.text().await.map_err(bad)?,
             Some("component") => wasm = Some(field.bytes().await.map_err(bad)?),
+            Some("canary") => canary = field.text().await.map_err(bad)?,
             _ => {}
         }
     }
@@ -111,10 +123,37 @@ pub(super) async fn install(
     let wasm = wasm
         .filter(|w| !w.is_empty())
         .ok_or_else(|| ApiError::BadRequest("choose a component file (.wasm) to install".into()))?;
+    let canary = match canary.trim() {
+        "" => None,
+        text => Some(
+            text.parse::<u8>()
+                .ok()
+                .filter(|p| (1..=99).contains(p))
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "the canary share must be a whole number from 1 to 99, not {text:?}"
+                    ))
+                })?,
+        ),
+    };
     let by = format!("console:{}", key.id);
     let page =
         |accepted, summary, report| install_page(&state, &key, &cookie, accepted, summary, report);
-    match crate::api::admin::install_component(&state, &wasm, &by).await {
+    match crate::api::admin::install_component(&state, &wasm, &by, canary).await {
+        Ok(InstallOutcome::Canary {
+            slug,
+            version,
+            digest,
+            percent,
+        }) => page(
+            true,
+            format!(
+                "{slug} {version} ({}) serves {percent} % of {slug}'s events as a canary; it is \
+                 promoted or rolled back on its own.",
+                &digest[..12]
+            ),
+            None,
+        ),
         Ok(InstallOutcome::Activated {
             slug,
             version,
@@ -142,7 +181,9 @@ pub(super) async fn install(
             Some(reason),
         ),
         // Not a component, or a native library: said on the page, like a rejection.
-        Err(ApiError::BadRequest(why) | ApiError::PluginRejected(why)) => page(
+        Err(
+            ApiError::BadRequest(why) | ApiError::PluginRejected(why) | ApiError::Conflict(why),
+        ) => page(
             false,
             "Not installed; the current version stays active.".into(),
             Some(why),

@@ -105,10 +105,18 @@ pub(super) fn write_log(
     }
 }
 
-/// An outbound request for plugin `slug`, through its allow-list and the address
+/// Who makes an outbound request.
+pub(super) struct Caller<'a> {
+    /// The plugin's slug, for the logs.
+    pub slug: &'a str,
+    /// The `User-Agent` the request is sent with unless the plugin gives its own.
+    pub user_agent: &'a str,
+}
+
+/// An outbound request for a plugin, through its allow-list and the address
 /// check (see [`super::egress`]), with the host's timeout cap and response size limit.
 pub(super) async fn perform_http(
-    slug: &str,
+    caller: Caller<'_>,
     network: bool,
     allow: &AllowList,
     egress: &Egress,
@@ -116,6 +124,7 @@ pub(super) async fn perform_http(
     stats: &PluginStats,
     request: types::OutboundRequest,
 ) -> Result<types::OutboundResponse, types::HttpError> {
+    let Caller { slug, user_agent } = caller;
     {
         use types::HttpError;
         let deny = |refused: String, why: &str| {
@@ -187,6 +196,16 @@ pub(super) async fn perform_http(
                 HttpError::InvalidRequest(format!("invalid value for header {name}"))
             })?;
             builder = builder.header(name, value);
+        }
+        // Unless the plugin names itself: which gateway and which build of the plugin
+        // called, for the provider's logs (and the simulator's faults per build).
+        if !request
+            .headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("user-agent"))
+            && let Ok(agent) = reqwest::header::HeaderValue::from_str(user_agent)
+        {
+            builder = builder.header(reqwest::header::USER_AGENT, agent);
         }
         let classify = |e: reqwest::Error| {
             if e.is_timeout() {

@@ -44,6 +44,18 @@ pub enum InstallOutcome {
         /// which the kit passed when it was installed).
         report: Option<String>,
     },
+    /// The version is its slug's canary now, serving `percent` % of its events beside
+    /// the active version until it is promoted or rolled back (see `crate::canary`).
+    Canary {
+        /// Slug.
+        slug: String,
+        /// Version.
+        version: String,
+        /// Digest.
+        digest: String,
+        /// Share of the slug's events it serves.
+        percent: u8,
+    },
     /// Refused; the current version stays active.
     Rejected {
         /// Slug.
@@ -55,16 +67,28 @@ pub enum InstallOutcome {
     },
 }
 
-/// Checks and installs `wasm`, then activates it. `runtime` runs the conformance kit
-/// (give it short outbound timeouts); `kit` is the kit's provider config.
+/// Checks and installs `wasm`, then activates it, or with `canary` (1-99) makes it a
+/// canary serving that share of the slug's events. `runtime` runs the conformance
+/// kit (give it short outbound timeouts); `kit` is the kit's provider config.
+///
+/// Installing a stored version again activates it (or repeats its rejection); with
+/// `canary`, starts its trial. Installing a running canary again without `canary`
+/// promotes it at once.
 pub async fn install(
     store: &dyn Store,
     runtime: &PluginRuntime,
     wasm: &[u8],
     installed_by: &str,
     approve_hosts: bool,
+    canary: Option<u8>,
     kit: &KitOptions,
 ) -> anyhow::Result<InstallOutcome> {
+    if let Some(percent) = canary {
+        anyhow::ensure!(
+            (1..=99).contains(&percent),
+            "a canary serves 1 to 99 % of its slug's events, not {percent}"
+        );
+    }
     let digest = hex::encode(Sha256::digest(wasm));
     let plugin = runtime
         .load_as(wasm, Grants::Declared, kit.native_slug.as_deref())
@@ -86,7 +110,18 @@ pub async fn install(
         let previous = current
             .filter(|c| c.digest != digest)
             .map(|c| c.version.clone());
-        store.activate_plugin_version(&slug, &digest).await?;
+        if let Some(percent) = canary {
+            return start_canary(store, slug, version, digest, percent).await;
+        }
+        if same.state == PluginState::Canary {
+            let why = format!("promoted by {installed_by} before its trial ended");
+            anyhow::ensure!(
+                store.end_canary(&slug, &digest, true, &why).await?,
+                "{slug} {version}'s trial ended while it was being promoted; look again"
+            );
+        } else {
+            store.activate_plugin_version(&slug, &digest).await?;
+        }
         return Ok(InstallOutcome::Activated {
             slug,
             version,
@@ -160,6 +195,9 @@ pub async fn install(
             reason,
         });
     }
+    if let Some(percent) = canary {
+        return start_canary(store, slug, version, digest, percent).await;
+    }
     let previous = current.map(|c| c.version.clone());
     anyhow::ensure!(
         store.activate_plugin_version(&slug, &digest).await?,
@@ -174,7 +212,48 @@ pub async fn install(
     })
 }
 
-/// Rolls `slug` back: to the standby version that was active most recently, or, when
+/// Makes the stored version a canary, or says why it cannot be one.
+async fn start_canary(
+    store: &dyn Store,
+    slug: String,
+    version: String,
+    digest: String,
+    percent: u8,
+) -> anyhow::Result<InstallOutcome> {
+    use crate::store::CanaryStart;
+    let refused = match store.start_canary(&slug, &digest, percent).await? {
+        CanaryStart::Started => {
+            return Ok(InstallOutcome::Canary {
+                slug,
+                version,
+                digest,
+                percent,
+            });
+        }
+        CanaryStart::Busy(other) => format!(
+            "{slug} already has a canary ({}): it is promoted or rolled back on its own, or \
+             `switchboard plugin rollback {slug}` ends it; {version} is stored, install it \
+             again with --canary then",
+            &other[..12]
+        ),
+        CanaryStart::NotStandby(Some(PluginState::Canary)) => {
+            format!("{slug} {version} is already the canary of {slug}")
+        }
+        CanaryStart::NotStandby(Some(PluginState::Active)) => {
+            format!("{slug} {version} is the active version: there is nothing to try")
+        }
+        CanaryStart::NotStandby(state) => format!(
+            "{slug} {version} cannot be a canary (it is {})",
+            state.map(|s| s.as_str()).unwrap_or("not stored")
+        ),
+    };
+    // Nothing changed, because of the slug's state: the API answers 409.
+    Err(crate::store::StoreError::Conflict(refused).into())
+}
+
+/// Rolls `slug` back: while it has a canary, ends the canary (the active version keeps
+/// serving; `expected` must then be the canary's digest, if given). Otherwise, to the
+/// standby version that was active most recently, or, when
 /// there is none, to its bundled or directory plugin. Returns what happened, in a line.
 /// With `expected`, only when that digest is the active one (a page that showed it):
 /// otherwise nothing changes and the error is a [`StoreError::Conflict`].
@@ -186,6 +265,24 @@ pub async fn rollback(
     expected: Option<&str>,
 ) -> anyhow::Result<String> {
     let versions = store.plugin_versions(Some(slug)).await?;
+    if let Some(canary) = versions.iter().find(|v| v.state == PluginState::Canary)
+        && expected.is_none_or(|e| e == canary.digest)
+    {
+        if !store
+            .end_canary(slug, &canary.digest, false, "rolled back by the operator")
+            .await?
+        {
+            return Err(crate::store::StoreError::Conflict(format!(
+                "{slug}'s canary ended while rolling it back; nothing was changed, look again"
+            ))
+            .into());
+        }
+        return Ok(format!(
+            "{slug}: canary {} ({}) rolled back; the active version keeps serving {slug}\n",
+            canary.version,
+            &canary.digest[..12]
+        ));
+    }
     let current = versions.iter().find(|v| v.state == PluginState::Active);
     if let Some(expected) = expected
         && current.map(|c| c.digest.as_str()) != Some(expected)
@@ -252,6 +349,16 @@ pub fn render_versions(versions: &[crate::store::PluginVersion]) -> String {
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             v.installed_by
         ));
+        if let Some((percent, since)) = v.canary {
+            out.push_str(&format!(
+                "  canary: serves {percent} % of {}'s events since {}\n",
+                v.slug,
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
+        }
+        if let Some(result) = &v.canary_result {
+            out.push_str(&format!("  last canary trial: {result}\n"));
+        }
     }
     out
 }
@@ -327,8 +434,21 @@ pub async fn watch_dir(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let by = format!("dir:{name}");
-            match install(&*store, &runtime, &wasm, &by, false, &KitOptions::default()).await {
-                Ok(InstallOutcome::Activated { slug, version, .. }) => {
+            match install(
+                &*store,
+                &runtime,
+                &wasm,
+                &by,
+                false,
+                None,
+                &KitOptions::default(),
+            )
+            .await
+            {
+                Ok(
+                    InstallOutcome::Activated { slug, version, .. }
+                    | InstallOutcome::Canary { slug, version, .. },
+                ) => {
                     tracing::info!(file = %name, %slug, %version, "plugin installed from the watched directory");
                     if let Err(e) = registry.sync(&*store).await {
                         tracing::warn!(error = %e, "plugin sync after install failed");

@@ -16,6 +16,7 @@
 //! - [`conformance`]: the contract suite behind `switchboard plugin check`.
 //! - [`capture`]: a local HTTP server that records what a plugin sends.
 //! - [`scaffold`]: `switchboard plugin new`, a plugin crate to start from.
+//! - [`trial`]: which version serves an event while its slug has a canary.
 
 pub mod bundled;
 pub mod cache;
@@ -30,6 +31,7 @@ pub mod runtime;
 mod sandbox;
 pub mod scaffold;
 pub mod session;
+pub mod trial;
 pub mod types;
 pub mod wit;
 

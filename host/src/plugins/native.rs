@@ -185,6 +185,8 @@ const INLINE_MAX_INPUT: usize = 64 << 10;
 /// What the host lends a call: the same egress and logging a sandboxed plugin gets.
 pub(crate) struct HostCtx {
     pub slug: String,
+    /// The `User-Agent` of its requests (see `PluginInner::user_agent`).
+    pub user_agent: String,
     pub allow: AllowList,
     pub egress: Egress,
     pub http_timeout: Duration,
@@ -312,7 +314,10 @@ unsafe extern "C" fn host_http_request(
                             }
                             tokio::select! {
                                 answer = super::host_calls::perform_http(
-                                    &ctx.slug,
+                                    super::host_calls::Caller {
+                                        slug: &ctx.slug,
+                                        user_agent: &ctx.user_agent,
+                                    },
                                     ctx.network,
                                     &ctx.allow,
                                     &ctx.egress,

@@ -13,10 +13,17 @@
 //! after the swap get the new one. The new version is compiled (or read from the
 //! compiled-artifact cache, keyed by digest) before the lock is taken, so the swap
 //! itself never waits on compilation.
+//!
+//! ## Canaries
+//! A slug may also have a canary version (`switchboard plugin install --canary N`),
+//! loaded and followed the same way: [`Registry::pick`] gives an event the canary or
+//! the stable version as [`super::trial::takes_canary`] says.
 
 use super::bundled::BUNDLED;
 use super::runtime::{Grants, Plugin, PluginRuntime};
+use super::trial::{Arm, Trial};
 use crate::config::PluginsConfig;
+use crate::store::CanaryTrial;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -51,6 +58,8 @@ pub struct Registry {
     /// [`Registry::default_routes`], worked out again whenever `entries` changes (a
     /// delivery reads it; only a swap changes it).
     defaults: RwLock<Arc<BTreeMap<String, Vec<String>>>>,
+    /// Running canaries by slug: the trial and its loaded version.
+    canaries: RwLock<BTreeMap<String, (CanaryTrial, Plugin)>>,
     /// Bundled and directory plugins, what a slug falls back to when its installed
     /// version is deactivated.
     base: BTreeMap<String, Entry>,
@@ -140,6 +149,7 @@ impl Registry {
             base: entries.clone(),
             defaults: RwLock::new(Arc::new(default_routes(&entries))),
             entries: RwLock::new(entries),
+            canaries: RwLock::default(),
             grants: config.grants.clone(),
             refused: Default::default(),
             syncing: Default::default(),
@@ -179,48 +189,9 @@ impl Registry {
             if current.is_some_and(|(_, d, installed)| d == digest && *installed) {
                 continue;
             }
-            if self.refused.lock().unwrap().contains(digest) {
-                continue;
-            }
-            let Some(wasm) = store.plugin_wasm(slug, digest).await? else {
-                continue;
-            };
-            if super::artifact_kind(&wasm) == super::ArtifactKind::Native
-                && !self.runtime.trusts_native(slug)
-            {
-                // Checked before the library is opened. Logged once per version.
-                if self.refused.lock().unwrap().insert(digest.clone()) {
-                    tracing::error!(
-                        %slug, %digest,
-                        "the active version is a native library and this process does not \
-                         trust native {slug} (plugins.native_trusted); keeping the loaded one"
-                    );
-                }
-                continue;
-            }
-            let by = store
-                .plugin_versions(Some(slug))
-                .await?
-                .into_iter()
-                .find(|v| &v.digest == digest)
-                .map(|v| v.installed_by)
-                .unwrap_or_default();
-            match self
-                .runtime
-                .load_as(&wasm, Grants::BySlug(&self.grants), Some(slug))
-                .await
-            {
-                Ok(plugin) if &plugin.info().slug == slug => {
-                    self.swap(slug, plugin, Source::Installed { by });
-                    swapped.push(slug.clone());
-                }
-                Ok(plugin) => tracing::error!(
-                    %slug, other = %plugin.info().slug,
-                    "installed version reports another slug; not loaded"
-                ),
-                Err(e) => {
-                    tracing::error!(%slug, %digest, error = %e, "installed version failed to load")
-                }
+            if let Some((plugin, by)) = self.load_version(store, slug, digest).await? {
+                self.swap(slug, plugin, Source::Installed { by });
+                swapped.push(slug.clone());
             }
         }
         for (slug, _, installed) in &loaded {
@@ -239,7 +210,121 @@ impl Registry {
                 swapped.push(slug.clone());
             }
         }
+        self.sync_canaries(store, &mut swapped).await?;
         Ok(swapped)
+    }
+
+    /// Loads the running canaries that are new or changed, and drops the ended ones.
+    async fn sync_canaries(
+        &self,
+        store: &dyn crate::store::Store,
+        swapped: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let trials = store.canary_plugin_versions().await?;
+        let running: BTreeMap<String, CanaryTrial> = self
+            .canaries
+            .read()
+            .unwrap()
+            .iter()
+            .map(|(slug, (trial, _))| (slug.clone(), trial.clone()))
+            .collect();
+        for trial in &trials {
+            if running.get(&trial.slug) == Some(trial) {
+                continue;
+            }
+            if let Some((plugin, _)) = self.load_version(store, &trial.slug, &trial.digest).await? {
+                tracing::info!(
+                    slug = %trial.slug, version = %plugin.info().version,
+                    digest = %&trial.digest[..16], percent = trial.percent,
+                    "canary serving"
+                );
+                self.canaries
+                    .write()
+                    .unwrap()
+                    .insert(trial.slug.clone(), (trial.clone(), plugin));
+                swapped.push(trial.slug.clone());
+            }
+        }
+        let mut canaries = self.canaries.write().unwrap();
+        canaries.retain(|slug, _| {
+            let keep = trials.iter().any(|t| &t.slug == slug);
+            if !keep {
+                tracing::info!(%slug, "canary ended");
+                swapped.push(slug.clone());
+            }
+            keep
+        });
+        Ok(())
+    }
+
+    /// Loads the stored version `digest` of `slug` as this process may run it, with who
+    /// installed it; `None` (logged) when it cannot be: not stored, a native library
+    /// this process does not trust, or one that fails to load (tried again next time).
+    async fn load_version(
+        &self,
+        store: &dyn crate::store::Store,
+        slug: &str,
+        digest: &str,
+    ) -> anyhow::Result<Option<(Plugin, String)>> {
+        if self.refused.lock().unwrap().contains(digest) {
+            return Ok(None);
+        }
+        let installed_by = || async {
+            Ok::<_, anyhow::Error>(
+                store
+                    .plugin_versions(Some(slug))
+                    .await?
+                    .into_iter()
+                    .find(|v| v.digest == digest)
+                    .map(|v| v.installed_by)
+                    .unwrap_or_default(),
+            )
+        };
+        // A canary promoted to active is the instance already serving its share.
+        let serving = self
+            .canaries
+            .read()
+            .unwrap()
+            .get(slug)
+            .filter(|(trial, _)| trial.digest == digest)
+            .map(|(_, plugin)| plugin.clone());
+        if let Some(plugin) = serving {
+            return Ok(Some((plugin, installed_by().await?)));
+        }
+        let Some(wasm) = store.plugin_wasm(slug, digest).await? else {
+            return Ok(None);
+        };
+        if super::artifact_kind(&wasm) == super::ArtifactKind::Native
+            && !self.runtime.trusts_native(slug)
+        {
+            // Checked before the library is opened. Logged once per version.
+            if self.refused.lock().unwrap().insert(digest.to_string()) {
+                tracing::error!(
+                    %slug, %digest,
+                    "the version is a native library and this process does not \
+                     trust native {slug} (plugins.native_trusted); keeping the loaded one"
+                );
+            }
+            return Ok(None);
+        }
+        match self
+            .runtime
+            .load_as(&wasm, Grants::BySlug(&self.grants), Some(slug))
+            .await
+        {
+            Ok(plugin) if plugin.info().slug == slug => Ok(Some((plugin, installed_by().await?))),
+            Ok(plugin) => {
+                tracing::error!(
+                    %slug, other = %plugin.info().slug,
+                    "installed version reports another slug; not loaded"
+                );
+                Ok(None)
+            }
+            Err(e) => {
+                tracing::error!(%slug, %digest, error = %e, "installed version failed to load");
+                Ok(None)
+            }
+        }
     }
 
     /// Replaces `slug`'s entry: calls in flight finish on the old instance.
@@ -305,6 +390,40 @@ impl Registry {
             .unwrap()
             .get(slug)
             .map(|e| e.plugin.clone())
+    }
+
+    /// The plugin that serves `slug` for `event_id`: the canary when the slug has one
+    /// and the event falls in its share, else the active one; with the trial's arm
+    /// while a canary runs.
+    pub fn pick(&self, slug: &str, event_id: &str) -> Option<(Plugin, Option<Trial>)> {
+        if let Some((trial, canary)) = self.canaries.read().unwrap().get(slug) {
+            let trial_of = |arm| {
+                Some(Trial {
+                    slug: slug.to_string(),
+                    digest: trial.digest.clone(),
+                    arm,
+                })
+            };
+            if super::trial::takes_canary(slug, event_id, trial.percent) {
+                return Some((canary.clone(), trial_of(Arm::Canary)));
+            }
+            return self.get(slug).map(|p| (p, trial_of(Arm::Stable)));
+        }
+        self.get(slug).map(|p| (p, None))
+    }
+
+    /// `slug`'s running canary, as this process last read it.
+    pub fn canary(&self, slug: &str) -> Option<CanaryTrial> {
+        self.canaries
+            .read()
+            .unwrap()
+            .get(slug)
+            .map(|(trial, _)| trial.clone())
+    }
+
+    /// Every running canary and its loaded version, by slug.
+    pub fn canaries(&self) -> Vec<(CanaryTrial, Plugin)> {
+        self.canaries.read().unwrap().values().cloned().collect()
     }
 
     /// Each channel's default route over the plugins loaded now

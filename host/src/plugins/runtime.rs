@@ -326,6 +326,21 @@ pub(super) struct PluginInner {
     pub(super) stats: Arc<PluginStats>,
 }
 
+impl PluginInner {
+    /// The `User-Agent` of the plugin's outbound requests (unless it sets its own):
+    /// the gateway, the plugin's slug and version, and the first 16 hex digits of its
+    /// digest, so a provider (or the simulator) can tell which build called.
+    pub(super) fn user_agent(&self) -> String {
+        format!(
+            "switchboard/{} ({}/{}; {})",
+            env!("CARGO_PKG_VERSION"),
+            self.info.slug,
+            self.info.version,
+            &self.digest[..self.digest.len().min(16)]
+        )
+    }
+}
+
 /// How a plugin's code runs.
 pub(super) enum Backend {
     /// A WebAssembly component, one sandboxed instance per call.
@@ -397,6 +412,7 @@ impl Plugin {
         let shared = &self.inner.shared;
         let ctx = super::native::HostCtx {
             slug: self.inner.info.slug.clone(),
+            user_agent: self.inner.user_agent(),
             allow: self.inner.allow.clone(),
             egress: shared.egress.clone(),
             http_timeout: shared.config.http_timeout,

@@ -4,7 +4,7 @@
 //! bindings call these, [`super::wit`]).
 
 use super::egress::{AllowList, Egress};
-use super::host_calls::{MAX_LOG_LINES_PER_CALL, PluginStats, perform_http, write_log};
+use super::host_calls::{Caller, MAX_LOG_LINES_PER_CALL, PluginStats, perform_http, write_log};
 use super::types;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 /// What one instance may use beyond its own memory.
 pub(super) struct InstanceGrants {
     pub slug: String,
+    /// The `User-Agent` of its requests (see `PluginInner::user_agent`).
+    pub user_agent: String,
     pub allow: AllowList,
     pub egress: Egress,
     pub http_timeout: Duration,
@@ -67,6 +69,8 @@ pub struct HostState {
     pub(super) timed_out: bool,
     pub(super) log_lines: u32,
     pub(super) slug: String,
+    /// The `User-Agent` of its requests.
+    user_agent: String,
     allow: AllowList,
     egress: Egress,
     http_timeout: Duration,
@@ -124,6 +128,7 @@ impl HostState {
             timed_out: false,
             log_lines: 0,
             slug: grants.slug,
+            user_agent: grants.user_agent,
             allow: grants.allow,
             egress: grants.egress,
             http_timeout: grants.http_timeout,
@@ -169,7 +174,10 @@ impl HostState {
         request: types::OutboundRequest,
     ) -> Result<types::OutboundResponse, types::HttpError> {
         perform_http(
-            &self.slug,
+            Caller {
+                slug: &self.slug,
+                user_agent: &self.user_agent,
+            },
             self.network,
             &self.allow,
             &self.egress,

@@ -70,12 +70,12 @@ pub(super) fn warn_no_secret(shared: &Shared, slug: Slug) {
 fn plan(
     config: &SimConfig,
     slug: Slug,
+    faults: Option<&super::SimFaults>,
     channel: SimChannel,
     message_id: &str,
     recipient: &str,
 ) -> Vec<Bytes> {
     let encode = |v: serde_json::Value| Bytes::from(v.to_string());
-    let faults = config.faults(slug);
     let rate = |pick: fn(&super::SimFaults) -> f64| faults.map_or(0.0, pick);
     if channel != SimChannel::Voice {
         let bounce = channel == SimChannel::Email && roll(rate(|f| f.bounce_rate));
@@ -140,6 +140,7 @@ fn plan(
 pub(super) fn schedule(
     shared: &Arc<Shared>,
     slug: Slug,
+    faults: Option<&super::SimFaults>,
     channel: SimChannel,
     message_id: &str,
     recipient: String,
@@ -149,7 +150,14 @@ pub(super) fn schedule(
         warn_no_secret(shared, slug);
         return;
     };
-    let bodies = plan(&shared.config, slug, channel, message_id, &recipient);
+    let bodies = plan(
+        &shared.config,
+        slug,
+        faults,
+        channel,
+        message_id,
+        &recipient,
+    );
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::select! {

@@ -27,7 +27,9 @@
 //! `timeout_ms`, then answers 504; `reject_rate` answers 400 (not retryable, so the
 //! gateway fails over). `bounce_rate` turns an accepted email's callback into
 //! `BOUNCED_HARD`; `busy_rate` and `no_answer_rate` end calls busy or unanswered.
-//! Calls to [`SimConfig::dnd_numbers`] end `DND` (provD, which has no such state:
+//! [`SimConfig::builds`] gives one build of a plugin its own faults instead (a request
+//! names its build in the `User-Agent` the gateway sets). Calls to
+//! [`SimConfig::dnd_numbers`] end `DND` (provD, which has no such state:
 //! `failed`).
 //!
 //! ## Callbacks
@@ -105,16 +107,33 @@ impl SimConfig {
                 return Err(unknown("secrets", slug));
             }
         }
-        for (slug, faults) in &self.providers {
+        for slug in self.providers.keys() {
             if !SLUGS.contains(&slug.as_str()) {
                 return Err(unknown("providers", slug));
             }
-            for (name, rate) in faults.rates() {
-                // NaN fails the range check too.
-                if !(0.0..=1.0).contains(&rate) {
-                    return Err(format!(
-                        "sim.providers.{slug}.{name} must be between 0 and 1, not {rate}"
-                    ));
+        }
+        for build in self.builds.keys() {
+            let hex = build.len() == 16
+                && build
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !hex {
+                return Err(format!(
+                    "sim.builds.{build}: a build is named by the first 16 lower-case hex \
+                     digits of its digest"
+                ));
+            }
+        }
+        let tables = [("providers", &self.providers), ("builds", &self.builds)];
+        for (table, entries) in tables {
+            for (name, faults) in entries {
+                for (setting, rate) in faults.rates() {
+                    // NaN fails the range check too.
+                    if !(0.0..=1.0).contains(&rate) {
+                        return Err(format!(
+                            "sim.{table}.{name}.{setting} must be between 0 and 1, not {rate}"
+                        ));
+                    }
                 }
             }
         }
@@ -128,9 +147,23 @@ impl SimConfig {
         Ok(())
     }
 
-    fn faults(&self, slug: Slug) -> Option<&SimFaults> {
-        self.providers.get(slug.name())
+    /// The faults of a request to `slug` from plugin build `build` (see [`build_of`]):
+    /// the build's own when `sim.builds` lists it, else the provider's.
+    fn faults(&self, slug: Slug, build: Option<&str>) -> Option<&SimFaults> {
+        build
+            .and_then(|b| self.builds.get(b))
+            .or_else(|| self.providers.get(slug.name()))
     }
+}
+
+/// The plugin build a request came from: the digest prefix in the `User-Agent` the
+/// gateway gives its plugins' requests, `switchboard/{version} ({slug}/{version}; {build})`.
+fn build_of(user_agent: &str) -> Option<&str> {
+    let inside = user_agent.strip_prefix("switchboard/")?.split_once(" (")?.1;
+    inside
+        .strip_suffix(')')?
+        .rsplit_once("; ")
+        .map(|(_, build)| build)
 }
 
 fn check_gateway_url(gateway_url: &str, setting: &str) -> Result<(), String> {

@@ -261,7 +261,8 @@ async fn handle(
             return endpoint.accepted(&id);
         }
     }
-    let faults = shared.config.faults(slug);
+    let build = header(headers, header::USER_AGENT.as_str()).and_then(super::build_of);
+    let faults = shared.config.faults(slug, build);
     if roll(faults.map_or(0.0, |f| f.timeout_rate)) {
         Counters::bump(&counters.timed_out);
         let hang = Duration::from_millis(shared.config.timeout_ms);
@@ -312,7 +313,14 @@ async fn handle(
         id,
         "send accepted"
     );
-    callbacks::schedule(&shared, slug, request.channel, &id, request.recipient);
+    callbacks::schedule(
+        &shared,
+        slug,
+        faults,
+        request.channel,
+        &id,
+        request.recipient,
+    );
     endpoint.accepted(&id)
 }
 

@@ -1028,6 +1028,25 @@ fn validate_names_the_setting() {
     assert!(e.starts_with("sim.state_interval_ms"), "{e}");
     let e = with(&|c| c.timeout_ms = u64::MAX);
     assert!(e.starts_with("sim.timeout_ms"), "{e}");
+    let e = with(&|c| {
+        c.builds
+            .insert("ABCDEF0123456789".into(), SimFaults::default());
+    });
+    assert!(
+        e.starts_with("sim.builds.ABCDEF0123456789: a build is named"),
+        "{e}"
+    );
+    let e = with(&|c| {
+        let faults = SimFaults {
+            bounce_rate: 2.0,
+            ..SimFaults::default()
+        };
+        c.builds.insert("abcdef0123456789".into(), faults);
+    });
+    assert!(
+        e.starts_with("sim.builds.abcdef0123456789.bounce_rate must be between 0 and 1"),
+        "{e}"
+    );
     let e = with(&|c| c.gateway_url = "localhost:8080".into());
     assert!(e.starts_with("sim.gateway_url"), "{e}");
     let e = with(&|c| c.dnd_numbers = vec!["0415 555 0123".into()]);
@@ -1081,4 +1100,67 @@ fn rates_of_one_always_fire_and_zero_never() {
         assert!(!roll(0.0));
         assert!(!roll(f64::NAN));
     }
+}
+
+#[test]
+fn a_request_names_its_plugin_build_in_the_user_agent() {
+    assert_eq!(
+        build_of("switchboard/0.1.0 (prova/0.1.0; 0123456789abcdef)"),
+        Some("0123456789abcdef")
+    );
+    for other in [
+        "curl/8.0",
+        "switchboard/0.1.0",
+        "switchboard/0.1.0 (prova)",
+        "",
+    ] {
+        assert_eq!(build_of(other), None, "{other}");
+    }
+}
+
+/// Faults listed for one build replace its provider's: the build the gateway names in
+/// the `User-Agent` bounces, a build that is not listed does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_gets_its_own_faults() {
+    let gateway = Gateway::start(secrets()).await;
+    let runtime = runtime();
+    let mut config = fast_config();
+    let bundled_digest = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(bundled::find("prova").unwrap().wasm))
+    };
+    config.builds.insert(
+        bundled_digest[..16].to_string(),
+        SimFaults {
+            bounce_rate: 1.0,
+            ..SimFaults::default()
+        },
+    );
+    let sim = start(config, &gateway).await;
+    let plugin = load(&runtime, &sim, "prova").await;
+    assert_eq!(plugin.digest(), bundled_digest);
+    let id = accepted_id(
+        &plugin,
+        &sim,
+        "prova",
+        &message(Channel::Email, &event_id(), PHONE),
+    )
+    .await;
+    assert_eq!(
+        gateway.wait_for(&id, 1).await[0].json["status"],
+        "BOUNCED_HARD"
+    );
+    // provB has no faults of its own, and its build is not listed.
+    let provb = load(&runtime, &sim, "provb").await;
+    let id = accepted_id(
+        &provb,
+        &sim,
+        "provb",
+        &message(Channel::Email, &event_id(), PHONE),
+    )
+    .await;
+    assert_eq!(
+        gateway.wait_for(&id, 1).await[0].json["status"],
+        "DELIVERED"
+    );
 }

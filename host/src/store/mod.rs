@@ -31,7 +31,9 @@ pub use erasure::Erasure;
 pub use messages::Messages;
 pub use outbound::Outbound;
 pub use outbox::Outbox;
-pub use plugin_versions::{NewPluginVersion, PluginState, PluginVersion, PluginVersions};
+pub use plugin_versions::{
+    CanaryStart, CanaryTrial, NewPluginVersion, PluginState, PluginVersion, PluginVersions,
+};
 pub use preferences::SubscriberPreferences;
 pub use queries::Queries;
 pub use receipts::Receipts;

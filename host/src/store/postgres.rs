@@ -414,6 +414,7 @@ mod tests {
         plugin_wasm_round_trip,
         plugin_activation,
         concurrent_plugin_activations,
+        plugin_canaries,
     );
 
     /// What the trait does not show: subscriber rows (contacts, then the tombstone,

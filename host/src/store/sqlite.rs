@@ -492,6 +492,7 @@ mod tests {
         plugin_wasm_round_trip,
         plugin_activation,
         concurrent_plugin_activations,
+        plugin_canaries,
     );
 
     #[tokio::test]

@@ -356,8 +356,8 @@ pub(crate) async fn migrator_before(
 }
 
 pub(crate) use super::plugin_versions::tests::{
-    ROWS_BEFORE_0006, concurrent_plugin_activations, plugin_activation, plugin_kinds_after_0006,
-    plugin_versions_insert_and_list, plugin_wasm_round_trip,
+    ROWS_BEFORE_0006, concurrent_plugin_activations, plugin_activation, plugin_canaries,
+    plugin_kinds_after_0006, plugin_versions_insert_and_list, plugin_wasm_round_trip,
 };
 
 #[test]

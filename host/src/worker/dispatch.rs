@@ -58,6 +58,8 @@ pub struct Dispatcher {
     pub plugins: Arc<Registry>,
     /// Circuit breakers: where outcomes are counted and verdicts read.
     pub circuits: Arc<Circuits>,
+    /// Where the sends of a slug with a canary are counted ([`Self::with_canaries`]).
+    pub canaries: Option<Arc<crate::canary::Canaries>>,
     /// This worker's lease owner id.
     pub owner: String,
     /// Lease length (the broker's ack wait).
@@ -88,12 +90,20 @@ impl Dispatcher {
             config,
             plugins,
             circuits,
+            canaries: None,
             owner,
             lease,
             send_timeout,
             // Reads run on the pool, several at once.
             preferences: Coalescer::start(PREFERENCES_BATCH, 4, read),
         }
+    }
+
+    /// Counts the sends of slugs with a canary in `canaries` (without it, their
+    /// trials see no sends from this dispatcher).
+    pub fn with_canaries(mut self, canaries: Arc<crate::canary::Canaries>) -> Self {
+        self.canaries = Some(canaries);
+        self
     }
 
     /// Takes the message through dispatch. Store errors are returned (the delivery is
@@ -287,9 +297,14 @@ impl Run<'_> {
     async fn attempt(&mut self, call: &Call, resumed: bool) -> Result<Option<Outcome>, StoreError> {
         let slug = call.route.provider.as_str();
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
-        match self.call(call).await {
+        let picked = self.d.plugins.pick(slug, self.envelope.event_id.as_str());
+        let trial = picked.as_ref().and_then(|(_, trial)| trial.clone());
+        match self.call(call, picked.map(|(plugin, _)| plugin)).await {
             Ok(answer) => {
                 self.d.circuits.record(slug, ch, CircuitOutcome::Accepted);
+                if let (Some(trial), Some(canaries)) = (&trial, &self.d.canaries) {
+                    canaries.record(trial, CircuitOutcome::Accepted);
+                }
                 self.step(&plan::sent_step(
                     call.channel,
                     slug,
@@ -306,6 +321,9 @@ impl Run<'_> {
                 // A slug nothing serves is the route's problem, not the provider's.
                 if !matches!(code.as_str(), NOT_LOADED | NOT_SERVED) {
                     self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
+                    if let (Some(trial), Some(canaries)) = (&trial, &self.d.canaries) {
+                        canaries.record(trial, CircuitOutcome::SendFailed);
+                    }
                 }
                 let secrets: Vec<&str> = call.route.config.values().map(String::as_str).collect();
                 let to = &self.envelope.request.to;
@@ -350,11 +368,18 @@ impl Run<'_> {
         }
     }
 
-    /// The plugin call: the provider's answer, or `(code, detail)`.
-    async fn call(&self, call: &Call) -> Result<Answer, (String, String)> {
+    /// The call to `plugin` (the version [`Registry::pick`] chose for the event; `None`:
+    /// nothing serves the slug): the provider's answer, or `(code, detail)`.
+    ///
+    /// [`Registry::pick`]: crate::plugins::registry::Registry::pick
+    async fn call(
+        &self,
+        call: &Call,
+        plugin: Option<crate::plugins::Plugin>,
+    ) -> Result<Answer, (String, String)> {
         let (channel, route) = (call.channel, &call.route);
         let slug = route.provider.as_str();
-        let Some(plugin) = self.d.plugins.get(slug) else {
+        let Some(plugin) = plugin else {
             return Err((NOT_LOADED.into(), format!("no plugin {slug:?} is loaded")));
         };
         let serves = plugin

@@ -30,6 +30,7 @@ pub struct ReceiptConsumer {
     concurrency: usize,
     metrics: Arc<Metrics>,
     circuits: Arc<Circuits>,
+    canaries: Arc<crate::canary::Canaries>,
 }
 
 impl ReceiptConsumer {
@@ -41,6 +42,7 @@ impl ReceiptConsumer {
         concurrency: usize,
         metrics: Arc<Metrics>,
         circuits: Arc<Circuits>,
+        canaries: Arc<crate::canary::Canaries>,
     ) -> Arc<Self> {
         Arc::new(Self {
             store,
@@ -49,6 +51,7 @@ impl ReceiptConsumer {
             concurrency: concurrency.max(1),
             metrics,
             circuits,
+            canaries,
         })
     }
 
@@ -137,7 +140,7 @@ impl ReceiptConsumer {
                 let label = match &outcome {
                     ReceiptOutcome::Applied(event_id) => {
                         tracing::debug!(%event_id, "receipt applied");
-                        self.count_against_provider(&event, write.status);
+                        self.count_against_provider(&event, event_id, write.status);
                         "applied"
                     }
                     ReceiptOutcome::Ignored(_) => "ignored",
@@ -165,13 +168,23 @@ impl ReceiptConsumer {
 
     /// A bounce or failure the provider reports for a send it accepted counts against
     /// its circuit on that channel (when the receipt names the channel).
-    fn count_against_provider(&self, event: &TelemetryReceiptEvent, status: MessageStatus) {
-        if matches!(status, MessageStatus::BouncedHard | MessageStatus::Failed)
-            && let Some(channel) = event.channel.as_deref()
-        {
+    /// A receipt that bounced or failed a message counts against its provider's
+    /// circuit (when it names the channel) and its slug's canary trial, if any.
+    fn count_against_provider(
+        &self,
+        event: &TelemetryReceiptEvent,
+        event_id: &crate::ids::EventId,
+        status: MessageStatus,
+    ) {
+        if !matches!(status, MessageStatus::BouncedHard | MessageStatus::Failed) {
+            return;
+        }
+        if let Some(channel) = event.channel.as_deref() {
             self.circuits
                 .record(&event.provider, channel, CircuitOutcome::ReceiptFailed);
         }
+        self.canaries
+            .record_failed_receipt(&event.provider, event_id.as_str());
     }
 
     async fn prune_forever(self: Arc<Self>) {

@@ -2,7 +2,9 @@
 //!
 //! [`PluginVersions`] is what callers use; its rules (a version is inserted standby or
 //! rejected and activated separately; activating a rejected or missing version changes
-//! nothing; activating the active one changes nothing, not even `activated_at`) and the
+//! nothing; activating the active one changes nothing, not even `activated_at`; a
+//! canary starts only from standby and only while its slug has none, and ends
+//! promoted or rolled back exactly once) and the
 //! decoding of rows are written once here, over [`PluginVersionsSql`], which each
 //! backend implements with SQL and bindings only. How activation is made atomic is the
 //! one thing that truly differs: PostgreSQL locks the slug's rows, SQLite's single
@@ -38,6 +40,52 @@ pub trait PluginVersions: Send + Sync {
     /// `(slug, digest)` of every active installed version: what every process polls to
     /// follow swaps.
     async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError>;
+    /// Makes a standby version its slug's canary, serving `percent` (1-99) of the
+    /// slug's events from now. Refused (nothing changed) when the version is not
+    /// standby or the slug has another canary: [`CanaryStart`] says which.
+    async fn start_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        percent: u8,
+    ) -> Result<CanaryStart, StoreError>;
+    /// Ends the canary `digest` of `slug` with `result` recorded: promoted (it becomes
+    /// the active version, the old one standby) or rolled back (standby). False, and
+    /// nothing changed, when that version is not the slug's canary (another process
+    /// ended it first).
+    async fn end_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+    ) -> Result<bool, StoreError>;
+    /// Every running canary, by slug: what every process polls beside the active set.
+    async fn canary_plugin_versions(&self) -> Result<Vec<CanaryTrial>, StoreError>;
+}
+
+/// What [`PluginVersions::start_canary`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CanaryStart {
+    /// The version is the slug's canary now.
+    Started,
+    /// The version is not standby: its state (`None`: no such version).
+    NotStandby(Option<PluginState>),
+    /// The slug already has a canary: its digest.
+    Busy(String),
+}
+
+/// A running canary.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct CanaryTrial {
+    /// Slug.
+    pub slug: String,
+    /// The canary version's digest.
+    pub digest: String,
+    /// Share of the slug's events it serves, 1-99.
+    pub percent: i64,
+    /// When the trial began.
+    pub since: DateTime<Utc>,
 }
 
 /// What each backend says in SQL. Timestamps are bound in the backend's own form.
@@ -66,6 +114,28 @@ pub(crate) trait PluginVersionsSql: Send + Sync {
     async fn demote_active(&self, slug: &str) -> Result<bool, StoreError>;
     /// `(slug, digest)` of every active version, by slug.
     async fn active_rows(&self) -> Result<Vec<(String, String)>, StoreError>;
+    /// Makes the version a canary when it is standby and the slug has no canary;
+    /// whether it did.
+    async fn canary_if_free(
+        &self,
+        slug: &str,
+        digest: &str,
+        percent: u8,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+    /// Atomically, when the version is the slug's canary: promotes it (demoting the
+    /// active version) or turns it standby, clearing its trial and recording `result`
+    /// (and `activated_at` = `now` when promoted). Whether it was the canary.
+    async fn finish_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+    /// Every canary as a [`CanaryTrial`] (columns `slug, digest, percent, since`), by slug.
+    async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError>;
 }
 
 /// A `plugin_versions` row without its bytes, as [`VERSION_COLUMNS`] selects it.
@@ -82,6 +152,9 @@ pub(crate) struct PluginVersionRow {
     installed_by: String,
     installed_at: DateTime<Utc>,
     activated_at: Option<DateTime<Utc>>,
+    canary_percent: Option<i64>,
+    canary_since: Option<DateTime<Utc>>,
+    canary_result: Option<String>,
 }
 
 /// The columns of a [`PluginVersionRow`]; `{hosts}` is where the backend puts its
@@ -89,7 +162,7 @@ pub(crate) struct PluginVersionRow {
 pub(crate) fn version_columns(hosts: &str) -> String {
     format!(
         "slug, version, digest, kind, {hosts} AS outbound_hosts, state, report, installed_by, \
-         installed_at, activated_at"
+         installed_at, activated_at, canary_percent, canary_since, canary_result"
     )
 }
 
@@ -98,9 +171,10 @@ impl<T: PluginVersionsSql> PluginVersions for T {
     async fn insert_plugin_version(&self, version: &NewPluginVersion) -> Result<bool, StoreError> {
         // Activation is `activate_plugin_version`'s (which demotes the slug's other
         // active version and sets `activated_at`).
-        if version.state == PluginState::Active {
+        if matches!(version.state, PluginState::Active | PluginState::Canary) {
             return Err(StoreError::Other(format!(
-                "plugin version {}@{} must be inserted standby or rejected, then activated",
+                "plugin version {}@{} must be inserted standby or rejected, then activated \
+                 (or made a canary)",
                 version.slug, version.digest
             )));
         }
@@ -137,6 +211,55 @@ impl<T: PluginVersionsSql> PluginVersions for T {
     async fn active_plugin_versions(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.active_rows().await
     }
+
+    async fn start_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        percent: u8,
+    ) -> Result<CanaryStart, StoreError> {
+        if !(1..=99).contains(&percent) {
+            return Err(StoreError::Other(format!(
+                "a canary serves 1 to 99 % of its slug's events, not {percent}"
+            )));
+        }
+        if self
+            .canary_if_free(slug, digest, percent, Utc::now())
+            .await?
+        {
+            return Ok(CanaryStart::Started);
+        }
+        // Nothing was written: say why.
+        let versions = self.plugin_versions(Some(slug)).await?;
+        let state = versions
+            .iter()
+            .find(|v| v.digest == digest)
+            .map(|v| v.state);
+        match versions
+            .into_iter()
+            .find(|v| v.state == PluginState::Canary)
+        {
+            Some(other) if state == Some(PluginState::Standby) => {
+                Ok(CanaryStart::Busy(other.digest))
+            }
+            _ => Ok(CanaryStart::NotStandby(state)),
+        }
+    }
+
+    async fn end_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+    ) -> Result<bool, StoreError> {
+        self.finish_canary(slug, digest, promote, result, Utc::now())
+            .await
+    }
+
+    async fn canary_plugin_versions(&self) -> Result<Vec<CanaryTrial>, StoreError> {
+        self.canary_rows().await
+    }
 }
 
 impl TryFrom<PluginVersionRow> for PluginVersion {
@@ -156,6 +279,11 @@ impl TryFrom<PluginVersionRow> for PluginVersion {
             installed_by: row.installed_by,
             installed_at: row.installed_at,
             activated_at: row.activated_at,
+            canary: match (row.canary_percent, row.canary_since) {
+                (Some(percent), Some(since)) => Some((percent, since)),
+                _ => None,
+            },
+            canary_result: row.canary_result,
         })
     }
 }
@@ -174,6 +302,9 @@ pub enum PluginState {
     Standby,
     /// Failed the conformance kit or widened its hosts without approval; never served.
     Rejected,
+    /// Serving a share of its slug's events beside the active version while the two
+    /// are compared; promoted or rolled back on its own (see `crate::canary`).
+    Canary,
 }
 
 impl PluginState {
@@ -183,12 +314,13 @@ impl PluginState {
             Self::Active => "active",
             Self::Standby => "standby",
             Self::Rejected => "rejected",
+            Self::Canary => "canary",
         }
     }
 
     /// Parses the stored name.
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Active, Self::Standby, Self::Rejected]
+        [Self::Active, Self::Standby, Self::Rejected, Self::Canary]
             .into_iter()
             .find(|v| v.as_str() == s)
     }
@@ -242,4 +374,8 @@ pub struct PluginVersion {
     pub installed_at: DateTime<Utc>,
     /// When it last became active.
     pub activated_at: Option<DateTime<Utc>>,
+    /// While it is a canary: the share of events it serves (1-99) and since when.
+    pub canary: Option<(i64, DateTime<Utc>)>,
+    /// How its last canary trial ended, if it had one.
+    pub canary_result: Option<String>,
 }

@@ -1,6 +1,6 @@
 //! [`PluginVersionsSql`] on PostgreSQL.
 
-use super::{NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
+use super::{CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
 use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
 use chrono::{DateTime, Utc};
@@ -128,6 +128,95 @@ impl PluginVersionsSql for PgStore {
         // Served by the partial index `plugin_versions_active` (see 0004_plugins.sql).
         sqlx::query_as(
             "SELECT slug, digest FROM plugin_versions WHERE state = 'active' ORDER BY slug",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn canary_if_free(
+        &self,
+        slug: &str,
+        digest: &str,
+        percent: u8,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // Two starts racing past NOT EXISTS meet the unique index on canary rows: the
+        // second fails as a conflict.
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = 'canary', canary_percent = $3, \
+             canary_since = $4, canary_result = NULL \
+             WHERE slug = $1 AND digest = $2 AND state = 'standby' AND NOT EXISTS ( \
+             SELECT 1 FROM plugin_versions WHERE slug = $1 AND state = 'canary')",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(i64::from(percent))
+        .bind(now)
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(changed == 1)
+    }
+
+    async fn finish_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        // Locked as activation locks them (digest order): a promotion and an
+        // activation of the same slug run one at a time.
+        let states: Vec<(String, String)> = sqlx::query_as(
+            "SELECT digest, state FROM plugin_versions WHERE slug = $1 \
+             ORDER BY digest FOR UPDATE",
+        )
+        .bind(slug)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if !states
+            .iter()
+            .any(|(d, s)| d == digest && s == super::PluginState::Canary.as_str())
+        {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(false);
+        }
+        if promote {
+            sqlx::query(
+                "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
+            )
+            .bind(slug)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        sqlx::query(
+            "UPDATE plugin_versions SET state = $3, canary_percent = NULL, canary_since = NULL, \
+             canary_result = $4, activated_at = CASE WHEN $3 = 'active' THEN $5 ELSE activated_at END \
+             WHERE slug = $1 AND digest = $2",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(if promote { "active" } else { "standby" })
+        .bind(result)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
+    async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError> {
+        // Served by the partial index `plugin_versions_canary` (0012_plugin_canary.sql).
+        sqlx::query_as(
+            "SELECT slug, digest, canary_percent AS percent, canary_since AS since \
+             FROM plugin_versions WHERE state = 'canary' ORDER BY slug",
         )
         .fetch_all(self.pool())
         .await

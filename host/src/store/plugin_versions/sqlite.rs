@@ -1,6 +1,6 @@
 //! [`PluginVersionsSql`] on SQLite. Timestamps are bound in the stored text form.
 
-use super::{NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
+use super::{CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
 use crate::store::StoreError;
 use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
 use chrono::{DateTime, Utc};
@@ -122,6 +122,83 @@ impl PluginVersionsSql for SqliteStore {
         // Served by the partial index `plugin_versions_active` (see 0004_plugins.sql).
         sqlx::query_as(
             "SELECT slug, digest FROM plugin_versions WHERE state = 'active' ORDER BY slug",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn canary_if_free(
+        &self,
+        slug: &str,
+        digest: &str,
+        percent: u8,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // One statement: SQLite's single writer makes the check and the change atomic.
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = 'canary', canary_percent = ?3, \
+             canary_since = ?4, canary_result = NULL \
+             WHERE slug = ?1 AND digest = ?2 AND state = 'standby' AND NOT EXISTS ( \
+             SELECT 1 FROM plugin_versions WHERE slug = ?1 AND state = 'canary')",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(i64::from(percent))
+        .bind(encode_timestamp(&now))
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(changed == 1)
+    }
+
+    async fn finish_canary(
+        &self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // The first statement writes, so the transaction holds the write lock from it
+        // on. The active version is demoted only when this version is the canary.
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        if promote {
+            sqlx::query(
+                "UPDATE plugin_versions SET state = 'standby' \
+                 WHERE slug = ?1 AND state = 'active' AND EXISTS ( \
+                 SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 AND state = 'canary')",
+            )
+            .bind(slug)
+            .bind(digest)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        let changed = sqlx::query(
+            "UPDATE plugin_versions SET state = ?3, canary_percent = NULL, canary_since = NULL, \
+             canary_result = ?4, activated_at = CASE WHEN ?3 = 'active' THEN ?5 ELSE activated_at END \
+             WHERE slug = ?1 AND digest = ?2 AND state = 'canary'",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(if promote { "active" } else { "standby" })
+        .bind(result)
+        .bind(encode_timestamp(&now))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(changed == 1)
+    }
+
+    async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError> {
+        // Served by the partial index `plugin_versions_canary` (0012_plugin_canary.sql).
+        sqlx::query_as(
+            "SELECT slug, digest, canary_percent AS percent, canary_since AS since \
+             FROM plugin_versions WHERE state = 'canary' ORDER BY slug",
         )
         .fetch_all(self.pool())
         .await

@@ -12,7 +12,7 @@ use std::sync::Arc;
 // every one of them:
 //
 // plugin_versions_insert_and_list, plugin_wasm_round_trip, plugin_activation,
-// concurrent_plugin_activations.
+// concurrent_plugin_activations, plugin_canaries.
 
 /// A version of `slug` whose component is `wasm` (its digest is the bytes' SHA-256).
 fn plugin_version(
@@ -96,6 +96,8 @@ fn listed(version: &NewPluginVersion) -> PluginVersion {
         installed_by: version.installed_by.clone(),
         installed_at: version.installed_at,
         activated_at: None,
+        canary: None,
+        canary_result: None,
     }
 }
 
@@ -489,4 +491,170 @@ pub(crate) async fn concurrent_plugin_activations(store: Arc<dyn Store>) {
             "round {round}"
         );
     }
+}
+
+/// A canary starts only from standby and only while its slug has none; it is listed
+/// with its share and start; promoting it makes it active (the old active version
+/// standby) and rolling it back makes it standby, each recording the result and
+/// happening once; the share must be 1-99.
+pub(crate) async fn plugin_canaries(store: Arc<dyn Store>) {
+    use crate::store::CanaryStart;
+    use PluginState::{Active, Canary, Rejected, Standby};
+    let store = &*store;
+    let t0 = now() - Duration::minutes(10);
+    let x1 = plugin_version("provx", "1.0.0", component("c1"), Standby, t0);
+    let x2 = plugin_version("provx", "1.1.0", component("c2"), Standby, t0);
+    let x3 = plugin_version("provx", "1.2.0", component("c3"), Standby, t0);
+    let bad = plugin_version("provx", "2.0.0", component("c4"), Rejected, t0);
+    let w1 = plugin_version("provw", "1.0.0", component("cw"), Standby, t0);
+    for v in [&x1, &x2, &x3, &bad, &w1] {
+        assert!(store.insert_plugin_version(v).await.unwrap());
+    }
+    assert!(
+        store
+            .activate_plugin_version("provx", &x1.digest)
+            .await
+            .unwrap()
+    );
+    for percent in [0, 100] {
+        assert!(
+            store
+                .start_canary("provx", &x2.digest, percent)
+                .await
+                .is_err()
+        );
+    }
+    let before = Utc::now();
+    assert_eq!(
+        store.start_canary("provx", &x2.digest, 10).await.unwrap(),
+        CanaryStart::Started
+    );
+    let after = Utc::now();
+    // Refused: another canary of the slug, the active version, a rejected one, none.
+    assert_eq!(
+        store.start_canary("provx", &x3.digest, 20).await.unwrap(),
+        CanaryStart::Busy(x2.digest.clone())
+    );
+    assert_eq!(
+        store.start_canary("provx", &x1.digest, 20).await.unwrap(),
+        CanaryStart::NotStandby(Some(Active))
+    );
+    assert_eq!(
+        store.start_canary("provx", &bad.digest, 20).await.unwrap(),
+        CanaryStart::NotStandby(Some(Rejected))
+    );
+    assert_eq!(
+        store
+            .start_canary("provx", &"0".repeat(64), 20)
+            .await
+            .unwrap(),
+        CanaryStart::NotStandby(None)
+    );
+    // Another slug's canary is its own.
+    assert_eq!(
+        store.start_canary("provw", &w1.digest, 50).await.unwrap(),
+        CanaryStart::Started
+    );
+    let trials = store.canary_plugin_versions().await.unwrap();
+    assert_eq!(
+        trials
+            .iter()
+            .map(|t| (t.slug.as_str(), t.digest.as_str(), t.percent))
+            .collect::<Vec<_>>(),
+        vec![
+            ("provw", w1.digest.as_str(), 50),
+            ("provx", x2.digest.as_str(), 10)
+        ]
+    );
+    let since = trials[1].since;
+    assert!(
+        since >= before - Duration::milliseconds(1) && since <= after + Duration::milliseconds(1),
+        "{since}"
+    );
+    let listed = store.plugin_versions(Some("provx")).await.unwrap();
+    let canary = listed.iter().find(|v| v.digest == x2.digest).unwrap();
+    assert_eq!((canary.state, canary.canary), (Canary, Some((10, since))));
+    // A canary is not activated as a standby version is; the active set is unchanged.
+    assert!(
+        !store
+            .activate_plugin_version("provx", &x2.digest)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.active_plugin_versions().await.unwrap(),
+        vec![("provx".to_string(), x1.digest.clone())]
+    );
+
+    // Promoted: active, the old one standby, the result kept; only once.
+    assert!(
+        store
+            .end_canary("provx", &x2.digest, true, "promoted: as good")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .end_canary("provx", &x2.digest, false, "rolled back: late")
+            .await
+            .unwrap()
+    );
+    let (state, activated) = plugin_state(store, "provx", &x2.digest).await;
+    assert_eq!(state, Active);
+    assert!(activated.is_some_and(|a| a >= since));
+    assert_eq!(plugin_state(store, "provx", &x1.digest).await.0, Standby);
+    let listed = store.plugin_versions(Some("provx")).await.unwrap();
+    let promoted = listed.iter().find(|v| v.digest == x2.digest).unwrap();
+    assert_eq!(promoted.canary, None);
+    assert_eq!(promoted.canary_result.as_deref(), Some("promoted: as good"));
+    assert_eq!(
+        store.active_plugin_versions().await.unwrap(),
+        vec![("provx".to_string(), x2.digest.clone())]
+    );
+
+    // Rolled back: standby, the active version untouched; a new trial clears the result.
+    assert_eq!(
+        store.start_canary("provx", &x3.digest, 20).await.unwrap(),
+        CanaryStart::Started
+    );
+    assert!(
+        store
+            .end_canary("provx", &x3.digest, false, "rolled back: 100 % bounced")
+            .await
+            .unwrap()
+    );
+    let listed = store.plugin_versions(Some("provx")).await.unwrap();
+    let rolled = listed.iter().find(|v| v.digest == x3.digest).unwrap();
+    assert_eq!((rolled.state, rolled.canary), (Standby, None));
+    assert_eq!(rolled.activated_at, None);
+    assert_eq!(
+        rolled.canary_result.as_deref(),
+        Some("rolled back: 100 % bounced")
+    );
+    assert_eq!(plugin_state(store, "provx", &x2.digest).await.0, Active);
+    assert_eq!(
+        store.start_canary("provx", &x3.digest, 30).await.unwrap(),
+        CanaryStart::Started
+    );
+    let listed = store.plugin_versions(Some("provx")).await.unwrap();
+    let again = listed.iter().find(|v| v.digest == x3.digest).unwrap();
+    assert_eq!(again.canary_result, None);
+    assert_eq!(
+        store
+            .canary_plugin_versions()
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| (t.slug.as_str(), t.percent))
+            .collect::<Vec<_>>(),
+        vec![("provw", 50), ("provx", 30)]
+    );
+    // A slug with no active installed version (its bundled plugin serves) promotes too.
+    assert!(
+        store
+            .end_canary("provw", &w1.digest, true, "promoted")
+            .await
+            .unwrap()
+    );
+    assert_eq!(plugin_state(store, "provw", &w1.digest).await.0, Active);
 }
