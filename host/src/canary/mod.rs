@@ -9,11 +9,13 @@
 //!   put down to the version that sent its message without storing which one did.
 //! - **What is counted**, per arm of the trial (canary or stable), as the circuit
 //!   breakers count it: each send (accepted, or failed: rejected, timed out, plugin
-//!   error), and each receipt that bounces or fails a message (a failure). Receipts
-//!   count only for events made after the trial began: an earlier event may have been
-//!   sent by the stable version before there was a canary. Counts go into the
+//!   error), and each receipt that bounces or fails a message (a failure). Only events
+//!   made after the trial began are in it ([`arm_of`]): an earlier event may have been
+//!   sent by the stable version before there was a canary, so it stays with the stable
+//!   version and none of its sends or receipts count. Counts go into the
 //!   circuits' shared store (Redis in production, memory in `dev`) under
-//!   `trial:{digest}:canary|stable`, so every process judges the same numbers.
+//!   `trial:{digest}:{start ms}:canary|stable`, so every process judges the same
+//!   numbers.
 //! - **The verdict** ([`judge`]), every [`JUDGE_EVERY`] in every process running
 //!   workers: once the canary has `min_sends` sends, it is rolled back as soon as its
 //!   failure rate is more than `margin_percent` points above the stable version's; it
@@ -26,7 +28,7 @@ use crate::announce::Announcer;
 use crate::circuits::{CircuitStore, Key, Outcome, Tally};
 use crate::config::CanaryConfig;
 use crate::plugins::registry::Registry;
-pub use crate::plugins::trial::{Arm, Trial, takes_canary};
+pub use crate::plugins::trial::{Arm, Trial, arm_of, takes_canary};
 use crate::store::{CanaryTrial, PluginVersions, Store};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,13 +39,16 @@ pub const JUDGE_EVERY: Duration = Duration::from_secs(1);
 /// How often gathered counts are written.
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
 
-/// The counts key of one arm of the trial of canary `digest`.
-pub fn arm_key(slug: &str, digest: &str, arm: Arm) -> Key {
+/// The counts key of one arm of the trial of canary `digest` that began at `since`.
+pub fn arm_key(slug: &str, digest: &str, since: chrono::DateTime<chrono::Utc>, arm: Arm) -> Key {
     let arm = match arm {
         Arm::Canary => "canary",
         Arm::Stable => "stable",
     };
-    (slug.to_string(), format!("trial:{digest}:{arm}"))
+    (
+        slug.to_string(),
+        format!("trial:{digest}:{}:{arm}", since.timestamp_millis()),
+    )
 }
 
 /// What [`judge`] decides.
@@ -132,9 +137,10 @@ impl Canaries {
 
     /// Counts `outcome` against `trial`'s arm.
     pub fn record(&self, trial: &Trial, outcome: Outcome) {
-        let _ = self
-            .counts
-            .send((arm_key(&trial.slug, &trial.digest, trial.arm), outcome));
+        let _ = self.counts.send((
+            arm_key(&trial.slug, &trial.digest, trial.since, trial.arm),
+            outcome,
+        ));
     }
 
     /// Counts a receipt that bounced or failed `event_id`'s message, sent through
@@ -144,21 +150,15 @@ impl Canaries {
         let Some(trial) = self.registry.canary(slug) else {
             return;
         };
-        let made = crate::ids::EventId::parse(event_id)
-            .ok()
-            .and_then(|id| id.created_ms());
-        if made.is_none_or(|ms| ms < trial.since.timestamp_millis()) {
+        let since = trial.since.timestamp_millis();
+        let Some(arm) = arm_of(slug, event_id, trial.percent, since) else {
             return;
-        }
-        let arm = if takes_canary(slug, event_id, trial.percent) {
-            Arm::Canary
-        } else {
-            Arm::Stable
         };
         self.record(
             &Trial {
                 slug: slug.to_string(),
                 digest: trial.digest,
+                since: trial.since,
                 arm,
             },
             Outcome::ReceiptFailed,
@@ -170,11 +170,19 @@ impl Canaries {
         let (from, to) = (trial.since.timestamp(), chrono::Utc::now().timestamp());
         let canary = self
             .store
-            .tally(&arm_key(&trial.slug, &trial.digest, Arm::Canary), from, to)
+            .tally(
+                &arm_key(&trial.slug, &trial.digest, trial.since, Arm::Canary),
+                from,
+                to,
+            )
             .await?;
         let stable = self
             .store
-            .tally(&arm_key(&trial.slug, &trial.digest, Arm::Stable), from, to)
+            .tally(
+                &arm_key(&trial.slug, &trial.digest, trial.since, Arm::Stable),
+                from,
+                to,
+            )
             .await?;
         Ok((canary, stable))
     }
@@ -199,9 +207,16 @@ impl Canaries {
                 Judgement::Promote(why) => (true, format!("promoted: {why}")),
                 Judgement::RollBack(why) => (false, format!("rolled back: {why}")),
             };
-            let done = PluginVersions::end_canary(store, &trial.slug, &trial.digest, promote, &why)
-                .await
-                .map_err(|e| e.to_string())?;
+            let done = PluginVersions::end_canary(
+                store,
+                &trial.slug,
+                &trial.digest,
+                trial.since,
+                promote,
+                &why,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             if !done {
                 // Another process ended it first.
                 continue;

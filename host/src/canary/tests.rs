@@ -81,16 +81,26 @@ fn a_canary_within_the_margin_is_promoted_after_the_window() {
 
 #[test]
 fn each_trial_has_its_own_counts_per_arm() {
+    let t0 = chrono::DateTime::from_timestamp_millis(1_700_000_000_000).unwrap();
+    let t1 = t0 + chrono::Duration::seconds(30);
     assert_eq!(
-        arm_key("prova", "ab12", Arm::Canary),
-        ("prova".to_string(), "trial:ab12:canary".to_string())
+        arm_key("prova", "ab12", t0, Arm::Canary),
+        (
+            "prova".to_string(),
+            "trial:ab12:1700000000000:canary".to_string()
+        )
     );
     assert_ne!(
-        arm_key("prova", "ab12", Arm::Canary),
-        arm_key("prova", "ab12", Arm::Stable)
+        arm_key("prova", "ab12", t0, Arm::Canary),
+        arm_key("prova", "ab12", t0, Arm::Stable)
     );
     assert_ne!(
-        arm_key("prova", "ab12", Arm::Stable),
-        arm_key("prova", "cd34", Arm::Stable)
+        arm_key("prova", "ab12", t0, Arm::Stable),
+        arm_key("prova", "cd34", t0, Arm::Stable)
+    );
+    // The same version tried again counts afresh.
+    assert_ne!(
+        arm_key("prova", "ab12", t0, Arm::Canary),
+        arm_key("prova", "ab12", t1, Arm::Canary)
     );
 }

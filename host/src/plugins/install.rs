@@ -113,12 +113,14 @@ pub async fn install(
         if let Some(percent) = canary {
             return start_canary(store, slug, version, digest, percent).await;
         }
-        if same.state == PluginState::Canary {
+        if let Some((_, since)) = same.canary {
             let why = format!("promoted by {installed_by} before its trial ended");
-            anyhow::ensure!(
-                store.end_canary(&slug, &digest, true, &why).await?,
-                "{slug} {version}'s trial ended while it was being promoted; look again"
-            );
+            if !store.end_canary(&slug, &digest, since, true, &why).await? {
+                return Err(crate::store::StoreError::Conflict(format!(
+                    "{slug} {version}'s trial ended while it was being promoted; look again"
+                ))
+                .into());
+            }
         } else {
             store.activate_plugin_version(&slug, &digest).await?;
         }
@@ -266,10 +268,12 @@ pub async fn rollback(
 ) -> anyhow::Result<String> {
     let versions = store.plugin_versions(Some(slug)).await?;
     if let Some(canary) = versions.iter().find(|v| v.state == PluginState::Canary)
+        && let Some((_, since)) = canary.canary
         && expected.is_none_or(|e| e == canary.digest)
     {
+        let why = "rolled back by the operator";
         if !store
-            .end_canary(slug, &canary.digest, false, "rolled back by the operator")
+            .end_canary(slug, &canary.digest, since, false, why)
             .await?
         {
             return Err(crate::store::StoreError::Conflict(format!(

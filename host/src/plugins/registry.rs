@@ -245,9 +245,11 @@ impl Registry {
                 swapped.push(trial.slug.clone());
             }
         }
+        // Only the very trials the store runs: a trial that ended (even one whose
+        // slug has started another that cannot be loaded here) stops being served.
         let mut canaries = self.canaries.write().unwrap();
-        canaries.retain(|slug, _| {
-            let keep = trials.iter().any(|t| &t.slug == slug);
+        canaries.retain(|slug, (trial, _)| {
+            let keep = trials.contains(trial);
             if !keep {
                 tracing::info!(%slug, "canary ended");
                 swapped.push(slug.clone());
@@ -393,23 +395,37 @@ impl Registry {
     }
 
     /// The plugin that serves `slug` for `event_id`: the canary when the slug has one
-    /// and the event falls in its share, else the active one; with the trial's arm
-    /// while a canary runs.
+    /// and the event falls in its share ([`super::trial::arm_of`]), else the active
+    /// one; with the trial's arm when the event is in a trial.
     pub fn pick(&self, slug: &str, event_id: &str) -> Option<(Plugin, Option<Trial>)> {
-        if let Some((trial, canary)) = self.canaries.read().unwrap().get(slug) {
-            let trial_of = |arm| {
-                Some(Trial {
-                    slug: slug.to_string(),
-                    digest: trial.digest.clone(),
-                    arm,
-                })
-            };
-            if super::trial::takes_canary(slug, event_id, trial.percent) {
-                return Some((canary.clone(), trial_of(Arm::Canary)));
-            }
-            return self.get(slug).map(|p| (p, trial_of(Arm::Stable)));
+        let in_trial = self
+            .canaries
+            .read()
+            .unwrap()
+            .get(slug)
+            .and_then(|(trial, canary)| {
+                let arm = super::trial::arm_of(
+                    slug,
+                    event_id,
+                    trial.percent,
+                    trial.since.timestamp_millis(),
+                )?;
+                let serving = (arm == Arm::Canary).then(|| canary.clone());
+                Some((
+                    serving,
+                    Trial {
+                        slug: slug.to_string(),
+                        digest: trial.digest.clone(),
+                        since: trial.since,
+                        arm,
+                    },
+                ))
+            });
+        match in_trial {
+            Some((Some(canary), trial)) => Some((canary, Some(trial))),
+            Some((None, trial)) => self.get(slug).map(|p| (p, Some(trial))),
+            None => self.get(slug).map(|p| (p, None)),
         }
-        self.get(slug).map(|p| (p, None))
     }
 
     /// `slug`'s running canary, as this process last read it.

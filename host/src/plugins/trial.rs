@@ -12,15 +12,38 @@ pub enum Arm {
     Stable,
 }
 
-/// A send or receipt counted against one arm of the trial of canary `digest`.
+/// Where a send or receipt is counted: one arm of one trial of canary `digest`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trial {
     /// The slug.
     pub slug: String,
-    /// The canary's digest (the trial's name).
+    /// The canary's digest.
     pub digest: String,
+    /// When the trial began: with the digest, the trial's name (a version may be
+    /// tried again).
+    pub since: chrono::DateTime<chrono::Utc>,
     /// The arm the event went to.
     pub arm: Arm,
+}
+
+/// The arm of the trial of `slug`'s canary, serving `percent` % since `since_ms`
+/// (epoch milliseconds), that `event_id` belongs to: `None` for an event made before
+/// the trial began (it may have been sent by the stable version already, so neither
+/// its sends nor its receipts are put down to either arm, and it stays with the
+/// stable version), else as [`takes_canary`] says. Every process, and every attempt
+/// of the event, gets the same answer.
+pub fn arm_of(slug: &str, event_id: &str, percent: i64, since_ms: i64) -> Option<Arm> {
+    let made = crate::ids::EventId::parse(event_id)
+        .ok()
+        .and_then(|id| id.created_ms())?;
+    if made < since_ms {
+        return None;
+    }
+    Some(if takes_canary(slug, event_id, percent) {
+        Arm::Canary
+    } else {
+        Arm::Stable
+    })
 }
 
 /// Whether `event_id` goes to a canary serving `percent` % of `slug`'s events: the
@@ -38,7 +61,24 @@ pub fn takes_canary(slug: &str, event_id: &str, percent: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::takes_canary;
+    use super::{Arm, arm_of, takes_canary};
+
+    #[test]
+    fn only_events_made_since_the_trial_began_are_in_it() {
+        let id = crate::ids::EventId::generate();
+        let made = id.created_ms().unwrap();
+        let arm = |since| arm_of("prova", id.as_str(), 50, since);
+        let expected = if takes_canary("prova", id.as_str(), 50) {
+            Arm::Canary
+        } else {
+            Arm::Stable
+        };
+        assert_eq!(arm(made), Some(expected));
+        assert_eq!(arm(made - 60_000), Some(expected));
+        assert_eq!(arm(made + 1), None, "made before the trial");
+        // An id that does not tell when it was made is never in a trial.
+        assert_eq!(arm_of("prova", "evt_abc", 99, 0), None);
+    }
 
     #[test]
     fn the_share_is_kept_and_the_choice_is_stable() {

@@ -23,6 +23,7 @@ use crate::model::{
     SubscriberContacts,
 };
 use crate::plugins::registry::Registry;
+use crate::plugins::trial::{Arm, Trial};
 use crate::plugins::types;
 use crate::store::coalesce::Coalescer;
 use crate::store::{Store, StoreError};
@@ -297,9 +298,8 @@ impl Run<'_> {
     async fn attempt(&mut self, call: &Call, resumed: bool) -> Result<Option<Outcome>, StoreError> {
         let slug = call.route.provider.as_str();
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
-        let picked = self.d.plugins.pick(slug, self.envelope.event_id.as_str());
-        let trial = picked.as_ref().and_then(|(_, trial)| trial.clone());
-        match self.call(call, picked.map(|(plugin, _)| plugin)).await {
+        let (plugin, trial) = self.pick(slug, ch);
+        match self.call(call, plugin).await {
             Ok(answer) => {
                 self.d.circuits.record(slug, ch, CircuitOutcome::Accepted);
                 if let (Some(trial), Some(canaries)) = (&trial, &self.d.canaries) {
@@ -368,6 +368,31 @@ impl Run<'_> {
         }
     }
 
+    /// The version of `slug` that serves this event on channel `ch`, and the trial arm
+    /// it counts in ([`Registry::pick`]). A canary that does not serve the channel its
+    /// stable version serves counts a failed send, and the stable version sends.
+    ///
+    /// [`Registry::pick`]: crate::plugins::registry::Registry::pick
+    fn pick(&self, slug: &str, ch: &str) -> (Option<crate::plugins::Plugin>, Option<Trial>) {
+        match self.d.plugins.pick(slug, self.envelope.event_id.as_str()) {
+            Some((canary, Some(trial)))
+                if trial.arm == Arm::Canary && !serves_channel(&canary, ch) =>
+            {
+                if let Some(canaries) = &self.d.canaries {
+                    canaries.record(&trial, CircuitOutcome::SendFailed);
+                }
+                tracing::warn!(
+                    provider = slug,
+                    channel = ch,
+                    "the canary does not serve the channel; the stable version sends"
+                );
+                (self.d.plugins.get(slug), None)
+            }
+            Some((plugin, trial)) => (Some(plugin), trial),
+            None => (None, None),
+        }
+    }
+
     /// The call to `plugin` (the version [`Registry::pick`] chose for the event; `None`:
     /// nothing serves the slug): the provider's answer, or `(code, detail)`.
     ///
@@ -382,12 +407,7 @@ impl Run<'_> {
         let Some(plugin) = plugin else {
             return Err((NOT_LOADED.into(), format!("no plugin {slug:?} is loaded")));
         };
-        let serves = plugin
-            .info()
-            .channels
-            .iter()
-            .any(|c| crate::plugins::channel_name(c) == channel.as_str());
-        if !serves {
+        if !serves_channel(&plugin, channel.as_str()) {
             return Err((
                 NOT_SERVED.into(),
                 format!("{slug} does not serve {}", channel.as_str()),
@@ -440,4 +460,13 @@ impl Run<'_> {
             }
         }
     }
+}
+
+/// Whether `plugin` lists `channel` (a spec channel name) among those it serves.
+fn serves_channel(plugin: &crate::plugins::Plugin, channel: &str) -> bool {
+    plugin
+        .info()
+        .channels
+        .iter()
+        .any(|c| crate::plugins::channel_name(c) == channel)
 }

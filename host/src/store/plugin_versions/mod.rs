@@ -49,14 +49,16 @@ pub trait PluginVersions: Send + Sync {
         digest: &str,
         percent: u8,
     ) -> Result<CanaryStart, StoreError>;
-    /// Ends the canary `digest` of `slug` with `result` recorded: promoted (it becomes
-    /// the active version, the old one standby) or rolled back (standby). False, and
-    /// nothing changed, when that version is not the slug's canary (another process
-    /// ended it first).
+    /// Ends the trial of canary `digest` of `slug` that began at `since`, with
+    /// `result` recorded: promoted (it becomes the active version, the old one
+    /// standby) or rolled back (standby). False, and nothing changed, when that trial
+    /// is not running (another process ended it first, or it was ended and started
+    /// again: a verdict on the old trial must not end the new one).
     async fn end_canary(
         &self,
         slug: &str,
         digest: &str,
+        since: DateTime<Utc>,
         promote: bool,
         result: &str,
     ) -> Result<bool, StoreError>;
@@ -123,16 +125,17 @@ pub(crate) trait PluginVersionsSql: Send + Sync {
         percent: u8,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
-    /// Atomically, when the version is the slug's canary: promotes it (demoting the
-    /// active version) or turns it standby, clearing its trial and recording `result`
-    /// (and `activated_at` = `now` when promoted). Whether it was the canary.
+    /// Atomically, when the version is the slug's canary in the trial that began at
+    /// `since`: promotes it (demoting the active version) or turns it standby, clearing
+    /// its trial and recording `result` (and `activated_at` = now when promoted).
+    /// Whether it was.
     async fn finish_canary(
         &self,
         slug: &str,
         digest: &str,
+        since: DateTime<Utc>,
         promote: bool,
         result: &str,
-        now: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
     /// Every canary as a [`CanaryTrial`] (columns `slug, digest, percent, since`), by slug.
     async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError>;
@@ -250,10 +253,11 @@ impl<T: PluginVersionsSql> PluginVersions for T {
         &self,
         slug: &str,
         digest: &str,
+        since: DateTime<Utc>,
         promote: bool,
         result: &str,
     ) -> Result<bool, StoreError> {
-        self.finish_canary(slug, digest, promote, result, Utc::now())
+        self.finish_canary(slug, digest, since, promote, result)
             .await
     }
 

@@ -164,25 +164,26 @@ impl PluginVersionsSql for PgStore {
         &self,
         slug: &str,
         digest: &str,
+        since: DateTime<Utc>,
         promote: bool,
         result: &str,
-        now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let now = Utc::now();
         let mut tx = self.pool().begin().await.map_err(map_err)?;
         // Locked as activation locks them (digest order): a promotion and an
         // activation of the same slug run one at a time.
-        let states: Vec<(String, String)> = sqlx::query_as(
-            "SELECT digest, state FROM plugin_versions WHERE slug = $1 \
+        let states: Vec<(String, String, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT digest, state, canary_since FROM plugin_versions WHERE slug = $1 \
              ORDER BY digest FOR UPDATE",
         )
         .bind(slug)
         .fetch_all(&mut *tx)
         .await
         .map_err(map_err)?;
-        if !states
-            .iter()
-            .any(|(d, s)| d == digest && s == super::PluginState::Canary.as_str())
-        {
+        let running = states.iter().any(|(d, s, began)| {
+            d == digest && s == super::PluginState::Canary.as_str() && *began == Some(since)
+        });
+        if !running {
             tx.rollback().await.map_err(map_err)?;
             return Ok(false);
         }

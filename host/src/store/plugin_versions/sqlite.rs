@@ -157,21 +157,24 @@ impl PluginVersionsSql for SqliteStore {
         &self,
         slug: &str,
         digest: &str,
+        since: DateTime<Utc>,
         promote: bool,
         result: &str,
-        now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let (now, since) = (encode_timestamp(&Utc::now()), encode_timestamp(&since));
         // The first statement writes, so the transaction holds the write lock from it
-        // on. The active version is demoted only when this version is the canary.
+        // on. The active version is demoted only when this trial is running.
         let mut tx = self.pool().begin().await.map_err(map_err)?;
         if promote {
             sqlx::query(
                 "UPDATE plugin_versions SET state = 'standby' \
                  WHERE slug = ?1 AND state = 'active' AND EXISTS ( \
-                 SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 AND state = 'canary')",
+                 SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 \
+                 AND state = 'canary' AND canary_since = ?3)",
             )
             .bind(slug)
             .bind(digest)
+            .bind(since.as_str())
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
@@ -179,13 +182,14 @@ impl PluginVersionsSql for SqliteStore {
         let changed = sqlx::query(
             "UPDATE plugin_versions SET state = ?3, canary_percent = NULL, canary_since = NULL, \
              canary_result = ?4, activated_at = CASE WHEN ?3 = 'active' THEN ?5 ELSE activated_at END \
-             WHERE slug = ?1 AND digest = ?2 AND state = 'canary'",
+             WHERE slug = ?1 AND digest = ?2 AND state = 'canary' AND canary_since = ?6",
         )
         .bind(slug)
         .bind(digest)
         .bind(if promote { "active" } else { "standby" })
         .bind(result)
-        .bind(encode_timestamp(&now))
+        .bind(now.as_str())
+        .bind(since.as_str())
         .execute(&mut *tx)
         .await
         .map_err(map_err)?

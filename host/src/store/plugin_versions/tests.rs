@@ -587,15 +587,24 @@ pub(crate) async fn plugin_canaries(store: Arc<dyn Store>) {
     );
 
     // Promoted: active, the old one standby, the result kept; only once.
+    // A verdict on another trial of the same version (another start) ends nothing.
+    let other_trial = since - Duration::seconds(5);
+    assert!(
+        !store
+            .end_canary("provx", &x2.digest, other_trial, true, "promoted: stale")
+            .await
+            .unwrap()
+    );
+    assert_eq!(plugin_state(store, "provx", &x2.digest).await.0, Canary);
     assert!(
         store
-            .end_canary("provx", &x2.digest, true, "promoted: as good")
+            .end_canary("provx", &x2.digest, since, true, "promoted: as good")
             .await
             .unwrap()
     );
     assert!(
         !store
-            .end_canary("provx", &x2.digest, false, "rolled back: late")
+            .end_canary("provx", &x2.digest, since, false, "rolled back: late")
             .await
             .unwrap()
     );
@@ -617,9 +626,16 @@ pub(crate) async fn plugin_canaries(store: Arc<dyn Store>) {
         store.start_canary("provx", &x3.digest, 20).await.unwrap(),
         CanaryStart::Started
     );
+    let since = trial_since(store, "provx").await;
     assert!(
         store
-            .end_canary("provx", &x3.digest, false, "rolled back: 100 % bounced")
+            .end_canary(
+                "provx",
+                &x3.digest,
+                since,
+                false,
+                "rolled back: 100 % bounced"
+            )
             .await
             .unwrap()
     );
@@ -650,11 +666,24 @@ pub(crate) async fn plugin_canaries(store: Arc<dyn Store>) {
         vec![("provw", 50), ("provx", 30)]
     );
     // A slug with no active installed version (its bundled plugin serves) promotes too.
+    let since = trial_since(store, "provw").await;
     assert!(
         store
-            .end_canary("provw", &w1.digest, true, "promoted")
+            .end_canary("provw", &w1.digest, since, true, "promoted")
             .await
             .unwrap()
     );
     assert_eq!(plugin_state(store, "provw", &w1.digest).await.0, Active);
+}
+
+/// When `slug`'s running trial began.
+async fn trial_since(store: &dyn Store, slug: &str) -> DateTime<Utc> {
+    store
+        .canary_plugin_versions()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| t.slug == slug)
+        .unwrap()
+        .since
 }
