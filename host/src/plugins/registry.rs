@@ -51,6 +51,18 @@ pub struct Entry {
     pub source: Source,
 }
 
+/// What [`Registry::pick`] chose for an event.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    /// The version that sends it.
+    pub plugin: Plugin,
+    /// The trial arm its sends and receipts count in, while its slug has a canary.
+    pub trial: Option<Trial>,
+    /// The canary's arm, when the event was the canary's but the canary does not
+    /// serve its channel.
+    pub missed: Option<Trial>,
+}
+
 /// Plugins by slug.
 pub struct Registry {
     runtime: PluginRuntime,
@@ -394,10 +406,13 @@ impl Registry {
             .map(|e| e.plugin.clone())
     }
 
-    /// The plugin that serves `slug` for `event_id`: the canary when the slug has one
-    /// and the event falls in its share ([`super::trial::arm_of`]), else the active
-    /// one; with the trial's arm when the event is in a trial.
-    pub fn pick(&self, slug: &str, event_id: &str) -> Option<(Plugin, Option<Trial>)> {
+    /// The version of `slug` that serves `event_id` on `channel`: the canary when the
+    /// slug has one and the event falls in its share ([`super::trial::arm_of`]), else
+    /// the active one; with the trial's arm when the event is in a trial. A canary
+    /// that does not serve the channel does not get the event: the active version
+    /// does, and [`Picked::missed`] names the canary's arm, to be counted as its
+    /// failed send. `None`: nothing serves the slug.
+    pub fn pick(&self, slug: &str, event_id: &str, channel: &str) -> Option<Picked> {
         let in_trial = self
             .canaries
             .read()
@@ -421,10 +436,22 @@ impl Registry {
                     },
                 ))
             });
+        let stable = |trial, missed| {
+            self.get(slug).map(|plugin| Picked {
+                plugin,
+                trial,
+                missed,
+            })
+        };
         match in_trial {
-            Some((Some(canary), trial)) => Some((canary, Some(trial))),
-            Some((None, trial)) => self.get(slug).map(|p| (p, Some(trial))),
-            None => self.get(slug).map(|p| (p, None)),
+            Some((Some(canary), trial)) if canary.serves(channel) => Some(Picked {
+                plugin: canary,
+                trial: Some(trial),
+                missed: None,
+            }),
+            Some((Some(_), trial)) => stable(None, Some(trial)),
+            Some((None, trial)) => stable(Some(trial), None),
+            None => stable(None, None),
         }
     }
 
@@ -472,8 +499,95 @@ fn default_routes(entries: &BTreeMap<String, Entry>) -> BTreeMap<String, Vec<Str
 }
 
 #[cfg(test)]
+impl Registry {
+    /// Serves `plugin` as `trial`'s canary, as a sync would have.
+    fn start_trial(&self, trial: CanaryTrial, plugin: Plugin) {
+        self.canaries
+            .write()
+            .unwrap()
+            .insert(trial.slug.clone(), (trial, plugin));
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The canary gets the events of its share made since its trial began, on the
+    /// channels it serves; on a channel it does not, the active version sends and the
+    /// canary's arm is named as missed; older events stay with the active version.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_canary_gets_its_share_on_the_channels_it_serves() {
+        let runtime = PluginRuntime::new(super::super::RuntimeConfig {
+            guest_time_budget: std::time::Duration::from_secs(2),
+            ..Default::default()
+        })
+        .unwrap();
+        let registry = Registry::load(runtime, &crate::config::Config::default().plugins)
+            .await
+            .unwrap();
+        let (provd, email_only) = (
+            registry.get("provd").unwrap(),
+            registry.get("prova").unwrap(),
+        );
+        let before = crate::ids::EventId::generate();
+        let since = chrono::Utc::now() + chrono::Duration::milliseconds(2);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // A version of provD that serves only email and push (here: provA's component).
+        registry.start_trial(
+            CanaryTrial {
+                slug: "provd".into(),
+                digest: email_only.digest().into(),
+                percent: 50,
+                since,
+            },
+            email_only.clone(),
+        );
+        let ids: Vec<crate::ids::EventId> =
+            (0..64).map(|_| crate::ids::EventId::generate()).collect();
+        let share =
+            |id: &crate::ids::EventId| super::super::trial::takes_canary("provd", id.as_str(), 50);
+        let canary_event = ids.iter().find(|id| share(id)).unwrap();
+        let stable_event = ids.iter().find(|id| !share(id)).unwrap();
+        let arm = |p: &Option<Trial>| p.as_ref().map(|t| (t.arm, t.digest.clone(), t.since));
+        let digest = email_only.digest().to_string();
+
+        let p = registry
+            .pick("provd", canary_event.as_str(), "email")
+            .unwrap();
+        assert_eq!(p.plugin.digest(), email_only.digest());
+        assert_eq!(arm(&p.trial), Some((Arm::Canary, digest.clone(), since)));
+        assert!(p.missed.is_none());
+        // SMS: the canary does not serve it.
+        let p = registry
+            .pick("provd", canary_event.as_str(), "sms")
+            .unwrap();
+        assert_eq!(p.plugin.digest(), provd.digest());
+        assert!(p.trial.is_none());
+        assert_eq!(arm(&p.missed), Some((Arm::Canary, digest.clone(), since)));
+        let p = registry
+            .pick("provd", stable_event.as_str(), "sms")
+            .unwrap();
+        assert_eq!(p.plugin.digest(), provd.digest());
+        assert_eq!(arm(&p.trial), Some((Arm::Stable, digest.clone(), since)));
+        assert!(p.missed.is_none());
+        // Made before the trial: the active version, in no arm, whatever the share.
+        for channel in ["sms", "email"] {
+            let p = registry.pick("provd", before.as_str(), channel).unwrap();
+            assert_eq!(p.plugin.digest(), provd.digest());
+            assert!(p.trial.is_none() && p.missed.is_none());
+        }
+        // Another slug has no trial.
+        let p = registry
+            .pick("provc", canary_event.as_str(), "sms")
+            .unwrap();
+        assert!(p.trial.is_none() && p.missed.is_none());
+        assert!(
+            registry
+                .pick("nope", canary_event.as_str(), "sms")
+                .is_none()
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn default_routes_follow_what_the_loaded_plugins_serve() {

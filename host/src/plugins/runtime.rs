@@ -391,6 +391,15 @@ impl Plugin {
         &self.inner.info
     }
 
+    /// Whether it lists `channel` (a spec channel name, `sms`...) among those it serves.
+    pub fn serves(&self, channel: &str) -> bool {
+        self.inner
+            .info
+            .channels
+            .iter()
+            .any(|c| super::channel_name(c) == channel)
+    }
+
     /// Lower-case hex SHA-256 of the component bytes.
     pub fn digest(&self) -> &str {
         &self.inner.digest

@@ -23,7 +23,7 @@ use crate::model::{
     SubscriberContacts,
 };
 use crate::plugins::registry::Registry;
-use crate::plugins::trial::{Arm, Trial};
+use crate::plugins::trial::Trial;
 use crate::plugins::types;
 use crate::store::coalesce::Coalescer;
 use crate::store::{Store, StoreError};
@@ -369,28 +369,29 @@ impl Run<'_> {
     }
 
     /// The version of `slug` that serves this event on channel `ch`, and the trial arm
-    /// it counts in ([`Registry::pick`]). A canary that does not serve the channel its
-    /// stable version serves counts a failed send, and the stable version sends.
+    /// it counts in ([`Registry::pick`]). An event of a canary's share on a channel the
+    /// canary does not serve counts as the canary's failed send.
     ///
     /// [`Registry::pick`]: crate::plugins::registry::Registry::pick
     fn pick(&self, slug: &str, ch: &str) -> (Option<crate::plugins::Plugin>, Option<Trial>) {
-        match self.d.plugins.pick(slug, self.envelope.event_id.as_str()) {
-            Some((canary, Some(trial)))
-                if trial.arm == Arm::Canary && !serves_channel(&canary, ch) =>
-            {
-                if let Some(canaries) = &self.d.canaries {
-                    canaries.record(&trial, CircuitOutcome::SendFailed);
-                }
-                tracing::warn!(
-                    provider = slug,
-                    channel = ch,
-                    "the canary does not serve the channel; the stable version sends"
-                );
-                (self.d.plugins.get(slug), None)
+        let Some(picked) = self
+            .d
+            .plugins
+            .pick(slug, self.envelope.event_id.as_str(), ch)
+        else {
+            return (None, None);
+        };
+        if let Some(missed) = &picked.missed {
+            tracing::warn!(
+                provider = slug,
+                channel = ch,
+                "the canary does not serve the channel; the active version sends"
+            );
+            if let Some(canaries) = &self.d.canaries {
+                canaries.record(missed, CircuitOutcome::SendFailed);
             }
-            Some((plugin, trial)) => (Some(plugin), trial),
-            None => (None, None),
         }
+        (Some(picked.plugin), picked.trial)
     }
 
     /// The call to `plugin` (the version [`Registry::pick`] chose for the event; `None`:
@@ -407,7 +408,7 @@ impl Run<'_> {
         let Some(plugin) = plugin else {
             return Err((NOT_LOADED.into(), format!("no plugin {slug:?} is loaded")));
         };
-        if !serves_channel(&plugin, channel.as_str()) {
+        if !plugin.serves(channel.as_str()) {
             return Err((
                 NOT_SERVED.into(),
                 format!("{slug} does not serve {}", channel.as_str()),
@@ -460,13 +461,4 @@ impl Run<'_> {
             }
         }
     }
-}
-
-/// Whether `plugin` lists `channel` (a spec channel name) among those it serves.
-fn serves_channel(plugin: &crate::plugins::Plugin, channel: &str) -> bool {
-    plugin
-        .info()
-        .channels
-        .iter()
-        .any(|c| crate::plugins::channel_name(c) == channel)
 }
