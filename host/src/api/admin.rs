@@ -302,12 +302,8 @@ pub async fn install_plugin(
             ApiError::BadRequest(format!("could not read the request body: {e}"))
         }
     })?;
-    if let Some(percent) = query.canary
-        && !(1..=99).contains(&percent)
-    {
-        return Err(ApiError::BadRequest(format!(
-            "canary must be 1 to 99 (% of the slug's events), not {percent}"
-        )));
+    if let Some(percent) = query.canary {
+        crate::plugins::trial::check_share(percent).map_err(ApiError::BadRequest)?;
     }
     let by = format!("api:{}", caller.key.id);
     caller.still_valid().await?;

@@ -2,27 +2,27 @@
 //! events beside the stable (active) version, and the two are compared until the
 //! canary is promoted or rolled back, on its own.
 //!
-//! - **Who gets the canary**: an event goes to the canary when a hash of the slug and
-//!   the event id falls in the canary's share ([`takes_canary`], where the registry
-//!   picks the version). The choice is the
-//!   same in every process and for every attempt of the event, so a receipt can be
-//!   put down to the version that sent its message without storing which one did.
+//! - **Who gets the canary** ([`arm_of`], which the registry's `pick` applies): of the
+//!   events made after the trial began, those whose hash of slug and event id falls in
+//!   the canary's share ([`takes_canary`]). An earlier event may have been sent by the
+//!   stable version before there was a canary: it stays with the stable version and
+//!   none of its sends or receipts count. The choice is the same in every process and
+//!   for every attempt of an event, so a receipt is put down to the version that sent
+//!   its message without storing which one did.
 //! - **What is counted**, per arm of the trial (canary or stable), as the circuit
 //!   breakers count it: each send (accepted, or failed: rejected, timed out, plugin
-//!   error), and each receipt that bounces or fails a message (a failure). Only events
-//!   made after the trial began are in it ([`arm_of`]): an earlier event may have been
-//!   sent by the stable version before there was a canary, so it stays with the stable
-//!   version and none of its sends or receipts count. Counts go into the
-//!   circuits' shared store (Redis in production, memory in `dev`) under
+//!   error), and each receipt that bounces or fails a message (a failure). Counts go
+//!   into the circuits' shared store (Redis in production, memory in `dev`) under
 //!   `trial:{digest}:{start ms}:canary|stable`, so every process judges the same
 //!   numbers.
 //! - **The verdict** ([`judge`]), every [`JUDGE_EVERY`] in every process running
-//!   workers: once the canary has `min_sends` sends, it is rolled back as soon as its
-//!   failure rate is more than `margin_percent` points above the stable version's; it
-//!   is promoted once `window_secs` have passed since the trial began and it is not.
-//!   The store ends a trial once (the first process wins), the reason is kept on the
-//!   version (`canary_result`), and every process follows the change as it follows
-//!   any swap.
+//!   workers, on the trials its registry serves: once the canary has `min_sends`
+//!   sends, it is rolled back as soon as its failure rate is more than
+//!   `margin_percent` points above the stable version's; it is promoted once
+//!   `window_secs` have passed since the trial began and it is not. The store ends a
+//!   trial once (the first process wins, and a verdict on an ended trial ends
+//!   nothing), the reason is kept on the version (`canary_result`), and every process
+//!   follows the change as it follows any swap.
 
 use crate::announce::Announcer;
 use crate::circuits::{CircuitStore, Key, Outcome, Tally};
@@ -194,12 +194,10 @@ impl Canaries {
         store: &dyn Store,
         announcer: &Announcer,
     ) -> Result<Vec<String>, String> {
-        let trials = store
-            .canary_plugin_versions()
-            .await
-            .map_err(|e| e.to_string())?;
+        // The trials this process serves (its registry follows the store); ending one
+        // is conditional on the store, so a stale view ends nothing.
         let mut ended = Vec::new();
-        for trial in trials {
+        for (trial, _) in self.registry.canaries() {
             let (canary, stable) = self.tallies(&trial).await?;
             let elapsed = (chrono::Utc::now() - trial.since).num_seconds().max(0) as u64;
             let (promote, why) = match judge(canary, stable, elapsed, &self.settings) {

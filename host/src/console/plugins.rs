@@ -125,16 +125,15 @@ pub(super) async fn install(
         .ok_or_else(|| ApiError::BadRequest("choose a component file (.wasm) to install".into()))?;
     let canary = match canary.trim() {
         "" => None,
-        text => Some(
-            text.parse::<u8>()
-                .ok()
-                .filter(|p| (1..=99).contains(p))
-                .ok_or_else(|| {
-                    ApiError::BadRequest(format!(
-                        "the canary share must be a whole number from 1 to 99, not {text:?}"
-                    ))
-                })?,
-        ),
+        text => {
+            let percent = text.parse::<u8>().map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "the canary share must be a whole number from 1 to 99, not {text:?}"
+                ))
+            })?;
+            crate::plugins::trial::check_share(percent).map_err(ApiError::BadRequest)?;
+            Some(percent)
+        }
     };
     let by = format!("console:{}", key.id);
     let page =

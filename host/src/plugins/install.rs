@@ -84,10 +84,7 @@ pub async fn install(
     kit: &KitOptions,
 ) -> anyhow::Result<InstallOutcome> {
     if let Some(percent) = canary {
-        anyhow::ensure!(
-            (1..=99).contains(&percent),
-            "a canary serves 1 to 99 % of its slug's events, not {percent}"
-        );
+        super::trial::check_share(percent).map_err(anyhow::Error::msg)?;
     }
     let digest = hex::encode(Sha256::digest(wasm));
     let plugin = runtime

@@ -17,7 +17,7 @@
 //! ## Canaries
 //! A slug may also have a canary version (`switchboard plugin install --canary N`),
 //! loaded and followed the same way: [`Registry::pick`] gives an event the canary or
-//! the stable version as [`super::trial::takes_canary`] says.
+//! the stable version as [`super::trial::arm_of`] says.
 
 use super::bundled::BUNDLED;
 use super::runtime::{Grants, Plugin, PluginRuntime};
@@ -233,15 +233,14 @@ impl Registry {
         swapped: &mut Vec<String>,
     ) -> anyhow::Result<()> {
         let trials = store.canary_plugin_versions().await?;
-        let running: BTreeMap<String, CanaryTrial> = self
-            .canaries
-            .read()
-            .unwrap()
-            .iter()
-            .map(|(slug, (trial, _))| (slug.clone(), trial.clone()))
-            .collect();
         for trial in &trials {
-            if running.get(&trial.slug) == Some(trial) {
+            let running = self
+                .canaries
+                .read()
+                .unwrap()
+                .get(&trial.slug)
+                .map(|(t, _)| t == trial);
+            if running == Some(true) {
                 continue;
             }
             if let Some((plugin, _)) = self.load_version(store, &trial.slug, &trial.digest).await? {

@@ -274,6 +274,7 @@ impl PluginRuntime {
                 digest,
                 allow: AllowList::deny_all(),
                 stats: Arc::new(PluginStats::default()),
+                user_agent: String::new(),
             }),
         };
         let info = plugin.call_info().await?;
@@ -286,6 +287,7 @@ impl PluginRuntime {
         let inner = Arc::get_mut(&mut plugin.inner).expect("plugin not shared yet");
         inner.info = info;
         inner.allow = allow;
+        inner.user_agent = user_agent(&inner.info, &inner.digest);
         Ok(plugin)
     }
 }
@@ -324,21 +326,21 @@ pub(super) struct PluginInner {
     digest: String,
     pub(super) allow: AllowList,
     pub(super) stats: Arc<PluginStats>,
+    /// The `User-Agent` of its outbound requests ([`user_agent`]).
+    pub(super) user_agent: String,
 }
 
-impl PluginInner {
-    /// The `User-Agent` of the plugin's outbound requests (unless it sets its own):
-    /// the gateway, the plugin's slug and version, and the first 16 hex digits of its
-    /// digest, so a provider (or the simulator) can tell which build called.
-    pub(super) fn user_agent(&self) -> String {
-        format!(
-            "switchboard/{} ({}/{}; {})",
-            env!("CARGO_PKG_VERSION"),
-            self.info.slug,
-            self.info.version,
-            &self.digest[..self.digest.len().min(16)]
-        )
-    }
+/// The `User-Agent` of a plugin's outbound requests (unless it sets its own): the
+/// gateway, the plugin's slug and version, and the first 16 hex digits of its digest,
+/// so a provider (or the simulator) can tell which build called.
+fn user_agent(info: &types::ProviderInfo, digest: &str) -> String {
+    format!(
+        "switchboard/{} ({}/{}; {})",
+        env!("CARGO_PKG_VERSION"),
+        info.slug,
+        info.version,
+        &digest[..digest.len().min(16)]
+    )
 }
 
 /// How a plugin's code runs.
@@ -421,7 +423,7 @@ impl Plugin {
         let shared = &self.inner.shared;
         let ctx = super::native::HostCtx {
             slug: self.inner.info.slug.clone(),
-            user_agent: self.inner.user_agent(),
+            user_agent: self.inner.user_agent.clone(),
             allow: self.inner.allow.clone(),
             egress: shared.egress.clone(),
             http_timeout: shared.config.http_timeout,

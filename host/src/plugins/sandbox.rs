@@ -15,7 +15,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 /// What one instance may use beyond its own memory.
 pub(super) struct InstanceGrants {
     pub slug: String,
-    /// The `User-Agent` of its requests (see `PluginInner::user_agent`).
+    /// The `User-Agent` of its requests (see `runtime::user_agent`).
     pub user_agent: String,
     pub allow: AllowList,
     pub egress: Egress,

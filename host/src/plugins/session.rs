@@ -34,7 +34,7 @@ impl Plugin {
             .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
         let grants = InstanceGrants {
             slug: self.inner.info.slug.clone(),
-            user_agent: self.inner.user_agent(),
+            user_agent: self.inner.user_agent.clone(),
             allow: self.inner.allow.clone(),
             egress: shared.egress.clone(),
             http_timeout: shared.config.http_timeout,

@@ -26,6 +26,17 @@ pub struct Trial {
     pub arm: Arm,
 }
 
+/// Checks a canary's share of its slug's events: 1 to 99 %.
+pub fn check_share(percent: u8) -> Result<(), String> {
+    if (1..=99).contains(&percent) {
+        Ok(())
+    } else {
+        Err(format!(
+            "a canary serves 1 to 99 % of its slug's events, not {percent}"
+        ))
+    }
+}
+
 /// The arm of the trial of `slug`'s canary, serving `percent` % since `since_ms`
 /// (epoch milliseconds), that `event_id` belongs to: `None` for an event made before
 /// the trial began (it may have been sent by the stable version already, so neither

@@ -221,11 +221,7 @@ impl<T: PluginVersionsSql> PluginVersions for T {
         digest: &str,
         percent: u8,
     ) -> Result<CanaryStart, StoreError> {
-        if !(1..=99).contains(&percent) {
-            return Err(StoreError::Other(format!(
-                "a canary serves 1 to 99 % of its slug's events, not {percent}"
-            )));
-        }
+        crate::plugins::trial::check_share(percent).map_err(StoreError::Other)?;
         if self
             .canary_if_free(slug, digest, percent, Utc::now())
             .await?
