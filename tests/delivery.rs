@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use switchboard::AppState;
 use switchboard::config::Config;
@@ -285,6 +286,7 @@ both!(
     an_undecodable_event_ends_failed_not_queued,
     a_poison_event_is_given_up_after_the_bounded_deliveries,
     workflow_errors_fail_with_their_codes,
+    bulk_gives_way_to_busy_ingestion_and_critical_does_not,
 );
 
 async fn failover_across_providers_then_channels(b: Backends) {
@@ -1050,6 +1052,8 @@ struct IdempotentProvider {
     addr: std::net::SocketAddr,
     /// Idempotency key -> requests received with it.
     seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
+    /// Requests being answered now, and the most seen at once since the last reset.
+    in_flight: std::sync::Arc<(AtomicUsize, AtomicUsize)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -1057,16 +1061,20 @@ impl IdempotentProvider {
     async fn start(delay: Duration) -> Self {
         use axum::http::HeaderMap;
         let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, u32>::new()));
-        let state = seen.clone();
+        let in_flight = std::sync::Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        let (state, counts) = (seen.clone(), in_flight.clone());
         let app = axum::Router::new().fallback(move |headers: HeaderMap| {
-            let seen = state.clone();
+            let (seen, counts) = (state.clone(), counts.clone());
             async move {
                 let key = headers
                     .get("idempotency-key")
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or_default()
                     .to_string();
+                let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
+                counts.1.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(delay).await;
+                counts.0.fetch_sub(1, Ordering::SeqCst);
                 *seen.lock().unwrap().entry(key.clone()).or_default() += 1;
                 (
                     axum::http::StatusCode::CREATED,
@@ -1080,11 +1088,21 @@ impl IdempotentProvider {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { addr, seen, task }
+        Self {
+            addr,
+            seen,
+            in_flight,
+            task,
+        }
     }
 
     fn requests(&self) -> u32 {
         self.seen.lock().unwrap().values().sum()
+    }
+
+    /// The most requests answered at once since the last call.
+    fn take_most_at_once(&self) -> usize {
+        self.in_flight.1.swap(0, Ordering::SeqCst)
     }
 }
 
@@ -1092,6 +1110,89 @@ impl Drop for IdempotentProvider {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// While the process is accepting at least `worker.ingest_busy_at` requests, its bulk
+/// deliveries run at most `worker.bulk_while_ingesting` at a time and critical ones are
+/// not held back; once ingestion is quiet, bulk runs at its full concurrency again.
+async fn bulk_gives_way_to_busy_ingestion_and_critical_does_not(b: Backends) {
+    const N: usize = 6;
+    let provider = IdempotentProvider::start(Duration::from_millis(300)).await;
+    let base = format!("http://{}", provider.addr);
+    let gw = Gateway::start_with(b, &[provider.addr.to_string()], |c| {
+        c.worker.ingest_busy_at = 1;
+        c.worker.bulk_while_ingesting = 1;
+    })
+    .await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &base)]).await;
+    let otp = |s: &str| json!({"name": "otp", "to": {"subscriberId": s, "phone": "+14155550123"}, "payload": {"code": "99"}});
+    let (g, k) = (&gw, &key);
+    let bulk = |round: &'static str| async move {
+        let events: Vec<Value> = (0..N).map(|i| otp(&format!("{round}{i}"))).collect();
+        let (s, body) = g
+            .request(
+                reqwest::Method::POST,
+                "/v1/events/bulk",
+                k,
+                Some(&json!({"events": events})),
+                &[],
+            )
+            .await;
+        assert_eq!((s, body["count"].as_u64()), (200, Some(N as u64)), "{body}");
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["eventId"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+
+    // Busy: a request is held open as being accepted.
+    let busy = gw.state.ingest.load.accepting();
+    let held = bulk("busy").await;
+    let critical = gw.trigger(&key, otp("urgent"), "CRITICAL").await;
+    let m = gw.settled(&critical).await;
+    assert_eq!(m.status, MessageStatus::Sent, "{:?}", m.error_detail);
+    let ws = gw.workspace().await;
+    let mut waiting = 0;
+    for id in &held {
+        let m = gw
+            .state
+            .ingest
+            .store
+            .get_message(&ws, &EventId::parse(id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        waiting += usize::from(!m.status.is_dispatched());
+    }
+    assert!(
+        waiting > 0,
+        "the critical event waited for every held-back bulk event"
+    );
+    for id in &held {
+        assert_eq!(gw.settled(id).await.status, MessageStatus::Sent);
+    }
+    // One bulk delivery at a time, plus the critical one beside it.
+    let most = provider.take_most_at_once();
+    assert!(
+        (1..=2).contains(&most),
+        "{most} requests at once while busy"
+    );
+
+    // Quiet again: the bulk slots are all open.
+    drop(busy);
+    for id in bulk("quiet").await {
+        assert_eq!(gw.settled(&id).await.status, MessageStatus::Sent);
+    }
+    let most = provider.take_most_at_once();
+    assert!(
+        most > 2,
+        "only {most} requests at once after ingestion went quiet"
+    );
+    gw.cleanup().await;
 }
 
 /// `switchboard worker` as a separate process on `config`.

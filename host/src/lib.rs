@@ -41,9 +41,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// State shared by every request handler.
+/// State shared by every request handler. Handlers and extractors clone it for each
+/// request, so it is one shared allocation ([`AppStateInner`] holds the parts).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppStateInner>);
+
+impl std::ops::Deref for AppState {
+    type Target = AppStateInner;
+
+    fn deref(&self) -> &AppStateInner {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct AppStateInner {
     /// Loaded provider plugins.
     pub plugins: Arc<plugins::registry::Registry>,
     /// Circuit breakers per provider and channel.
@@ -279,7 +291,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let canaries =
         canary::Canaries::start(config.canary.clone(), breakers.clone(), plugins.clone());
     let circuits = circuits::Circuits::start(config.circuits.clone(), breakers);
-    Ok(AppState {
+    Ok(AppState(Arc::new(AppStateInner {
         plugins,
         circuits,
         canaries,
@@ -294,7 +306,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         revocations,
         config_changes,
         config_cache,
-    })
+    })))
 }
 
 /// A delivery worker over the state's backends and plugins.
@@ -320,6 +332,7 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
         state.queue.clone(),
         config.worker.clone(),
         state.ingest.metrics.clone(),
+        state.ingest.load.clone(),
     )
 }
 

@@ -182,6 +182,11 @@ pub struct WorkerConfig {
     /// detail says why) and the event is acknowledged. An unreachable database never
     /// gives up: the event waits for it.
     pub max_deliveries: u64,
+    /// Trigger and bulk requests being accepted by this process at which ingestion
+    /// counts as busy and bulk delivery gives way to it; 0: never.
+    pub ingest_busy_at: usize,
+    /// Bulk deliveries this process still starts at once while ingestion is busy.
+    pub bulk_while_ingesting: usize,
 }
 
 impl WorkerConfig {
@@ -455,6 +460,8 @@ impl Default for Config {
                 critical_concurrency: 16,
                 ack_wait_ms: 30_000,
                 max_deliveries: 10,
+                ingest_busy_at: 16,
+                bulk_while_ingesting: 1,
             },
             erasure: ErasureConfig {
                 audit_window_days: 30,
@@ -637,6 +644,16 @@ impl Config {
             (1..=4096).contains(&w.bulk_concurrency),
             "worker.bulk_concurrency",
             "between 1 and 4096",
+        )?;
+        ensure(
+            (1..=4096).contains(&w.bulk_while_ingesting),
+            "worker.bulk_while_ingesting",
+            "between 1 and 4096",
+        )?;
+        ensure(
+            w.ingest_busy_at <= 100_000,
+            "worker.ingest_busy_at",
+            "between 0 and 100000",
         )?;
         ensure(
             (1..=4096).contains(&w.critical_concurrency),

@@ -18,6 +18,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod load;
 mod request;
 mod validate;
 
@@ -55,6 +56,8 @@ pub struct Ingest {
     pub streams: StreamNames,
     /// Counters for `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Requests being accepted, which in-process workers give precedence to.
+    pub load: Arc<load::Load>,
     /// Single triggers wait here to be committed together.
     group: tokio::sync::mpsc::Sender<GroupJob>,
 }
@@ -92,6 +95,7 @@ impl Ingest {
             broker,
             streams,
             metrics,
+            load: Arc::default(),
             group,
         });
         let jobs = Arc::new(tokio::sync::Mutex::new(jobs));
@@ -189,6 +193,7 @@ impl Ingest {
         idempotency_key: Option<String>,
         revoked: impl Fn() -> bool,
     ) -> Result<(TriggerResponse, bool), IngestError> {
+        let _accepting = self.load.accepting();
         let channels = route(&request, priority).map_err(IngestError::Invalid)?;
         let admitted = self
             .admit(key, &[request.to.subscriber_id.as_str()], true)
@@ -449,6 +454,7 @@ impl Ingest {
         events: Vec<serde_json::Value>,
         revoked: impl Fn() -> bool,
     ) -> Result<BulkTriggerResponse, IngestError> {
+        let _accepting = self.load.accepting();
         if events.is_empty() || events.len() > MAX_BULK {
             return Err(IngestError::Invalid(format!(
                 "events must hold 1 to {MAX_BULK} entries, got {}",

@@ -20,6 +20,7 @@ pub mod receipts;
 use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
 use crate::config::WorkerConfig;
 use crate::ingest::Envelope;
+use crate::ingest::load::{self, Load};
 use crate::store::StoreError;
 use dispatch::{Dispatcher, Outcome};
 use futures::StreamExt;
@@ -27,6 +28,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore, watch};
+
+/// How often a bulk delivery held back for ingestion looks again (it is also woken when
+/// ingestion goes idle).
+const GIVE_WAY_RECHECK: Duration = Duration::from_millis(5);
 
 /// A worker: both consumers and the dispatcher.
 pub struct Worker {
@@ -44,6 +49,8 @@ pub struct Worker {
     settling_critical: Semaphore,
     /// Bulk deliveries finished and being settled, at most one per bulk slot.
     settling_bulk: Semaphore,
+    /// This process's ingestion, which bulk delivery gives way to while it is busy.
+    ingestion: Arc<Load>,
 }
 
 /// A dispatch slot. Dropping it lets the next delivery start and, for critical work,
@@ -68,6 +75,7 @@ impl Worker {
         queue: Arc<dyn WorkQueue>,
         config: WorkerConfig,
         metrics: Arc<crate::metrics::Metrics>,
+        ingestion: Arc<Load>,
     ) -> Arc<Self> {
         Arc::new(Self {
             settings: ConsumerSettings {
@@ -83,6 +91,7 @@ impl Worker {
                 config.critical_concurrency + config.bulk_concurrency,
             ),
             settling_bulk: Semaphore::new(config.bulk_concurrency),
+            ingestion,
             config,
         })
     }
@@ -178,6 +187,13 @@ impl Worker {
                             _ = stop.changed() => break 'subscribe,
                         }
                     }
+                    while self.gives_way(&own) {
+                        tokio::select! {
+                            _ = self.ingestion.idle() => {}
+                            _ = tokio::time::sleep(GIVE_WAY_RECHECK) => {}
+                            _ = stop.changed() => break 'subscribe,
+                        }
+                    }
                     let next = tokio::select! {
                         d = deliveries.next() => d,
                         _ = stop.changed() => break 'subscribe,
@@ -219,6 +235,21 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Whether a bulk delivery holding one of `slots` waits for ingestion
+    /// ([`load::hold_back`]).
+    fn gives_way(&self, slots: &Semaphore) -> bool {
+        let running = self
+            .config
+            .bulk_concurrency
+            .saturating_sub(slots.available_permits());
+        load::hold_back(
+            self.ingestion.in_flight(),
+            self.config.ingest_busy_at,
+            running,
+            self.config.bulk_while_ingesting,
+        )
     }
 
     /// Dispatches one delivery and settles it with the broker.
