@@ -394,3 +394,43 @@ async fn not_a_component_is_rejected_with_a_reason() {
         Err(PluginError::Invalid(_))
     ));
 }
+
+/// The calls of one callback (signature checks under several secrets, then the parse)
+/// run on one instance, each with its own budget; a native plugin has no instance.
+#[tokio::test]
+async fn a_callbacks_calls_share_one_instance() {
+    use switchboard::plugins::session::Calls;
+    let rt = runtime(Duration::from_secs(1));
+    let plugin = provc(&rt).await;
+    let body = br#"{"message_id":"SM1","status":"DELIVERED"}"#;
+    let sig = hex::encode(switchboard::crypto::hmac_sha256(b"right", body));
+    let headers = vec![("X-provC-Signature".to_string(), sig)];
+    let stats = plugin.stats();
+    let (calls, instances) = (
+        stats.calls.load(Ordering::Relaxed),
+        stats.instances.load(Ordering::Relaxed),
+    );
+    let mut one = Calls::new(&plugin);
+    assert_eq!(
+        one.verify_signature("wrong", &headers, body, 0).await,
+        Ok(Err(SignatureError::Mismatch))
+    );
+    assert_eq!(
+        one.verify_signature("right", &headers, body, 0).await,
+        Ok(Ok(()))
+    );
+    let receipts = one.parse_receipt(&headers, body).await.unwrap().unwrap();
+    assert_eq!(receipts[0].provider_message_id, "SM1");
+    drop(one);
+    // Instantiating counts as a call of its own.
+    assert_eq!(stats.calls.load(Ordering::Relaxed), calls + 4);
+    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 1);
+    // Without it, every call is an instance of its own.
+    plugin
+        .verify_signature("right", &headers, body, 0)
+        .await
+        .unwrap()
+        .unwrap();
+    plugin.parse_receipt(&headers, body).await.unwrap().unwrap();
+    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 3);
+}

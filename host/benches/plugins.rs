@@ -3,6 +3,8 @@
 //! `cargo bench -p switchboard --bench plugins`. Groups:
 //! - `verify_1k/*`: provC `verify-signature` on a 1 KiB body;
 //! - `normalize/*`: provC `normalize-call-state("No-Answer")`;
+//! - `callback/*`: provC `verify-signature` then `parse-receipt`, on one instance or on
+//!   an instance per call;
 //! - `send/*`: provC `send` of one SMS to a local capture server (HTTP included).
 //!
 //! Cases: `linked` (the plugin crate linked into the bench and called directly, SDK
@@ -16,6 +18,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use switchboard::plugins::capture::{CaptureServer, Reply};
 use switchboard::plugins::runtime::CallKind;
+use switchboard::plugins::session::Calls;
 use switchboard::plugins::types::{Content, Message, SendOutcome, SmsMessage};
 use switchboard::plugins::{Grants, PluginKind, PluginRuntime, RuntimeConfig, bundled};
 use switchboard_plugin_provc::ProvC;
@@ -120,6 +123,38 @@ fn benches(c: &mut Criterion) {
     group.bench_function("native_lib", |b| {
         b.to_async(&rt)
             .iter(|| async { black_box(native.normalize_call_state("No-Answer").await.unwrap()) })
+    });
+    group.finish();
+
+    // What a webhook asks of a plugin: the signature check, then the parse; one
+    // instance for both (`Calls`, as the gateway does) or an instance per call.
+    let receipt_body = br#"{"message_id":"SM1","status":"DELIVERED"}"#.to_vec();
+    let receipt_headers = vec![(
+        "X-provC-Signature".to_string(),
+        hex::encode(switchboard::crypto::hmac_sha256(
+            secret.as_bytes(),
+            &receipt_body,
+        )),
+    )];
+    let mut group = c.benchmark_group("callback");
+    group.bench_function("wasm_one_instance", |b| {
+        b.to_async(&rt).iter(|| async {
+            let mut calls = Calls::new(&plugin);
+            let r = calls
+                .verify_signature(secret, &receipt_headers, &receipt_body, 0)
+                .await;
+            assert_eq!(r, Ok(Ok(())));
+            black_box(calls.parse_receipt(&receipt_headers, &receipt_body).await)
+        })
+    });
+    group.bench_function("wasm_instance_per_call", |b| {
+        b.to_async(&rt).iter(|| async {
+            let r = plugin
+                .verify_signature(secret, &receipt_headers, &receipt_body, 0)
+                .await;
+            assert_eq!(r, Ok(Ok(())));
+            black_box(plugin.parse_receipt(&receipt_headers, &receipt_body).await)
+        })
     });
     group.finish();
 

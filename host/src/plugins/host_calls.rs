@@ -37,6 +37,8 @@ pub enum PluginError {
 pub struct PluginStats {
     /// Calls started (instantiating a session counts as one).
     pub calls: AtomicU64,
+    /// Sandboxed instances made (a session may serve several calls).
+    pub instances: AtomicU64,
     /// Calls that trapped for any reason (including timeouts and memory).
     pub failures: AtomicU64,
     /// Outbound requests made.

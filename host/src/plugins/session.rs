@@ -63,9 +63,69 @@ impl Plugin {
             _slot: slot,
         };
         session.begin()?;
+        self.inner.stats.instances.fetch_add(1, Ordering::Relaxed);
         let instance = pre.instantiate_async(&mut session.store).await;
         session.guest = Some(session.end(instance)?);
         Ok(session)
+    }
+}
+
+/// The calls one callback needs (signature checks, then the parse) on one sandboxed
+/// instance instead of one each; a native plugin is called straight through. Made
+/// lazily, at the first call, so a request refused before any call costs none.
+pub struct Calls<'a> {
+    plugin: &'a Plugin,
+    session: Option<Session<'a>>,
+}
+
+impl<'a> Calls<'a> {
+    /// Quick calls to `plugin` on one instance.
+    pub fn new(plugin: &'a Plugin) -> Self {
+        Self {
+            plugin,
+            session: None,
+        }
+    }
+
+    /// The instance, made at the first call; `None` for a native plugin.
+    async fn session(&mut self) -> Result<Option<&mut Session<'a>>, PluginError> {
+        if matches!(self.plugin.kind(), super::PluginKind::Native) {
+            return Ok(None);
+        }
+        if self.session.is_none() {
+            self.session = Some(self.plugin.session(CallKind::Quick).await?);
+        }
+        Ok(self.session.as_mut())
+    }
+
+    /// `verify-signature(secret, headers, raw-body, now)`.
+    pub async fn verify_signature(
+        &mut self,
+        secret: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<(), types::SignatureError>, PluginError> {
+        match self.session().await? {
+            Some(session) => session.verify_signature(secret, headers, body, now).await,
+            None => {
+                self.plugin
+                    .verify_signature(secret, headers, body, now)
+                    .await
+            }
+        }
+    }
+
+    /// `parse-receipt(headers, raw-body)`.
+    pub async fn parse_receipt(
+        &mut self,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
+        match self.session().await? {
+            Some(session) => session.parse_receipt(headers, body).await,
+            None => self.plugin.parse_receipt(headers, body).await,
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use crate::ids::{ReceiptId, WorkspaceId};
 use crate::metrics::Metrics;
 use crate::model::MessageStatus;
 use crate::plugins::registry::Registry;
+use crate::plugins::session::Calls;
 use crate::plugins::types::{self, SignatureError};
 use crate::plugins::{Plugin, PluginError};
 use crate::receipts::TelemetryReceiptEvent;
@@ -191,13 +192,26 @@ impl Webhooks {
             .plugins
             .get(slug)
             .ok_or_else(|| WebhookError::UnknownProvider(slug.to_string()))?;
-        let verified = self.verify(slug, workspace, &plugin, headers, body).await?;
+        // The signature checks and the parse share one sandboxed instance, given back
+        // before the publish waits on the broker.
+        let mut calls = Calls::new(&plugin);
+        let verified = self
+            .verify(slug, workspace, &plugin, &mut calls, headers, body)
+            .await?;
         // The same callback always gets the same id, so publishing it again (a retry
         // after a lost answer, or a replay) is de-duplicated by the broker and by the
         // store's receipt keys: it is never processed twice.
         let receipt_id = receipt_id_for(slug, &verified, body);
+        let receipts = calls
+            .parse_receipt(headers, body)
+            .await
+            .map_err(|e| plugin_failure(slug, "parse-receipt", e))?
+            .map_err(|e| {
+                WebhookError::BadRequest(format!("{slug} callback is not a receipt: {e}"))
+            })?;
+        drop(calls);
         let accepted = self
-            .parse_and_publish(slug, &plugin, &verified, headers, body, receipt_id)
+            .publish(slug, &plugin, &verified, receipts, receipt_id)
             .await?;
         // Recorded as seen only once its receipts are on the stream: a callback that
         // failed, or whose request was cut off, is not refused when it comes again.
@@ -219,22 +233,15 @@ impl Webhooks {
         })
     }
 
-    async fn parse_and_publish(
+    /// Checks the parsed receipts and publishes them to the telemetry stream.
+    async fn publish(
         &self,
         slug: &str,
         plugin: &Plugin,
         verified: &Verified,
-        headers: &[(String, String)],
-        body: &[u8],
+        receipts: Vec<types::Receipt>,
         receipt_id: ReceiptId,
     ) -> Result<Accepted, WebhookError> {
-        let receipts = plugin
-            .parse_receipt(headers, body)
-            .await
-            .map_err(|e| plugin_failure(slug, "parse-receipt", e))?
-            .map_err(|e| {
-                WebhookError::BadRequest(format!("{slug} callback is not a receipt: {e}"))
-            })?;
         if receipts.is_empty() {
             return Err(WebhookError::BadRequest(format!(
                 "{slug} callback carries no receipt"
@@ -301,6 +308,7 @@ impl Webhooks {
         slug: &str,
         workspace: Option<&str>,
         plugin: &Plugin,
+        calls: &mut Calls<'_>,
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Verified, WebhookError> {
@@ -326,7 +334,7 @@ impl Webhooks {
         let mut worst: Option<SignatureError> = None;
         for secret in &secrets {
             match self
-                .check(slug, plugin, &secret.secret, headers, body, now)
+                .check(slug, calls, &secret.secret, headers, body, now)
                 .await?
             {
                 Ok(()) => return Ok(Verified::Signed(secret.workspace.clone())),
@@ -347,7 +355,7 @@ impl Webhooks {
             let unsigned = match worst {
                 Some(e) => e == SignatureError::Missing,
                 None => {
-                    self.check(slug, plugin, "", headers, body, now).await?
+                    self.check(slug, calls, "", headers, body, now).await?
                         == Err(SignatureError::Missing)
                 }
             };
@@ -383,13 +391,13 @@ impl Webhooks {
     async fn check(
         &self,
         slug: &str,
-        plugin: &Plugin,
+        calls: &mut Calls<'_>,
         secret: &str,
         headers: &[(String, String)],
         body: &[u8],
         now: u64,
     ) -> Result<Result<(), SignatureError>, WebhookError> {
-        plugin
+        calls
             .verify_signature(secret, headers, body, now)
             .await
             .map_err(|e| plugin_failure(slug, "verify-signature", e))
