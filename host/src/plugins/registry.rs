@@ -512,19 +512,24 @@ impl Registry {
 mod tests {
     use super::*;
 
-    /// The canary gets the events of its share made since its trial began, on the
-    /// channels it serves; on a channel it does not, the active version sends and the
-    /// canary's arm is named as missed; older events stay with the active version.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_canary_gets_its_share_on_the_channels_it_serves() {
+    /// A registry of the bundled plugins, as `dev` loads them.
+    async fn bundled() -> Registry {
         let runtime = PluginRuntime::new(super::super::RuntimeConfig {
             guest_time_budget: std::time::Duration::from_secs(2),
             ..Default::default()
         })
         .unwrap();
-        let registry = Registry::load(runtime, &crate::config::Config::default().plugins)
+        Registry::load(runtime, &crate::config::Config::default().plugins)
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The canary gets the events of its share made since its trial began, on the
+    /// channels it serves; on a channel it does not, the active version sends and the
+    /// canary's arm is named as missed; older events stay with the active version.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_canary_gets_its_share_on_the_channels_it_serves() {
+        let registry = bundled().await;
         let (provd, email_only) = (
             registry.get("provd").unwrap(),
             registry.get("prova").unwrap(),
@@ -590,14 +595,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn default_routes_follow_what_the_loaded_plugins_serve() {
-        let runtime = PluginRuntime::new(super::super::RuntimeConfig {
-            guest_time_budget: std::time::Duration::from_secs(2),
-            ..Default::default()
-        })
-        .unwrap();
-        let registry = Registry::load(runtime, &crate::config::Config::default().plugins)
-            .await
-            .unwrap();
+        let registry = bundled().await;
         let routes = |r: &Registry| -> Vec<(String, String)> {
             r.default_routes()
                 .iter()

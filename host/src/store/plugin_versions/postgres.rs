@@ -5,6 +5,10 @@ use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
 use chrono::{DateTime, Utc};
 
+/// Turns the slug's active version standby (activation, promotion, `demote_active`).
+const DEMOTE_ACTIVE: &str =
+    "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'";
+
 #[async_trait::async_trait]
 impl PluginVersionsSql for PgStore {
     async fn insert_version(
@@ -91,13 +95,11 @@ impl PluginVersionsSql for PgStore {
         }
         // The old active version first: the unique index on active rows is checked row
         // by row.
-        sqlx::query(
-            "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
-        )
-        .bind(slug)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        sqlx::query(DEMOTE_ACTIVE)
+            .bind(slug)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
         sqlx::query(
             "UPDATE plugin_versions SET state = 'active', activated_at = $3 \
              WHERE slug = $1 AND digest = $2",
@@ -113,14 +115,12 @@ impl PluginVersionsSql for PgStore {
     }
 
     async fn demote_active(&self, slug: &str) -> Result<bool, StoreError> {
-        let changed = sqlx::query(
-            "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
-        )
-        .bind(slug)
-        .execute(self.pool())
-        .await
-        .map_err(map_err)?
-        .rows_affected();
+        let changed = sqlx::query(DEMOTE_ACTIVE)
+            .bind(slug)
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?
+            .rows_affected();
         Ok(changed > 0)
     }
 
@@ -188,13 +188,11 @@ impl PluginVersionsSql for PgStore {
             return Ok(false);
         }
         if promote {
-            sqlx::query(
-                "UPDATE plugin_versions SET state = 'standby' WHERE slug = $1 AND state = 'active'",
-            )
-            .bind(slug)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            sqlx::query(DEMOTE_ACTIVE)
+                .bind(slug)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
         }
         sqlx::query(
             "UPDATE plugin_versions SET state = $3, canary_percent = NULL, canary_since = NULL, \
