@@ -25,6 +25,8 @@
 #   BIN_DIR [target/release]  where the binaries are (another build's, to compare
 #                         commits on one machine; implies SKIP_BUILD=1)
 #   KEEP_DB [0]           1: keep the production set's database afterwards
+#   BENCH_LOG [warn]      the embedded gateway's log filter (SWITCHBOARD_LOG), e.g.
+#                         `warn,sqlx::query=debug` to time every statement it runs
 #   BUILD_TIMEOUT [5400]  seconds the release build may take (cargo may wait on a lock)
 #   PG_URL_BASE [postgres://postgres@127.0.0.1:5432]  NATS_URL [nats://127.0.0.1:4222]
 #   REDIS_URL [redis://127.0.0.1:6379]
@@ -57,7 +59,7 @@ REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 # The exact command line, with every setting that was overridden.
 OVERRIDES=""
 for v in EVENTS BULK TEST_EVENTS ENDPOINT_EVENTS SETS DEADLINE STALL VERIFY_CONCURRENCY CALLBACK_DELAY_MS \
-    SKIP_BUILD BIN_DIR KEEP_DB BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL PGSSLMODE; do
+    SKIP_BUILD BIN_DIR KEEP_DB BENCH_LOG BUILD_TIMEOUT PG_URL_BASE NATS_URL REDIS_URL PGSSLMODE; do
     if printenv "$v" >/dev/null 2>&1; then
         val=$(printenv "$v")
         [[ $val == *" "* ]] && val="\"$val\""
@@ -282,7 +284,7 @@ run_embedded() {
     mkdir -p "$dir/data"
     pick_ports
     local sim_port=$SIM_PORT met_port=$MET_PORT
-    local env=(-u SWITCHBOARD_CONFIG SWITCHBOARD_LOG=warn NO_COLOR=1
+    local env=(-u SWITCHBOARD_CONFIG SWITCHBOARD_LOG=${BENCH_LOG:-warn} NO_COLOR=1
         "SWITCHBOARD_LISTEN=127.0.0.1:$GW_PORT" "SWITCHBOARD_DATA_DIR=$dir/data"
         "SWITCHBOARD_SIM__LISTEN=127.0.0.1:$sim_port" "SWITCHBOARD_METRICS_LISTEN=127.0.0.1:$met_port")
     [[ -n $CALLBACK_DELAY_MS ]] && env+=("SWITCHBOARD_SIM__CALLBACK_DELAY_MS=$CALLBACK_DELAY_MS")
@@ -498,6 +500,7 @@ detail() { # set mode
       + (if .trigger_to_callback_received_ms then "\n  - Trigger to the callback reaching the gateway (timeline `delivered`): p50 \(.trigger_to_callback_received_ms.p50) ms, p99 \(.trigger_to_callback_received_ms.p99) ms." else "" end)
       + (if .memory.watched_vmhwm_kb.simulator then "\n  - Simulator process peak RSS (VmHWM): \(.memory.watched_vmhwm_kb.simulator / 1024 * 10 | round / 10) MiB; gateway VmRSS sampled every 0.5 s peaked at \((.memory.gateway_vmrss_max_sampled_kb // 0) / 1024 * 10 | round / 10) MiB." else "\n  - Gateway VmRSS sampled every 0.5 s peaked at \((.memory.gateway_vmrss_max_sampled_kb // 0) / 1024 * 10 | round / 10) MiB (the simulator runs inside it)." end)
       + "\n  - CPU from the first request until every message was final (or the deadline) (\(.cpu.window_s) s, in cores of \(.cpu.cpus)): \(groups); whole machine busy \(.cpu.machine.busy_cores // "n/a") cores, of which \(unseen) not attributed (processes that started and ended inside the window, e.g. compilers)."
+      + (if .pipeline.stages then "\n  - Where a delivery'"'"'s time went (the gateway'"'"'s `/metrics`, over the run): mean per stage \(.pipeline.stages | to_entries | map("\(.key) \(.value.mean_ms) ms") | join(", ")); the store'"'"'s \(.pipeline.store_lanes) write lane(s) ran \(.pipeline.store_batches_per_s) batches/s of \(.pipeline.store_writes_per_batch) writes, busy \(.pipeline.store_lane_busy_share | to_entries | map("\(.key) \(.value * 100 | round) %") | join(", ")) of the time." else "" end)
       + (if .endpoint then "\n  - Webhook endpoint (a local receiver, told of message.sent and message.delivered): \(.endpoint.distinct_events) events (\(.endpoint.by_type | tostring)), \(.endpoint.repeated_requests) repeated requests, last \(.endpoint.last_event_after_t0_s) s after the first request: **\(.endpoint.events_per_s) events/s**; trigger to message.delivered received p50 \(.endpoint.trigger_to_delivered_event_ms.p50) ms, p99 \(.endpoint.trigger_to_delivered_event_ms.p99) ms; \(.endpoint.messages_with_delivered_event) of \(.accepted) messages had their message.delivered." else "" end)
       + (if (.problems | length) > 0 then "\n  - **Problems**: \(.problems | join("; "))" else "" end)' "$f"
 }

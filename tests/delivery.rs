@@ -391,6 +391,35 @@ async fn failover_across_providers_then_channels(b: Backends) {
     for stream in [&streams.critical, &streams.bulk, &streams.telemetry] {
         value(&format!("switchboard_queue_depth{{stream=\"{stream}\"}}"));
     }
+    // Each delivery's stages are timed, and the store's group commit counts its
+    // batches and the time its lanes spent on them.
+    for (stage, at_least) in [
+        ("preferences", 2.0),
+        ("claim", 2.0),
+        ("send", 4.0),
+        ("record", 4.0),
+    ] {
+        let count = value(&format!(
+            "switchboard_delivery_stage_seconds_count{{stage=\"{stage}\"}}"
+        ));
+        assert!(count >= at_least, "{stage}: {count} < {at_least}");
+        assert!(
+            value(&format!(
+                "switchboard_delivery_stage_seconds_sum{{stage=\"{stage}\"}}"
+            )) > 0.0
+        );
+    }
+    let batches = value("switchboard_store_batches_total");
+    assert!(batches >= 2.0, "{batches}");
+    assert!(value("switchboard_store_batch_writes_total") >= batches);
+    assert!(value("switchboard_store_lanes") >= 1.0);
+    for phase in ["begin", "writes", "commit"] {
+        assert!(
+            value(&format!(
+                "switchboard_store_lane_busy_seconds_total{{phase=\"{phase}\"}}"
+            )) > 0.0
+        );
+    }
     gw.cleanup().await;
 }
 

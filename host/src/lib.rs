@@ -256,7 +256,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let auth = Arc::new(auth::Authenticator::new(store.clone()));
     let plugins = Arc::new(registry);
     let sampled = plugins.clone();
-    let metrics = Arc::new(metrics::Metrics::new(Some(Box::new(move || {
+    let mut metrics = metrics::Metrics::new(Some(Box::new(move || {
         sampled
             .list()
             .into_iter()
@@ -272,7 +272,10 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                 }
             })
             .collect()
-    }))));
+    })));
+    let lanes = store.clone();
+    metrics.register_store(Box::new(move || lanes.lane_totals()));
+    let metrics = Arc::new(metrics);
     let config_cache = config_cache::ConfigCache::new(store.clone());
     let webhooks = Arc::new(webhooks::Webhooks {
         store: store.clone(),
@@ -326,7 +329,8 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
         lease,
         send_timeout,
     )
-    .with_canaries(state.canaries.clone());
+    .with_canaries(state.canaries.clone())
+    .with_metrics(state.ingest.metrics.clone());
     worker::Worker::new(
         dispatcher,
         state.queue.clone(),

@@ -92,6 +92,79 @@ pub struct PluginSample {
     pub http: [u64; 6],
 }
 
+/// A delivery's stage, for its duration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// `preferences` (the read before the claim), `claim` (the message claimed and its
+    /// first step written), `send` (the provider plugin's call) or `record` (a step's
+    /// outcome written).
+    pub stage: &'static str,
+}
+
+/// A part of the store's group-commit batches.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    /// `begin`, `writes` or `commit`.
+    phase: &'static str,
+}
+
+/// Reads the store's group-commit totals at each scrape.
+pub type StoreSampler = Box<dyn Fn() -> crate::store::LaneTotals + Send + Sync>;
+
+/// Encodes the store's group-commit totals at each scrape.
+struct StoreCollector(StoreSampler);
+
+impl std::fmt::Debug for StoreCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreCollector")
+    }
+}
+
+impl Collector for StoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let totals = (self.0)();
+        let counters = [
+            (
+                "store_batches",
+                "Group-commit batches the store's write lanes ran (one transaction each)",
+                totals.batches,
+            ),
+            (
+                "store_batch_writes",
+                "Writes in those batches (a set-based write of many rows counts once)",
+                totals.writes,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let metric = ConstCounter::new(value);
+            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        let lanes = Gauge::<i64>::default();
+        lanes.set(i64::try_from(totals.lanes).unwrap_or(i64::MAX));
+        lanes.encode(encoder.encode_descriptor(
+            "store_lanes",
+            "The store's write lanes (SQLite: 1); busy seconds over this is the lanes' load",
+            None,
+            lanes.metric_type(),
+        )?)?;
+        let mut family = encoder.encode_descriptor(
+            "store_lane_busy_seconds",
+            "Time the store's write lanes spent opening, writing and committing batches",
+            None,
+            ConstCounter::<f64>::new(0.0).metric_type(),
+        )?;
+        for (phase, time) in [
+            ("begin", totals.begin),
+            ("writes", totals.writing),
+            ("commit", totals.commit),
+        ] {
+            ConstCounter::new(time.as_secs_f64())
+                .encode(family.encode_family(&PhaseLabels { phase })?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Reads every loaded plugin's counters.
 pub type PluginSampler = Box<dyn Fn() -> Vec<PluginSample> + Send + Sync>;
 
@@ -188,6 +261,9 @@ pub struct Metrics {
     /// `switchboard_delivery_queue_wait_seconds{class}`: acceptance to a worker starting
     /// the event (first deliveries only), i.e. time spent queued.
     pub queue_wait: Family<ClassLabels, Histogram>,
+    /// `switchboard_delivery_stage_seconds{stage}`: how long each stage of a delivery
+    /// took, waits included ([`StageLabels`]).
+    pub stages: Family<StageLabels, Histogram>,
     /// `switchboard_webhooks_total{outcome}`: accepted, invalid_signature, replayed,
     /// bad_request, unknown_provider, error.
     pub webhooks: Family<OutcomeLabels, Counter>,
@@ -264,6 +340,14 @@ impl Metrics {
             "delivery_queue_wait_seconds",
             "Time from acceptance to a worker starting the event, by stream class",
             queue_wait.clone(),
+        );
+        let stages = Family::<StageLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+        });
+        registry.register(
+            "delivery_stage_seconds",
+            "How long each stage of a delivery took, waits for the store included, by stage",
+            stages.clone(),
         );
         let webhooks = Family::<OutcomeLabels, Counter>::default();
         let receipts = Family::<OutcomeLabels, Counter>::default();
@@ -348,7 +432,21 @@ impl Metrics {
             receipts,
             dead_lettered,
             queue_depth,
+            stages,
         }
+    }
+
+    /// Exports the store's group-commit totals, read by `sampler` at each scrape.
+    pub fn register_store(&mut self, sampler: StoreSampler) {
+        self.registry
+            .register_collector(Box::new(StoreCollector(sampler)));
+    }
+
+    /// Records how long a delivery's `stage` took, from `since` until now.
+    pub fn stage(&self, stage: &'static str, since: std::time::Instant) {
+        self.stages
+            .get_or_create(&StageLabels { stage })
+            .observe(since.elapsed().as_secs_f64());
     }
 
     /// Counts one outcome.
@@ -381,6 +479,16 @@ mod tests {
                 http: [1, 0, 5, 0, 1, 0],
             }]
         })));
+        let mut metrics = metrics;
+        metrics.register_store(Box::new(|| crate::store::LaneTotals {
+            lanes: 4,
+            batches: 10,
+            writes: 25,
+            begin: std::time::Duration::from_millis(250),
+            writing: std::time::Duration::from_millis(1500),
+            commit: std::time::Duration::from_secs(2),
+        }));
+        metrics.stage("claim", std::time::Instant::now());
         Metrics::count(&metrics.dead_lettered, "max_deliveries", 1);
         metrics
             .queue_depth
@@ -402,6 +510,13 @@ mod tests {
             "switchboard_plugin_http_responses_total{slug=\"provc\",status=\"error\"} 1",
             "switchboard_dead_lettered_total{outcome=\"max_deliveries\"} 1",
             "switchboard_queue_depth{stream=\"BULK\"} 42",
+            "switchboard_store_batches_total 10",
+            "switchboard_store_batch_writes_total 25",
+            "switchboard_store_lanes 4",
+            "switchboard_store_lane_busy_seconds_total{phase=\"begin\"} 0.25",
+            "switchboard_store_lane_busy_seconds_total{phase=\"writes\"} 1.5",
+            "switchboard_store_lane_busy_seconds_total{phase=\"commit\"} 2.0",
+            "switchboard_delivery_stage_seconds_count{stage=\"claim\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }

@@ -317,6 +317,10 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
         })
         .collect::<Result<_, _>>()?;
 
+    let pipeline_before = match &metrics {
+        Some(m) => pipeline::scrape(&http, m).await,
+        None => None,
+    };
     let cpu_before = cpu::snapshot(args);
     let t0 = Utc::now();
     let started = Instant::now();
@@ -420,6 +424,14 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
         tokio::time::sleep(POLL).await;
     };
     let waited_secs = started.elapsed().as_secs_f64();
+    let pipeline_after = match &metrics {
+        Some(m) => pipeline::scrape(&http, m).await,
+        None => None,
+    };
+    let pipeline_report = match (&pipeline_before, &pipeline_after) {
+        (Some(before), Some(after)) => pipeline::report(before, after, waited_secs),
+        _ => Value::Null,
+    };
     let cpu_after = cpu::snapshot(args);
     let cpu_report = cpu::report(&cpu_before, &cpu_after, args.clk_tck);
     let rss_hwm_kb = args.gateway_pid.and_then(|p| proc_status_kb(p, "VmHWM"));
@@ -445,6 +457,7 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
         "accepted_per_s": round1(accepted as f64 / accept_secs),
         "memory": memory,
         "cpu": cpu_report,
+        "pipeline": pipeline_report,
     });
 
     if outcome != Wait::Done {
@@ -984,6 +997,92 @@ async fn metrics_progress(http: &reqwest::Client, base: &reqwest::Url) -> (Strin
     (line, Some(total))
 }
 
+/// Where a delivery's time goes, from the gateway's own counters: the stages of a
+/// delivery (`switchboard_delivery_stage_seconds`) and the store's write lanes
+/// (`switchboard_store_*`), as differences over the run.
+mod pipeline {
+    use serde_json::{Value, json};
+    use std::collections::BTreeMap;
+
+    /// Every series of the exposition that this report reads, by its full name.
+    pub type Sample = BTreeMap<String, f64>;
+
+    const STAGES: [&str; 4] = ["preferences", "claim", "send", "record"];
+    const PHASES: [&str; 3] = ["begin", "writes", "commit"];
+
+    pub async fn scrape(http: &reqwest::Client, base: &reqwest::Url) -> Option<Sample> {
+        let text = http
+            .get(base.join("/metrics").ok()?)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        Some(parse(&text))
+    }
+
+    pub fn parse(text: &str) -> Sample {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("switchboard_delivery_stage_seconds_sum")
+                    || l.starts_with("switchboard_delivery_stage_seconds_count")
+                    || l.starts_with("switchboard_store_")
+            })
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                Some((series.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    pub fn report(before: &Sample, after: &Sample, seconds: f64) -> Value {
+        let delta = |series: &str| {
+            after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0)
+        };
+        let mut stages = serde_json::Map::new();
+        for stage in STAGES {
+            let count = delta(&format!(
+                "switchboard_delivery_stage_seconds_count{{stage=\"{stage}\"}}"
+            ));
+            let sum = delta(&format!(
+                "switchboard_delivery_stage_seconds_sum{{stage=\"{stage}\"}}"
+            ));
+            let mean_ms = if count > 0.0 {
+                (sum / count * 1e4).round() / 10.0
+            } else {
+                0.0
+            };
+            stages.insert(stage.into(), json!({"count": count, "mean_ms": mean_ms}));
+        }
+        let lanes = after
+            .get("switchboard_store_lanes")
+            .copied()
+            .unwrap_or(1.0)
+            .max(1.0);
+        let capacity = seconds * lanes;
+        let mut busy = serde_json::Map::new();
+        for phase in PHASES {
+            let spent = delta(&format!(
+                "switchboard_store_lane_busy_seconds_total{{phase=\"{phase}\"}}"
+            ));
+            busy.insert(
+                phase.into(),
+                json!((spent / capacity * 1000.0).round() / 1000.0),
+            );
+        }
+        let batches = delta("switchboard_store_batches_total");
+        let writes = delta("switchboard_store_batch_writes_total");
+        json!({
+            "stages": stages,
+            "store_lanes": lanes,
+            "store_batches_per_s": (batches / seconds).round(),
+            "store_writes_per_batch": if batches > 0.0 { (writes / batches * 10.0).round() / 10.0 } else { 0.0 },
+            "store_lane_busy_share": busy,
+        })
+    }
+}
+
 fn parse_time(s: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(s)
         .ok()
@@ -1178,6 +1277,33 @@ mod tests {
         assert!(base_url("http://localhost:1", "--url").is_ok());
         assert!(base_url("http://10.0.0.1:8080", "--url").is_err());
         assert!(base_url("https://127.0.0.1:8080", "--url").is_err());
+    }
+
+    #[test]
+    fn pipeline_figures_are_differences_over_the_run() {
+        let before = pipeline::parse(
+            "switchboard_delivery_stage_seconds_sum{stage=\"claim\"} 1.0\n\
+             switchboard_delivery_stage_seconds_count{stage=\"claim\"} 100\n\
+             switchboard_store_batches_total 10\n\
+             switchboard_store_batch_writes_total 20\n\
+             switchboard_store_lane_busy_seconds_total{phase=\"commit\"} 1.0\n\
+             switchboard_plugin_calls_total{slug=\"prova\"} 5\n",
+        );
+        let after = pipeline::parse(
+            "switchboard_delivery_stage_seconds_sum{stage=\"claim\"} 3.0\n\
+             switchboard_delivery_stage_seconds_count{stage=\"claim\"} 300\n\
+             switchboard_store_batches_total 30\n\
+             switchboard_store_batch_writes_total 80\n\
+             switchboard_store_lanes 1\n\
+             switchboard_store_lane_busy_seconds_total{phase=\"commit\"} 2.0\n",
+        );
+        let r = pipeline::report(&before, &after, 2.0);
+        assert_eq!(r["stages"]["claim"]["count"], 200.0);
+        assert_eq!(r["stages"]["claim"]["mean_ms"], 10.0);
+        assert_eq!(r["stages"]["send"]["count"], 0.0);
+        assert_eq!(r["store_batches_per_s"], 10.0);
+        assert_eq!(r["store_writes_per_batch"], 3.0);
+        assert_eq!(r["store_lane_busy_share"]["commit"], 0.5);
     }
 
     #[test]

@@ -18,6 +18,8 @@ use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 tokio::task_local! {
@@ -106,11 +108,49 @@ pub(crate) trait Grouped: Send + Sync + 'static {
 /// The connection a [`Grouped`] store's writes run on.
 pub(crate) type Conn<T> = <<T as Grouped>::Db as Database>::Connection;
 
+/// What a store's group commit has done since it started: how many batches its lanes
+/// ran and how long they spent on each part of them. A lane busy nearly all the time
+/// bounds every write behind it (see `docs/benchmarks.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneTotals {
+    /// Lanes committing in parallel.
+    pub lanes: u64,
+    /// Batches run (committed or not).
+    pub batches: u64,
+    /// Writes in those batches (a set-based write of many rows counts once).
+    pub writes: u64,
+    /// Time spent opening batches' transactions.
+    pub begin: Duration,
+    /// Time spent running the writes.
+    pub writing: Duration,
+    /// Time spent committing (or rolling back) them.
+    pub commit: Duration,
+}
+
+/// The running counts behind [`LaneTotals`], in nanoseconds.
+#[derive(Debug, Default)]
+struct LaneCounters {
+    batches: AtomicU64,
+    writes: AtomicU64,
+    begin: AtomicU64,
+    writing: AtomicU64,
+    commit: AtomicU64,
+}
+
+impl LaneCounters {
+    fn add(counter: &AtomicU64, since: Instant) {
+        let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counter.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
 /// Queues writes to lanes that commit them in batches. Dropping it stops the lanes
 /// once the writes already queued are answered.
 pub(crate) struct GroupCommit<DB: Database> {
     urgent: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
     queue: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
+    counters: Arc<LaneCounters>,
+    lanes: u64,
 }
 
 /// What the lanes take jobs from: urgent ones first.
@@ -184,10 +224,30 @@ impl<DB: Database> GroupCommit<DB> {
             queue: queue_rx,
             held: None,
         }));
+        let counters = Arc::new(LaneCounters::default());
         for _ in 0..lanes.count.max(1) {
-            tokio::spawn(lane(pool.clone(), queues.clone(), lanes));
+            tokio::spawn(lane(pool.clone(), queues.clone(), lanes, counters.clone()));
         }
-        Self { urgent, queue }
+        Self {
+            urgent,
+            queue,
+            counters,
+            lanes: lanes.count.max(1) as u64,
+        }
+    }
+
+    /// What the lanes have done so far.
+    pub(crate) fn totals(&self) -> LaneTotals {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        LaneTotals {
+            lanes: self.lanes,
+            batches: read(&c.batches),
+            writes: read(&c.writes),
+            begin: Duration::from_nanos(read(&c.begin)),
+            writing: Duration::from_nanos(read(&c.writing)),
+            commit: Duration::from_nanos(read(&c.commit)),
+        }
     }
 
     /// Runs `work` in the next batch (ahead of the others inside [`urgent`]) and returns
@@ -241,7 +301,12 @@ impl<DB: Database> GroupCommit<DB> {
 /// it out), a round trip per batch that every write waiting would wait for. It gives the
 /// connection back whenever it finds nothing waiting or must wait for another lane, so
 /// a lane that is not working holds none and a closing pool gets them all back.
-async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lanes: Lanes) {
+async fn lane<DB: Database>(
+    pool: Pool<DB>,
+    queues: Arc<Mutex<Queues<DB>>>,
+    lanes: Lanes,
+    counters: Arc<LaneCounters>,
+) {
     let mut conn: Option<PoolConnection<DB>> = None;
     loop {
         let mut jobs = Vec::new();
@@ -276,7 +341,11 @@ async fn lane<DB: Database>(pool: Pool<DB>, queues: Arc<Mutex<Queues<DB>>>, lane
                 }
             }
         }
-        let failed = match commit(&pool, &mut conn, &mut jobs, lanes).await {
+        counters.batches.fetch_add(1, Ordering::Relaxed);
+        counters
+            .writes
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        let failed = match commit(&pool, &mut conn, &mut jobs, lanes, &counters).await {
             Ok(()) => None,
             Err(e) => {
                 // The transaction itself failed: the connection may be what is broken.
@@ -299,6 +368,7 @@ async fn commit<DB: Database>(
     conn: &mut Option<PoolConnection<DB>>,
     jobs: &mut [Box<dyn Job<DB>>],
     lanes: Lanes,
+    counters: &LaneCounters,
 ) -> Result<(), StoreError> {
     let map_err = lanes.map_err;
     let opening = match jobs {
@@ -309,7 +379,10 @@ async fn commit<DB: Database>(
         Some(conn) => conn,
         None => conn.insert(pool.acquire().await.map_err(map_err)?),
     };
+    let started = Instant::now();
     let mut tx = begin(conn, opening).await.map_err(map_err)?;
+    LaneCounters::add(&counters.begin, started);
+    let started = Instant::now();
     let mut failed = false;
     for job in jobs.iter_mut() {
         if !run_caught(job, &mut tx).await {
@@ -317,24 +390,36 @@ async fn commit<DB: Database>(
             break;
         }
     }
+    LaneCounters::add(&counters.writing, started);
+    let started = Instant::now();
     if !failed {
-        return tx.commit().await.map_err(map_err);
+        let committed = tx.commit().await.map_err(map_err);
+        LaneCounters::add(&counters.commit, started);
+        return committed;
     }
     tx.rollback().await.map_err(map_err)?;
+    LaneCounters::add(&counters.commit, started);
     if let [_] = jobs {
         // A lone write failed: its own result says why, and nothing was written.
         return Ok(());
     }
-    let mut tx = begin(conn, opening).await.map_err(map_err)?;
-    for job in jobs.iter_mut() {
-        let mut savepoint = tx.begin().await.map_err(map_err)?;
-        if run_caught(job, &mut savepoint).await {
-            savepoint.commit().await.map_err(map_err)?;
-        } else {
-            savepoint.rollback().await.map_err(map_err)?;
+    // The run again, savepoints and all, counts as writing.
+    let started = Instant::now();
+    let again = async {
+        let mut tx = begin(conn, opening).await.map_err(map_err)?;
+        for job in jobs.iter_mut() {
+            let mut savepoint = tx.begin().await.map_err(map_err)?;
+            if run_caught(job, &mut savepoint).await {
+                savepoint.commit().await.map_err(map_err)?;
+            } else {
+                savepoint.rollback().await.map_err(map_err)?;
+            }
         }
+        tx.commit().await.map_err(map_err)
     }
-    tx.commit().await.map_err(map_err)
+    .await;
+    LaneCounters::add(&counters.writing, started);
+    again
 }
 
 /// Opens a batch's transaction on `conn` with `opening` (or a plain `BEGIN`).
@@ -531,5 +616,19 @@ pub(crate) mod tests {
         let order = order.lock().unwrap().clone();
         assert_eq!(order.len(), 12);
         assert_eq!(&order[..2], &["busy", "urgent"], "{order:?}");
+        // Two batches (the busy write's, then the eleven queued behind it), and the busy
+        // write's 300 ms counted as the lane's writing time.
+        let totals = group.totals();
+        assert_eq!(
+            (totals.lanes, totals.batches, totals.writes),
+            (1, 2, 12),
+            "{totals:?}"
+        );
+        assert!(
+            totals.writing >= std::time::Duration::from_millis(300),
+            "{totals:?}"
+        );
+        assert!(totals.begin > std::time::Duration::ZERO, "{totals:?}");
+        assert!(totals.commit > std::time::Duration::ZERO, "{totals:?}");
     }
 }

@@ -12,6 +12,7 @@ pub mod delivery;
 pub mod endpoints;
 pub mod erasure;
 pub(crate) mod group;
+pub use group::LaneTotals;
 pub use group::urgent;
 pub mod messages;
 pub mod outbound;
@@ -79,6 +80,8 @@ pub trait Store:
     async fn migrate(&self) -> Result<(), StoreError>;
     /// Cheap round trip, for health.
     async fn ping(&self) -> Result<(), StoreError>;
+    /// What the group commit's lanes have done so far (read at each metrics scrape).
+    fn lane_totals(&self) -> LaneTotals;
 }
 
 /// How many messages share one status, channel and provider ([`Queries::delivery_stats`]).

@@ -136,6 +136,10 @@ impl Store for PgStore {
             .map_err(map_err)?;
         Ok(())
     }
+
+    fn lane_totals(&self) -> super::LaneTotals {
+        self.group.totals()
+    }
 }
 
 impl Grouped for PgStore {

@@ -170,6 +170,10 @@ impl Store for SqliteStore {
             .map_err(map_err)?;
         Ok(())
     }
+
+    fn lane_totals(&self) -> super::LaneTotals {
+        self.group.totals()
+    }
 }
 
 impl Grouped for SqliteStore {

@@ -31,7 +31,7 @@ use crate::voice;
 use crate::workflow::Workflow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,8 @@ pub struct Dispatcher {
     pub send_timeout: Duration,
     /// Preferences, read for the deliveries starting together in one statement.
     preferences: Coalescer<(WorkspaceId, String), Preferences>,
+    /// Where each stage's duration is recorded ([`Self::with_metrics`]).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// Most subscribers whose preferences are read in one statement.
@@ -97,6 +99,20 @@ impl Dispatcher {
             send_timeout,
             // Reads run on the pool, several at once.
             preferences: Coalescer::start(PREFERENCES_BATCH, 4, read),
+            metrics: None,
+        }
+    }
+
+    /// Records how long each stage of a delivery takes in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Records that `stage` took from `since` until now.
+    fn stage(&self, stage: &'static str, since: Instant) {
+        if let Some(metrics) = &self.metrics {
+            metrics.stage(stage, since);
         }
     }
 
@@ -114,10 +130,12 @@ impl Dispatcher {
         let ws = &envelope.workspace_id;
         // Read immediately before the claim, so a change made while the event waited in
         // the queue is honoured.
+        let started = Instant::now();
         let prefs = self
             .preferences
             .submit((ws.clone(), envelope.request.to.subscriber_id.clone()))
             .await?;
+        self.stage("preferences", started);
         let workflow = match self.config.workflow(ws, &envelope.request.name).await? {
             Some(doc) => <Workflow as serde::Deserialize>::deserialize(&*doc)
                 .map(Some)
@@ -152,7 +170,8 @@ impl Dispatcher {
         // A token per dispatch, not per process: a second copy of the event reaching this
         // same process (a broker redelivery) must find the lease taken, like any other.
         let token = format!("{}:{}", self.owner, uuid::Uuid::new_v4().simple());
-        let snapshot = match self
+        let started = Instant::now();
+        let claimed = self
             .store
             .claim_message(
                 &envelope.message(),
@@ -161,8 +180,9 @@ impl Dispatcher {
                 self.lease,
                 first.step(),
             )
-            .await?
-        {
+            .await?;
+        self.stage("claim", started);
+        let snapshot = match claimed {
             Claim::Busy => return Ok(Outcome::Busy),
             Claim::Claimed(s) => s,
         };
@@ -243,10 +263,14 @@ struct Run<'a> {
 
 impl Run<'_> {
     async fn step(&self, step: &Step) -> Result<(), StoreError> {
-        self.d
+        let started = Instant::now();
+        let recorded = self
+            .d
             .store
             .record_step(&self.envelope.event_id, &self.token, self.d.lease, step)
-            .await
+            .await;
+        self.d.stage("record", started);
+        recorded
     }
 
     /// Carries out `action` and the ones planned after it, until the message ends.
@@ -435,7 +459,9 @@ impl Run<'_> {
                 .map(|p| p.into_iter().collect())
                 .unwrap_or_default(),
         };
+        let started = Instant::now();
         let sent = tokio::time::timeout(self.d.send_timeout, plugin.send(&config, &message)).await;
+        self.d.stage("send", started);
         match sent {
             Err(_) => Err((
                 "timeout".into(),
