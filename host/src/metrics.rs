@@ -469,7 +469,7 @@ mod tests {
 
     #[test]
     fn build_info_and_plugin_counters_are_exposed() {
-        let metrics = Metrics::new(Some(Box::new(|| {
+        let mut metrics = Metrics::new(Some(Box::new(|| {
             vec![PluginSample {
                 slug: "provc".into(),
                 calls: 7,
@@ -479,7 +479,6 @@ mod tests {
                 http: [1, 0, 5, 0, 1, 0],
             }]
         })));
-        let mut metrics = metrics;
         metrics.register_store(Box::new(|| crate::store::LaneTotals {
             lanes: 4,
             batches: 10,
