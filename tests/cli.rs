@@ -109,6 +109,26 @@ fn plugin_list_shows_the_five_bundled_plugins() {
     }
 }
 
+/// The binary allocates with jemalloc, set to give freed pages back promptly (the
+/// resident size the delivery benchmark holds to); `_RJEM_MALLOC_CONF` adds to it.
+#[test]
+fn the_allocator_is_jemalloc_giving_memory_back_promptly() {
+    let out = switchboard()
+        .arg("--help")
+        .env("_RJEM_MALLOC_CONF", "stats_print:true")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stats = String::from_utf8_lossy(&out.stderr);
+    for setting in [
+        "opt.narenas: 2\n",
+        "opt.dirty_decay_ms: 100 ",
+        "opt.muzzy_decay_ms: 0 ",
+    ] {
+        assert!(stats.contains(setting), "{setting:?} not in:\n{stats}");
+    }
+}
+
 #[test]
 fn invalid_configuration_is_a_one_line_error_naming_the_setting() {
     let out = switchboard()

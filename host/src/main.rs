@@ -6,8 +6,27 @@ use std::process::ExitCode;
 use std::time::Duration;
 use switchboard::cli::{Cli, dispatch};
 
+// jemalloc rather than glibc's malloc: the delivery path allocates and frees small
+// objects across many threads (async workers, SQLite's connection threads), and glibc's
+// arenas cost it a tenth of its CPU (see docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings, read when it starts (before `main`): freed pages go back to the
+/// system within a second and at once rather than first marked reusable (`MADV_FREE`
+/// pages still count as resident), so the resident size follows the load rather than
+/// its peak. `MALLOC_CONF` set by the operator is applied after these.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"narenas:2,dirty_decay_ms:100,muzzy_decay_ms:0".as_ptr());
+
+/// A C string pointer jemalloc reads (a `static` must be `Sync`).
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+// SAFETY: it points to a string literal, which nobody writes.
+unsafe impl Sync for MallocConf {}
+
 fn main() -> ExitCode {
-    limit_malloc_arenas();
     init_tracing();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -29,24 +48,6 @@ fn main() -> ExitCode {
         }
     }
 }
-
-/// glibc gives threads that allocate at the same time arenas of their own (up to eight
-/// per core) and keeps what is freed in each: under delivery load that alone took the
-/// `dev` gateway's peak RSS from 115 to 161 MiB (`bench/delivery.sh`), for no gain in
-/// throughput. Two arenas, unless the operator set `MALLOC_ARENA_MAX` themselves.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: called first thing in `main`, before any other thread exists; it only
-        // sets a parameter of the allocator.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
 
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
