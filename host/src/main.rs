@@ -8,14 +8,14 @@ use switchboard::cli::{Cli, dispatch};
 
 // jemalloc rather than glibc's malloc: the delivery path allocates and frees small
 // objects across many threads (async workers, SQLite's connection threads), and glibc's
-// arenas cost it a tenth of its CPU (see docs/benchmarks.md).
+// malloc and free took about 12 % of its CPU (see docs/benchmarks.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's settings, read when it starts (before `main`): freed pages go back to the
-/// system within a second and at once rather than first marked reusable (`MADV_FREE`
-/// pages still count as resident), so the resident size follows the load rather than
-/// its peak. `MALLOC_CONF` set by the operator is applied after these.
+/// jemalloc's settings, read when it starts (before `main`): two arenas, and freed pages
+/// go back to the system within 100 ms and at once rather than first marked reusable
+/// (`MADV_FREE` pages still count as resident), so the resident size follows the load
+/// rather than its peak. An operator's `_RJEM_MALLOC_CONF` is applied after these.
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: MallocConf =
     MallocConf(c"narenas:2,dirty_decay_ms:100,muzzy_decay_ms:0".as_ptr());
