@@ -121,8 +121,6 @@ impl std::fmt::Debug for EmbeddedBroker {
 
 /// State shared by the clones of one broker.
 struct Shared {
-    /// Bumped after every committed publish, to wake idle subscribers.
-    published: watch::Sender<u64>,
     /// The durable consumer of each stream, by stream name.
     consumers: std::sync::Mutex<HashMap<String, Arc<Consumer>>>,
 }
@@ -143,7 +141,6 @@ impl EmbeddedBroker {
         names: StreamNames,
     ) -> Result<Self, BrokerError> {
         let shared = Arc::new(Shared {
-            published: watch::Sender::new(0),
             consumers: std::sync::Mutex::new(HashMap::new()),
         });
         let broker = Self {
@@ -253,6 +250,30 @@ impl EmbeddedBroker {
             .map_err(|err| BrokerError(format!("cannot decode the embedded queue {stream}: {err}")))
     }
 
+    /// Wakes the idle subscribers of the streams `messages` went to, and only those: a
+    /// woken subscriber with nothing due reads its stream's table, and waking every
+    /// stream's on every publish cost a read per stream and publish.
+    fn wake(&self, messages: &[Publish]) {
+        let consumers = self
+            .shared
+            .consumers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut woken: Vec<&str> = Vec::new();
+        for m in messages {
+            let stream = self.names.stream(m.class);
+            if woken.contains(&stream) {
+                continue;
+            }
+            woken.push(stream);
+            if let Some(consumer) = consumers.get(stream) {
+                consumer
+                    .changed
+                    .send_modify(|version| *version = version.wrapping_add(1));
+            }
+        }
+    }
+
     /// Inserts the whole batch atomically: all stored, or none. Batches published
     /// at the same time are inserted together, in one write of the file's group commit.
     async fn insert_batch(&self, messages: &[Publish]) -> Result<(), StoreError> {
@@ -282,9 +303,7 @@ impl Broker for EmbeddedBroker {
         }
         match self.insert_batch(messages).await {
             Ok(()) => {
-                self.shared
-                    .published
-                    .send_modify(|version| *version = version.wrapping_add(1));
+                self.wake(messages);
                 messages.iter().map(|_| Ok(())).collect()
             }
             // Rolled back: nothing of the batch is stored.
@@ -366,7 +385,6 @@ impl WorkQueue for EmbeddedBroker {
             pool: self.pool.clone(),
             acks: self.acks.clone(),
             ack_wait: settings.ack_wait,
-            published: self.shared.published.subscribe(),
             changed: consumer.changed.subscribe(),
             consumer,
             failed: false,
@@ -389,7 +407,8 @@ struct Consumer {
     /// A tokio mutex: held across the table scan, so two subscribers never load (and
     /// then both deliver) the same rows.
     queue: Mutex<Queue>,
-    /// Bumped when a nak makes a message due sooner than idle subscribers expect.
+    /// Bumped when a publish to the stream commits, and when a nak makes a message due
+    /// sooner than idle subscribers expect.
     changed: watch::Sender<u64>,
 }
 
@@ -403,6 +422,8 @@ struct Queue {
     pending: BTreeMap<i64, Pending>,
     /// Last lease handed out; a settle with an older lease than its message's is stale.
     last_lease: u64,
+    /// Reads of the table for new rows so far.
+    scans: u64,
 }
 
 /// One unacknowledged message.
@@ -439,6 +460,7 @@ impl Queue {
         let failed = |err: sqlx::Error| {
             BrokerError(format!("cannot read the embedded queue {stream}: {err}"))
         };
+        self.scans += 1;
         // Rows get increasing seqs from one writer at a time, so every row up to this
         // maximum is already committed: the mark may move up to it without missing any.
         let newest: Option<i64> =
@@ -536,7 +558,6 @@ struct Subscription {
     acks: Arc<Coalescer<i64, ()>>,
     consumer: Arc<Consumer>,
     ack_wait: Duration,
-    published: watch::Receiver<u64>,
     changed: watch::Receiver<u64>,
     /// The last attempt failed: pause before the next, not to spin on a broken database.
     failed: bool,
@@ -550,7 +571,6 @@ impl Subscription {
         loop {
             // Marked seen before looking, so a publish committed during the look still
             // wakes the wait below.
-            self.published.borrow_and_update();
             self.changed.borrow_and_update();
             let next_due = match self
                 .consumer
@@ -566,10 +586,9 @@ impl Subscription {
             };
             let poll = Instant::now() + POLL_INTERVAL;
             let wake = next_due.map_or(poll, |due| due.min(poll));
-            // The senders live in `consumer` and the broker's shared state, both kept
-            // alive by this subscription, so `changed` cannot fail.
+            // The sender lives in `consumer`, kept alive by this subscription, so
+            // `changed` cannot fail.
             tokio::select! {
-                _ = self.published.changed() => {}
                 _ = self.changed.changed() => {}
                 () = tokio::time::sleep_until(wake) => {}
             }

@@ -260,6 +260,53 @@ async fn ack_prevents_redelivery_and_deletes_the_row() {
     assert_eq!(seen, ["evt-once"]);
 }
 
+/// A publish wakes only its own stream's idle subscribers: a critical subscriber waiting
+/// does not read its table for every bulk publish (it did, once per publish), and a
+/// critical publish still reaches it at once.
+#[tokio::test]
+async fn a_publish_wakes_only_its_own_streams_subscribers() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    let mut critical = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("workers", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .expect("subscribe");
+    let consumer = broker
+        .shared
+        .consumers
+        .lock()
+        .unwrap()
+        .get(&names.critical)
+        .cloned()
+        .expect("the critical consumer");
+    let waiting = tokio::spawn(async move { next_delivery(&mut critical).await.subject });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = consumer.queue.lock().await.scans;
+    for i in 0..50 {
+        let batch = [message(
+            &names,
+            StreamClass::Bulk,
+            "sms",
+            &format!("evt-bulk-{i}"),
+            "x",
+        )];
+        assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let scans = consumer.queue.lock().await.scans - before;
+    // The idle poll (every 250 ms) still looks; a look per bulk publish would be 50.
+    assert!(scans <= 10, "{scans} reads of the idle critical stream");
+    let started = Instant::now();
+    publish_critical(&broker, &["now"]).await;
+    let subject = waiting.await.expect("the waiting subscriber");
+    assert_eq!(subject, names.subject(StreamClass::Critical, "sms"));
+    assert!(started.elapsed() < Duration::from_millis(200));
+}
+
 #[tokio::test]
 async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
     let (_dir, broker) = open_temp().await;
