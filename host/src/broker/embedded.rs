@@ -10,8 +10,9 @@
 //! (JetStream's duplicate window) after it was acknowledged: the ack moves the id, and
 //! nothing else, to `broker_seen (msg_id, acked_at)`, and a publish of an id found
 //! there is a duplicate (it counts as done, stores nothing). Entries older than that
-//! are pruned with each batch of acks and at start-up. So de-duplication lasts at
-//! least as long as JetStream's, which counts its window from the publish.
+//! are ignored, and pruned at start-up and by one batch of acks a minute. So
+//! de-duplication lasts at least as long as JetStream's, which counts its window from
+//! the publish.
 //!
 //! Workers read it through [`WorkQueue`]; like a JetStream work-queue stream, a stream
 //! has one durable consumer (a second name is refused). Everything about a consumer
@@ -85,11 +86,20 @@ const SCHEMA: [&str; 4] = [
     "CREATE INDEX IF NOT EXISTS broker_seen_acked_at ON broker_seen (acked_at)",
 ];
 
+/// The time [`ACKED_ID_RETENTION`] ago, as an SQL expression in the stored form: an
+/// id acknowledged before it is no longer de-duplicated.
+fn window_start_sql() -> String {
+    format!(
+        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{} seconds')",
+        ACKED_ID_RETENTION.as_secs()
+    )
+}
+
 /// Deletes `broker_seen` entries past [`ACKED_ID_RETENTION`].
 fn prune_seen_sql() -> String {
     format!(
-        "DELETE FROM broker_seen WHERE acked_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{} seconds')",
-        ACKED_ID_RETENTION.as_secs()
+        "DELETE FROM broker_seen WHERE acked_at < {}",
+        window_start_sql()
     )
 }
 

@@ -339,8 +339,9 @@ async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
             .is_none()
     );
 
-    // Past the window (a's ack made older by hand), the next ack prunes the entry
-    // and the id may be stored again.
+    // Past the window (a's ack made older by hand), the id may be stored again, though
+    // its entry is not pruned yet (the first ack batch pruned; the next prune is a
+    // minute later).
     sqlx::query(
         "UPDATE broker_seen SET acked_at = '2000-01-01T00:00:00.000Z' WHERE msg_id = 'evt-a'",
     )
@@ -358,11 +359,30 @@ async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
         .fetch_all(&broker.pool)
         .await
         .expect("seen ids");
-    assert_eq!(seen, ["evt-b", "evt-c"]);
+    assert_eq!(seen, ["evt-a", "evt-b", "evt-c"]);
     publish_critical(&broker, &["a", "b"]).await;
     let left = broker.read(&names.critical, 0, 10).await.expect("read");
     let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
     assert_eq!(ids, ["evt-a"], "b is still inside the window");
+
+    // Start-up prunes the entries past the window.
+    broker.setup().await.expect("setup again");
+    let seen: Vec<String> = sqlx::query_scalar("SELECT msg_id FROM broker_seen ORDER BY msg_id")
+        .fetch_all(&broker.pool)
+        .await
+        .expect("seen ids");
+    assert_eq!(seen, ["evt-b", "evt-c"]);
+}
+
+/// Ack batches prune `broker_seen` once a minute: the first one, then one a minute later.
+#[test]
+fn ack_batches_prune_once_a_minute() {
+    let last = std::sync::Mutex::new(None);
+    assert!(writes::prune_due(&last));
+    assert!(!writes::prune_due(&last));
+    *last.lock().unwrap() = Instant::now().checked_sub(Duration::from_secs(61));
+    assert!(writes::prune_due(&last));
+    assert!(!writes::prune_due(&last));
 }
 
 #[tokio::test]

@@ -1,14 +1,15 @@
 //! The embedded queue's writes, gathered: publishes inserted and acks deleted in one
 //! write of the file's group commit per gathering (see [`crate::store::coalesce`]).
 
-use super::{NOW, prune_seen_sql};
+use super::{NOW, prune_seen_sql, window_start_sql};
 use crate::store::StoreError;
 use crate::store::coalesce::{BatchFn, Coalescer};
 use crate::store::group::GroupCommit;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use sqlx::Sqlite;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A message to store in `broker_queue`.
 pub(super) struct QueueRow {
@@ -69,9 +70,12 @@ async fn insert_rows(
                 .push_bind(r.msg_id.as_str())
                 .push_bind(r.payload.as_ref());
         });
-        query.push(
-            ") AS v WHERE NOT EXISTS (SELECT 1 FROM broker_seen WHERE broker_seen.msg_id = v.column3)",
-        );
+        // An id acknowledged before the window is not a duplicate, pruned or not.
+        query.push(format!(
+            ") AS v WHERE NOT EXISTS (SELECT 1 FROM broker_seen \
+             WHERE broker_seen.msg_id = v.column3 AND broker_seen.acked_at >= {})",
+            window_start_sql()
+        ));
         query
             .build()
             .execute(&mut *conn)
@@ -84,18 +88,39 @@ async fn insert_rows(
 /// Most acks deleted in one batch.
 const ACK_BATCH: usize = 256;
 
-/// Gathers acks: each batch moves its messages' ids to `broker_seen`, deletes their
-/// rows and prunes `broker_seen`, atomically, in one write of the file's group commit.
+/// How often an ack batch also deletes the `broker_seen` entries past the window. The
+/// entries only take room: a publish ignores them (see [`insert_rows`]).
+const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Whether the batch starting now prunes: the first one, then one per
+/// [`PRUNE_INTERVAL`].
+pub(super) fn prune_due(last: &Mutex<Option<Instant>>) -> bool {
+    let mut last = last
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = Instant::now();
+    if last.is_some_and(|at| now.duration_since(at) < PRUNE_INTERVAL) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
+/// Gathers acks: each batch moves its messages' ids to `broker_seen` and deletes their
+/// rows, atomically, in one write of the file's group commit; one batch a minute also
+/// prunes `broker_seen` (a statement per batch was a tenth of the queue's writes).
 pub(super) fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
+    let last_prune = Arc::new(Mutex::new(None));
     let run: BatchFn<i64, ()> = Arc::new(move |seqs: Vec<i64>| {
         let writer = writer.clone();
+        let prune = prune_due(&last_prune);
         Box::pin(async move {
             let count = seqs.len();
             let seqs = Arc::new(seqs);
             let done = writer
                 .run(Box::new(move |conn| {
                     let seqs = seqs.clone();
-                    Box::pin(async move { delete_rows(conn, &seqs).await })
+                    Box::pin(async move { delete_rows(conn, &seqs, prune).await })
                 }))
                 .await;
             vec![done; count]
@@ -104,8 +129,12 @@ pub(super) fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
     Coalescer::start(ACK_BATCH, 1, run)
 }
 
-/// The statements of an ack batch (see [`acks`]).
-async fn delete_rows(conn: &mut sqlx::SqliteConnection, seqs: &[i64]) -> Result<(), StoreError> {
+/// The statements of an ack batch (see [`acks`]), pruning `broker_seen` when `prune`.
+async fn delete_rows(
+    conn: &mut sqlx::SqliteConnection,
+    seqs: &[i64],
+    prune: bool,
+) -> Result<(), StoreError> {
     let map_err = crate::store::sqlite::map_err;
     let list = vec!["?"; seqs.len()].join(", ");
     let insert_sql = format!(
@@ -121,9 +150,11 @@ async fn delete_rows(conn: &mut sqlx::SqliteConnection, seqs: &[i64]) -> Result<
     }
     insert.execute(&mut *conn).await.map_err(map_err)?;
     delete.execute(&mut *conn).await.map_err(map_err)?;
-    sqlx::query(&prune_seen_sql())
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
+    if prune {
+        sqlx::query(&prune_seen_sql())
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    }
     Ok(())
 }
