@@ -129,6 +129,105 @@ fn the_allocator_is_jemalloc_giving_memory_back_promptly() {
     }
 }
 
+/// The CPUs in a `Cpus_allowed_list` (`0-1`, `0,2-3`).
+fn cpu_list(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+/// Each thread of process `pid`: its name and the CPUs it may run on.
+fn threads_of(pid: u32) -> Vec<(String, Vec<usize>)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(status) = std::fs::read_to_string(task.unwrap().path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        threads.push((field("Name:"), cpu_list(&field("Cpus_allowed_list:"))));
+    }
+    threads
+}
+
+/// `dev` runs SQLite's one writer on a thread of its own, pinned with the thread of
+/// its connection to the last CPU it may use (the readers' threads are not pinned);
+/// `store.pin_writer = false` leaves both free to move.
+#[test]
+fn dev_pins_the_sqlite_writer_and_its_connection_to_one_cpu() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = cpu_list(
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap(),
+    );
+    for pin in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let setting = [(
+            "SWITCHBOARD_STORE__PIN_WRITER",
+            if pin { "true" } else { "false" },
+        )];
+        let (mut child, url, printed) = start_dev_with(dir.path(), &setting);
+        let key = printed
+            .iter()
+            .find_map(|l| l.split_whitespace().find(|w| w.starts_with("svc_sk_test_")))
+            .unwrap()
+            .to_string();
+        // A write through the writer, which opens its connection if it had none yet.
+        let resp = reqwest::blocking::Client::new()
+            .post(format!("{url}/v1/events/trigger"))
+            .bearer_auth(&key)
+            .json(
+                &json!({"name": "welcome", "to": {"subscriberId": "u1", "phone": "+14155550100"}}),
+            )
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        let threads = threads_of(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let expected = if pin && allowed.len() > 1 {
+            vec![*allowed.iter().max().unwrap()]
+        } else {
+            allowed.clone()
+        };
+        let writers: Vec<_> = threads
+            .iter()
+            .filter(|(n, _)| n == "sqlite-writer")
+            .collect();
+        assert_eq!(writers.len(), 1, "one writer thread: {threads:?}");
+        assert_eq!(writers[0].1, expected, "pin {pin}: {threads:?}");
+        // sqlx names a connection's thread `sqlx-sqlite-worker-N` (15 characters shown).
+        let connections: Vec<_> = threads
+            .iter()
+            .filter(|(n, _)| n.starts_with("sqlx-sqlite-wor"))
+            .map(|(_, cpus)| cpus.clone())
+            .collect();
+        let with_writer = connections.iter().filter(|c| **c == expected).count();
+        if expected == allowed {
+            assert!(with_writer >= 2, "nothing pinned: {threads:?}");
+        } else {
+            assert_eq!(with_writer, 1, "the writer's connection alone: {threads:?}");
+            assert!(
+                connections.iter().filter(|c| **c == allowed).count() >= 1,
+                "the readers are free: {threads:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn invalid_configuration_is_a_one_line_error_naming_the_setting() {
     let out = switchboard()

@@ -120,7 +120,7 @@ pub async fn open_store(
             std::fs::create_dir_all(&config.data_dir)
                 .map_err(|e| anyhow::anyhow!("data_dir {}: {e}", config.data_dir.display()))?;
             let path = config.data_dir.join("switchboard.db");
-            let lite = store::sqlite::SqliteStore::open(&path)
+            let lite = store::sqlite::SqliteStore::open_with(&path, config.store.pin_writer)
                 .await
                 .map_err(|e| anyhow::anyhow!("sqlite database {}: {e}", path.display()))?;
             (Arc::new(lite.clone()), Some(lite))

@@ -255,6 +255,15 @@ pub struct StoreConfig {
     /// `verify-full`.
     #[serde(default)]
     pub tls: TlsFiles,
+    /// SQLite only: pin the writer (the group commit's thread and its connection's
+    /// thread) to the last CPU the process may run on, so each statement's hand-off
+    /// stays on one CPU. Off, the writer still has its own thread but may move.
+    #[serde(default = "pin_writer_default")]
+    pub pin_writer: bool,
+}
+
+fn pin_writer_default() -> bool {
+    true
 }
 
 /// Which broker.
@@ -436,6 +445,7 @@ impl Default for Config {
                 url: "postgres://postgres@127.0.0.1:5432/switchboard".into(),
                 max_connections: 16,
                 tls: TlsFiles::default(),
+                pin_writer: true,
             },
             broker: BrokerConfig {
                 backend: BrokerBackend::Nats,

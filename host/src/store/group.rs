@@ -217,6 +217,20 @@ pub(crate) struct Lanes {
 impl<DB: Database> GroupCommit<DB> {
     /// Starts `lanes.count` lanes on `pool` (on the current Tokio runtime).
     pub(crate) fn start(pool: Pool<DB>, lanes: Lanes) -> Self {
+        let (this, queues) = Self::queues(lanes);
+        for _ in 0..lanes.count.max(1) {
+            tokio::spawn(lane(
+                pool.clone(),
+                queues.clone(),
+                lanes,
+                this.counters.clone(),
+            ));
+        }
+        this
+    }
+
+    /// The group commit's senders, and the queues its lanes take from.
+    fn queues(lanes: Lanes) -> (Self, Arc<Mutex<Queues<DB>>>) {
         let (urgent, urgent_rx) = mpsc::unbounded_channel();
         let (queue, queue_rx) = mpsc::unbounded_channel();
         let queues = Arc::new(Mutex::new(Queues {
@@ -224,16 +238,46 @@ impl<DB: Database> GroupCommit<DB> {
             queue: queue_rx,
             held: None,
         }));
-        let counters = Arc::new(LaneCounters::default());
-        for _ in 0..lanes.count.max(1) {
-            tokio::spawn(lane(pool.clone(), queues.clone(), lanes, counters.clone()));
-        }
-        Self {
+        let this = Self {
             urgent,
             queue,
-            counters,
+            counters: Arc::new(LaneCounters::default()),
             lanes: lanes.count.max(1) as u64,
-        }
+        };
+        (this, queues)
+    }
+
+    /// Starts `lanes.count` lanes on a thread of their own named `name`, pinned to
+    /// `cpu` when one is given. A connection the lanes open on `pool` is opened from
+    /// that thread, so on SQLite its driver thread, which sqlx starts then, inherits the
+    /// pin: the lane and the connection run on one CPU and a statement's hand-off
+    /// between them is a switch on that CPU rather than a wake-up of another one (see
+    /// "Where a delivery's time goes" in `docs/benchmarks.md`).
+    pub(crate) fn start_on_thread(
+        pool: Pool<DB>,
+        lanes: Lanes,
+        name: &str,
+        cpu: Option<core_affinity::CoreId>,
+    ) -> std::io::Result<Self> {
+        let (this, queues) = Self::queues(lanes);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let counters = this.counters.clone();
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                if let Some(cpu) = cpu
+                    && !core_affinity::set_for_current(cpu)
+                {
+                    tracing::warn!(cpu = cpu.id, "cannot pin the store's writer to its CPU");
+                }
+                let all = (0..lanes.count.max(1))
+                    .map(|_| lane(pool.clone(), queues.clone(), lanes, counters.clone()));
+                // The lanes end once every sender is gone (the store dropped).
+                runtime.block_on(futures::future::join_all(all));
+            })?;
+        Ok(this)
     }
 
     /// What the lanes have done so far.

@@ -67,6 +67,9 @@ pub(crate) fn writer(pool: &SqlitePool) -> Arc<GroupCommit<Sqlite>> {
     Arc::new(GroupCommit::start(pool.clone(), WRITER_LANES))
 }
 
+/// The name of the writer's thread (see [`SqliteStore::open_with`]).
+pub(crate) const WRITER_THREAD: &str = "sqlite-writer";
+
 /// The lanes of [`writer`].
 const WRITER_LANES: Lanes = Lanes {
     count: 1,
@@ -89,10 +92,31 @@ pub struct SqliteStore {
     replays: Arc<Coalescer<ReplayRequest, bool>>,
 }
 
+/// The CPU the store's writer is pinned to when pinning is on: the last one this
+/// process may run on, if it may run on more than one (on one CPU, pinning changes
+/// nothing).
+pub(crate) fn writer_cpu() -> Option<core_affinity::CoreId> {
+    let cores = core_affinity::get_core_ids()?;
+    if cores.len() < 2 {
+        return None;
+    }
+    cores.into_iter().max_by_key(|core| core.id)
+}
+
 impl SqliteStore {
     /// Opens (creating it if missing) the database file at `path`, in WAL mode with
-    /// foreign keys enforced and a 5 s busy timeout.
+    /// foreign keys enforced and a 5 s busy timeout; the writer is pinned
+    /// ([`Self::open_with`]).
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, true).await
+    }
+
+    /// [`Self::open`], with the writer pinned to [`writer_cpu`] when `pin_writer` is
+    /// true. The writer, the group commit's one lane and its connection, always runs
+    /// on a thread of its own; pinned, it and its connection's thread share one CPU.
+    /// Each statement is a hand-off between those two threads, and between CPUs each
+    /// hand-off waits for the other CPU to wake (see `docs/benchmarks.md`).
+    pub async fn open_with(path: &Path, pin_writer: bool) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -111,15 +135,18 @@ impl SqliteStore {
             .await
             .map_err(map_err)?;
         // The group commit's one lane on a connection of its own, which keeps every form
-        // of the set-based statements prepared.
+        // of the set-based statements prepared. The lane opens it (lazily) from its own
+        // thread, so the connection's thread shares the lane's pin.
         let writer_pool = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
-            .connect_with(options.statement_cache_capacity(WRITER_STATEMENT_CACHE))
-            .await
-            .map_err(map_err)?;
-        let group = writer(&writer_pool);
+            .connect_lazy_with(options.statement_cache_capacity(WRITER_STATEMENT_CACHE));
+        let cpu = if pin_writer { writer_cpu() } else { None };
+        let group = Arc::new(
+            GroupCommit::start_on_thread(writer_pool.clone(), WRITER_LANES, WRITER_THREAD, cpu)
+                .map_err(|e| StoreError::Other(format!("starting the writer's thread: {e}")))?,
+        );
         // One lane: one batch of claims (and of steps, of receipts, of replay keys) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
