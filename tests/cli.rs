@@ -180,11 +180,7 @@ fn dev_pins_the_sqlite_writer_and_its_connection_to_one_cpu() {
             if pin { "true" } else { "false" },
         )];
         let (mut child, url, printed) = start_dev_with(dir.path(), &setting);
-        let key = printed
-            .iter()
-            .find_map(|l| l.split_whitespace().find(|w| w.starts_with("svc_sk_test_")))
-            .unwrap()
-            .to_string();
+        let key = test_key(&printed);
         // A write through the writer, which opens its connection if it had none yet.
         let resp = reqwest::blocking::Client::new()
             .post(format!("{url}/v1/events/trigger"))
@@ -417,6 +413,15 @@ fn start_dev_with(
     panic!("dev exited before listening: {printed:?}");
 }
 
+/// The test key `dev` printed at its first start.
+fn test_key(printed: &[String]) -> String {
+    printed
+        .iter()
+        .find_map(|l| l.split_whitespace().find(|w| w.starts_with("svc_sk_test_")))
+        .expect("dev prints a test key")
+        .to_string()
+}
+
 /// Logs written to a pipe (a log collector, not a terminal) carry no colour codes.
 #[test]
 fn logs_have_no_colour_codes_when_not_a_terminal() {
@@ -563,11 +568,7 @@ fn accepted_events_survive_a_dev_restart() {
     // No worker: it would deliver the event, and an acknowledged event leaves the queue.
     let no_worker = [("SWITCHBOARD_WORKER__ENABLED", "false")];
     let (mut child, url, printed) = start_dev_with(dir.path(), &no_worker);
-    let key = printed
-        .iter()
-        .find_map(|l| l.split_whitespace().find(|w| w.starts_with("svc_sk_test_")))
-        .unwrap()
-        .to_string();
+    let key = test_key(&printed);
     let resp = reqwest::blocking::Client::new()
         .post(format!("{url}/v1/events/trigger"))
         .bearer_auth(&key)
