@@ -141,6 +141,15 @@ fn cpu_list(list: &str) -> Vec<usize> {
     cpus
 }
 
+/// A field of a `/proc/.../status` file.
+fn status_field<'a>(status: &'a str, name: &str) -> &'a str {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .unwrap()
+        .trim()
+}
+
 /// Each thread of process `pid`: its name and the CPUs it may run on.
 fn threads_of(pid: u32) -> Vec<(String, Vec<usize>)> {
     let mut threads = Vec::new();
@@ -148,15 +157,10 @@ fn threads_of(pid: u32) -> Vec<(String, Vec<usize>)> {
         let Ok(status) = std::fs::read_to_string(task.unwrap().path().join("status")) else {
             continue; // the thread ended meanwhile
         };
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .unwrap()
-                .trim()
-                .to_string()
-        };
-        threads.push((field("Name:"), cpu_list(&field("Cpus_allowed_list:"))));
+        threads.push((
+            status_field(&status, "Name:").to_string(),
+            cpu_list(status_field(&status, "Cpus_allowed_list:")),
+        ));
     }
     threads
 }
@@ -167,12 +171,7 @@ fn threads_of(pid: u32) -> Vec<(String, Vec<usize>)> {
 #[test]
 fn dev_pins_the_sqlite_writer_and_its_connection_to_one_cpu() {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let allowed = cpu_list(
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap(),
-    );
+    let allowed = cpu_list(status_field(&status, "Cpus_allowed_list:"));
     for pin in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let setting = [(

@@ -138,24 +138,22 @@ async fn delete_rows(
 ) -> Result<(), StoreError> {
     let map_err = crate::store::sqlite::map_err;
     let list = vec!["?"; seqs.len()].join(", ");
-    // Both statements in one string: sqlx runs them in one hand-off to the connection's
-    // thread (a hand-off costs the writer more than either statement), binding the
-    // arguments to them in order.
-    let sql = format!(
+    // Every statement in one string: sqlx runs them in one hand-off to the connection's
+    // thread (a hand-off costs the writer more than any of them), binding the arguments
+    // to them in order (the prune takes none).
+    let mut sql = format!(
         "INSERT OR REPLACE INTO broker_seen (msg_id, acked_at) \
          SELECT msg_id, {NOW} FROM broker_queue WHERE seq IN ({list}); \
          DELETE FROM broker_queue WHERE seq IN ({list})"
     );
-    let mut both = sqlx::query(&sql);
-    for seq in seqs.iter().chain(seqs) {
-        both = both.bind(seq);
-    }
-    both.execute(&mut *conn).await.map_err(map_err)?;
     if prune {
-        sqlx::query(&prune_seen_sql())
-            .execute(&mut *conn)
-            .await
-            .map_err(map_err)?;
+        sql.push_str("; ");
+        sql.push_str(&prune_seen_sql());
     }
+    let mut all = sqlx::query(&sql);
+    for seq in seqs.iter().chain(seqs) {
+        all = all.bind(seq);
+    }
+    all.execute(&mut *conn).await.map_err(map_err)?;
     Ok(())
 }
