@@ -105,8 +105,8 @@ pub(crate) fn writer_cpu() -> Option<core_affinity::CoreId> {
 
 impl SqliteStore {
     /// Opens (creating it if missing) the database file at `path`, in WAL mode with
-    /// foreign keys enforced and a 5 s busy timeout; the writer is pinned
-    /// ([`Self::open_with`]).
+    /// foreign keys enforced, a 5 s busy timeout and temporary structures in memory;
+    /// the writer is pinned ([`Self::open_with`]).
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         Self::open_with(path, true).await
     }
@@ -124,7 +124,11 @@ impl SqliteStore {
             // FULL: a message acknowledged with 202 survives power loss, not just a crash.
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Statement journals and sorts in memory: on files, the writer created,
+            // unlinked and closed a temporary file in nearly every batch (see
+            // `docs/benchmarks.md`).
+            .pragma("temp_store", "MEMORY");
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -545,6 +549,21 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(busy, 5_000);
+        // 2 is MEMORY. Asked of the writer's own connection too, through its lane.
+        let temp: i64 = sqlx::query_scalar("PRAGMA temp_store")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(temp, 2);
+        let work: crate::store::group::Work<Sqlite, i64> = Box::new(|conn| {
+            Box::pin(async move {
+                sqlx::query_scalar("PRAGMA temp_store")
+                    .fetch_one(conn)
+                    .await
+                    .map_err(map_err)
+            })
+        });
+        assert_eq!(store.writer().run(work).await.unwrap(), 2);
         store.migrate().await.expect("second migrate is a no-op");
         // Reopening an existing file keeps its data.
         let ws = store.ensure_workspace("kept", None).await.unwrap();
