@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 pub(crate) mod coalesce;
 pub mod configuration;
 pub mod delivery;
+pub(crate) mod direct;
 pub mod endpoints;
 pub mod erasure;
 pub(crate) mod group;

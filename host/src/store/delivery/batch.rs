@@ -1,8 +1,9 @@
 //! Claims and steps gathered into set-based batches: concurrent deliveries' claims run
-//! as one [`claim_all`], their steps as one [`record_steps_all`], each batch one write
+//! as one [`claim_all`](super::claim_all), their steps as one
+//! [`record_steps_all`](super::record_steps_all), each batch one write
 //! of the store's group commit (see [`crate::store::coalesce`]).
 
-use super::{ClaimRequest, Delivery, DeliverySql, StepRequest, claim_all, record_steps_all};
+use super::{ClaimRequest, Delivery, DeliveryBatch, StepRequest};
 use crate::ids::EventId;
 use crate::model::{Claim, NewMessage, Step, SubscriberContacts};
 use crate::store::StoreError;
@@ -23,7 +24,7 @@ pub(crate) trait Batches: Grouped {
     fn steps(&self) -> &Coalescer<StepRequest, ()>;
 }
 
-/// Gathers claims into batches of [`claim_all`], `in_flight` at a time (see
+/// Gathers claims into batches of [`claim_all`](super::claim_all), `in_flight` at a time (see
 /// [`crate::store::coalesce::set_based`] for a message claimed twice in a batch, and
 /// for failures).
 pub(crate) fn claims<DB: sqlx::Database>(
@@ -31,14 +32,15 @@ pub(crate) fn claims<DB: sqlx::Database>(
     in_flight: usize,
 ) -> Coalescer<ClaimRequest, Claim>
 where
-    DB::Connection: DeliverySql,
+    DB::Connection: DeliveryBatch,
 {
-    fn all<'c, C: DeliverySql>(
+    fn all<'c, C: DeliveryBatch>(
         conn: &'c mut C,
         requests: &'c [ClaimRequest],
     ) -> BoxFuture<'c, Result<Vec<Result<Claim, StoreError>>, StoreError>> {
         Box::pin(async move {
-            Ok(claim_all(conn, requests)
+            Ok(conn
+                .claim_batch(requests)
                 .await?
                 .into_iter()
                 .map(Ok)
@@ -54,19 +56,19 @@ where
     )
 }
 
-/// Gathers steps into batches of [`record_steps_all`], `in_flight` at a time.
+/// Gathers steps into batches of [`record_steps_all`](super::record_steps_all), `in_flight` at a time.
 pub(crate) fn steps<DB: sqlx::Database>(
     group: Arc<GroupCommit<DB>>,
     in_flight: usize,
 ) -> Coalescer<StepRequest, ()>
 where
-    DB::Connection: DeliverySql,
+    DB::Connection: DeliveryBatch,
 {
-    fn all<'c, C: DeliverySql>(
+    fn all<'c, C: DeliveryBatch>(
         conn: &'c mut C,
         requests: &'c [StepRequest],
     ) -> BoxFuture<'c, Result<Vec<Result<(), StoreError>>, StoreError>> {
-        Box::pin(record_steps_all(conn, requests))
+        conn.step_batch(requests)
     }
     Coalescer::set_based(
         group,
@@ -81,7 +83,7 @@ where
 impl<T> Delivery for T
 where
     T: Batches,
-    Conn<T>: DeliverySql,
+    Conn<T>: DeliveryBatch,
 {
     async fn claim_message(
         &self,

@@ -150,6 +150,20 @@ pub(crate) trait DeliverySql: ReceiptsSql {
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError>;
 }
 
+/// How a connection runs a whole batch of claims or of steps: [`claim_all`] and
+/// [`record_steps_all`] on the form of it whose statements cost least (on SQLite, the
+/// handle held for the whole batch; see [`crate::store::direct`]).
+#[async_trait::async_trait]
+pub(crate) trait DeliveryBatch: Send {
+    /// [`claim_all`] on this connection.
+    async fn claim_batch(&mut self, requests: &[ClaimRequest]) -> Result<Vec<Claim>, StoreError>;
+    /// [`record_steps_all`] on this connection.
+    async fn step_batch(
+        &mut self,
+        requests: &[StepRequest],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError>;
+}
+
 /// One subscriber row a claim writes: `(workspace, subscriber_key, subscriber_id)` and
 /// the contacts the event carried.
 pub(crate) type SubscriberUpsert<'a> = (&'a WorkspaceId, &'a str, &'a str, &'a SubscriberContacts);

@@ -1,13 +1,30 @@
 //! [`DeliverySql`] on PostgreSQL: the subscriber and message rows are locked with
 //! `FOR UPDATE`, subscriber first; the server's clock (`now()`) dates leases.
 
-use super::{AttemptFinish, AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
+use super::{
+    AttemptFinish, AttemptRow, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow, LeasedUpdate,
+    StepRequest, SubscriberUpsert, claim_all, record_steps_all,
+};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{AttemptState, MessageStatus, MessageUpdate, NewMessage};
+use crate::model::{AttemptState, Claim, MessageStatus, MessageUpdate, NewMessage};
 use crate::store::StoreError;
 use crate::store::postgres::{encode_json, interval, map_err};
 use sqlx::PgConnection;
 use std::time::Duration;
+
+#[async_trait::async_trait]
+impl DeliveryBatch for PgConnection {
+    async fn claim_batch(&mut self, requests: &[ClaimRequest]) -> Result<Vec<Claim>, StoreError> {
+        claim_all(self, requests).await
+    }
+
+    async fn step_batch(
+        &mut self,
+        requests: &[StepRequest],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        record_steps_all(self, requests).await
+    }
+}
 
 #[async_trait::async_trait]
 impl DeliverySql for PgConnection {

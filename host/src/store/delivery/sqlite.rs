@@ -1,13 +1,22 @@
 //! [`DeliverySql`] on SQLite. Every transaction here holds the file's write lock from
 //! its start (the group commit begins `IMMEDIATE`), so nothing needs a row lock; the
 //! process clock dates leases, stored in the fixed-width text form.
+//!
+//! The statements a delivery runs every time are written for the connection's handle
+//! ([`Direct`]), one row at a time on statements prepared once: the set-based rules then
+//! cost one hand-off to sqlx's thread per batch. The rare ones stay sqlx's.
 
-use super::{AttemptFinish, AttemptRow, DeliverySql, LeaseRow, LeasedUpdate, SubscriberUpsert};
+use super::{
+    AttemptFinish, AttemptRow, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow, LeasedUpdate,
+    StepRequest, SubscriberUpsert, claim_all, record_steps_all,
+};
 use crate::ids::{EventId, WorkspaceId};
-use crate::model::{AttemptState, MessageStatus, NewMessage};
+use crate::model::{AttemptState, Claim, MessageStatus, NewMessage};
+use crate::store::direct::{Direct, map_err as direct_err};
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use rusqlite::{OptionalExtension, params};
+use sqlx::SqliteConnection;
 use std::time::Duration;
 
 /// The stored form of now + `lease`; a lease too long to represent is refused.
@@ -20,41 +29,60 @@ fn deadline(lease: Duration) -> Result<String, StoreError> {
 }
 
 #[async_trait::async_trait]
-impl DeliverySql for SqliteConnection {
+impl DeliveryBatch for SqliteConnection {
+    async fn claim_batch(&mut self, requests: &[ClaimRequest]) -> Result<Vec<Claim>, StoreError> {
+        claim_all(&mut Direct::new(self), requests).await
+    }
+
+    async fn step_batch(
+        &mut self,
+        requests: &[StepRequest],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        record_steps_all(&mut Direct::new(self), requests).await
+    }
+}
+
+#[async_trait::async_trait]
+impl DeliverySql for Direct<'_> {
     async fn insert_messages_if_absent(
         &mut self,
         messages: &[&NewMessage],
     ) -> Result<Vec<String>, StoreError> {
-        let mut encoded = Vec::with_capacity(messages.len());
+        let db = self.db().await?;
+        let mut insert = db
+            .prepare_cached(
+                "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, \
+                 category, priority, channel, status, test_mode, variables_keys, created_at, \
+                 updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11) \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+            )
+            .map_err(direct_err)?;
+        let mut inserted = Vec::new();
         for m in messages {
             let keys = serde_json::to_string(&m.variables_keys)
                 .map_err(|e| StoreError::Other(format!("encoding variables_keys: {e}")))?;
-            encoded.push((keys, encode_timestamp(&m.created_at)));
+            let row = insert
+                .query_row(
+                    params![
+                        m.event_id.as_str(),
+                        m.workspace.as_str(),
+                        m.event_name,
+                        m.subscriber_id,
+                        m.category,
+                        m.priority,
+                        m.channel,
+                        m.status,
+                        m.test_mode,
+                        keys,
+                        encode_timestamp(&m.created_at),
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(direct_err)?;
+            inserted.extend(row);
         }
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
-             priority, channel, status, test_mode, variables_keys, created_at, updated_at) ",
-        );
-        query.push_values(messages.iter().zip(encoded), |mut row, (m, (keys, at))| {
-            row.push_bind(m.event_id.as_str())
-                .push_bind(m.workspace.as_str())
-                .push_bind(m.event_name.as_str())
-                .push_bind(m.subscriber_id.as_str())
-                .push_bind(m.category.as_deref())
-                .push_bind(m.priority)
-                .push_bind(m.channel.as_str())
-                .push_bind(m.status.as_str())
-                .push_bind(m.test_mode)
-                .push_bind(keys)
-                .push_bind(at.clone())
-                .push_bind(at);
-        });
-        query.push(" ON CONFLICT (event_id) DO NOTHING RETURNING event_id");
-        query
-            .build_query_scalar()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Ok(inserted)
     }
 
     async fn lock_subscribers(&mut self, _: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
@@ -63,21 +91,31 @@ impl DeliverySql for SqliteConnection {
     }
 
     async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "SELECT event_id, status, attempts, lease_owner, COALESCE(lease_until > ",
-        );
-        query.push_bind(now_text());
-        query.push(", 0) AS leased FROM messages WHERE event_id IN (");
-        let mut list = query.separated(", ");
+        let now = now_text();
+        let db = self.db().await?;
+        let mut select = db
+            .prepare_cached(
+                "SELECT event_id, status, attempts, lease_owner, \
+                 COALESCE(lease_until > ?2, 0) FROM messages WHERE event_id = ?1",
+            )
+            .map_err(direct_err)?;
+        let mut rows = Vec::with_capacity(events.len());
         for event in events {
-            list.push_bind(*event);
+            let row = select
+                .query_row(params![event, now], |r| {
+                    Ok(LeaseRow {
+                        event_id: r.get(0)?,
+                        status: r.get(1)?,
+                        attempts: r.get(2)?,
+                        lease_owner: r.get(3)?,
+                        leased: r.get(4)?,
+                    })
+                })
+                .optional()
+                .map_err(direct_err)?;
+            rows.extend(row);
         }
-        query.push(")");
-        query
-            .build_query_as()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Ok(rows)
     }
 
     async fn take_leases(
@@ -85,31 +123,34 @@ impl DeliverySql for SqliteConnection {
         leases: &[(&str, &str)],
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new("UPDATE messages SET lease_until = ");
-        query.push_bind(deadline(lease)?);
-        // A VALUES list names its columns column1, column2.
-        query.push(", lease_owner = l.column2 FROM (");
-        query.push_values(leases, |mut row, (event, owner)| {
-            row.push_bind(*event).push_bind(*owner);
-        });
-        query.push(") AS l WHERE messages.event_id = l.column1");
-        query.build().execute(self).await.map_err(map_err)?;
+        let until = deadline(lease)?;
+        let db = self.db().await?;
+        let mut update = db
+            .prepare_cached(
+                "UPDATE messages SET lease_until = ?1, lease_owner = ?2 WHERE event_id = ?3",
+            )
+            .map_err(direct_err)?;
+        for (event, owner) in leases {
+            update
+                .execute(params![until, owner, event])
+                .map_err(direct_err)?;
+        }
         Ok(())
     }
 
     async fn insert_queued_entries(&mut self, events: &[&str]) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
-             SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
-             FROM messages m WHERE NOT EXISTS \
-             (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id) AND event_id IN (",
-        );
-        let mut list = query.separated(", ");
+        let db = self.db().await?;
+        let mut insert = db
+            .prepare_cached(
+                "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+                 SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
+                 FROM messages m WHERE event_id = ?1 AND NOT EXISTS \
+                 (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id)",
+            )
+            .map_err(direct_err)?;
         for event in events {
-            list.push_bind(*event);
+            insert.execute(params![event]).map_err(direct_err)?;
         }
-        query.push(")");
-        query.build().execute(self).await.map_err(map_err)?;
         Ok(())
     }
 
@@ -117,49 +158,221 @@ impl DeliverySql for SqliteConnection {
         &mut self,
         subscribers: &[SubscriberUpsert<'_>],
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let mut tokens = Vec::with_capacity(subscribers.len());
-        for (_, _, _, contacts) in subscribers {
-            tokens.push(if contacts.device_tokens.is_empty() {
+        let now = now_text();
+        let db = self.db().await?;
+        // No row comes back for a key whose row is a tombstone.
+        let mut upsert = db
+            .prepare_cached(
+                "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
+                 phone_masked, device_tokens, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
+                 ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
+                 subscriber_id = excluded.subscriber_id, email = excluded.email, \
+                 phone_masked = excluded.phone_masked, device_tokens = excluded.device_tokens, \
+                 updated_at = excluded.updated_at \
+                 WHERE subscribers.deleted_at IS NULL \
+                 RETURNING workspace_id, subscriber_key",
+            )
+            .map_err(direct_err)?;
+        let mut live = Vec::with_capacity(subscribers.len());
+        for (workspace, key, id, contacts) in subscribers {
+            let tokens = if contacts.device_tokens.is_empty() {
                 None
             } else {
                 Some(
                     serde_json::to_string(&contacts.device_tokens)
                         .map_err(|e| StoreError::Other(format!("encoding device tokens: {e}")))?,
                 )
+            };
+            let row = upsert
+                .query_row(
+                    params![
+                        workspace.as_str(),
+                        key,
+                        id,
+                        contacts.email,
+                        contacts.phone_masked,
+                        tokens,
+                        now,
+                    ],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(direct_err)?;
+            live.extend(row);
+        }
+        Ok(live)
+    }
+
+    async fn mark_erased(
+        &mut self,
+        event: &EventId,
+        subscriber: &str,
+        pseudonym: &str,
+    ) -> Result<(), StoreError> {
+        self.sqlx().mark_erased(event, subscriber, pseudonym).await
+    }
+
+    async fn attempt_rows(&mut self, event: &EventId) -> Result<Vec<AttemptRow>, StoreError> {
+        self.sqlx().attempt_rows(event).await
+    }
+
+    async fn message_provider(&mut self, event: &EventId) -> Result<Option<String>, StoreError> {
+        let db = self.db().await?;
+        let provider: Option<Option<String>> = db
+            .prepare_cached("SELECT provider FROM messages WHERE event_id = ?1")
+            .map_err(direct_err)?
+            .query_row(params![event.as_str()], |r| r.get(0))
+            .optional()
+            .map_err(direct_err)?;
+        Ok(provider.flatten())
+    }
+
+    async fn update_leased(
+        &mut self,
+        updates: &[LeasedUpdate<'_>],
+    ) -> Result<Vec<String>, StoreError> {
+        let now = now_text();
+        let mut until = Vec::with_capacity(updates.len());
+        for (_, _, lease, update) in updates {
+            until.push(if update.release_lease {
+                None
+            } else {
+                Some(deadline(*lease)?)
             });
         }
+        let db = self.db().await?;
+        let mut update = db
+            .prepare_cached(
+                "UPDATE messages SET updated_at = ?1, status = COALESCE(?2, status), \
+                 attempts = COALESCE(?3, attempts), channel = COALESCE(?4, channel), \
+                 provider = COALESCE(?5, provider), \
+                 provider_message_id = COALESCE(?6, provider_message_id), \
+                 cost_micro_usd = cost_micro_usd + ?7, error_code = COALESCE(?8, error_code), \
+                 error_detail = COALESCE(?9, error_detail), \
+                 lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE lease_owner END, \
+                 lease_until = ?10 \
+                 WHERE event_id = ?11 AND lease_owner = ?12 RETURNING event_id",
+            )
+            .map_err(direct_err)?;
+        let mut updated = Vec::with_capacity(updates.len());
+        for ((event, owner, _, u), until) in updates.iter().zip(until) {
+            let row = update
+                .query_row(
+                    params![
+                        now,
+                        u.status.map(MessageStatus::as_str),
+                        u.attempts,
+                        u.channel,
+                        u.provider,
+                        u.provider_message_id,
+                        u.cost_add_micro_usd,
+                        u.error_code,
+                        u.error_detail,
+                        until,
+                        event.as_str(),
+                        owner,
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(direct_err)?;
+            updated.extend(row);
+        }
+        Ok(updated)
+    }
+
+    async fn start_attempts(
+        &mut self,
+        starts: &[(&EventId, i32, &str, &str)],
+    ) -> Result<(), StoreError> {
         let now = now_text();
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
-             phone_masked, device_tokens, created_at, updated_at) ",
-        );
-        query.push_values(
-            subscribers.iter().zip(tokens),
-            |mut row, ((workspace, key, id, contacts), tokens)| {
-                row.push_bind(workspace.as_str())
-                    .push_bind(*key)
-                    .push_bind(*id)
-                    .push_bind(contacts.email.as_deref())
-                    .push_bind(contacts.phone_masked.as_deref())
-                    .push_bind(tokens)
-                    .push_bind(now.clone())
-                    .push_bind(now.clone());
-            },
-        );
-        // No row comes back for a key whose row is a tombstone.
-        query.push(
-            " ON CONFLICT (workspace_id, subscriber_key) DO UPDATE SET \
-             subscriber_id = excluded.subscriber_id, email = excluded.email, \
-             phone_masked = excluded.phone_masked, device_tokens = excluded.device_tokens, \
-             updated_at = excluded.updated_at \
-             WHERE subscribers.deleted_at IS NULL \
-             RETURNING workspace_id, subscriber_key",
-        );
-        query
-            .build_query_as()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        let db = self.db().await?;
+        let mut insert = db
+            .prepare_cached(
+                "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
+                 started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .map_err(direct_err)?;
+        for (event, attempt_no, channel, provider) in starts {
+            insert
+                .execute(params![
+                    event.as_str(),
+                    attempt_no,
+                    channel,
+                    provider,
+                    AttemptState::Started.as_str(),
+                    now,
+                ])
+                .map_err(direct_err)?;
+        }
+        Ok(())
+    }
+
+    async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
+        let now = now_text();
+        let db = self.db().await?;
+        let mut update = db
+            .prepare_cached(
+                "UPDATE delivery_attempts SET finished_at = ?1, state = ?2, \
+                 provider_message_id = ?3, cost_micro_usd = ?4, detail = ?5 \
+                 WHERE event_id = ?6 AND attempt_no = ?7",
+            )
+            .map_err(direct_err)?;
+        let mut finished = 0;
+        for f in finishes {
+            finished += update
+                .execute(params![
+                    now,
+                    f.state,
+                    f.provider_message_id,
+                    f.cost_micro_usd,
+                    f.detail,
+                    f.event,
+                    f.attempt_no,
+                ])
+                .map_err(direct_err)? as u64;
+        }
+        Ok(finished)
+    }
+}
+
+/// The hot statements run through a [`Direct`] of their own (one hand-off each, as a
+/// statement through sqlx); the rare ones are sqlx's.
+#[async_trait::async_trait]
+impl DeliverySql for SqliteConnection {
+    async fn insert_messages_if_absent(
+        &mut self,
+        messages: &[&NewMessage],
+    ) -> Result<Vec<String>, StoreError> {
+        Direct::new(self).insert_messages_if_absent(messages).await
+    }
+
+    async fn lock_subscribers(&mut self, _: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
+        Direct::new(self).lease_rows(events).await
+    }
+
+    async fn take_leases(
+        &mut self,
+        leases: &[(&str, &str)],
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        Direct::new(self).take_leases(leases, lease).await
+    }
+
+    async fn insert_queued_entries(&mut self, events: &[&str]) -> Result<(), StoreError> {
+        Direct::new(self).insert_queued_entries(events).await
+    }
+
+    async fn upsert_subscribers(
+        &mut self,
+        subscribers: &[SubscriberUpsert<'_>],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        Direct::new(self).upsert_subscribers(subscribers).await
     }
 
     async fn mark_erased(
@@ -190,113 +403,24 @@ impl DeliverySql for SqliteConnection {
     }
 
     async fn message_provider(&mut self, event: &EventId) -> Result<Option<String>, StoreError> {
-        let provider: Option<Option<String>> =
-            sqlx::query_scalar("SELECT provider FROM messages WHERE event_id = ?")
-                .bind(event.as_str())
-                .fetch_optional(self)
-                .await
-                .map_err(map_err)?;
-        Ok(provider.flatten())
+        Direct::new(self).message_provider(event).await
     }
 
     async fn update_leased(
         &mut self,
         updates: &[LeasedUpdate<'_>],
     ) -> Result<Vec<String>, StoreError> {
-        let mut until = Vec::with_capacity(updates.len());
-        for (_, _, lease, update) in updates {
-            until.push(if update.release_lease {
-                None
-            } else {
-                Some(deadline(*lease)?)
-            });
-        }
-        let mut query = QueryBuilder::<Sqlite>::new("UPDATE messages SET updated_at = ");
-        query.push_bind(now_text());
-        // A VALUES list names its columns column1, column2, ...
-        query.push(
-            ", status = COALESCE(u.column3, status), attempts = COALESCE(u.column4, attempts), \
-             channel = COALESCE(u.column5, channel), provider = COALESCE(u.column6, provider), \
-             provider_message_id = COALESCE(u.column7, provider_message_id), \
-             cost_micro_usd = cost_micro_usd + u.column8, \
-             error_code = COALESCE(u.column9, error_code), \
-             error_detail = COALESCE(u.column10, error_detail), \
-             lease_owner = CASE WHEN u.column11 IS NULL THEN NULL ELSE lease_owner END, \
-             lease_until = u.column11 FROM (",
-        );
-        query.push_values(
-            updates.iter().zip(until),
-            |mut row, ((event, owner, _, u), until)| {
-                row.push_bind(event.as_str())
-                    .push_bind(*owner)
-                    .push_bind(u.status.map(MessageStatus::as_str))
-                    .push_bind(u.attempts)
-                    .push_bind(u.channel.as_deref())
-                    .push_bind(u.provider.as_deref())
-                    .push_bind(u.provider_message_id.as_deref())
-                    .push_bind(u.cost_add_micro_usd)
-                    .push_bind(u.error_code.as_deref())
-                    .push_bind(u.error_detail.as_deref())
-                    .push_bind(until);
-            },
-        );
-        query.push(
-            ") AS u WHERE messages.event_id = u.column1 AND messages.lease_owner = u.column2 \
-             RETURNING event_id",
-        );
-        query
-            .build_query_scalar()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Direct::new(self).update_leased(updates).await
     }
 
     async fn start_attempts(
         &mut self,
         starts: &[(&EventId, i32, &str, &str)],
     ) -> Result<(), StoreError> {
-        let now = now_text();
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
-             started_at) ",
-        );
-        query.push_values(starts, |mut row, (event, attempt_no, channel, provider)| {
-            row.push_bind(event.as_str())
-                .push_bind(*attempt_no)
-                .push_bind(*channel)
-                .push_bind(*provider)
-                .push_bind(AttemptState::Started.as_str())
-                .push_bind(now.clone());
-        });
-        query.build().execute(self).await.map_err(map_err)?;
-        Ok(())
+        Direct::new(self).start_attempts(starts).await
     }
 
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new("UPDATE delivery_attempts SET finished_at = ");
-        query.push_bind(now_text());
-        query.push(
-            ", state = f.column3, provider_message_id = f.column4, cost_micro_usd = f.column5, \
-             detail = f.column6 FROM (",
-        );
-        query.push_values(finishes, |mut row, f| {
-            row.push_bind(f.event)
-                .push_bind(f.attempt_no)
-                .push_bind(f.state)
-                .push_bind(f.provider_message_id)
-                .push_bind(f.cost_micro_usd)
-                .push_bind(f.detail);
-        });
-        query.push(
-            ") AS f WHERE delivery_attempts.event_id = f.column1 \
-             AND delivery_attempts.attempt_no = f.column2",
-        );
-        let finished = query
-            .build()
-            .execute(self)
-            .await
-            .map_err(map_err)?
-            .rows_affected();
-        Ok(finished)
+        Direct::new(self).finish_attempts(finishes).await
     }
 }

@@ -5,6 +5,7 @@ use super::{MessagesSql, TimelineSql};
 use crate::ids::EventId;
 use crate::model::{NewMessage, NewTimelineEntry, OutboxItem};
 use crate::store::StoreError;
+use crate::store::direct::{Direct, map_err as direct_err};
 use crate::store::group::Grouped;
 use crate::store::sqlite::{MAX_BINDS, SqliteStore, encode_timestamp, map_err, now_text};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
@@ -129,8 +130,10 @@ async fn insert_rows(
     Ok(())
 }
 
+/// A step's timeline entries go in on the held handle (the steps' batch holds it); the
+/// rest are sqlx's.
 #[async_trait::async_trait]
-impl TimelineSql for SqliteConnection {
+impl TimelineSql for Direct<'_> {
     async fn insert_timelines(
         &mut self,
         entries: &[(&EventId, &NewTimelineEntry)],
@@ -138,7 +141,14 @@ impl TimelineSql for SqliteConnection {
         if entries.is_empty() {
             return Ok(());
         }
-        let mut rows = Vec::with_capacity(entries.len());
+        let db = self.db().await?;
+        // In order: AUTOINCREMENT gives the rows increasing `seq`s.
+        let mut insert = db
+            .prepare_cached(
+                "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(direct_err)?;
         for (event, entry) in entries {
             let detail = entry
                 .detail
@@ -146,27 +156,40 @@ impl TimelineSql for SqliteConnection {
                 .map(serde_json::to_string)
                 .transpose()
                 .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
-            rows.push((
-                event.as_str(),
-                entry,
-                encode_timestamp(&entry.occurred_at),
-                detail,
-            ));
+            insert
+                .execute(rusqlite::params![
+                    event.as_str(),
+                    entry.status.as_str(),
+                    encode_timestamp(&entry.occurred_at),
+                    entry.provider,
+                    detail,
+                ])
+                .map_err(direct_err)?;
         }
-        // The rows of one VALUES list are inserted in order: AUTOINCREMENT gives them
-        // increasing `seq`s.
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) ",
-        );
-        query.push_values(rows, |mut row, (event, entry, at, detail)| {
-            row.push_bind(event)
-                .push_bind(entry.status.as_str())
-                .push_bind(at)
-                .push_bind(entry.provider.as_deref())
-                .push_bind(detail);
-        });
-        query.build().execute(&mut *self).await.map_err(map_err)?;
         Ok(())
+    }
+
+    async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError> {
+        self.sqlx().touch_message(event).await
+    }
+
+    async fn fail_if_undispatched(
+        &mut self,
+        event: &EventId,
+        code: &str,
+        detail: &str,
+    ) -> Result<bool, StoreError> {
+        self.sqlx().fail_if_undispatched(event, code, detail).await
+    }
+}
+
+#[async_trait::async_trait]
+impl TimelineSql for SqliteConnection {
+    async fn insert_timelines(
+        &mut self,
+        entries: &[(&EventId, &NewTimelineEntry)],
+    ) -> Result<(), StoreError> {
+        Direct::new(self).insert_timelines(entries).await
     }
 
     async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError> {

@@ -6,6 +6,7 @@ use super::{
     OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
 };
 use crate::store::StoreError;
+use crate::store::direct::{Direct, map_err as direct_err};
 use crate::store::endpoints::EndpointRow;
 use crate::store::sqlite::{MAX_BINDS, SqliteStore, encode_timestamp, map_err, now_text};
 use chrono::{DateTime, Utc};
@@ -49,23 +50,152 @@ async fn insert_delivery_rows(
     Ok(())
 }
 
+/// A status change's statement runs on the held handle (the steps' batch holds it);
+/// the rest are sqlx's.
+#[async_trait::async_trait]
+impl OutboundSql for Direct<'_> {
+    async fn subscriptions(&mut self, events: &[&str]) -> Result<Vec<SubscriptionRow>, StoreError> {
+        let db = self.db().await?;
+        let mut select = db
+            .prepare_cached(
+                "SELECT m.event_id, m.event_name, m.subscriber_id, m.channel, m.provider, \
+                 m.error_code, m.cost_micro_usd, m.test_mode, m.workspace_id, e.id, \
+                 e.event_types \
+                 FROM messages m JOIN webhook_endpoints e ON e.workspace_id = m.workspace_id \
+                 WHERE e.disabled = 0 AND m.event_id = ?1 ORDER BY e.id",
+            )
+            .map_err(direct_err)?;
+        let mut rows = Vec::new();
+        for event in events {
+            let found = select
+                .query_map([event], |r| {
+                    Ok(SubscriptionRow {
+                        event_id: r.get(0)?,
+                        event_name: r.get(1)?,
+                        subscriber_id: r.get(2)?,
+                        channel: r.get(3)?,
+                        provider: r.get(4)?,
+                        error_code: r.get(5)?,
+                        cost_micro_usd: r.get(6)?,
+                        test_mode: r.get(7)?,
+                        workspace_id: r.get(8)?,
+                        endpoint_id: r.get(9)?,
+                        event_types: r.get(10)?,
+                    })
+                })
+                .map_err(direct_err)?;
+            for row in found {
+                rows.push(row.map_err(direct_err)?);
+            }
+        }
+        // By endpoint, as one statement over every event orders them.
+        rows.sort_by(|a, b| a.endpoint_id.cmp(&b.endpoint_id));
+        Ok(rows)
+    }
+
+    async fn enabled_endpoints(
+        &mut self,
+        workspace: &str,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.sqlx().enabled_endpoints(workspace).await
+    }
+
+    async fn insert_deliveries(&mut self, rows: &[NewDelivery]) -> Result<(), StoreError> {
+        self.sqlx().insert_deliveries(rows).await
+    }
+
+    async fn set_published(
+        &mut self,
+        rows: &[(&str, i32, i32, i32)],
+        published: bool,
+    ) -> Result<(), StoreError> {
+        self.sqlx().set_published(rows, published).await
+    }
+
+    async fn claim_due_rows(&mut self, limit: i64) -> Result<Vec<ClaimedRow>, StoreError> {
+        self.sqlx().claim_due_rows(limit).await
+    }
+
+    async fn unpublish(
+        &mut self,
+        id: &str,
+        at: (i32, i32, i32),
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.sqlx().unpublish(id, at, until).await
+    }
+
+    async fn finish_try(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        status: &str,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<(String, i32)>, StoreError> {
+        self.sqlx()
+            .finish_try(id, round, attempts, status, next)
+            .await
+    }
+
+    async fn insert_attempt(
+        &mut self,
+        delivery: &str,
+        attempt: &OutboundAttempt,
+    ) -> Result<(), StoreError> {
+        self.sqlx().insert_attempt(delivery, attempt).await
+    }
+
+    async fn set_failing(
+        &mut self,
+        endpoint: &str,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.sqlx().set_failing(endpoint, at).await
+    }
+
+    async fn disable_endpoint_row(
+        &mut self,
+        endpoint: &str,
+        reason: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        self.sqlx().disable_endpoint_row(endpoint, reason).await
+    }
+
+    async fn requeue(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<bool>, StoreError> {
+        self.sqlx().requeue(workspace, endpoint, id).await
+    }
+
+    async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        self.sqlx().delete_message_deliveries(ids).await
+    }
+
+    async fn prune_finished(
+        &mut self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.sqlx().prune_finished(before, limit).await
+    }
+
+    async fn endpoint_exists(
+        &mut self,
+        workspace: &str,
+        endpoint: &str,
+    ) -> Result<bool, StoreError> {
+        self.sqlx().endpoint_exists(workspace, endpoint).await
+    }
+}
+
 #[async_trait::async_trait]
 impl OutboundSql for SqliteConnection {
     async fn subscriptions(&mut self, events: &[&str]) -> Result<Vec<SubscriptionRow>, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "SELECT m.event_id, m.event_name, m.subscriber_id, m.channel, m.provider, \
-             m.error_code, m.cost_micro_usd, m.test_mode, m.workspace_id, \
-             e.id AS endpoint_id, e.event_types \
-             FROM messages m JOIN webhook_endpoints e ON e.workspace_id = m.workspace_id \
-             WHERE e.disabled = 0 AND m.event_id",
-        );
-        push_in(&mut query, events);
-        query.push(" ORDER BY e.id");
-        query
-            .build_query_as()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Direct::new(self).subscriptions(events).await
     }
 
     async fn enabled_endpoints(

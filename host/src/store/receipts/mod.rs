@@ -368,6 +368,18 @@ pub(crate) async fn apply_pending<C: ReceiptsSql + ?Sized>(
 /// Most receipts applied in one batch.
 const BATCH: usize = 64;
 
+/// How a connection runs a whole batch of receipts: [`apply_all`] on the form of it
+/// whose statements cost least (on SQLite, the handle held for the whole batch; see
+/// [`crate::store::direct`]).
+#[async_trait::async_trait]
+pub(crate) trait ReceiptBatch: Send {
+    /// [`apply_all`] on this connection.
+    async fn receipt_batch(
+        &mut self,
+        receipts: &[ReceiptWrite],
+    ) -> Result<Vec<ReceiptOutcome>, StoreError>;
+}
+
 /// A store whose receipts and replay keys are gathered into set-based batches
 /// ([`receipts`], [`replays`]).
 pub(crate) trait ReceiptBatches: Grouped {
@@ -428,14 +440,15 @@ pub(crate) fn receipts<DB: sqlx::Database>(
     in_flight: usize,
 ) -> Coalescer<ReceiptWrite, ReceiptOutcome>
 where
-    DB::Connection: ReceiptsSql,
+    DB::Connection: ReceiptBatch,
 {
-    fn all<'c, C: ReceiptsSql>(
+    fn all<'c, C: ReceiptBatch>(
         conn: &'c mut C,
         receipts: &'c [ReceiptWrite],
     ) -> BoxFuture<'c, Result<Vec<Result<ReceiptOutcome, StoreError>>, StoreError>> {
         Box::pin(async move {
-            Ok(apply_all(conn, receipts)
+            Ok(conn
+                .receipt_batch(receipts)
                 .await?
                 .into_iter()
                 .map(Ok)
@@ -455,7 +468,7 @@ where
 impl<T> Receipts for T
 where
     T: ReceiptBatches,
-    Conn<T>: ReceiptsSql,
+    Conn<T>: ReceiptsSql + ReceiptBatch,
 {
     async fn reserve_replay(
         &self,

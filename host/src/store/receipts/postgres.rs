@@ -1,9 +1,9 @@
 //! [`ReceiptsSql`] on PostgreSQL: row locks (`FOR UPDATE`) and an advisory lock per
 //! provider message id keep concurrent receipts and steps apart.
 
-use super::{Advance, ReceiptRow, ReceiptsSql, TargetRow};
+use super::{Advance, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
 use crate::ids::{EventId, WorkspaceId};
-use crate::receipts::ReceiptWrite;
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::store::StoreError;
 use crate::store::postgres::{encode_json, interval, map_err};
 use chrono::{DateTime, Utc};
@@ -20,6 +20,16 @@ const RECEIPT_LOCK: i32 = 0x5243_5054;
 const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, status, \
      occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
      timeline_provider, timeline_detail::text AS timeline_detail";
+
+#[async_trait::async_trait]
+impl ReceiptBatch for PgConnection {
+    async fn receipt_batch(
+        &mut self,
+        receipts: &[ReceiptWrite],
+    ) -> Result<Vec<ReceiptOutcome>, StoreError> {
+        apply_all(self, receipts).await
+    }
+}
 
 #[async_trait::async_trait]
 impl ReceiptsSql for PgConnection {

@@ -2,12 +2,14 @@
 //! its start (the group commit begins `IMMEDIATE`), so receipts and the steps that
 //! record provider ids run one at a time and nothing needs a row lock.
 
-use super::{Advance, ReceiptRow, ReceiptsSql, TargetRow};
+use super::{Advance, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
 use crate::ids::{EventId, WorkspaceId};
-use crate::receipts::ReceiptWrite;
+use crate::receipts::{ReceiptOutcome, ReceiptWrite};
+use crate::store::direct::{Direct, map_err as direct_err};
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
+use rusqlite::OptionalExtension;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use std::time::Duration;
 
@@ -20,6 +22,208 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
      timeline_provider, timeline_detail";
 
 #[async_trait::async_trait]
+impl ReceiptBatch for SqliteConnection {
+    async fn receipt_batch(
+        &mut self,
+        receipts: &[ReceiptWrite],
+    ) -> Result<Vec<ReceiptOutcome>, StoreError> {
+        apply_all(&mut Direct::new(self), receipts).await
+    }
+}
+
+/// What a receipt's batch and a step's look for pending receipts run every time goes on
+/// the held handle; the rest (pending receipts applied late, replay keys, pruning) are
+/// sqlx's.
+#[async_trait::async_trait]
+impl ReceiptsSql for Direct<'_> {
+    async fn lock_provider_messages(&mut self, _: &[(&str, &str)]) -> Result<(), StoreError> {
+        // The write lock, held since the transaction began, serialises them already.
+        Ok(())
+    }
+
+    async fn pending_keys(
+        &mut self,
+        keys: &[(&str, &str)],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let db = self.db().await?;
+        let mut select = db
+            .prepare_cached(
+                "SELECT 1 FROM receipts WHERE state = 'pending' AND provider = ?1 \
+                 AND provider_message_id = ?2 LIMIT 1",
+            )
+            .map_err(direct_err)?;
+        let mut pending = Vec::new();
+        for (provider, id) in keys {
+            if select.exists([provider, id]).map_err(direct_err)? {
+                pending.push((provider.to_string(), id.to_string()));
+            }
+        }
+        pending.sort_unstable();
+        pending.dedup();
+        Ok(pending)
+    }
+
+    async fn insert_receipts(
+        &mut self,
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<String>, StoreError> {
+        let now = now_text();
+        let db = self.db().await?;
+        let mut insert = db
+            .prepare_cached(
+                "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
+                 status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+                 timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
+                 received_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                 ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
+            )
+            .map_err(direct_err)?;
+        let mut stored = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            let detail = r
+                .timeline
+                .detail
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?;
+            let key = insert
+                .query_row(
+                    rusqlite::params![
+                        r.receipt_key,
+                        r.provider,
+                        r.provider_message_id,
+                        r.workspace.as_ref().map(WorkspaceId::as_str),
+                        r.status.as_str(),
+                        encode_timestamp(&r.occurred_at),
+                        r.cost_micro_usd,
+                        r.error_code,
+                        r.error_detail,
+                        r.timeline.status.as_str(),
+                        encode_timestamp(&r.timeline.occurred_at),
+                        r.timeline.provider,
+                        detail,
+                        now,
+                    ],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(direct_err)?;
+            stored.extend(key);
+        }
+        Ok(stored)
+    }
+
+    async fn receipt_targets(
+        &mut self,
+        receipts: &[&ReceiptWrite],
+    ) -> Result<Vec<TargetRow>, StoreError> {
+        let db = self.db().await?;
+        let mut select = db
+            .prepare_cached(
+                "SELECT event_id, status FROM messages WHERE provider = ?1 \
+                 AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
+                 ORDER BY created_at DESC, event_id DESC LIMIT 1",
+            )
+            .map_err(direct_err)?;
+        let mut targets = Vec::with_capacity(receipts.len());
+        for (n, r) in receipts.iter().enumerate() {
+            let target = select
+                .query_row(
+                    rusqlite::params![
+                        r.provider,
+                        r.provider_message_id,
+                        r.workspace.as_ref().map(WorkspaceId::as_str),
+                    ],
+                    |row| {
+                        Ok(TargetRow {
+                            ord: n as i64 + 1,
+                            event_id: row.get(0)?,
+                            status: row.get(1)?,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(direct_err)?;
+            targets.extend(target);
+        }
+        Ok(targets)
+    }
+
+    async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError> {
+        self.sqlx().message_status(event).await
+    }
+
+    async fn advance_messages(
+        &mut self,
+        advances: &[(&EventId, Advance<'_>)],
+    ) -> Result<(), StoreError> {
+        let now = now_text();
+        let db = self.db().await?;
+        let mut update = db
+            .prepare_cached(
+                "UPDATE messages SET updated_at = ?1, status = ?2, \
+                 cost_micro_usd = COALESCE(?3, cost_micro_usd), error_code = ?4, \
+                 error_detail = ?5 WHERE event_id = ?6",
+            )
+            .map_err(direct_err)?;
+        for (event, a) in advances {
+            update
+                .execute(rusqlite::params![
+                    now,
+                    a.status.as_str(),
+                    a.cost_micro_usd,
+                    a.error_code,
+                    a.error_detail,
+                    event.as_str(),
+                ])
+                .map_err(direct_err)?;
+        }
+        Ok(())
+    }
+
+    async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError> {
+        let db = self.db().await?;
+        let mut update = db
+            .prepare_cached("UPDATE receipts SET state = ?1, event_id = ?2 WHERE receipt_key = ?3")
+            .map_err(direct_err)?;
+        for (key, state, event) in marks {
+            update
+                .execute(rusqlite::params![state, event.as_str(), key])
+                .map_err(direct_err)?;
+        }
+        Ok(())
+    }
+
+    async fn pending_rows(
+        &mut self,
+        provider: &str,
+        provider_message_id: &str,
+        event: &EventId,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        self.sqlx()
+            .pending_rows(provider, provider_message_id, event)
+            .await
+    }
+
+    async fn reserve_replay_keys(
+        &mut self,
+        keys: &[(&str, &str, Duration)],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.sqlx().reserve_replay_keys(keys).await
+    }
+
+    async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {
+        self.sqlx().delete_replay_key(provider, key).await
+    }
+
+    async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        self.sqlx().prune(before).await
+    }
+}
+
+#[async_trait::async_trait]
 impl ReceiptsSql for SqliteConnection {
     async fn lock_provider_messages(&mut self, _: &[(&str, &str)]) -> Result<(), StoreError> {
         // The write lock, held since the transaction began, serialises them already.
@@ -30,90 +234,21 @@ impl ReceiptsSql for SqliteConnection {
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "SELECT DISTINCT provider, provider_message_id FROM receipts \
-             WHERE state = 'pending' AND (provider, provider_message_id) IN (",
-        );
-        query.push_values(keys, |mut row, (provider, id)| {
-            row.push_bind(*provider).push_bind(*id);
-        });
-        query.push(")");
-        query
-            .build_query_as()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Direct::new(self).pending_keys(keys).await
     }
 
     async fn insert_receipts(
         &mut self,
         receipts: &[&ReceiptWrite],
     ) -> Result<Vec<String>, StoreError> {
-        let mut details = Vec::with_capacity(receipts.len());
-        for r in receipts {
-            details.push(
-                r.timeline
-                    .detail
-                    .as_ref()
-                    .map(serde_json::to_string)
-                    .transpose()
-                    .map_err(|e| StoreError::Other(format!("encoding timeline detail: {e}")))?,
-            );
-        }
-        let now = now_text();
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
-             status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
-             timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
-             received_at) ",
-        );
-        query.push_values(receipts.iter().zip(details), |mut row, (r, detail)| {
-            row.push_bind(r.receipt_key.as_str())
-                .push_bind(r.provider.as_str())
-                .push_bind(r.provider_message_id.as_str())
-                .push_bind(r.workspace.as_ref().map(WorkspaceId::as_str))
-                .push_bind(r.status.as_str())
-                .push("'pending'")
-                .push_bind(encode_timestamp(&r.occurred_at))
-                .push_bind(r.cost_micro_usd)
-                .push_bind(r.error_code.as_deref())
-                .push_bind(r.error_detail.as_deref())
-                .push_bind(r.timeline.status.as_str())
-                .push_bind(encode_timestamp(&r.timeline.occurred_at))
-                .push_bind(r.timeline.provider.as_deref())
-                .push_bind(detail)
-                .push_bind(now.clone());
-        });
-        query.push(" ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key");
-        query
-            .build_query_scalar()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Direct::new(self).insert_receipts(receipts).await
     }
 
     async fn receipt_targets(
         &mut self,
         receipts: &[&ReceiptWrite],
     ) -> Result<Vec<TargetRow>, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new("WITH k (ord, p, i, w) AS (");
-        query.push_values(receipts.iter().enumerate(), |mut row, (n, r)| {
-            row.push_bind(n as i64 + 1)
-                .push_bind(r.provider.as_str())
-                .push_bind(r.provider_message_id.as_str())
-                .push_bind(r.workspace.as_ref().map(WorkspaceId::as_str));
-        });
-        query.push(
-            ") SELECT k.ord, m.event_id, m.status FROM k JOIN messages m ON m.event_id = \
-             (SELECT event_id FROM messages WHERE provider = k.p AND provider_message_id = k.i \
-             AND (k.w IS NULL OR workspace_id = k.w) \
-             ORDER BY created_at DESC, event_id DESC LIMIT 1)",
-        );
-        query
-            .build_query_as()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
+        Direct::new(self).receipt_targets(receipts).await
     }
 
     async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError> {
@@ -128,37 +263,11 @@ impl ReceiptsSql for SqliteConnection {
         &mut self,
         advances: &[(&EventId, Advance<'_>)],
     ) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new("UPDATE messages SET updated_at = ");
-        query.push_bind(now_text());
-        // A VALUES list names its columns column1, column2, ...
-        query.push(
-            ", status = a.column2, cost_micro_usd = COALESCE(a.column3, cost_micro_usd), \
-             error_code = a.column4, error_detail = a.column5 FROM (",
-        );
-        query.push_values(advances, |mut row, (event, a)| {
-            row.push_bind(event.as_str())
-                .push_bind(a.status.as_str())
-                .push_bind(a.cost_micro_usd)
-                .push_bind(a.error_code)
-                .push_bind(a.error_detail);
-        });
-        query.push(") AS a WHERE messages.event_id = a.column1");
-        query.build().execute(self).await.map_err(map_err)?;
-        Ok(())
+        Direct::new(self).advance_messages(advances).await
     }
 
     async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "UPDATE receipts SET state = k.column2, event_id = k.column3 FROM (",
-        );
-        query.push_values(marks, |mut row, (key, state, event)| {
-            row.push_bind(*key)
-                .push_bind(*state)
-                .push_bind(event.as_str());
-        });
-        query.push(") AS k WHERE receipts.receipt_key = k.column1");
-        query.build().execute(self).await.map_err(map_err)?;
-        Ok(())
+        Direct::new(self).mark_receipts(marks).await
     }
 
     async fn pending_rows(
