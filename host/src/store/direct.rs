@@ -6,7 +6,7 @@
 //! `docs/benchmarks.md`). A [`Direct`] takes the connection's handle from that thread
 //! once (one hand-off) and runs any number of statements on it, prepared once, until a
 //! statement that is only written for sqlx needs the connection back. A set-based batch
-//! of claims or steps thus costs one hand-off instead of one per statement.
+//! of claims, steps or receipts thus costs one hand-off instead of one per statement.
 //!
 //! The statements written here are the hot ones of the delivery path; the others stay
 //! sqlx's. Each is written once: the sqlx connection runs a hot statement through a
