@@ -75,6 +75,15 @@ impl<'c> Direct<'c> {
         }
     }
 
+    /// `sql` prepared on the held handle (once per hold), taking the handle first if
+    /// this does not hold it yet.
+    pub(crate) async fn statement(
+        &mut self,
+        sql: &str,
+    ) -> Result<rusqlite::CachedStatement<'_>, StoreError> {
+        self.db().await?.prepare_cached(sql).map_err(map_err)
+    }
+
     /// The sqlx connection, giving the handle back to sqlx's thread first if this
     /// holds it.
     pub(crate) fn sqlx(&mut self) -> &mut SqliteConnection {

@@ -48,15 +48,14 @@ impl DeliverySql for Direct<'_> {
         &mut self,
         messages: &[&NewMessage],
     ) -> Result<Vec<String>, StoreError> {
-        let db = self.db().await?;
-        let mut insert = db
-            .prepare_cached(
+        let mut insert = self
+            .statement(
                 "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, \
                  category, priority, channel, status, test_mode, variables_keys, created_at, \
                  updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11) \
                  ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut inserted = Vec::new();
         for m in messages {
             let keys = serde_json::to_string(&m.variables_keys)
@@ -92,13 +91,12 @@ impl DeliverySql for Direct<'_> {
 
     async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
         let now = now_text();
-        let db = self.db().await?;
-        let mut select = db
-            .prepare_cached(
+        let mut select = self
+            .statement(
                 "SELECT event_id, status, attempts, lease_owner, \
                  COALESCE(lease_until > ?2, 0) FROM messages WHERE event_id = ?1",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut rows = Vec::with_capacity(events.len());
         for event in events {
             let row = select
@@ -124,12 +122,9 @@ impl DeliverySql for Direct<'_> {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let until = deadline(lease)?;
-        let db = self.db().await?;
-        let mut update = db
-            .prepare_cached(
-                "UPDATE messages SET lease_until = ?1, lease_owner = ?2 WHERE event_id = ?3",
-            )
-            .map_err(direct_err)?;
+        let mut update = self
+            .statement("UPDATE messages SET lease_until = ?1, lease_owner = ?2 WHERE event_id = ?3")
+            .await?;
         for (event, owner) in leases {
             update
                 .execute(params![until, owner, event])
@@ -139,15 +134,14 @@ impl DeliverySql for Direct<'_> {
     }
 
     async fn insert_queued_entries(&mut self, events: &[&str]) -> Result<(), StoreError> {
-        let db = self.db().await?;
-        let mut insert = db
-            .prepare_cached(
+        let mut insert = self
+            .statement(
                 "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
                  SELECT event_id, 'queued', created_at, NULL, json_object('channel', channel) \
                  FROM messages m WHERE event_id = ?1 AND NOT EXISTS \
                  (SELECT 1 FROM message_events e WHERE e.event_id = m.event_id)",
             )
-            .map_err(direct_err)?;
+            .await?;
         for event in events {
             insert.execute(params![event]).map_err(direct_err)?;
         }
@@ -159,10 +153,9 @@ impl DeliverySql for Direct<'_> {
         subscribers: &[SubscriberUpsert<'_>],
     ) -> Result<Vec<(String, String)>, StoreError> {
         let now = now_text();
-        let db = self.db().await?;
         // No row comes back for a key whose row is a tombstone.
-        let mut upsert = db
-            .prepare_cached(
+        let mut upsert = self
+            .statement(
                 "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, email, \
                  phone_masked, device_tokens, created_at, updated_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
@@ -173,7 +166,7 @@ impl DeliverySql for Direct<'_> {
                  WHERE subscribers.deleted_at IS NULL \
                  RETURNING workspace_id, subscriber_key",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut live = Vec::with_capacity(subscribers.len());
         for (workspace, key, id, contacts) in subscribers {
             let tokens = if contacts.device_tokens.is_empty() {
@@ -218,10 +211,9 @@ impl DeliverySql for Direct<'_> {
     }
 
     async fn message_provider(&mut self, event: &EventId) -> Result<Option<String>, StoreError> {
-        let db = self.db().await?;
-        let provider: Option<Option<String>> = db
-            .prepare_cached("SELECT provider FROM messages WHERE event_id = ?1")
-            .map_err(direct_err)?
+        let provider: Option<Option<String>> = self
+            .statement("SELECT provider FROM messages WHERE event_id = ?1")
+            .await?
             .query_row(params![event.as_str()], |r| r.get(0))
             .optional()
             .map_err(direct_err)?;
@@ -241,9 +233,8 @@ impl DeliverySql for Direct<'_> {
                 Some(deadline(*lease)?)
             });
         }
-        let db = self.db().await?;
-        let mut update = db
-            .prepare_cached(
+        let mut update = self
+            .statement(
                 "UPDATE messages SET updated_at = ?1, status = COALESCE(?2, status), \
                  attempts = COALESCE(?3, attempts), channel = COALESCE(?4, channel), \
                  provider = COALESCE(?5, provider), \
@@ -254,7 +245,7 @@ impl DeliverySql for Direct<'_> {
                  lease_until = ?10 \
                  WHERE event_id = ?11 AND lease_owner = ?12 RETURNING event_id",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut updated = Vec::with_capacity(updates.len());
         for ((event, owner, _, u), until) in updates.iter().zip(until) {
             let row = update
@@ -287,13 +278,12 @@ impl DeliverySql for Direct<'_> {
         starts: &[(&EventId, i32, &str, &str)],
     ) -> Result<(), StoreError> {
         let now = now_text();
-        let db = self.db().await?;
-        let mut insert = db
-            .prepare_cached(
+        let mut insert = self
+            .statement(
                 "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
                  started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )
-            .map_err(direct_err)?;
+            .await?;
         for (event, attempt_no, channel, provider) in starts {
             insert
                 .execute(params![
@@ -311,14 +301,13 @@ impl DeliverySql for Direct<'_> {
 
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
         let now = now_text();
-        let db = self.db().await?;
-        let mut update = db
-            .prepare_cached(
+        let mut update = self
+            .statement(
                 "UPDATE delivery_attempts SET finished_at = ?1, state = ?2, \
                  provider_message_id = ?3, cost_micro_usd = ?4, detail = ?5 \
                  WHERE event_id = ?6 AND attempt_no = ?7",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut finished = 0;
         for f in finishes {
             finished += update
@@ -348,8 +337,8 @@ impl DeliverySql for SqliteConnection {
         Direct::new(self).insert_messages_if_absent(messages).await
     }
 
-    async fn lock_subscribers(&mut self, _: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
-        Ok(())
+    async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
+        Direct::new(self).lock_subscribers(keys).await
     }
 
     async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {

@@ -141,14 +141,13 @@ impl TimelineSql for Direct<'_> {
         if entries.is_empty() {
             return Ok(());
         }
-        let db = self.db().await?;
         // In order: AUTOINCREMENT gives the rows increasing `seq`s.
-        let mut insert = db
-            .prepare_cached(
+        let mut insert = self
+            .statement(
                 "INSERT INTO message_events (event_id, status, occurred_at, provider, detail) \
                  VALUES (?1, ?2, ?3, ?4, ?5)",
             )
-            .map_err(direct_err)?;
+            .await?;
         for (event, entry) in entries {
             let detail = entry
                 .detail

@@ -55,16 +55,15 @@ async fn insert_delivery_rows(
 #[async_trait::async_trait]
 impl OutboundSql for Direct<'_> {
     async fn subscriptions(&mut self, events: &[&str]) -> Result<Vec<SubscriptionRow>, StoreError> {
-        let db = self.db().await?;
-        let mut select = db
-            .prepare_cached(
+        let mut select = self
+            .statement(
                 "SELECT m.event_id, m.event_name, m.subscriber_id, m.channel, m.provider, \
                  m.error_code, m.cost_micro_usd, m.test_mode, m.workspace_id, e.id, \
                  e.event_types \
                  FROM messages m JOIN webhook_endpoints e ON e.workspace_id = m.workspace_id \
                  WHERE e.disabled = 0 AND m.event_id = ?1 ORDER BY e.id",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut rows = Vec::new();
         for event in events {
             let found = select

@@ -45,13 +45,12 @@ impl ReceiptsSql for Direct<'_> {
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let db = self.db().await?;
-        let mut select = db
-            .prepare_cached(
+        let mut select = self
+            .statement(
                 "SELECT 1 FROM receipts WHERE state = 'pending' AND provider = ?1 \
                  AND provider_message_id = ?2 LIMIT 1",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut pending = Vec::new();
         for (provider, id) in keys {
             if select.exists([provider, id]).map_err(direct_err)? {
@@ -68,9 +67,8 @@ impl ReceiptsSql for Direct<'_> {
         receipts: &[&ReceiptWrite],
     ) -> Result<Vec<String>, StoreError> {
         let now = now_text();
-        let db = self.db().await?;
-        let mut insert = db
-            .prepare_cached(
+        let mut insert = self
+            .statement(
                 "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
                  status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
                  timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
@@ -78,7 +76,7 @@ impl ReceiptsSql for Direct<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
                  ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut stored = Vec::with_capacity(receipts.len());
         for r in receipts {
             let detail = r
@@ -119,14 +117,13 @@ impl ReceiptsSql for Direct<'_> {
         &mut self,
         receipts: &[&ReceiptWrite],
     ) -> Result<Vec<TargetRow>, StoreError> {
-        let db = self.db().await?;
-        let mut select = db
-            .prepare_cached(
+        let mut select = self
+            .statement(
                 "SELECT event_id, status FROM messages WHERE provider = ?1 \
                  AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
                  ORDER BY created_at DESC, event_id DESC LIMIT 1",
             )
-            .map_err(direct_err)?;
+            .await?;
         let mut targets = Vec::with_capacity(receipts.len());
         for (n, r) in receipts.iter().enumerate() {
             let target = select
@@ -160,14 +157,13 @@ impl ReceiptsSql for Direct<'_> {
         advances: &[(&EventId, Advance<'_>)],
     ) -> Result<(), StoreError> {
         let now = now_text();
-        let db = self.db().await?;
-        let mut update = db
-            .prepare_cached(
+        let mut update = self
+            .statement(
                 "UPDATE messages SET updated_at = ?1, status = ?2, \
                  cost_micro_usd = COALESCE(?3, cost_micro_usd), error_code = ?4, \
                  error_detail = ?5 WHERE event_id = ?6",
             )
-            .map_err(direct_err)?;
+            .await?;
         for (event, a) in advances {
             update
                 .execute(rusqlite::params![
@@ -184,10 +180,9 @@ impl ReceiptsSql for Direct<'_> {
     }
 
     async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError> {
-        let db = self.db().await?;
-        let mut update = db
-            .prepare_cached("UPDATE receipts SET state = ?1, event_id = ?2 WHERE receipt_key = ?3")
-            .map_err(direct_err)?;
+        let mut update = self
+            .statement("UPDATE receipts SET state = ?1, event_id = ?2 WHERE receipt_key = ?3")
+            .await?;
         for (key, state, event) in marks {
             update
                 .execute(rusqlite::params![state, event.as_str(), key])
@@ -225,9 +220,8 @@ impl ReceiptsSql for Direct<'_> {
 
 #[async_trait::async_trait]
 impl ReceiptsSql for SqliteConnection {
-    async fn lock_provider_messages(&mut self, _: &[(&str, &str)]) -> Result<(), StoreError> {
-        // The write lock, held since the transaction began, serialises them already.
-        Ok(())
+    async fn lock_provider_messages(&mut self, keys: &[(&str, &str)]) -> Result<(), StoreError> {
+        Direct::new(self).lock_provider_messages(keys).await
     }
 
     async fn pending_keys(
