@@ -43,6 +43,11 @@ pub struct SimConfig {
     /// Tries per callback: a 5xx answer or no answer is retried after 200 ms,
     /// doubling up to 5 s between tries, as providers retry their webhooks.
     pub callback_tries: u32,
+    /// Callbacks posted at once, over as many kept-alive connections; the others wait
+    /// their turn. A provider posts its webhooks through a bounded pool of senders, and
+    /// unbounded, a burst of deliveries opened a connection per callback (over 12,000
+    /// at once in `bench/delivery.sh`), each holding buffers on both ends.
+    pub callback_concurrency: u32,
     /// Webhook secret per provider slug, used to sign callbacks.
     pub secrets: BTreeMap<String, String>,
     /// Failure injection per provider slug.
@@ -66,6 +71,7 @@ impl Default for SimConfig {
             state_interval_ms: 100,
             timeout_ms: 60_000,
             callback_tries: 5,
+            callback_concurrency: 128,
             secrets: BTreeMap::new(),
             providers: BTreeMap::new(),
             builds: BTreeMap::new(),

@@ -189,6 +189,11 @@ async fn post(shared: &Shared, url: &str, slug: Slug, secret: &str, body: Bytes)
     let mut delay = FIRST_RETRY_DELAY;
     let tries = shared.config.callback_tries.max(1);
     for attempt in 1..=tries {
+        // A turn among the callbacks posted at once, for this try only (not while
+        // waiting to retry); taken before signing, so the timestamp is not stale.
+        let Ok(posting) = shared.posting.acquire().await else {
+            return false;
+        };
         // Signed afresh for each try, as a provider does.
         let signature = match super::signing::sign(slug.name(), secret, &body, now_secs()).await {
             Ok(headers) => headers,
@@ -224,6 +229,7 @@ async fn post(shared: &Shared, url: &str, slug: Slug, secret: &str, body: Bytes)
             }
             Err(e) => format!("gateway unreachable: {}", e.without_url()),
         };
+        drop(posting);
         if attempt == tries {
             tracing::warn!(
                 provider = slug.name(),

@@ -95,6 +95,12 @@ impl SimConfig {
                 self.callback_tries
             ));
         }
+        if !(1..=10_000).contains(&self.callback_concurrency) {
+            return Err(format!(
+                "sim.callback_concurrency must be 1 to 10000, not {}",
+                self.callback_concurrency
+            ));
+        }
         check_gateway_url(&self.gateway_url, "sim.gateway_url")?;
         let unknown = |table: &str, slug: &str| {
             format!(
@@ -344,6 +350,8 @@ struct Shared {
     /// `{gateway_url}/v1/webhooks/`.
     webhook_base: String,
     http: reqwest::Client,
+    /// One permit per callback being posted (`sim.callback_concurrency`).
+    posting: tokio::sync::Semaphore,
     counters: [Counters; SLUGS.len()],
     /// Set once the missing-secret warning was logged for the provider.
     warned_no_secret: [AtomicBool; SLUGS.len()],
@@ -412,10 +420,13 @@ impl Simulator {
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(10))
+            // No more idle connections than callbacks posted at once.
+            .pool_max_idle_per_host(config.callback_concurrency as usize)
             .build()?;
         let (stop, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             webhook_base: format!("{}/v1/webhooks/", gateway_url.trim_end_matches('/')),
+            posting: tokio::sync::Semaphore::new(config.callback_concurrency as usize),
             config,
             http,
             counters: Default::default(),

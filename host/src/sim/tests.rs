@@ -35,6 +35,11 @@ struct GatewayState {
     /// Answers for the next callbacks, in order; then 200.
     script: Mutex<VecDeque<u16>>,
     attempts: AtomicU64,
+    /// How long each callback is held before it is answered, ms.
+    hold_ms: AtomicU64,
+    /// Callbacks being answered now, and the most there ever were at once.
+    in_flight: AtomicU64,
+    most_in_flight: AtomicU64,
 }
 
 /// A tiny gateway: records callbacks and checks their signatures with the bundled
@@ -107,6 +112,10 @@ async fn receive(
     body: Bytes,
 ) -> StatusCode {
     state.attempts.fetch_add(1, Ordering::SeqCst);
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.most_in_flight.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(state.hold_ms.load(Ordering::SeqCst))).await;
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
     let scripted = state.script.lock().unwrap().pop_front();
     if let Some(status) = scripted.filter(|s| *s != 200) {
         return StatusCode::from_u16(status).unwrap();
@@ -842,6 +851,33 @@ async fn callbacks_are_retried_on_5xx_and_never_on_4xx() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_are_posted_a_bounded_number_at_once() {
+    let gateway = Gateway::start(secrets()).await;
+    gateway.state.hold_ms.store(50, Ordering::SeqCst);
+    let sim = start(
+        SimConfig {
+            callback_concurrency: 2,
+            ..fast_config()
+        },
+        &gateway,
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(provd_sms(&sim, &format!("ref-bounded-{i}")).await);
+    }
+    for id in &ids {
+        let got = gateway.wait_for(id, 1).await;
+        assert_eq!(got[0].verified, Some(Ok(())));
+    }
+    // Eight callbacks due within a few ms, each held 50 ms: at most two at a time
+    // (unbounded, all eight overlap), and every one posted.
+    let most = gateway.state.most_in_flight.load(Ordering::SeqCst);
+    assert!(most <= 2, "{most} callbacks were posted at once");
+    assert_eq!(gateway.state.attempts.load(Ordering::SeqCst), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_gateway_is_retried_then_given_up() {
     // A port nothing listens on.
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1024,6 +1060,13 @@ fn validate_names_the_setting() {
         e.starts_with("sim.callback_delay_ms must be at most 600000"),
         "{e}"
     );
+    for n in [0, 10_001] {
+        let e = with(&|c| c.callback_concurrency = n);
+        assert_eq!(
+            e,
+            format!("sim.callback_concurrency must be 1 to 10000, not {n}")
+        );
+    }
     let e = with(&|c| c.state_interval_ms = 3_600_000);
     assert!(e.starts_with("sim.state_interval_ms"), "{e}");
     let e = with(&|c| c.timeout_ms = u64::MAX);
