@@ -292,6 +292,7 @@ both!(
     a_bouncing_canary_is_rolled_back_and_a_good_one_promoted,
     the_spec_provider_names_reach_their_plugins_in_any_case,
     callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace,
+    callbacks_past_the_waiting_bound_are_refused_503,
 );
 
 async fn every_bundled_provider_closes_the_loop(b: Backends) {
@@ -762,6 +763,48 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
         429,
         "the source is refused"
     );
+    lp.cleanup().await;
+}
+
+/// Callbacks beyond the slots wait for a turn, holding their connections; past four
+/// waiting per slot, one is answered 503 at once and nothing is done.
+async fn callbacks_past_the_waiting_bound_are_refused_503(b: Backends) {
+    // Two callback slots (half of four instances), so eight may wait.
+    let lp = Loop::start_with(b, &[], |c| c.plugins.max_instances = 4, |_| {}).await;
+    let limit = &lp.state.webhooks.limit;
+    let held = vec![limit.turn().await.unwrap(), limit.turn().await.unwrap()];
+    let waiting = 2 * switchboard::webhooks::WAITING_PER_SLOT;
+    let bad = vec![("X-provC-Signature".to_string(), "00".repeat(32))];
+    let body = br#"{"message_id":"SM-busy","status":"DELIVERED"}"#;
+    let waiters = futures::future::join_all((0..waiting).map(|_| lp.post("provc", &bad, body)));
+    let refused = async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while limit.waiting() < waiting {
+            assert!(Instant::now() < deadline, "the callbacks never waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Answered at once, not after a turn (unbounded, it would wait for one).
+        let (s, e) = tokio::time::timeout(Duration::from_secs(10), lp.post("provc", &bad, body))
+            .await
+            .expect("refused at once");
+        // Every slot was still held: the waiters had not been answered.
+        drop(held);
+        (s, e)
+    };
+    let (answers, (s, e)) = tokio::join!(waiters, refused);
+    assert_eq!(
+        (s, e["error"].as_str(), e["status_code"].as_u64()),
+        (503, Some("SERVICE_UNAVAILABLE"), Some(503)),
+        "{e}"
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("retry later"),
+        "{e}"
+    );
+    // The waiters had their turn once the slots came back (their signatures are bad).
+    let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, vec![401; waiting]);
+    assert_eq!(limit.waiting(), 0);
     lp.cleanup().await;
 }
 

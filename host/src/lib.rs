@@ -287,7 +287,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         unsigned_voice_allowed: config.environment == config::Environment::Development,
         metrics: metrics.clone(),
         // Half the plugin instances at most, so deliveries always have the rest.
-        in_flight: tokio::sync::Semaphore::new((config.plugins.max_instances as usize / 2).max(1)),
+        limit: webhooks::Limit::new(config.plugins.max_instances as usize / 2),
         failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);

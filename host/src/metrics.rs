@@ -265,7 +265,7 @@ pub struct Metrics {
     /// took, waits included ([`StageLabels`]).
     pub stages: Family<StageLabels, Histogram>,
     /// `switchboard_webhooks_total{outcome}`: accepted, invalid_signature, replayed,
-    /// bad_request, unknown_provider, error.
+    /// bad_request, unknown_provider, error, busy.
     pub webhooks: Family<OutcomeLabels, Counter>,
     /// `switchboard_receipts_total{outcome}`: applied, ignored, duplicate, pending,
     /// retry, undecodable.

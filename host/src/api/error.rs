@@ -58,6 +58,10 @@ pub enum ApiError {
     /// 503 `SERVICE_UNAVAILABLE`: the database is unreachable; the cause is logged only.
     #[error("database unavailable: retry with backoff")]
     Unavailable(#[source] anyhow::Error),
+    /// 503 `SERVICE_UNAVAILABLE`: the process is handling all it can of this kind of
+    /// request; the message says so. Nothing was done: retry later.
+    #[error("{0}")]
+    Busy(String),
     /// 503 `NOT_READY`: readiness failed; the message names the backends that did not
     /// answer (their causes are logged only), or says the process is draining.
     #[error("{0}")]
@@ -137,7 +141,9 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT"),
             ApiError::NotAcceptable(_) => (StatusCode::NOT_ACCEPTABLE, "NOT_ACCEPTABLE"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_SERVER_ERROR"),
-            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
+            ApiError::Unavailable(_) | ApiError::Busy(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE")
+            }
             ApiError::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "NOT_READY"),
         }
     }

@@ -93,6 +93,7 @@ pub fn router(max_body_bytes: usize) -> Router<AppState> {
         (status = 413, description = "Body over `webhooks.max_body_bytes` (256 KiB)", body = super::error::ErrorBody),
         (status = 429, description = "Too many failed signatures from this address in the last minute", body = super::error::ErrorBody),
         (status = 500, description = "Encoding, store or broker failure: retry", body = super::error::ErrorBody),
+        (status = 503, description = "`SERVICE_UNAVAILABLE`: every callback slot is taken and four callbacks per slot already wait: retry later", body = super::error::ErrorBody),
     )
 )]
 pub async fn receive(
@@ -150,6 +151,7 @@ pub async fn receive(
             WebhookError::InvalidSignature(m) => ApiError::InvalidSignature(m),
             WebhookError::BadRequest(m) => ApiError::BadRequest(m),
             WebhookError::Internal(cause) => ApiError::Internal(cause),
+            WebhookError::Busy => ApiError::Busy(e.to_string()),
         })?;
     Ok(axum::Json(WebhookResponse {
         status: "ACCEPTED".into(),

@@ -36,6 +36,9 @@ use crate::store::Store;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
+mod limit;
+pub use limit::{Limit, WAITING_PER_SLOT};
+
 /// Why a callback was not accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
@@ -52,6 +55,10 @@ pub enum WebhookError {
     /// Store, plugin or broker failure (500); the provider should retry.
     #[error("{0}")]
     Internal(anyhow::Error),
+    /// Every turn taken and the most callbacks allowed already waiting (503); the
+    /// provider should retry.
+    #[error("too many callbacks are waiting to be verified: retry later")]
+    Busy,
 }
 
 /// An accepted callback.
@@ -84,9 +91,10 @@ pub struct Webhooks {
     pub unsigned_voice_allowed: bool,
     /// Counters.
     pub metrics: Arc<Metrics>,
-    /// Callbacks handled at once. Plugin instances are shared with the delivery
-    /// workers, so a flood of callbacks (signed or not) may use at most these.
-    pub in_flight: tokio::sync::Semaphore,
+    /// Callbacks handled at once, and waiting. Plugin instances are shared with the
+    /// delivery workers, so a flood of callbacks (signed or not) may use at most these;
+    /// past the waiting bound, callbacks are refused rather than kept open.
+    pub limit: Limit,
     /// Failed signature checks per source.
     pub failures: FailureLimit,
 }
@@ -160,14 +168,12 @@ impl Webhooks {
         // The path names the provider as its integration guide does (`provA`); it is
         // looked up, stored and reported lower-case.
         let canonical = crate::ids::canonical_slug(slug);
-        let result = match self.in_flight.acquire().await {
-            Ok(_permit) => {
+        let result = match self.limit.turn().await {
+            Ok(_turn) => {
                 self.receive_inner(&canonical, workspace, headers, body)
                     .await
             }
-            Err(_) => Err(WebhookError::Internal(anyhow::anyhow!(
-                "webhook limiter closed"
-            ))),
+            Err(limit::Busy) => Err(WebhookError::Busy),
         };
         let outcome = match &result {
             Ok(a) if a.replayed => "replayed",
@@ -176,6 +182,7 @@ impl Webhooks {
             Err(WebhookError::InvalidSignature(_)) => "invalid_signature",
             Err(WebhookError::BadRequest(_)) => "bad_request",
             Err(WebhookError::Internal(_)) => "error",
+            Err(WebhookError::Busy) => "busy",
         };
         Metrics::count(&self.metrics.webhooks, outcome, 1);
         result
