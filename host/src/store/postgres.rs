@@ -595,6 +595,17 @@ mod tests {
         assert_eq!(stored, kept);
     }
 
+    /// Urgent writes skip the bulk writes waiting (one lane, so the order is certain).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_urgent_writes_go_first() {
+        let db = TestDb::create().await;
+        crate::store::group::tests::urgent_writes_go_first(
+            db.store.pool().clone(),
+            Lanes { count: 1, ..LANES },
+        )
+        .await;
+    }
+
     /// Writes queued while a lane is busy share its next transaction; a commit that
     /// fails (here a deferred unique check) fails every write in it and keeps none.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
