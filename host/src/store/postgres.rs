@@ -13,9 +13,9 @@ use super::{Store, StoreError};
 use crate::model::Claim;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::tls::TlsFiles;
-use sqlx::Postgres;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{PgConnection, Postgres};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,11 +29,41 @@ const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
 
 /// Opens every group-commit batch: a write waiting longer than this on a row lock fails
 /// alone (its caller retries it) rather than hold up its batch. And every statement is
-/// planned for its own arguments: the set-based statements take arrays, and a generic
-/// plan made while a table was small (a new database) scans the whole table for ever
-/// after instead of looking the rows up by index. One simple query.
+/// planned for its own arguments: a generic plan made while a new database's tables
+/// were small (a plan is made once per connection) scanned them whole for ever after,
+/// and most writes of the lanes were never checked against that. The delivery path's
+/// batches, which were, run on plans made once ([`key_plans`]). One simple query.
 const LANE_BEGIN: &str =
     "BEGIN; SET LOCAL lock_timeout = '2s'; SET LOCAL plan_cache_mode = force_custom_plan";
+
+/// [`key_plans`] on: plans made once per connection and statement, which can only look
+/// rows up by key (no whole-table scans, no hash or merge joins), so a plan made while
+/// the tables were empty stays right as they grow.
+const KEY_PLANS_ON: &str = "SET LOCAL plan_cache_mode = force_generic_plan; \
+     SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; \
+     SET LOCAL enable_mergejoin = off";
+
+/// [`key_plans`] off: back to [`LANE_BEGIN`]'s settings for the rest of the batch.
+const KEY_PLANS_OFF: &str = "SET LOCAL plan_cache_mode = force_custom_plan; \
+     SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL enable_hashjoin TO DEFAULT; \
+     SET LOCAL enable_mergejoin TO DEFAULT";
+
+/// Runs the delivery path's batches (claims, steps, receipts) on plans made once per
+/// connection instead of planning every statement afresh, which took a quarter of the
+/// server's CPU in a delivery run (`docs/benchmarks.md`). Every statement they run
+/// looks rows up by a batch's keys; the joins over those keys start from the keys
+/// (`LATERAL` where the planner could otherwise start from the table), and a test
+/// checks their plans made on empty tables. `on` before the batch's statements, `off`
+/// after them, inside the batch's transaction: a batch that fails is rolled back (to
+/// its savepoint) with the settings.
+pub(crate) async fn key_plans(conn: &mut PgConnection, on: bool) -> Result<(), StoreError> {
+    let settings = if on { KEY_PLANS_ON } else { KEY_PLANS_OFF };
+    // A query without arguments: one simple query, its statements in one round trip.
+    sqlx::Executor::execute(conn, settings)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
 
 /// Lanes committing delivery writes in parallel: each holds one connection while it
 /// commits, so concurrent batches keep the server busy without taking the pool.
@@ -298,6 +328,67 @@ mod tests {
                 eprintln!("could not drop test database: {e}");
             }
         }
+    }
+
+    /// [`key_plans`] makes a plan once per connection, maybe while the tables are empty:
+    /// the joins over a batch's keys must still look each key up rather than read a
+    /// table or an index whole (the pending-receipt lookup once started from every
+    /// pending receipt instead).
+    #[tokio::test]
+    async fn key_plans_made_on_empty_tables_look_each_key_up() {
+        let db = TestDb::create().await;
+        let mut conn = db.store.pool().acquire().await.unwrap();
+        sqlx::raw_sql(LANE_BEGIN).execute(&mut *conn).await.unwrap();
+        key_plans(&mut conn, true).await.unwrap();
+        let joins = [
+            (
+                "pending_keys",
+                crate::store::receipts::postgres::PENDING_KEYS,
+            ),
+            (
+                "lock_subscribers",
+                crate::store::delivery::postgres::LOCK_SUBSCRIBERS,
+            ),
+        ];
+        for (name, sql) in joins {
+            sqlx::raw_sql(&format!("PREPARE {name} (text[], text[]) AS {sql}"))
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            let plan: Vec<String> =
+                sqlx::raw_sql(&format!("EXPLAIN EXECUTE {name} ('{{a}}', '{{b}}')"))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.get::<String, _>(0))
+                    .collect();
+            // Generic (the arguments are `$n`), and every index is searched by a key.
+            let conditions: Vec<&String> =
+                plan.iter().filter(|l| l.contains("Index Cond")).collect();
+            assert!(
+                !conditions.is_empty(),
+                "{name} reads no index:\n{}",
+                plan.join("\n")
+            );
+            assert!(
+                conditions.iter().all(|c| c.contains("k.")),
+                "{name} searches an index by something other than the batch's keys:\n{}",
+                plan.join("\n")
+            );
+            assert!(
+                !plan.iter().any(|l| l.contains("Seq Scan")),
+                "{name} scans a table:\n{}",
+                plan.join("\n")
+            );
+        }
+        key_plans(&mut conn, false).await.unwrap();
+        let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(mode, "force_custom_plan");
+        sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
     }
 
     /// 0008 gives a message with no timeline its `queued` entry, and leaves the others.

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 mod batch;
-mod postgres;
+pub(super) mod postgres;
 mod sqlite;
 
 pub(crate) use batch::{Batches, claims, steps};

@@ -8,21 +8,34 @@ use super::{
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{AttemptState, Claim, MessageStatus, MessageUpdate, NewMessage};
 use crate::store::StoreError;
-use crate::store::postgres::{encode_json, interval, map_err};
+use crate::store::postgres::{encode_json, interval, key_plans, map_err};
 use sqlx::PgConnection;
 use std::time::Duration;
+
+/// Locks the subscriber rows of a claim batch, `$1`, `$2` (workspace, subscriber key),
+/// in the sort's order, which is the order given.
+pub(crate) const LOCK_SUBSCRIBERS: &str = "SELECT 1 FROM subscribers s \
+     JOIN UNNEST($1::text[], $2::text[]) AS k(workspace_id, subscriber_key) \
+     ON s.workspace_id = k.workspace_id AND s.subscriber_key = k.subscriber_key \
+     ORDER BY s.workspace_id, s.subscriber_key FOR UPDATE OF s";
 
 #[async_trait::async_trait]
 impl DeliveryBatch for PgConnection {
     async fn claim_batch(&mut self, requests: &[ClaimRequest]) -> Result<Vec<Claim>, StoreError> {
-        claim_all(self, requests).await
+        key_plans(self, true).await?;
+        let claims = claim_all(self, requests).await?;
+        key_plans(self, false).await?;
+        Ok(claims)
     }
 
     async fn step_batch(
         &mut self,
         requests: &[StepRequest],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        record_steps_all(self, requests).await
+        key_plans(self, true).await?;
+        let steps = record_steps_all(self, requests).await?;
+        key_plans(self, false).await?;
+        Ok(steps)
     }
 }
 
@@ -101,18 +114,12 @@ impl DeliverySql for PgConnection {
     async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
         let workspaces: Vec<&str> = keys.iter().map(|(w, _)| w.as_str()).collect();
         let subscribers: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
-        // Locked in the sort's order, which is the order given.
-        sqlx::query(
-            "SELECT 1 FROM subscribers s \
-             JOIN UNNEST($1::text[], $2::text[]) AS k(workspace_id, subscriber_key) \
-             ON s.workspace_id = k.workspace_id AND s.subscriber_key = k.subscriber_key \
-             ORDER BY s.workspace_id, s.subscriber_key FOR UPDATE OF s",
-        )
-        .bind(workspaces)
-        .bind(subscribers)
-        .fetch_all(self)
-        .await
-        .map_err(map_err)?;
+        sqlx::query(LOCK_SUBSCRIBERS)
+            .bind(workspaces)
+            .bind(subscribers)
+            .fetch_all(self)
+            .await
+            .map_err(map_err)?;
         Ok(())
     }
 

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-mod postgres;
+pub(super) mod postgres;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod tests;

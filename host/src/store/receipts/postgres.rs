@@ -5,7 +5,7 @@ use super::{Advance, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::store::StoreError;
-use crate::store::postgres::{encode_json, interval, map_err};
+use crate::store::postgres::{encode_json, interval, key_plans, map_err};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use sqlx::postgres::types::PgInterval;
@@ -21,13 +21,25 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
      occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
      timeline_provider, timeline_detail::text AS timeline_detail";
 
+/// The (provider, provider message id) pairs among `$1`, `$2` that have a pending
+/// receipt. Each key is looked up in turn (LATERAL): a lane's plans are made once, maybe
+/// while the table is empty, and a join free to start from the receipts would then read
+/// every pending entry of the index on every run.
+pub(crate) const PENDING_KEYS: &str = "SELECT DISTINCT k.p, k.i \
+     FROM UNNEST($1::text[], $2::text[]) AS k(p, i) \
+     JOIN LATERAL (SELECT 1 FROM receipts r WHERE r.provider = k.p \
+     AND r.provider_message_id = k.i AND r.state = 'pending' LIMIT 1) AS r ON true";
+
 #[async_trait::async_trait]
 impl ReceiptBatch for PgConnection {
     async fn receipt_batch(
         &mut self,
         receipts: &[ReceiptWrite],
     ) -> Result<Vec<ReceiptOutcome>, StoreError> {
-        apply_all(self, receipts).await
+        key_plans(self, true).await?;
+        let outcomes = apply_all(self, receipts).await?;
+        key_plans(self, false).await?;
+        Ok(outcomes)
     }
 }
 
@@ -53,16 +65,12 @@ impl ReceiptsSql for PgConnection {
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<Vec<(String, String)>, StoreError> {
-        sqlx::query_as(
-            "SELECT DISTINCT r.provider, r.provider_message_id FROM receipts r \
-             JOIN UNNEST($1::text[], $2::text[]) AS k(p, i) \
-             ON r.provider = k.p AND r.provider_message_id = k.i WHERE r.state = 'pending'",
-        )
-        .bind(keys.iter().map(|(p, _)| *p).collect::<Vec<_>>())
-        .bind(keys.iter().map(|(_, i)| *i).collect::<Vec<_>>())
-        .fetch_all(self)
-        .await
-        .map_err(map_err)
+        sqlx::query_as(PENDING_KEYS)
+            .bind(keys.iter().map(|(p, _)| *p).collect::<Vec<_>>())
+            .bind(keys.iter().map(|(_, i)| *i).collect::<Vec<_>>())
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn insert_receipts(
