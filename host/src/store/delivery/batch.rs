@@ -117,6 +117,7 @@ where
                 owner: owner.to_string(),
                 lease,
                 step: step.clone(),
+                take: false,
             })
             .await
     }

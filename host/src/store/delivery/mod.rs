@@ -136,7 +136,8 @@ pub(crate) trait DeliverySql: ReceiptsSql {
     /// lease holder changes it).
     async fn message_provider(&mut self, event: &EventId) -> Result<Option<String>, StoreError>;
     /// Applies each update (and sets `updated_at`; extends the lease to now + its
-    /// lease, or drops it) whose owner holds the lease; returns the event ids updated.
+    /// lease, or drops it) whose owner holds the lease, or takes it (`take`); returns
+    /// the event ids updated.
     async fn update_leased(
         &mut self,
         updates: &[LeasedUpdate<'_>],
@@ -168,8 +169,10 @@ pub(crate) trait DeliveryBatch: Send {
 /// the contacts the event carried.
 pub(crate) type SubscriberUpsert<'a> = (&'a WorkspaceId, &'a str, &'a str, &'a SubscriberContacts);
 
-/// One lease-checked message update: `(event, owner, lease, update)`.
-pub(crate) type LeasedUpdate<'a> = (&'a EventId, &'a str, Duration, &'a MessageUpdate);
+/// One lease-checked message update: `(event, owner, lease, update, take)`. With
+/// `take`, the update takes the lease for `owner` instead of checking it (a claim's
+/// first step, under the row lock its claim holds).
+pub(crate) type LeasedUpdate<'a> = (&'a EventId, &'a str, Duration, &'a MessageUpdate, bool);
 
 /// An attempt's outcome as a step records it (an [`AttemptWrite::Finish`]).
 pub(crate) struct AttemptFinish<'a> {
@@ -188,6 +191,8 @@ pub(crate) struct StepRequest {
     owner: String,
     lease: Duration,
     step: Step,
+    /// Takes the lease rather than checking it (see [`LeasedUpdate`]).
+    take: bool,
 }
 
 /// One claim as [`Delivery::claim_message`] takes it.
@@ -273,18 +278,6 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
         let taken = !busy(row.lease_owner.as_deref(), row.leased, &request.owner);
         claimed.push(taken.then_some(row));
     }
-    let mut by_lease: BTreeMap<Duration, Vec<(&str, &str)>> = BTreeMap::new();
-    for (request, row) in requests.iter().zip(&claimed) {
-        if row.is_some() {
-            by_lease
-                .entry(request.lease)
-                .or_default()
-                .push((request.message.event_id.as_str(), request.owner.as_str()));
-        }
-    }
-    for (lease, leases) in &by_lease {
-        conn.take_leases(leases, *lease).await?;
-    }
     // Under the row locks: every timeline writer locks the message row first.
     let new: Vec<&str> = events
         .iter()
@@ -369,9 +362,25 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
                     owner: request.owner.clone(),
                     lease: request.lease,
                     step: step.clone(),
+                    take: true,
                 },
             ));
         }
+    }
+    // The others take their leases here; a first step takes its message's lease in the
+    // same update that records it (one row version instead of two).
+    let mut by_lease: BTreeMap<Duration, Vec<(&str, &str)>> = BTreeMap::new();
+    let stepped: HashSet<usize> = firsts.iter().map(|(i, _)| *i).collect();
+    for (i, (request, claim)) in requests.iter().zip(&claims).enumerate() {
+        if matches!(claim, Claim::Claimed(_)) && !stepped.contains(&i) {
+            by_lease
+                .entry(request.lease)
+                .or_default()
+                .push((request.message.event_id.as_str(), request.owner.as_str()));
+        }
+    }
+    for (lease, leases) in &by_lease {
+        conn.take_leases(leases, *lease).await?;
     }
     if !firsts.is_empty() {
         let (at, steps): (Vec<usize>, Vec<StepRequest>) = firsts.into_iter().unzip();
@@ -431,7 +440,7 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
     // In event id order, the order claims lock the rows in.
     let mut updates: Vec<LeasedUpdate<'_>> = requests
         .iter()
-        .map(|r| (&r.event, r.owner.as_str(), r.lease, &r.step.message))
+        .map(|r| (&r.event, r.owner.as_str(), r.lease, &r.step.message, r.take))
         .collect();
     updates.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let updated: HashSet<String> = conn.update_leased(&updates).await?.into_iter().collect();

@@ -19,6 +19,21 @@ pub(crate) const LOCK_SUBSCRIBERS: &str = "SELECT 1 FROM subscribers s \
      ON s.workspace_id = k.workspace_id AND s.subscriber_key = k.subscriber_key \
      ORDER BY s.workspace_id, s.subscriber_key FOR UPDATE OF s";
 
+/// Inserts the messages `$1`… (columns as arrays, not a VALUES list: one statement
+/// text whatever the batch's size, so it stays prepared) whose rows do not exist yet.
+/// Ingestion has usually written them: the look for each row (`NOT EXISTS`) is what
+/// skips them cheaply, before the insert reads a row's columns or tries its unique
+/// index; `ON CONFLICT` is for a row another transaction is writing meanwhile.
+pub(crate) const INSERT_MESSAGES_IF_ABSENT: &str = "INSERT INTO messages (event_id, \
+     workspace_id, event_name, subscriber_id, category, priority, channel, status, test_mode, \
+     variables_keys, created_at, updated_at) \
+     SELECT e, w, n, s, c, p, ch, st, t, vk::jsonb, at, at FROM UNNEST($1::text[], \
+     $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::text[], \
+     $8::text[], $9::bool[], $10::text[], $11::timestamptz[]) \
+     AS k(e, w, n, s, c, p, ch, st, t, vk, at) \
+     WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.event_id = k.e) \
+     ON CONFLICT (event_id) DO NOTHING RETURNING event_id";
+
 #[async_trait::async_trait]
 impl DeliveryBatch for PgConnection {
     async fn claim_batch(&mut self, requests: &[ClaimRequest]) -> Result<Vec<Claim>, StoreError> {
@@ -49,66 +64,56 @@ impl DeliverySql for PgConnection {
         for m in messages {
             keys.push(encode_json(&m.variables_keys)?);
         }
-        // Arrays, not a VALUES list: one statement text whatever the batch's size, so
-        // it stays prepared.
-        sqlx::query_scalar(
-            "INSERT INTO messages (event_id, workspace_id, event_name, subscriber_id, category, \
-             priority, channel, status, test_mode, variables_keys, created_at, updated_at) \
-             SELECT e, w, n, s, c, p, ch, st, t, k::jsonb, at, at FROM UNNEST($1::text[], \
-             $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::text[], \
-             $8::text[], $9::bool[], $10::text[], $11::timestamptz[]) \
-             AS m(e, w, n, s, c, p, ch, st, t, k, at) \
-             ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.event_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.workspace.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.event_name.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.subscriber_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.category.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(messages.iter().map(|m| m.priority).collect::<Vec<_>>())
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.channel.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            messages
-                .iter()
-                .map(|m| m.status.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(messages.iter().map(|m| m.test_mode).collect::<Vec<_>>())
-        .bind(keys)
-        .bind(messages.iter().map(|m| m.created_at).collect::<Vec<_>>())
-        .fetch_all(self)
-        .await
-        .map_err(map_err)
+        sqlx::query_scalar(INSERT_MESSAGES_IF_ABSENT)
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.event_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.workspace.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.event_name.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.subscriber_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.category.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(messages.iter().map(|m| m.priority).collect::<Vec<_>>())
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.channel.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                messages
+                    .iter()
+                    .map(|m| m.status.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(messages.iter().map(|m| m.test_mode).collect::<Vec<_>>())
+            .bind(keys)
+            .bind(messages.iter().map(|m| m.created_at).collect::<Vec<_>>())
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
@@ -261,10 +266,10 @@ impl DeliverySql for PgConnection {
     ) -> Result<Vec<String>, StoreError> {
         let lease_micros: Vec<i64> = updates
             .iter()
-            .map(|(_, _, lease, _)| interval(*lease).microseconds)
+            .map(|(_, _, lease, ..)| interval(*lease).microseconds)
             .collect();
         let column = |f: fn(&MessageUpdate) -> Option<&str>| -> Vec<Option<&str>> {
-            updates.iter().map(|(_, _, _, u)| f(u)).collect()
+            updates.iter().map(|(_, _, _, u, _)| f(u)).collect()
         };
         sqlx::query_scalar(
             "UPDATE messages m SET status = COALESCE(u.status, m.status), \
@@ -274,27 +279,40 @@ impl DeliverySql for PgConnection {
              cost_micro_usd = m.cost_micro_usd + u.cost, \
              error_code = COALESCE(u.error_code, m.error_code), \
              error_detail = COALESCE(u.error_detail, m.error_detail), updated_at = now(), \
-             lease_owner = CASE WHEN u.release THEN NULL ELSE m.lease_owner END, \
+             lease_owner = CASE WHEN u.release THEN NULL ELSE u.owner END, \
              lease_until = CASE WHEN u.release THEN NULL \
              ELSE now() + u.lease_micros * interval '1 microsecond' END \
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
-             $7::text[], $8::int8[], $9::text[], $10::text[], $11::bool[], $12::int8[]) \
+             $7::text[], $8::int8[], $9::text[], $10::text[], $11::bool[], $12::int8[], \
+             $13::bool[]) \
              AS u(event_id, owner, status, attempts, channel, provider, provider_message_id, \
-             cost, error_code, error_detail, release, lease_micros) \
-             WHERE m.event_id = u.event_id AND m.lease_owner = u.owner RETURNING m.event_id",
+             cost, error_code, error_detail, release, lease_micros, take) \
+             WHERE m.event_id = u.event_id AND (u.take OR m.lease_owner = u.owner) \
+             RETURNING m.event_id",
         )
         .bind(updates.iter().map(|(e, ..)| e.as_str()).collect::<Vec<_>>())
         .bind(updates.iter().map(|(_, o, ..)| *o).collect::<Vec<_>>())
         .bind(column(|u| u.status.map(MessageStatus::as_str)))
-        .bind(updates.iter().map(|(.., u)| u.attempts).collect::<Vec<_>>())
+        .bind(updates.iter().map(|(.., u, _)| u.attempts).collect::<Vec<_>>())
         .bind(column(|u| u.channel.as_deref()))
         .bind(column(|u| u.provider.as_deref()))
         .bind(column(|u| u.provider_message_id.as_deref()))
-        .bind(updates.iter().map(|(.., u)| u.cost_add_micro_usd).collect::<Vec<_>>())
+        .bind(
+            updates
+                .iter()
+                .map(|(.., u, _)| u.cost_add_micro_usd)
+                .collect::<Vec<_>>(),
+        )
         .bind(column(|u| u.error_code.as_deref()))
         .bind(column(|u| u.error_detail.as_deref()))
-        .bind(updates.iter().map(|(.., u)| u.release_lease).collect::<Vec<_>>())
+        .bind(
+            updates
+                .iter()
+                .map(|(.., u, _)| u.release_lease)
+                .collect::<Vec<_>>(),
+        )
         .bind(lease_micros)
+        .bind(updates.iter().map(|(.., take)| *take).collect::<Vec<_>>())
         .fetch_all(self)
         .await
         .map_err(map_err)

@@ -226,7 +226,7 @@ impl DeliverySql for Direct<'_> {
     ) -> Result<Vec<String>, StoreError> {
         let now = now_text();
         let mut until = Vec::with_capacity(updates.len());
-        for (_, _, lease, update) in updates {
+        for (_, _, lease, update, _) in updates {
             until.push(if update.release_lease {
                 None
             } else {
@@ -241,13 +241,13 @@ impl DeliverySql for Direct<'_> {
                  provider_message_id = COALESCE(?6, provider_message_id), \
                  cost_micro_usd = cost_micro_usd + ?7, error_code = COALESCE(?8, error_code), \
                  error_detail = COALESCE(?9, error_detail), \
-                 lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE lease_owner END, \
+                 lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE ?12 END, \
                  lease_until = ?10 \
-                 WHERE event_id = ?11 AND lease_owner = ?12 RETURNING event_id",
+                 WHERE event_id = ?11 AND (?13 OR lease_owner = ?12) RETURNING event_id",
             )
             .await?;
         let mut updated = Vec::with_capacity(updates.len());
-        for ((event, owner, _, u), until) in updates.iter().zip(until) {
+        for ((event, owner, _, u, take), until) in updates.iter().zip(until) {
             let row = update
                 .query_row(
                     params![
@@ -263,6 +263,7 @@ impl DeliverySql for Direct<'_> {
                         until,
                         event.as_str(),
                         owner,
+                        take,
                     ],
                     |r| r.get(0),
                 )

@@ -79,29 +79,46 @@ async fn key_plans_made_on_empty_tables_look_each_key_up() {
     let mut conn = db.store.pool().acquire().await.unwrap();
     sqlx::raw_sql(LANE_BEGIN).execute(&mut *conn).await.unwrap();
     key_plans(&mut conn, true).await.unwrap();
+    let two = ("text[], text[]", "'{a}', '{b}'");
     let joins = [
         (
             "pending_keys",
             crate::store::receipts::postgres::PENDING_KEYS,
+            two,
         ),
         (
             "lock_subscribers",
             crate::store::delivery::postgres::LOCK_SUBSCRIBERS,
+            two,
+        ),
+        (
+            "receipt_targets",
+            crate::store::receipts::postgres::RECEIPT_TARGETS,
+            ("text[], text[], text[]", "'{a}', '{b}', '{NULL}'"),
+        ),
+        (
+            "insert_messages_if_absent",
+            crate::store::delivery::postgres::INSERT_MESSAGES_IF_ABSENT,
+            (
+                "text[], text[], text[], text[], text[], int4[], text[], text[], bool[], \
+                 text[], timestamptz[]",
+                "'{a}', '{w}', '{n}', '{s}', '{NULL}', '{1}', '{sms}', '{QUEUED}', '{f}', \
+                 '{\"[]\"}', '{2026-01-01}'",
+            ),
         ),
     ];
-    for (name, sql) in joins {
-        sqlx::raw_sql(&format!("PREPARE {name} (text[], text[]) AS {sql}"))
+    for (name, sql, (types, args)) in joins {
+        sqlx::raw_sql(&format!("PREPARE {name} ({types}) AS {sql}"))
             .execute(&mut *conn)
             .await
             .unwrap();
-        let plan: Vec<String> =
-            sqlx::raw_sql(&format!("EXPLAIN EXECUTE {name} ('{{a}}', '{{b}}')"))
-                .fetch_all(&mut *conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|row| row.get::<String, _>(0))
-                .collect();
+        let plan: Vec<String> = sqlx::raw_sql(&format!("EXPLAIN EXECUTE {name} ({args})"))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<String, _>(0))
+            .collect();
         // Generic (the arguments are `$n`), and every index is searched by a key.
         let conditions: Vec<&String> = plan.iter().filter(|l| l.contains("Index Cond")).collect();
         assert!(
@@ -592,6 +609,83 @@ async fn group_commit_lock_wait_fails_alone() {
         .await
         .unwrap();
     assert_eq!(keys, [1, 2, 3]);
+}
+
+/// A receipt is stored once, in its final state, after its message moved. A key that
+/// a receipt of another provider id stored meanwhile (the locks do not keep the two
+/// apart; it takes a digest collision or a plugin that changed how it reads a body)
+/// fails the write, which leaves the message as it was; tried again, the receipt is a
+/// duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_key_stored_meanwhile_is_a_duplicate() {
+    use crate::model::MessageStatus;
+    use crate::receipts::ReceiptOutcome;
+    use crate::store::receipts::tests::{receipt, sent};
+    let db = TestDb::create().await;
+    let store: Arc<dyn Store> = Arc::new(db.store.clone());
+    let ws = store.ensure_workspace("receipt-keys", None).await.unwrap();
+    let m = sent(&*store, &ws.id, 1, "provc", "SM-K").await;
+    // Another session stores the key, for another provider's message, and holds it.
+    let mut holder = db.store.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO receipts (receipt_key, provider, provider_message_id, status, state, \
+         occurred_at, timeline_status, timeline_occurred_at, received_at) \
+         VALUES ('dlr_k.0', 'provd', 'OTHER', 'DELIVERED', 'pending', now(), 'delivered', \
+         now(), now())",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let apply = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let r = receipt(
+                "dlr_k.0",
+                "provc",
+                "SM-K",
+                None,
+                MessageStatus::Delivered,
+                None,
+            );
+            store.apply_receipt(&r).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !apply.is_finished(),
+        "the receipt waits for the other key's commit"
+    );
+    holder.commit().await.unwrap();
+    let failed = apply.await.unwrap().expect_err("the write fails whole");
+    assert!(matches!(failed, StoreError::Conflict(_)), "{failed:?}");
+    let record = crate::store::tests::get(&*store, &ws.id, &m.event_id).await;
+    assert_eq!(
+        record.status,
+        MessageStatus::Sent,
+        "the message did not move"
+    );
+    let again = receipt(
+        "dlr_k.0",
+        "provc",
+        "SM-K",
+        None,
+        MessageStatus::Delivered,
+        None,
+    );
+    let outcome = store.apply_receipt(&again).await.expect("apply_receipt");
+    assert_eq!(outcome, ReceiptOutcome::Duplicate);
+    let record = crate::store::tests::get(&*store, &ws.id, &m.event_id).await;
+    assert_eq!(
+        record.status,
+        MessageStatus::Sent,
+        "the message did not move"
+    );
+    let stored: Vec<(String, String)> =
+        sqlx::query_as("SELECT provider, state FROM receipts WHERE receipt_key = 'dlr_k.0'")
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, [("provd".to_string(), "pending".to_string())]);
 }
 
 #[tokio::test]

@@ -99,6 +99,10 @@ pub(crate) struct TargetRow {
     status: String,
 }
 
+/// A receipt to store: the receipt, its state (`pending`, `applied` or `ignored`) and
+/// the message it was matched to (none while pending).
+pub(crate) type NewReceipt<'a> = (&'a ReceiptWrite, &'a str, Option<&'a EventId>);
+
 /// What a message takes from the receipts applied to it: the last one's status and
 /// error, and the last cost given (none: the cost stays).
 #[derive(Clone)]
@@ -126,11 +130,13 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<Vec<(String, String)>, StoreError>;
-    /// Stores the receipts as pending, except those whose key is stored already;
-    /// returns the keys stored.
+    /// Which of `keys` are stored receipt keys.
+    async fn stored_receipts(&mut self, keys: &[&str]) -> Result<Vec<String>, StoreError>;
+    /// Stores the receipts, each in its state (with its message, unless pending),
+    /// except those whose key is stored already; returns the keys stored.
     async fn insert_receipts(
         &mut self,
-        receipts: &[&ReceiptWrite],
+        receipts: &[NewReceipt<'_>],
     ) -> Result<Vec<String>, StoreError>;
     /// For each receipt, the newest message of its provider with its provider message
     /// id (of its workspace, when given), locked; receipts without one have no row.
@@ -222,14 +228,13 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
     locks.sort_unstable();
     locks.dedup();
     conn.lock_provider_messages(&locks).await?;
-    // A concurrent writer of the same key makes this wait for its commit; then the
-    // receipt is a duplicate.
-    let all: Vec<&ReceiptWrite> = receipts.iter().collect();
-    let stored: HashSet<String> = conn.insert_receipts(&all).await?.into_iter().collect();
-    let fresh: Vec<&ReceiptWrite> = all
+    // Under the locks, a concurrent writer of the same receipt (it has the same
+    // provider id) has committed by now: its key is found here.
+    let keys: Vec<&str> = receipts.iter().map(|r| r.receipt_key.as_str()).collect();
+    let known: HashSet<String> = conn.stored_receipts(&keys).await?.into_iter().collect();
+    let fresh: Vec<&ReceiptWrite> = receipts
         .iter()
-        .copied()
-        .filter(|r| stored.contains(&r.receipt_key))
+        .filter(|r| !known.contains(&r.receipt_key))
         .collect();
     let mut targets: Vec<Option<(EventId, MessageStatus)>> = vec![None; fresh.len()];
     if !fresh.is_empty() {
@@ -247,11 +252,12 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
     let mut outcome: HashMap<&str, ReceiptOutcome> = HashMap::new();
     let mut advanced: Vec<(EventId, Advance<'_>)> = Vec::new();
     let mut entries: Vec<(EventId, &NewTimelineEntry)> = Vec::new();
-    let mut marks: Vec<(&str, &str, EventId)> = Vec::new();
+    let mut stored: Vec<(&ReceiptWrite, &str, Option<EventId>)> = Vec::with_capacity(fresh.len());
     let mut changes: Vec<(EventId, MessageStatus)> = Vec::new();
     for (receipt, target) in fresh.iter().zip(targets) {
         let Some((event, found)) = target else {
             outcome.insert(&receipt.receipt_key, ReceiptOutcome::Pending);
+            stored.push((receipt, "pending", None));
             continue;
         };
         let status = current.entry(event.clone()).or_insert(found);
@@ -275,7 +281,7 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
         } else {
             ("ignored", ReceiptOutcome::Ignored(event.clone()))
         };
-        marks.push((&receipt.receipt_key, state, event));
+        stored.push((receipt, state, Some(event)));
         outcome.insert(&receipt.receipt_key, result);
     }
     if !advanced.is_empty() {
@@ -289,9 +295,22 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
             changes.iter().map(|(e, s)| (e, *s)).collect();
         super::outbound::emit(conn, &changes).await?;
     }
-    if !marks.is_empty() {
-        let rows: Vec<(&str, &str, &EventId)> = marks.iter().map(|(k, s, e)| (*k, *s, e)).collect();
-        conn.mark_receipts(&rows).await?;
+    if !stored.is_empty() {
+        // Stored once, in their final state: marking them afterwards rewrote every row
+        // and its index entries. A key stored since the look above came with another
+        // provider id (the locks did not cover it): the whole write fails and nothing
+        // of it stays; tried again (a batch's receipts one by one, a consumer's after
+        // its backoff), the key is found and the receipt is a duplicate.
+        let rows: Vec<NewReceipt<'_>> = stored
+            .iter()
+            .map(|(receipt, state, event)| (*receipt, *state, event.as_ref()))
+            .collect();
+        let written = conn.insert_receipts(&rows).await?;
+        if written.len() != rows.len() {
+            return Err(StoreError::Conflict(
+                "a receipt key was stored concurrently".into(),
+            ));
+        }
     }
     Ok(receipts
         .iter()

@@ -1,7 +1,7 @@
 //! [`ReceiptsSql`] on PostgreSQL: row locks (`FOR UPDATE`) and an advisory lock per
 //! provider message id keep concurrent receipts and steps apart.
 
-use super::{Advance, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
+use super::{Advance, NewReceipt, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::store::StoreError;
@@ -29,6 +29,14 @@ pub(crate) const PENDING_KEYS: &str = "SELECT DISTINCT k.p, k.i \
      FROM UNNEST($1::text[], $2::text[]) AS k(p, i) \
      JOIN LATERAL (SELECT 1 FROM receipts r WHERE r.provider = k.p \
      AND r.provider_message_id = k.i AND r.state = 'pending' LIMIT 1) AS r ON true";
+
+/// For each receipt (provider `$1`, provider message id `$2`, workspace `$3` or
+/// none), the newest message with that id, locked.
+pub(crate) const RECEIPT_TARGETS: &str = "SELECT k.ord, t.event_id, t.status \
+     FROM UNNEST($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(p, i, w, ord) \
+     JOIN LATERAL (SELECT event_id, status FROM messages WHERE provider = k.p \
+     AND provider_message_id = k.i AND (k.w IS NULL OR workspace_id = k.w) \
+     ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE) AS t ON true";
 
 #[async_trait::async_trait]
 impl ReceiptBatch for PgConnection {
@@ -73,94 +81,77 @@ impl ReceiptsSql for PgConnection {
             .map_err(map_err)
     }
 
+    async fn stored_receipts(&mut self, keys: &[&str]) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar("SELECT receipt_key FROM receipts WHERE receipt_key = ANY($1)")
+            .bind(keys)
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
+    }
+
     async fn insert_receipts(
         &mut self,
-        receipts: &[&ReceiptWrite],
+        receipts: &[NewReceipt<'_>],
     ) -> Result<Vec<String>, StoreError> {
         let mut details = Vec::with_capacity(receipts.len());
-        for r in receipts {
+        for (r, ..) in receipts {
             details.push(r.timeline.detail.as_ref().map(encode_json).transpose()?);
         }
+        let column = |f: for<'r> fn(&'r ReceiptWrite) -> Option<&'r str>| -> Vec<Option<&str>> {
+            receipts.iter().map(|(r, ..)| f(r)).collect()
+        };
         // `clock_timestamp()`, not the transaction's `now()`: receipts stored in one
         // batch keep their arrival order, which pending receipts are applied in.
         sqlx::query_scalar(
             "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
-             status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+             status, state, event_id, occurred_at, cost_micro_usd, error_code, error_detail, \
              timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
-             received_at) SELECT k, p, i, w, s, 'pending', o, c, ec, ed, ts, tat, tp, td::jsonb, \
-             clock_timestamp() FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-             $6::timestamptz[], $7::int8[], $8::text[], $9::text[], $10::text[], \
-             $11::timestamptz[], $12::text[], $13::text[]) WITH ORDINALITY \
-             AS r(k, p, i, w, s, o, c, ec, ed, ts, tat, tp, td, ord) ORDER BY ord \
-             ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
+             received_at) SELECT k, p, i, w, s, st, e, o, c, ec, ed, ts, tat, tp, td::jsonb, \
+             clock_timestamp() FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+             $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::int8[], $10::text[], \
+             $11::text[], $12::text[], $13::timestamptz[], $14::text[], $15::text[]) \
+             WITH ORDINALITY AS r(k, p, i, w, s, st, e, o, c, ec, ed, ts, tat, tp, td, ord) \
+             ORDER BY ord ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
         )
+        .bind(column(|r| Some(r.receipt_key.as_str())))
+        .bind(column(|r| Some(r.provider.as_str())))
+        .bind(column(|r| Some(r.provider_message_id.as_str())))
+        .bind(column(|r| r.workspace.as_ref().map(WorkspaceId::as_str)))
+        .bind(column(|r| Some(r.status.as_str())))
         .bind(
             receipts
                 .iter()
-                .map(|r| r.receipt_key.as_str())
+                .map(|(_, state, _)| *state)
                 .collect::<Vec<_>>(),
         )
         .bind(
             receipts
                 .iter()
-                .map(|r| r.provider.as_str())
+                .map(|(.., event)| event.map(EventId::as_str))
                 .collect::<Vec<_>>(),
         )
         .bind(
             receipts
                 .iter()
-                .map(|r| r.provider_message_id.as_str())
+                .map(|(r, ..)| r.occurred_at)
                 .collect::<Vec<_>>(),
         )
         .bind(
             receipts
                 .iter()
-                .map(|r| r.workspace.as_ref().map(WorkspaceId::as_str))
+                .map(|(r, ..)| r.cost_micro_usd)
                 .collect::<Vec<_>>(),
         )
+        .bind(column(|r| r.error_code.as_deref()))
+        .bind(column(|r| r.error_detail.as_deref()))
+        .bind(column(|r| Some(r.timeline.status.as_str())))
         .bind(
             receipts
                 .iter()
-                .map(|r| r.status.as_str())
+                .map(|(r, ..)| r.timeline.occurred_at)
                 .collect::<Vec<_>>(),
         )
-        .bind(receipts.iter().map(|r| r.occurred_at).collect::<Vec<_>>())
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.cost_micro_usd)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.error_code.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.error_detail.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.timeline.status.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.timeline.occurred_at)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.timeline.provider.as_deref())
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(|r| r.timeline.provider.as_deref()))
         .bind(details)
         .fetch_all(self)
         .await
@@ -171,34 +162,28 @@ impl ReceiptsSql for PgConnection {
         &mut self,
         receipts: &[&ReceiptWrite],
     ) -> Result<Vec<TargetRow>, StoreError> {
-        sqlx::query_as(
-            "SELECT k.ord, t.event_id, t.status \
-             FROM UNNEST($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(p, i, w, ord) \
-             JOIN LATERAL (SELECT event_id, status FROM messages WHERE provider = k.p \
-             AND provider_message_id = k.i AND (k.w IS NULL OR workspace_id = k.w) \
-             ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE) AS t ON true",
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.provider.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.provider_message_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            receipts
-                .iter()
-                .map(|r| r.workspace.as_ref().map(WorkspaceId::as_str))
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(self)
-        .await
-        .map_err(map_err)
+        sqlx::query_as(RECEIPT_TARGETS)
+            .bind(
+                receipts
+                    .iter()
+                    .map(|r| r.provider.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                receipts
+                    .iter()
+                    .map(|r| r.provider_message_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                receipts
+                    .iter()
+                    .map(|r| r.workspace.as_ref().map(WorkspaceId::as_str))
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(self)
+            .await
+            .map_err(map_err)
     }
 
     async fn message_status(&mut self, event: &EventId) -> Result<String, StoreError> {

@@ -2,7 +2,7 @@
 //! its start (the group commit begins `IMMEDIATE`), so receipts and the steps that
 //! record provider ids run one at a time and nothing needs a row lock.
 
-use super::{Advance, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
+use super::{Advance, NewReceipt, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::store::direct::{Direct, map_err as direct_err};
@@ -62,23 +62,36 @@ impl ReceiptsSql for Direct<'_> {
         Ok(pending)
     }
 
+    async fn stored_receipts(&mut self, keys: &[&str]) -> Result<Vec<String>, StoreError> {
+        let mut select = self
+            .statement("SELECT 1 FROM receipts WHERE receipt_key = ?1")
+            .await?;
+        let mut stored = Vec::new();
+        for key in keys {
+            if select.exists([key]).map_err(direct_err)? {
+                stored.push(key.to_string());
+            }
+        }
+        Ok(stored)
+    }
+
     async fn insert_receipts(
         &mut self,
-        receipts: &[&ReceiptWrite],
+        receipts: &[NewReceipt<'_>],
     ) -> Result<Vec<String>, StoreError> {
         let now = now_text();
         let mut insert = self
             .statement(
                 "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
-                 status, state, occurred_at, cost_micro_usd, error_code, error_detail, \
+                 status, state, event_id, occurred_at, cost_micro_usd, error_code, error_detail, \
                  timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
                  received_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
                  ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
             )
             .await?;
         let mut stored = Vec::with_capacity(receipts.len());
-        for r in receipts {
+        for (r, state, event) in receipts {
             let detail = r
                 .timeline
                 .detail
@@ -94,6 +107,8 @@ impl ReceiptsSql for Direct<'_> {
                         r.provider_message_id,
                         r.workspace.as_ref().map(WorkspaceId::as_str),
                         r.status.as_str(),
+                        state,
+                        event.map(EventId::as_str),
                         encode_timestamp(&r.occurred_at),
                         r.cost_micro_usd,
                         r.error_code,
@@ -231,9 +246,13 @@ impl ReceiptsSql for SqliteConnection {
         Direct::new(self).pending_keys(keys).await
     }
 
+    async fn stored_receipts(&mut self, keys: &[&str]) -> Result<Vec<String>, StoreError> {
+        Direct::new(self).stored_receipts(keys).await
+    }
+
     async fn insert_receipts(
         &mut self,
-        receipts: &[&ReceiptWrite],
+        receipts: &[NewReceipt<'_>],
     ) -> Result<Vec<String>, StoreError> {
         Direct::new(self).insert_receipts(receipts).await
     }
