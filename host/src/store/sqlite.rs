@@ -336,6 +336,37 @@ mod tests {
         crate::store::tests::conformance_suite(&store).await;
     }
 
+    /// A receipt's lookups search an index by the provider's message id: pending
+    /// receipts in the partial index of pending ones (0013), messages in theirs.
+    #[tokio::test]
+    async fn receipt_lookups_search_their_indexes() {
+        let (_dir, store) = open_temp().await;
+        for (sql, index) in [
+            (
+                crate::store::receipts::sqlite::PENDING_KEY,
+                "receipts_pending",
+            ),
+            (
+                crate::store::receipts::sqlite::RECEIPT_TARGET,
+                "messages_provider_message_id",
+            ),
+        ] {
+            let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .fetch_all(store.pool())
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.get::<String, _>("detail"))
+                .collect();
+            assert!(
+                plan.iter()
+                    .any(|l| l.starts_with("SEARCH") && l.contains(index)),
+                "{sql}\n{}",
+                plan.join("\n")
+            );
+        }
+    }
+
     /// 0006 rebuilds `plugin_versions`: rows written before it keep everything and get
     /// their kind; `wasm` is still the last column; the one-active-per-slug index is back.
     #[tokio::test]

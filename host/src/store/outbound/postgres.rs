@@ -376,11 +376,17 @@ impl OutboundReadSql for PgStore {
     }
 
     async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError> {
+        // Planned for each call (not kept prepared): a plan a connection made while the
+        // table was small and kept (PostgreSQL switches a prepared statement to one
+        // plan for all arguments after five calls) read every pending delivery on
+        // every call once the table had grown; see "The ordering check of delivery
+        // events" in docs/benchmarks.md.
         sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM webhook_deliveries d JOIN webhook_deliveries e \
              ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
              WHERE d.id = $1 AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0)",
         )
+        .persistent(false)
         .bind(id)
         .fetch_one(self.pool())
         .await

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(super) mod postgres;
-mod sqlite;
+pub(super) mod sqlite;
 #[cfg(test)]
 pub(crate) mod tests;
 

@@ -21,6 +21,16 @@ const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, works
      occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
      timeline_provider, timeline_detail";
 
+/// Whether provider `?1` has a pending receipt for its message id `?2`.
+pub(crate) const PENDING_KEY: &str = "SELECT 1 FROM receipts WHERE state = 'pending' \
+     AND provider = ?1 AND provider_message_id = ?2 LIMIT 1";
+
+/// The newest message of provider `?1` with its message id `?2` (in workspace `?3`, when
+/// given).
+pub(crate) const RECEIPT_TARGET: &str = "SELECT event_id, status FROM messages \
+     WHERE provider = ?1 AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
+     ORDER BY created_at DESC, event_id DESC LIMIT 1";
+
 #[async_trait::async_trait]
 impl ReceiptBatch for SqliteConnection {
     async fn receipt_batch(
@@ -45,12 +55,7 @@ impl ReceiptsSql for Direct<'_> {
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let mut select = self
-            .statement(
-                "SELECT 1 FROM receipts WHERE state = 'pending' AND provider = ?1 \
-                 AND provider_message_id = ?2 LIMIT 1",
-            )
-            .await?;
+        let mut select = self.statement(PENDING_KEY).await?;
         let mut pending = Vec::new();
         for (provider, id) in keys {
             if select.exists([provider, id]).map_err(direct_err)? {
@@ -132,13 +137,7 @@ impl ReceiptsSql for Direct<'_> {
         &mut self,
         receipts: &[&ReceiptWrite],
     ) -> Result<Vec<TargetRow>, StoreError> {
-        let mut select = self
-            .statement(
-                "SELECT event_id, status FROM messages WHERE provider = ?1 \
-                 AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
-                 ORDER BY created_at DESC, event_id DESC LIMIT 1",
-            )
-            .await?;
+        let mut select = self.statement(RECEIPT_TARGET).await?;
         let mut targets = Vec::with_capacity(receipts.len());
         for (n, r) in receipts.iter().enumerate() {
             let target = select
