@@ -23,6 +23,9 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 /// How often the engine's epoch advances; the granularity of guest-time checks.
 const EPOCH_TICK: Duration = Duration::from_millis(2);
 
+/// Freed instances reset together (one batch of `madvise` calls), at most this many.
+const DECOMMIT_BATCH: usize = 32;
+
 /// Limits and sizes for the runtime. The defaults suit a gateway; tests shrink them.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -108,18 +111,24 @@ impl PluginRuntime {
     /// host imports and a deny-everything WASI, and starts the epoch ticker.
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Self> {
         let n = config.max_instances.max(1);
+        // Instances are bounded by `slots` (n at once), but a freed instance's memories,
+        // tables and stack go back to the pool only when its reset is done, and resets
+        // are batched: with totals of exactly n instances' worth, a new instance now and
+        // then found the pool short and its call trapped ("maximum concurrent limit
+        // ... reached"). Twice that, and batches no larger than n, leave room for them.
+        let room = 2 * n;
         let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(n)
-            .total_core_instances(n * 8)
-            .total_memories(n * 2)
-            .total_tables(n * 4)
-            .total_stacks(n)
+        pool.total_component_instances(room)
+            .total_core_instances(room * 8)
+            .total_memories(room * 2)
+            .total_tables(room * 4)
+            .total_stacks(room)
             .max_core_instances_per_component(32)
             .max_memories_per_component(4)
             .max_tables_per_component(8)
             .max_memory_size(config.memory_limit_bytes)
             // Batch the madvise calls that reset freed instances.
-            .decommit_batch_size(32)
+            .decommit_batch_size(DECOMMIT_BATCH.min(n as usize))
             // A call's instance is freed right after it: reset the first pages of its
             // memory and tables in place (only those it touched, where the kernel can
             // say which) rather than unmapping them, so the next instance in the slot
