@@ -411,3 +411,50 @@ pub(crate) use super::receipts::tests::{
     pending_receipts_apply_when_the_id_is_recorded, receipts_apply_by_precedence, receipts_prune,
     receipts_race_the_provider_id, replay_keys,
 };
+
+/// Calls `$m!` with the name of every shared store test above: each backend's test
+/// module defines `$m` to run one of them on its store, so both run the same list.
+macro_rules! shared_store_tests {
+    ($m:ident) => {
+        $m!(
+            claim_inserts_missing_row,
+            insert_messages_writes_queued_entries,
+            concurrent_claims,
+            batched_claims,
+            batched_steps,
+            claim_lease,
+            attempts_round_trip,
+            get_message_timeline,
+            list_messages_filters_and_paging,
+            delivery_stats_by_group,
+            activity_by_minute_groups,
+            endpoints_round_trip,
+            concurrent_endpoint_patches,
+            events_follow_status_changes,
+            tries_retries_and_health,
+            disabling_and_abandoning,
+            preferences_merge,
+            preferences_of_many,
+            concurrent_preference_updates,
+            erasure,
+            erasure_scrubs_kept_messages_as_they_pass_the_window,
+            workflows_routes_and_dnd,
+            webhook_secrets_order_and_upsert,
+            replay_keys,
+            concurrent_replay_reserves,
+            batched_replay_reserves,
+            receipts_apply_by_precedence,
+            pending_receipts_apply_when_the_id_is_recorded,
+            concurrent_receipts,
+            batched_receipts,
+            receipts_race_the_provider_id,
+            receipts_prune,
+            plugin_versions_insert_and_list,
+            plugin_wasm_round_trip,
+            plugin_activation,
+            concurrent_plugin_activations,
+            plugin_canaries,
+        );
+    };
+}
+pub(crate) use shared_store_tests;
