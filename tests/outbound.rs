@@ -26,6 +26,7 @@ both!(
     a_restart_loses_no_pending_delivery,
     a_lost_broker_message_is_published_again,
     a_burst_to_one_endpoint_arrives_whole_and_once,
+    a_later_event_waits_here_for_the_earlier_one,
 );
 
 /// Statuses a path answers first, in order, and then.
@@ -55,7 +56,8 @@ impl Got {
 }
 
 /// A local HTTP receiver: `/{name}` answers the statuses queued for `name` first,
-/// then `default` (204), and records every request; `/slow…` answers after 30 ms.
+/// then `default` (204), and records every request; `/slow…` answers after 30 ms,
+/// `/lag…` after a second.
 #[derive(Clone)]
 struct Receiver {
     base: String,
@@ -87,6 +89,9 @@ impl Receiver {
                         });
                         if name.starts_with("slow") {
                             tokio::time::sleep(Duration::from_millis(30)).await;
+                        }
+                        if name.starts_with("lag") {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
                         }
                         let status = {
                             let mut plans = r.plans.lock().unwrap();
@@ -923,14 +928,54 @@ async fn a_burst_to_one_endpoint_arrives_whole_and_once(b: Backends) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.at("slow-burst").len(), BURST, "each event once");
     // The burst did go back to the database and out again.
-    let metrics = gw.metrics().await;
-    let deferred: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(r#"switchboard_endpoint_attempts_total{outcome="deferred"} "#))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0);
+    let deferred = deferred(&gw.metrics().await);
     assert!(
         deferred >= 5.0 * 10.0,
         "few hand-backs ({deferred}): the test proves little"
     );
+}
+
+async fn a_later_event_waits_here_for_the_earlier_one(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(b, &dir, |_| {}).await;
+    let receiver = Receiver::start().await;
+    let (id, _) = gw.endpoint(&receiver.url("lag-order"), None).await;
+    let mut events = Vec::new();
+    for i in 0..3 {
+        events.push(gw.trigger(&gw.live, &format!("lag-{i}")).await);
+    }
+    // Each message.sent takes the receiver a second; its message.delivered (the
+    // simulator's callback comes after 50 ms) is taken from the stream meanwhile, and
+    // waits in this process for it rather than going back to the broker.
+    let got = receiver
+        .until("lag-order", "both events of every message", |g| {
+            g.len() >= 6
+        })
+        .await;
+    for event in &events {
+        assert_eq!(
+            types_for(&got, event),
+            ["message.sent", "message.delivered"]
+        );
+    }
+    let log = gw
+        .log_until(&id, "every delivery succeeded", |d| {
+            d.len() == 6 && d.iter().all(|d| d["status"] == "SUCCEEDED")
+        })
+        .await;
+    assert!(
+        log.iter()
+            .all(|d| d["attempts"].as_array().map(Vec::len) == Some(1)),
+        "{log:#?}"
+    );
+    assert_eq!(deferred(&gw.metrics().await), 0.0, "handed back");
+}
+
+/// The deliveries handed back so far, from the `/metrics` text.
+fn deferred(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"switchboard_endpoint_attempts_total{outcome="deferred"} "#))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }

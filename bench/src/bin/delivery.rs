@@ -999,7 +999,8 @@ async fn metrics_progress(http: &reqwest::Client, base: &reqwest::Url) -> (Strin
 
 /// Where a delivery's time goes, from the gateway's own counters: the stages of a
 /// delivery (`switchboard_delivery_stage_seconds`) and the store's write lanes
-/// (`switchboard_store_*`), as differences over the run.
+/// (`switchboard_store_*`), and the tries of delivery events at webhook endpoints by
+/// outcome (`switchboard_endpoint_attempts_total`), as differences over the run.
 mod pipeline {
     use serde_json::{Value, json};
     use std::collections::BTreeMap;
@@ -1028,6 +1029,7 @@ mod pipeline {
                 l.starts_with("switchboard_delivery_stage_seconds_sum")
                     || l.starts_with("switchboard_delivery_stage_seconds_count")
                     || l.starts_with("switchboard_store_")
+                    || l.starts_with("switchboard_endpoint_attempts_total{")
             })
             .filter_map(|l| {
                 let (series, value) = l.rsplit_once(' ')?;
@@ -1071,6 +1073,18 @@ mod pipeline {
                 json!((spent / capacity * 1000.0).round() / 1000.0),
             );
         }
+        // By outcome; `deferred` is a hand-back, not a try.
+        let mut endpoint_attempts = serde_json::Map::new();
+        for series in after
+            .keys()
+            .filter(|k| k.starts_with("switchboard_endpoint_attempts_total{"))
+        {
+            let outcome = series.split('"').nth(1).unwrap_or(series);
+            let n = delta(series);
+            if n > 0.0 {
+                endpoint_attempts.insert(outcome.into(), json!(n));
+            }
+        }
         let batches = delta("switchboard_store_batches_total");
         let writes = delta("switchboard_store_batch_writes_total");
         json!({
@@ -1079,6 +1093,7 @@ mod pipeline {
             "store_batches_per_s": (batches / seconds).round(),
             "store_writes_per_batch": if batches > 0.0 { (writes / batches * 10.0).round() / 10.0 } else { 0.0 },
             "store_lane_busy_share": busy,
+            "endpoint_attempts": endpoint_attempts,
         })
     }
 }
@@ -1287,6 +1302,7 @@ mod tests {
              switchboard_store_batches_total 10\n\
              switchboard_store_batch_writes_total 20\n\
              switchboard_store_lane_busy_seconds_total{phase=\"commit\"} 1.0\n\
+             switchboard_endpoint_attempts_total{outcome=\"deferred\"} 4\n\
              switchboard_plugin_calls_total{slug=\"prova\"} 5\n",
         );
         let after = pipeline::parse(
@@ -1295,7 +1311,9 @@ mod tests {
              switchboard_store_batches_total 30\n\
              switchboard_store_batch_writes_total 80\n\
              switchboard_store_lanes 1\n\
-             switchboard_store_lane_busy_seconds_total{phase=\"commit\"} 2.0\n",
+             switchboard_store_lane_busy_seconds_total{phase=\"commit\"} 2.0\n\
+             switchboard_endpoint_attempts_total{outcome=\"deferred\"} 10\n\
+             switchboard_endpoint_attempts_total{outcome=\"delivered\"} 7\n",
         );
         let r = pipeline::report(&before, &after, 2.0);
         assert_eq!(r["stages"]["claim"]["count"], 200.0);
@@ -1304,6 +1322,8 @@ mod tests {
         assert_eq!(r["store_batches_per_s"], 10.0);
         assert_eq!(r["store_writes_per_batch"], 3.0);
         assert_eq!(r["store_lane_busy_share"]["commit"], 0.5);
+        assert_eq!(r["endpoint_attempts"]["deferred"], 6.0);
+        assert_eq!(r["endpoint_attempts"]["delivered"], 7.0);
     }
 
     #[test]

@@ -8,13 +8,14 @@
 //!   goes back to the store with the time of the retry, not to the broker, so no
 //!   retry waits in the broker for hours. An acknowledgement comes only after the try
 //!   is logged: a crash before it means the try is made again (at least once).
-//! - One endpoint holds at most `per_endpoint_concurrency` tries at a time, and as
-//!   many more may wait for one of them; a delivery for an endpoint busier than that,
-//!   or for a message whose earlier event to the same endpoint has not been tried
-//!   yet, is handed back (not counted as a try), so a slow endpoint never holds all of
-//!   the dispatcher's slots and a message's events arrive in order when the receiver
-//!   answers promptly (a failed earlier event does not hold the later ones back: it
-//!   is retried on its schedule).
+//! - One endpoint holds at most `per_endpoint_concurrency` requests at a time (a slot
+//!   is held for the request only, not while its try is logged), and as many more
+//!   tries may wait, for a slot or for an earlier event of the same message that this
+//!   process is trying. A delivery for an endpoint busier than that, or whose earlier
+//!   event is untried and not being tried here, is handed back (not counted as a try).
+//!   So a slow endpoint never holds all of the dispatcher's slots, and a message's
+//!   events arrive in order when the receiver answers promptly (a failed earlier event
+//!   does not hold the later ones back: it is retried on its schedule).
 //! - A delivery published but neither tried nor handed back for
 //!   `republish_after_secs` is published again (under a new broker message id): its
 //!   broker message was lost, say with a stream restored empty. A try is recorded once
@@ -28,7 +29,7 @@ use crate::broker::{
     Broker, ConsumerSettings, Delivery, Publish, StreamClass, StreamNames, WorkQueue,
 };
 use crate::config::WebhookEndpointsConfig;
-use crate::ids::EndpointId;
+use crate::ids::{EndpointId, WebhookDeliveryId};
 use crate::metrics::Metrics;
 use crate::store::outbound::{EndpointHealth, OutboundAttempt, OutboundStatus, Publication};
 use crate::store::{Store, StoreError};
@@ -40,6 +41,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
 
 /// Deliveries the relay reads and publishes at a time.
 const RELAY_PAGE: usize = 256;
@@ -208,8 +210,8 @@ impl Relay {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
         // Every process with workers prunes; the deletes are idempotent.
-        let mut pruned = tokio::time::Instant::now();
-        let mut swept = tokio::time::Instant::now();
+        let mut pruned = Instant::now();
+        let mut swept = Instant::now();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -232,13 +234,13 @@ impl Relay {
             }
             ticks += 1;
             if swept.elapsed() >= STALE_EVERY.min(self.republish_after) {
-                swept = tokio::time::Instant::now();
+                swept = Instant::now();
                 if let Err(e) = self.republish_stale().await {
                     tracing::warn!(error = %e, "republishing stale delivery events");
                 }
             }
             if pruned.elapsed() >= PRUNE_EVERY {
-                pruned = tokio::time::Instant::now();
+                pruned = Instant::now();
                 match self.prune().await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "pruned finished delivery events"),
@@ -269,6 +271,36 @@ pub struct Dispatcher {
     metrics: Arc<Metrics>,
     /// Each endpoint's slots.
     gates: Mutex<HashMap<EndpointId, Arc<Gate>>>,
+    /// The deliveries this process is handling, each with a sender dropped when its
+    /// handling ends: a later event of the same message waits for that rather than
+    /// going back to the broker.
+    in_flight: Mutex<HashMap<WebhookDeliveryId, watch::Sender<()>>>,
+}
+
+/// A delivery's place in [`Dispatcher::in_flight`], given up on drop.
+struct InFlight {
+    dispatcher: Arc<Dispatcher>,
+    id: WebhookDeliveryId,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // Dropping the sender wakes every later event waiting for this one.
+        self.dispatcher
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// A place among an endpoint's waiting tries, given up on drop.
+struct Waiting(Arc<Gate>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// An endpoint's slots: its tries in flight, and how many wait for one.
@@ -301,6 +333,7 @@ impl Dispatcher {
             schedule,
             metrics,
             gates: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -341,9 +374,14 @@ impl Dispatcher {
                     None => continue 'subscribe,
                     Some(Err(e)) => tracing::warn!(error = %e, "delivery event consumer error"),
                     Some(Ok(d)) => {
+                        // Registered before the next one is taken, so a later event of
+                        // the same message, taken next, finds this one in flight.
+                        let publication = serde_json::from_slice::<Publication>(&d.payload);
+                        let in_flight = publication.as_ref().ok().and_then(|p| self.enter(&p.id));
                         let me = self.clone();
                         tokio::spawn(async move {
-                            me.handle(d).await;
+                            me.handle(d, publication).await;
+                            drop(in_flight);
                             drop(permit);
                         });
                     }
@@ -359,8 +397,19 @@ impl Dispatcher {
         }
     }
 
-    async fn handle(&self, delivery: Delivery) {
-        let settled = match self.try_once(&delivery.payload, delivery.delivered).await {
+    async fn handle(
+        &self,
+        delivery: Delivery,
+        publication: Result<Publication, serde_json::Error>,
+    ) {
+        let next = match publication {
+            Ok(publication) => self.try_once(&publication, delivery.delivered).await,
+            Err(e) => {
+                tracing::error!(error = %e, "dropping an unreadable delivery event");
+                Next::Ack
+            }
+        };
+        let settled = match next {
             Next::Ack => delivery.settle.ack().await,
             Next::Later(wait) => delivery.settle.nak(wait).await,
         };
@@ -369,12 +418,58 @@ impl Dispatcher {
         }
     }
 
-    /// A slot of the endpoint: one free now, or one waited for unless as many tries
-    /// as it has slots wait already (each holds one of the dispatcher's slots) or the
-    /// wait outlasts a third of the ack wait (the broker would deliver it again).
-    async fn slot(&self, endpoint: &EndpointId) -> Option<OwnedSemaphorePermit> {
-        let gate = self
-            .gates
+    /// Registers a delivery taken from the stream as in flight, unless a copy of it
+    /// (a redelivery) is already.
+    fn enter(self: &Arc<Self>, id: &WebhookDeliveryId) -> Option<InFlight> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if in_flight.contains_key(id) {
+            return None;
+        }
+        in_flight.insert(id.clone(), watch::channel(()).0);
+        Some(InFlight {
+            dispatcher: self.clone(),
+            id: id.clone(),
+        })
+    }
+
+    /// Waits until `until` for this process's handling of `earlier` to end: false at
+    /// once if it is not being handled here, or if the endpoint has as many tries
+    /// waiting as it has slots (each holds one of the dispatcher's slots).
+    async fn wait_for(
+        &self,
+        endpoint: &EndpointId,
+        earlier: &WebhookDeliveryId,
+        until: Instant,
+    ) -> bool {
+        let mut ended = match self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(earlier)
+        {
+            Some(sender) => sender.subscribe(),
+            None => return false,
+        };
+        let Some(_waiting) = self.wait_place(&self.gate(endpoint)) else {
+            return false;
+        };
+        // Only the sender's drop ends the wait: nothing is ever sent on it.
+        tokio::time::timeout_at(until, ended.changed())
+            .await
+            .is_ok()
+    }
+
+    /// A place among the endpoint's waiting tries, if it has fewer than it has slots.
+    fn wait_place(&self, gate: &Arc<Gate>) -> Option<Waiting> {
+        if gate.waiting.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_concurrency {
+            gate.waiting.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Waiting(gate.clone()))
+    }
+
+    fn gate(&self, endpoint: &EndpointId) -> Arc<Gate> {
+        self.gates
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(endpoint.clone())
@@ -384,21 +479,21 @@ impl Dispatcher {
                     waiting: AtomicUsize::new(0),
                 })
             })
-            .clone();
+            .clone()
+    }
+
+    /// A slot of the endpoint: one free now, or one waited for until `until` if the
+    /// endpoint has a waiting place ([`Self::wait_place`]).
+    async fn slot(&self, endpoint: &EndpointId, until: Instant) -> Option<OwnedSemaphorePermit> {
+        let gate = self.gate(endpoint);
         if let Ok(permit) = gate.slots.clone().try_acquire_owned() {
             return Some(permit);
         }
-        if gate.waiting.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_concurrency {
-            gate.waiting.fetch_sub(1, Ordering::SeqCst);
-            return None;
-        }
-        let waited = tokio::time::timeout(
-            self.settings.ack_wait / 3,
-            gate.slots.clone().acquire_owned(),
-        )
-        .await;
-        gate.waiting.fetch_sub(1, Ordering::SeqCst);
-        waited.ok().and_then(Result::ok)
+        let _waiting = self.wait_place(&gate)?;
+        tokio::time::timeout_at(until, gate.slots.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
     }
 
     /// How long to hand a delivery back for (not a try), the `delivered`th time the
@@ -425,55 +520,62 @@ impl Dispatcher {
         }
     }
 
+    /// Gives a delivery up, its endpoint disabled.
+    async fn abandon(&self, publication: &Publication) -> Next {
+        match self
+            .store
+            .abandon_delivery(publication, "not sent: the endpoint is disabled")
+            .await
+        {
+            Ok(_) => {
+                self.count("abandoned");
+                Next::Ack
+            }
+            Err(_) => Next::Later(STORE_RETRY),
+        }
+    }
+
     fn count(&self, outcome: &'static str) {
         Metrics::count(&self.metrics.endpoint_attempts, outcome, 1);
     }
 
-    async fn try_once(&self, payload: &[u8], delivered: u64) -> Next {
-        let publication: Publication = match serde_json::from_slice(payload) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "dropping an unreadable delivery event");
+    /// Tries a delivery, or hands it back: its earlier event untried, its endpoint
+    /// too busy. Waits for an earlier event or for a slot last until a third of the
+    /// ack wait (past it the broker would deliver this one again).
+    async fn try_once(&self, publication: &Publication, delivered: u64) -> Next {
+        let until = Instant::now() + self.settings.ack_wait / 3;
+        let target = loop {
+            let target = match self.store.dispatch_target(&publication.id).await {
+                Ok(Some(target)) => target,
+                // Its endpoint was deleted, and the delivery with it.
+                Ok(None) => return Next::Ack,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading a delivery event; retrying");
+                    return Next::Later(STORE_RETRY);
+                }
+            };
+            let delivery = &target.delivery;
+            if delivery.status != OutboundStatus::Pending
+                || delivery.round != publication.round
+                || delivery.attempts != publication.attempts
+                || delivery.handbacks != publication.handbacks
+            {
+                // Tried already (a repeated publish), or retried by hand since.
                 return Next::Ack;
             }
-        };
-        let target = match self.store.dispatch_target(&publication.id).await {
-            Ok(Some(target)) => target,
-            // Its endpoint was deleted, and the delivery with it.
-            Ok(None) => return Next::Ack,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading a delivery event; retrying");
-                return Next::Later(STORE_RETRY);
+            if target.endpoint.disabled {
+                return self.abandon(publication).await;
+            }
+            match &target.earlier {
+                None => break target,
+                // Being tried here: read again once that try is logged.
+                Some(earlier) if self.wait_for(&target.endpoint.id, earlier, until).await => {}
+                Some(_) => return self.defer(publication, delivered).await,
             }
         };
-        let delivery = &target.delivery;
-        if delivery.status != OutboundStatus::Pending
-            || delivery.round != publication.round
-            || delivery.attempts != publication.attempts
-            || delivery.handbacks != publication.handbacks
-        {
-            // Tried already (a repeated publish), or retried by hand since.
-            return Next::Ack;
-        }
-        let endpoint = &target.endpoint;
-        if endpoint.disabled {
-            return match self
-                .store
-                .abandon_delivery(&publication, "not sent: the endpoint is disabled")
-                .await
-            {
-                Ok(_) => {
-                    self.count("abandoned");
-                    Next::Ack
-                }
-                Err(_) => Next::Later(STORE_RETRY),
-            };
-        }
-        if target.behind_earlier {
-            return self.defer(&publication, delivered).await;
-        }
-        let Some(_slot) = self.slot(&endpoint.id).await else {
-            return self.defer(&publication, delivered).await;
+        let (delivery, endpoint) = (&target.delivery, &target.endpoint);
+        let Some(slot) = self.slot(&endpoint.id, until).await else {
+            return self.defer(publication, delivered).await;
         };
         let now = Utc::now();
         let tried = self
@@ -486,6 +588,8 @@ impl Dispatcher {
                 &endpoint.signing_secrets(now),
             )
             .await;
+        // The endpoint is done with it: the next try need not wait for this one's log.
+        drop(slot);
         self.metrics
             .endpoint_latency
             .observe(tried.latency.as_secs_f64());
@@ -517,7 +621,7 @@ impl Dispatcher {
         };
         let health = match self
             .store
-            .record_attempt(&publication, &attempt, status)
+            .record_attempt(publication, &attempt, status)
             .await
         {
             Ok(Some(health)) => health,

@@ -119,9 +119,10 @@ pub struct DispatchTarget {
     pub delivery: OutboundDelivery,
     /// Its endpoint (secrets included).
     pub endpoint: super::Endpoint,
-    /// An earlier event of the same message to the same endpoint has not been tried
-    /// yet: this one waits, so that a message's events arrive in order.
-    pub behind_earlier: bool,
+    /// An earlier event of the same message to the same endpoint that has not been
+    /// tried yet (the latest such): this one waits for it, so that a message's events
+    /// arrive in order.
+    pub earlier: Option<WebhookDeliveryId>,
 }
 
 /// What a try did to its endpoint's run of failures.
@@ -434,9 +435,9 @@ pub(crate) trait OutboundReadSql: Send + Sync {
         endpoint: &str,
         id: &str,
     ) -> Result<Option<DeliveryRow>, StoreError>;
-    /// Whether an earlier delivery of the same message to the same endpoint is pending
-    /// and untried.
-    async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError>;
+    /// The latest earlier delivery of the same message to the same endpoint that is
+    /// pending and untried, if any.
+    async fn earlier_untried(&self, id: &str) -> Result<Option<String>, StoreError>;
     /// The endpoint row with the id (any workspace).
     async fn endpoint_by_id(
         &self,

@@ -130,7 +130,12 @@ where
             return Ok(None);
         };
         Ok(Some(DispatchTarget {
-            behind_earlier: self.behind_earlier(id.as_str()).await?,
+            earlier: self
+                .earlier_untried(id.as_str())
+                .await?
+                .map(|e| WebhookDeliveryId::parse(&e))
+                .transpose()
+                .map_err(crate::store::corrupt)?,
             delivery: row.try_into()?,
             endpoint: endpoint.try_into()?,
         }))

@@ -375,20 +375,21 @@ impl OutboundReadSql for PgStore {
         .map_err(map_err)
     }
 
-    async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError> {
+    async fn earlier_untried(&self, id: &str) -> Result<Option<String>, StoreError> {
         // Planned for each call (not kept prepared): a plan a connection made while the
         // table was small and kept (PostgreSQL switches a prepared statement to one
         // plan for all arguments after five calls) read every pending delivery on
         // every call once the table had grown; see "The ordering check of delivery
         // events" in docs/benchmarks.md.
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries d JOIN webhook_deliveries e \
+        sqlx::query_scalar::<_, String>(
+            "SELECT e.id FROM webhook_deliveries d JOIN webhook_deliveries e \
              ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
-             WHERE d.id = $1 AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0)",
+             WHERE d.id = $1 AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0 \
+             ORDER BY e.seq DESC LIMIT 1",
         )
         .persistent(false)
         .bind(id)
-        .fetch_one(self.pool())
+        .fetch_optional(self.pool())
         .await
         .map_err(map_err)
     }

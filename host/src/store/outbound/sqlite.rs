@@ -522,14 +522,15 @@ impl OutboundReadSql for SqliteStore {
         .map_err(map_err)
     }
 
-    async fn behind_earlier(&self, id: &str) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries d JOIN webhook_deliveries e \
+    async fn earlier_untried(&self, id: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar::<_, String>(
+            "SELECT e.id FROM webhook_deliveries d JOIN webhook_deliveries e \
              ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
-             WHERE d.id = ? AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0)",
+             WHERE d.id = ? AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0 \
+             ORDER BY e.seq DESC LIMIT 1",
         )
         .bind(id)
-        .fetch_one(self.pool())
+        .fetch_optional(self.pool())
         .await
         .map_err(map_err)
     }

@@ -103,15 +103,16 @@ pub(crate) async fn events_follow_status_changes(store: Arc<dyn Store>) {
         .unwrap();
     let (later, earlier) = (&log[0].0, &log[1].0);
     let target = store.dispatch_target(&later.id).await.unwrap().unwrap();
-    assert!(target.behind_earlier);
+    assert_eq!(target.earlier.as_ref(), Some(&earlier.id));
     assert_eq!(target.endpoint.id, all.id);
     assert!(
-        !store
+        store
             .dispatch_target(&earlier.id)
             .await
             .unwrap()
             .unwrap()
-            .behind_earlier
+            .earlier
+            .is_none()
     );
 
     // Published in the order written; marking is per try.
@@ -161,12 +162,13 @@ pub(crate) async fn events_follow_status_changes(store: Arc<dyn Store>) {
         .unwrap()
         .unwrap();
     assert!(
-        !store
+        store
             .dispatch_target(&later.id)
             .await
             .unwrap()
             .unwrap()
-            .behind_earlier
+            .earlier
+            .is_none()
     );
 }
 
