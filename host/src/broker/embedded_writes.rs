@@ -118,8 +118,10 @@ pub(super) fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
         Box::pin(async move {
             let count = seqs.len();
             let seqs = Arc::new(seqs);
+            // No delivery waits on its ack to go on: the ack joins the next batch of
+            // claims or steps rather than making a commit of its own between theirs.
             let done = writer
-                .run(Box::new(move |conn| {
+                .ride(Box::new(move |conn| {
                     let seqs = seqs.clone();
                     Box::pin(async move { delete_rows(conn, &seqs, prune).await })
                 }))

@@ -466,7 +466,7 @@ impl Default for Config {
             worker: WorkerConfig {
                 enabled: true,
                 consumer: "switchboard-workers".into(),
-                bulk_concurrency: 32,
+                bulk_concurrency: 64,
                 critical_concurrency: 16,
                 ack_wait_ms: 30_000,
                 max_deliveries: 10,
@@ -480,7 +480,7 @@ impl Default for Config {
             webhooks: WebhooksConfig {
                 allow_unsigned_voice: false,
                 replay_window_secs: 900,
-                receipt_concurrency: 16,
+                receipt_concurrency: 32,
                 max_body_bytes: 256 * 1024,
                 max_failures_per_minute: 60,
             },

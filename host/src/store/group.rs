@@ -2,7 +2,8 @@
 //! replay keys and lease-less timeline writes, and on SQLite also the embedded queue,
 //! ingestion's insert and the dev idempotency keys. Long writes (erasure, scrubbing,
 //! receipt pruning) go through the same lanes but each in a batch of its own
-//! ([`GroupCommit::run_alone`]).
+//! ([`GroupCommit::run_alone`]); the embedded queue's acks ride with the next batch of
+//! others ([`GroupCommit::ride`]) rather than taking a commit of their own.
 //!
 //! Each of these writes is a short transaction, and on both backends a commit costs
 //! far more than the statements in it (a WAL flush). Writes from concurrent callers
@@ -42,6 +43,12 @@ pub(crate) fn is_urgent() -> bool {
 /// Writes one lane commits together at most: bounds how long a write waits behind
 /// others and how long the batch holds its locks.
 const MAX_BATCH: usize = 64;
+
+/// How long a write that rides ([`GroupCommit::ride`]) waits for another write to
+/// share its batch before it runs in one of its own. Longer than the wake-up of the
+/// task that queues the next batch of claims or steps (tens to hundreds of
+/// microseconds here), which is the company it is waiting for.
+const RIDE_WAIT: Duration = Duration::from_millis(1);
 
 /// The write a caller queues: it runs on the lane's connection, inside the batch's
 /// transaction. It may run twice (see [`commit`]), so it owns what it needs (behind an
@@ -149,44 +156,73 @@ impl LaneCounters {
 pub(crate) struct GroupCommit<DB: Database> {
     urgent: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
     queue: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
+    riders: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
     counters: Arc<LaneCounters>,
     lanes: u64,
 }
 
-/// What the lanes take jobs from: urgent ones first.
+/// What the lanes take jobs from: urgent ones first, riders last.
 struct Queues<DB: Database> {
     urgent: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
     queue: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
+    riders: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
     /// A job that must run alone, taken while filling a batch: the next batch's.
     held: Option<Box<dyn Job<DB>>>,
+    /// A rider taken while no other job was waiting, waiting for one.
+    riding: Option<Box<dyn Job<DB>>>,
 }
 
 impl<DB: Database> Queues<DB> {
-    /// The next job, urgent first, waiting for one; `None` once both are closed and
-    /// drained.
+    /// The next job, urgent first, waiting for one; `None` once every queue is closed
+    /// and drained. A rider is the next job only when no other comes within
+    /// [`RIDE_WAIT`] of it being found alone.
     async fn next(&mut self) -> Option<Box<dyn Job<DB>>> {
         if let Some(job) = self.held.take() {
             return Some(job);
         }
-        tokio::select! {
-            biased;
-            Some(job) = self.urgent.recv() => Some(job),
-            Some(job) = self.queue.recv() => Some(job),
-            else => None,
+        loop {
+            if self.riding.is_none() {
+                if let Ok(rider) = self.riders.try_recv() {
+                    self.riding = Some(rider);
+                    continue;
+                }
+                tokio::select! {
+                    biased;
+                    Some(job) = self.urgent.recv() => return Some(job),
+                    Some(job) = self.queue.recv() => return Some(job),
+                    Some(rider) = self.riders.recv() => self.riding = Some(rider),
+                    else => return None,
+                }
+            } else {
+                // Once the other queues are closed their branches are off, and the
+                // rider goes after the wait.
+                return tokio::select! {
+                    biased;
+                    Some(job) = self.urgent.recv() => Some(job),
+                    Some(job) = self.queue.recv() => Some(job),
+                    _ = tokio::time::sleep(RIDE_WAIT) => self.riding.take(),
+                };
+            }
         }
     }
 
     /// Whether a job is waiting.
     fn waiting(&self) -> bool {
-        self.held.is_some() || !self.urgent.is_empty() || !self.queue.is_empty()
+        self.held.is_some()
+            || self.riding.is_some()
+            || !self.urgent.is_empty()
+            || !self.queue.is_empty()
+            || !self.riders.is_empty()
     }
 
-    /// A job already waiting, urgent first.
+    /// A job already waiting, urgent first and riders last.
     fn try_next(&mut self) -> Option<Box<dyn Job<DB>>> {
         self.urgent
             .try_recv()
             .or_else(|_| self.queue.try_recv())
             .ok()
+            .or_else(|| self.riding.take())
+            .or_else(|| self.riders.try_recv().ok())
     }
 }
 
@@ -233,14 +269,18 @@ impl<DB: Database> GroupCommit<DB> {
     fn queues(lanes: Lanes) -> (Self, Arc<Mutex<Queues<DB>>>) {
         let (urgent, urgent_rx) = mpsc::unbounded_channel();
         let (queue, queue_rx) = mpsc::unbounded_channel();
+        let (riders, riders_rx) = mpsc::unbounded_channel();
         let queues = Arc::new(Mutex::new(Queues {
             urgent: urgent_rx,
             queue: queue_rx,
+            riders: riders_rx,
             held: None,
+            riding: None,
         }));
         let this = Self {
             urgent,
             queue,
+            riders,
             counters: Arc::new(LaneCounters::default()),
             lanes: lanes.count.max(1) as u64,
         };
@@ -297,7 +337,16 @@ impl<DB: Database> GroupCommit<DB> {
     /// Runs `work` in the next batch (ahead of the others inside [`urgent`]) and returns
     /// its result once the batch committed.
     pub(crate) async fn run<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
-        self.queue_job(work, false).await
+        self.queue_job(work, Kind::Shared).await
+    }
+
+    /// Runs `work` in the next batch of other writes, or in one of its own when no
+    /// other write comes within [`RIDE_WAIT`]: for writes nobody is waiting on to go
+    /// on (the embedded queue's acks). Alone, each of them was a commit of its own
+    /// between the others' (see "Acks ride with the next batch" in
+    /// `docs/benchmarks.md`).
+    pub(crate) async fn ride<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
+        self.queue_job(work, Kind::Rider).await
     }
 
     /// Runs `work` in a batch of its own (ahead of the others inside [`urgent`]), opened
@@ -308,25 +357,25 @@ impl<DB: Database> GroupCommit<DB> {
         &self,
         work: Work<DB, T>,
     ) -> Result<T, StoreError> {
-        self.queue_job(work, true).await
+        self.queue_job(work, Kind::Alone).await
     }
 
     async fn queue_job<T: Send + 'static>(
         &self,
         work: Work<DB, T>,
-        alone: bool,
+        kind: Kind,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn Job<DB>> = Box::new(Pending {
             work,
-            alone,
+            alone: kind == Kind::Alone,
             result: None,
             reply,
         });
-        let queue = if is_urgent() {
-            &self.urgent
-        } else {
-            &self.queue
+        let queue = match kind {
+            _ if is_urgent() => &self.urgent,
+            Kind::Rider => &self.riders,
+            Kind::Shared | Kind::Alone => &self.queue,
         };
         if queue.send(job).is_err() {
             return Err(StoreError::Unavailable("the store is shutting down".into()));
@@ -335,6 +384,17 @@ impl<DB: Database> GroupCommit<DB> {
             .await
             .unwrap_or_else(|_| Err(StoreError::Unavailable("the store is shutting down".into())))
     }
+}
+
+/// How a queued write shares batches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// With every write waiting ([`GroupCommit::run`]).
+    Shared,
+    /// In a batch of its own ([`GroupCommit::run_alone`]).
+    Alone,
+    /// With the next batch of others ([`GroupCommit::ride`]).
+    Rider,
 }
 
 /// One lane: takes every write waiting (up to [`MAX_BATCH`]), commits them together,
@@ -616,6 +676,69 @@ pub(crate) mod tests {
             runs.lock().unwrap().as_slice(),
             &["busy", "first", "alone", "last"]
         );
+    }
+
+    /// A rider queued while the lane is busy goes into the next batch with a write
+    /// queued after it, behind that write; a rider with no company runs alone once
+    /// [`RIDE_WAIT`] is over, as does one queued while the lane is idle.
+    pub(crate) async fn riders_join_the_next_batch<DB: Database>(pool: Pool<DB>, lanes: Lanes) {
+        assert_eq!(lanes.count, 1, "the order is only certain with one lane");
+        let group = Arc::new(GroupCommit::start(pool, lanes));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let write = |tag: &'static str, hold: std::time::Duration| -> Work<DB, ()> {
+            let order = order.clone();
+            Box::new(move |_conn| {
+                let order = order.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(hold).await;
+                    order.lock().unwrap().push(tag);
+                    Ok(())
+                })
+            })
+        };
+        let spawn = |tag: &'static str, hold: std::time::Duration, rides: bool| {
+            let (group, w) = (group.clone(), write(tag, hold));
+            tokio::spawn(async move {
+                if rides {
+                    group.ride(w).await
+                } else {
+                    group.run(w).await
+                }
+            })
+        };
+        let busy = spawn("busy", std::time::Duration::from_millis(300), false);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let rider = spawn("rider", std::time::Duration::ZERO, true);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let other = spawn("other", std::time::Duration::ZERO, false);
+        busy.await.unwrap().unwrap();
+        other.await.unwrap().unwrap();
+        rider.await.unwrap().unwrap();
+        assert_eq!(
+            order.lock().unwrap().as_slice(),
+            &["busy", "other", "rider"]
+        );
+        let totals = group.totals();
+        assert_eq!((totals.batches, totals.writes), (2, 3), "{totals:?}");
+
+        // Alone, after the lane's busy batch and with the lane idle: each in time.
+        let busy = spawn("busy", std::time::Duration::from_millis(300), false);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let lonely = spawn("lonely", std::time::Duration::ZERO, true);
+        busy.await.unwrap().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), lonely)
+            .await
+            .expect("a rider with no company runs alone")
+            .unwrap()
+            .unwrap();
+        let idle = spawn("idle", std::time::Duration::ZERO, true);
+        tokio::time::timeout(std::time::Duration::from_secs(5), idle)
+            .await
+            .expect("a rider on an idle lane runs alone")
+            .unwrap()
+            .unwrap();
+        let totals = group.totals();
+        assert_eq!((totals.batches, totals.writes), (5, 6), "{totals:?}");
     }
 
     /// With one lane busy, ten writes queued and then an urgent one: the urgent one

@@ -330,6 +330,13 @@ mod tests {
             .await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn group_commit_riders_join_the_next_batch() {
+        let (_dir, store) = open_temp().await;
+        crate::store::group::tests::riders_join_the_next_batch(store.pool().clone(), WRITER_LANES)
+            .await;
+    }
+
     #[tokio::test]
     async fn conformance() {
         let (_dir, store) = open_temp().await;

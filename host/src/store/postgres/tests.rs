@@ -414,6 +414,18 @@ async fn group_commit_urgent_writes_go_first() {
     .await;
 }
 
+/// Riders (the embedded queue's acks use them; PostgreSQL has the same lanes) join
+/// the next batch of others, and run alone when none comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_riders_join_the_next_batch() {
+    let db = TestDb::create().await;
+    crate::store::group::tests::riders_join_the_next_batch(
+        db.store.pool().clone(),
+        Lanes { count: 1, ..LANES },
+    )
+    .await;
+}
+
 /// Writes queued while a lane is busy share its next transaction; a commit that
 /// fails (here a deferred unique check) fails every write in it and keeps none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
