@@ -678,6 +678,23 @@ pub(crate) mod tests {
         );
     }
 
+    /// A write that waits `hold`, then adds `tag` to `order`.
+    fn recorded<DB: Database>(
+        order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
+        tag: &'static str,
+        hold: std::time::Duration,
+    ) -> Work<DB, ()> {
+        let order = order.clone();
+        Box::new(move |_conn| {
+            let order = order.clone();
+            Box::pin(async move {
+                tokio::time::sleep(hold).await;
+                order.lock().unwrap().push(tag);
+                Ok(())
+            })
+        })
+    }
+
     /// A rider queued while the lane is busy goes into the next batch with a write
     /// queued after it, behind that write; a rider with no company runs alone once
     /// [`RIDE_WAIT`] is over, as does one queued while the lane is idle.
@@ -685,17 +702,7 @@ pub(crate) mod tests {
         assert_eq!(lanes.count, 1, "the order is only certain with one lane");
         let group = Arc::new(GroupCommit::start(pool, lanes));
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let write = |tag: &'static str, hold: std::time::Duration| -> Work<DB, ()> {
-            let order = order.clone();
-            Box::new(move |_conn| {
-                let order = order.clone();
-                Box::pin(async move {
-                    tokio::time::sleep(hold).await;
-                    order.lock().unwrap().push(tag);
-                    Ok(())
-                })
-            })
-        };
+        let write = |tag, hold| recorded::<DB>(&order, tag, hold);
         let spawn = |tag: &'static str, hold: std::time::Duration, rides: bool| {
             let (group, w) = (group.clone(), write(tag, hold));
             tokio::spawn(async move {
@@ -747,17 +754,7 @@ pub(crate) mod tests {
         assert_eq!(lanes.count, 1, "the order is only certain with one lane");
         let group = Arc::new(GroupCommit::start(pool, lanes));
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let write = |tag: &'static str, hold: std::time::Duration| -> Work<DB, ()> {
-            let order = order.clone();
-            Box::new(move |_conn| {
-                let order = order.clone();
-                Box::pin(async move {
-                    tokio::time::sleep(hold).await;
-                    order.lock().unwrap().push(tag);
-                    Ok(())
-                })
-            })
-        };
+        let write = |tag, hold| recorded::<DB>(&order, tag, hold);
         let busy = tokio::spawn({
             let (group, w) = (
                 group.clone(),
