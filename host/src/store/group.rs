@@ -182,10 +182,6 @@ impl<DB: Database> Queues<DB> {
         }
         loop {
             if self.riding.is_none() {
-                if let Ok(rider) = self.riders.try_recv() {
-                    self.riding = Some(rider);
-                    continue;
-                }
                 tokio::select! {
                     biased;
                     Some(job) = self.urgent.recv() => return Some(job),
