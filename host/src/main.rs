@@ -13,13 +13,14 @@ use switchboard::cli::{Cli, dispatch};
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings, read when it starts (before `main`): two arenas, and freed pages
-/// go back to the system at once rather than after a decay or first marked reusable
-/// (`MADV_FREE` pages still count as resident), so the resident size follows the load
-/// rather than its peak (`docs/benchmarks.md`: 100 ms of decay took the peak over
-/// 150 MiB). An operator's `_RJEM_MALLOC_CONF` is applied after these.
+/// kept for 100 ms before they go back to the system (never first marked reusable:
+/// `MADV_FREE` pages still count as resident). Returning them at once cost the delivery
+/// path about 7 % of its throughput in page faults and TLB shootdowns; 100 ms keeps the
+/// resident size near the load's, not its peak's (`docs/benchmarks.md`, "Less memory,
+/// pages returned later"). An operator's `_RJEM_MALLOC_CONF` is applied after these.
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: MallocConf =
-    MallocConf(c"narenas:2,dirty_decay_ms:0,muzzy_decay_ms:0".as_ptr());
+    MallocConf(c"narenas:2,dirty_decay_ms:100,muzzy_decay_ms:0".as_ptr());
 
 /// A C string pointer jemalloc reads (a `static` must be `Sync`).
 #[repr(transparent)]

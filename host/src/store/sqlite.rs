@@ -32,12 +32,12 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections in the pool: concurrent readers (WAL) plus one writer at a time.
 const MAX_CONNECTIONS: u32 = 8;
 
-/// Prepared statements the writer's connection keeps. The set-based writes have a form
-/// per batch size (one placeholder list per row), some twenty statements up to 64 rows
-/// each: sqlx's default of 100 would evict them in turn, and the single writer would
-/// parse and plan nearly every statement it runs. Only the writer's connection keeps
-/// this many: the readers' statements have one form each.
-const WRITER_STATEMENT_CACHE: usize = 2048;
+/// Page cache of each reading connection, in KiB (SQLite's default is 2,000). Readers
+/// look up a few rows each, and a page they miss comes from the system's file cache;
+/// at the default, their caches and the writer's were most of the SQLite memory that
+/// kept `dev` near 150 MiB (see "Less memory, pages returned later" in
+/// `docs/benchmarks.md`).
+const READER_CACHE_KIB: u32 = 256;
 
 /// SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` (since 3.32): binds per statement.
 pub(crate) const MAX_BINDS: usize = 32_766;
@@ -135,17 +135,23 @@ impl SqliteStore {
             // A connection to a local file does not go stale: pinging it (a round trip
             // to its thread) before every use buys nothing.
             .test_before_acquire(false)
-            .connect_with(options.clone())
+            .connect_with(
+                options
+                    .clone()
+                    .pragma("cache_size", format!("-{READER_CACHE_KIB}")),
+            )
             .await
             .map_err(map_err)?;
-        // The group commit's one lane on a connection of its own, which keeps every form
-        // of the set-based statements prepared. The lane opens it (lazily) from its own
-        // thread, so the connection's thread shares the lane's pin.
+        // The group commit's one lane on a connection of its own, with sqlx's usual
+        // statement cache: the hot statements run on the handle (`direct.rs`), and
+        // keeping every form of the rare set-based ones (one per row count) held 10 MiB
+        // for no measurable gain. The lane opens it (lazily) from its own thread, so the
+        // connection's thread shares the lane's pin.
         let writer_pool = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
-            .connect_lazy_with(options.statement_cache_capacity(WRITER_STATEMENT_CACHE));
+            .connect_lazy_with(options);
         let cpu = if pin_writer { writer_cpu() } else { None };
         let group = Arc::new(
             GroupCommit::start_on_thread(writer_pool.clone(), WRITER_LANES, WRITER_THREAD, cpu)
@@ -564,6 +570,22 @@ mod tests {
             })
         });
         assert_eq!(store.writer().run(work).await.unwrap(), 2);
+        // Readers keep a small page cache (a negative size is KiB); the writer, SQLite's
+        // default.
+        let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(cache, -i64::from(READER_CACHE_KIB));
+        let work: crate::store::group::Work<Sqlite, i64> = Box::new(|conn| {
+            Box::pin(async move {
+                sqlx::query_scalar("PRAGMA cache_size")
+                    .fetch_one(conn)
+                    .await
+                    .map_err(map_err)
+            })
+        });
+        assert_eq!(store.writer().run(work).await.unwrap(), -2_000);
         store.migrate().await.expect("second migrate is a no-op");
         // Reopening an existing file keeps its data.
         let ws = store.ensure_workspace("kept", None).await.unwrap();
