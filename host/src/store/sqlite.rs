@@ -536,6 +536,20 @@ mod tests {
 
     crate::store::tests::shared_store_tests!(delivery_tests);
 
+    /// The value of pragma `name` on the writer's own connection, asked through its lane.
+    async fn writer_pragma(store: &SqliteStore, name: &'static str) -> i64 {
+        let work: crate::store::group::Work<Sqlite, i64> = Box::new(move |conn| {
+            Box::pin(async move {
+                let sql = format!("PRAGMA {name}");
+                sqlx::query_scalar(&sql)
+                    .fetch_one(conn)
+                    .await
+                    .map_err(map_err)
+            })
+        });
+        store.writer().run(work).await.unwrap()
+    }
+
     #[tokio::test]
     async fn open_sets_pragmas_and_migrate_is_idempotent() {
         let (dir, store) = open_temp().await;
@@ -561,15 +575,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(temp, 2);
-        let work: crate::store::group::Work<Sqlite, i64> = Box::new(|conn| {
-            Box::pin(async move {
-                sqlx::query_scalar("PRAGMA temp_store")
-                    .fetch_one(conn)
-                    .await
-                    .map_err(map_err)
-            })
-        });
-        assert_eq!(store.writer().run(work).await.unwrap(), 2);
+        assert_eq!(writer_pragma(&store, "temp_store").await, 2);
         // Readers keep a small page cache (a negative size is KiB); the writer, SQLite's
         // default.
         let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
@@ -577,15 +583,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(cache, -i64::from(READER_CACHE_KIB));
-        let work: crate::store::group::Work<Sqlite, i64> = Box::new(|conn| {
-            Box::pin(async move {
-                sqlx::query_scalar("PRAGMA cache_size")
-                    .fetch_one(conn)
-                    .await
-                    .map_err(map_err)
-            })
-        });
-        assert_eq!(store.writer().run(work).await.unwrap(), -2_000);
+        assert_eq!(writer_pragma(&store, "cache_size").await, -2_000);
         store.migrate().await.expect("second migrate is a no-op");
         // Reopening an existing file keeps its data.
         let ws = store.ensure_workspace("kept", None).await.unwrap();
