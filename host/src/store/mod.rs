@@ -6,6 +6,7 @@ use crate::ids::WorkspaceId;
 use crate::model::MessageStatus;
 use chrono::{DateTime, Utc};
 
+pub(crate) mod checkpoint;
 pub(crate) mod coalesce;
 pub mod configuration;
 pub mod delivery;

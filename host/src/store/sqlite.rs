@@ -6,6 +6,7 @@
 //! a transaction whose first statement writes, so the busy timeout (not an immediate
 //! `SQLITE_BUSY`) governs contention.
 
+use super::checkpoint::{self, Checkpointer};
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
@@ -85,6 +86,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// The group commit's connection.
     writer_pool: SqlitePool,
+    /// Copies the WAL back into the file, off the writer's lane.
+    _checkpointer: Arc<Checkpointer>,
     group: Arc<GroupCommit<Sqlite>>,
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
@@ -106,7 +109,8 @@ pub(crate) fn writer_cpu() -> Option<core_affinity::CoreId> {
 impl SqliteStore {
     /// Opens (creating it if missing) the database file at `path`, in WAL mode with
     /// foreign keys enforced, a 5 s busy timeout and temporary structures in memory;
-    /// the writer is pinned ([`Self::open_with`]).
+    /// the writer is pinned ([`Self::open_with`]), and a task beside it checkpoints the
+    /// WAL ([`Checkpointer`]).
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         Self::open_with(path, true).await
     }
@@ -144,14 +148,18 @@ impl SqliteStore {
             .map_err(map_err)?;
         // The group commit's one lane on a connection of its own, with sqlx's usual
         // statement cache: the hot statements run on the handle (`direct.rs`), and
-        // keeping every form of the rare set-based ones (one per row count) held 10 MiB
+        // keeping every form of the rare set-based ones (one per row count) held ~10 MiB
         // for no measurable gain. The lane opens it (lazily) from its own thread, so the
         // connection's thread shares the lane's pin.
         let writer_pool = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
-            .connect_lazy_with(options);
+            .connect_lazy_with(options.pragma(
+                "wal_autocheckpoint",
+                checkpoint::WRITER_BACKSTOP_PAGES.to_string(),
+            ));
+        let checkpointer = Arc::new(Checkpointer::start(pool.clone()));
         let cpu = if pin_writer { writer_cpu() } else { None };
         let group = Arc::new(
             GroupCommit::start_on_thread(writer_pool.clone(), WRITER_LANES, WRITER_THREAD, cpu)
@@ -165,6 +173,7 @@ impl SqliteStore {
         Ok(Self {
             pool,
             writer_pool,
+            _checkpointer: checkpointer,
             group,
             claims,
             steps,
@@ -593,6 +602,50 @@ mod tests {
             .unwrap();
         again.migrate().await.unwrap();
         assert_eq!(again.workspace_by_name("kept").await.unwrap(), Some(ws));
+    }
+
+    /// The WAL is copied back into the database file beside the writer: the file grows
+    /// after a write far below the writer's own checkpoint threshold.
+    #[tokio::test]
+    async fn checkpoints_run_beside_the_writer() {
+        let (dir, store) = open_temp().await;
+        assert_eq!(
+            writer_pragma(&store, "wal_autocheckpoint").await,
+            i64::from(checkpoint::WRITER_BACKSTOP_PAGES)
+        );
+        let file = dir.path().join("switchboard.db");
+        let size = || std::fs::metadata(&file).unwrap().len();
+        // Let any checkpoint of the migrations finish first.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = size();
+        // About 250 pages of 4 KiB: a fortieth of the writer's threshold.
+        let work: crate::store::group::Work<Sqlite, ()> = Box::new(|conn| {
+            Box::pin(async move {
+                sqlx::query("CREATE TABLE filler (b BLOB)")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(map_err)?;
+                sqlx::query(
+                    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 120) \
+                     INSERT INTO filler (b) SELECT randomblob(8000) FROM n",
+                )
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+                Ok(())
+            })
+        });
+        store.writer().run(work).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while size() < before + 900_000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the file stayed at {} bytes ({before} before the write)",
+                size()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        store.close().await;
     }
 
     #[tokio::test]
