@@ -3,7 +3,8 @@
 //! SQLite copies the WAL's pages back into the database file (a checkpoint) inside the
 //! commit that takes the WAL past `wal_autocheckpoint` pages: on the writer's lane,
 //! which every delivery waits for. Here a task runs a passive checkpoint on a reading
-//! connection every [`EVERY`], on whichever CPU is free. The writer's own automatic
+//! connection every [`EVERY`] in which the writer committed, on whichever CPU is free
+//! (an idle store is left alone). The writer's own automatic
 //! checkpoint stays as a backstop ([`WRITER_BACKSTOP_PAGES`]) should the task fall
 //! behind. A passive checkpoint takes no lock the writer needs, so neither waits on
 //! the other (see "WAL checkpoints beside the writer" in `docs/benchmarks.md`).
@@ -30,13 +31,15 @@ pub(crate) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Starts checkpointing `pool`'s file (on the current Tokio runtime).
-    pub(crate) fn start(pool: SqlitePool) -> Self {
+    /// Starts checkpointing `pool`'s file (on the current Tokio runtime). `commits`
+    /// counts the writer's commits so far: a tick without a new one does nothing.
+    pub(crate) fn start(pool: SqlitePool, commits: impl Fn() -> u64 + Send + 'static) -> Self {
         let stop = Arc::new(Notify::new());
         let stopped = stop.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(EVERY);
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut checkpointed = 0;
             loop {
                 tokio::select! {
                     _ = stopped.notified() => break,
@@ -45,6 +48,11 @@ impl Checkpointer {
                 if pool.is_closed() {
                     break;
                 }
+                let now = commits();
+                if now == checkpointed {
+                    continue;
+                }
+                checkpointed = now;
                 if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
                     .execute(&pool)
                     .await

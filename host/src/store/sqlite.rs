@@ -159,12 +159,15 @@ impl SqliteStore {
                 "wal_autocheckpoint",
                 checkpoint::WRITER_BACKSTOP_PAGES.to_string(),
             ));
-        let checkpointer = Arc::new(Checkpointer::start(pool.clone()));
         let cpu = if pin_writer { writer_cpu() } else { None };
         let group = Arc::new(
             GroupCommit::start_on_thread(writer_pool.clone(), WRITER_LANES, WRITER_THREAD, cpu)
                 .map_err(|e| StoreError::Other(format!("starting the writer's thread: {e}")))?,
         );
+        let lane = group.clone();
+        let checkpointer = Arc::new(Checkpointer::start(pool.clone(), move || {
+            lane.totals().batches
+        }));
         // One lane: one batch of claims (and of steps, of receipts, of replay keys) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
