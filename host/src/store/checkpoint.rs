@@ -4,10 +4,10 @@
 //! commit that takes the WAL past `wal_autocheckpoint` pages: on the writer's lane,
 //! which every delivery waits for. Here a task runs a passive checkpoint on a reading
 //! connection every [`EVERY`] in which the writer committed, on whichever CPU is free
-//! (an idle store is left alone). The writer's own automatic
-//! checkpoint stays as a backstop ([`WRITER_BACKSTOP_PAGES`]) should the task fall
-//! behind. A passive checkpoint takes no lock the writer needs, so neither waits on
-//! the other (see "WAL checkpoints beside the writer" in `docs/benchmarks.md`).
+//! (an idle store is left alone). The writer's own automatic checkpoint stays as a
+//! backstop ([`WRITER_BACKSTOP_PAGES`]) should the task fall behind. A passive
+//! checkpoint takes no lock the writer needs, so neither waits on the other (see "WAL
+//! checkpoints beside the writer" in `docs/benchmarks.md`).
 
 use sqlx::SqlitePool;
 use std::sync::Arc;
