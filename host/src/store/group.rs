@@ -630,20 +630,7 @@ pub(crate) mod tests {
         assert_eq!(lanes.count, 1, "the order is only certain with one lane");
         let group = Arc::new(GroupCommit::start(pool, lanes));
         let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let write = |tag: &'static str, hold: std::time::Duration, fail: bool| -> Work<DB, ()> {
-            let runs = runs.clone();
-            Box::new(move |_conn| {
-                let runs = runs.clone();
-                Box::pin(async move {
-                    tokio::time::sleep(hold).await;
-                    runs.lock().unwrap().push(tag);
-                    if fail {
-                        return Err(StoreError::Other("refused".into()));
-                    }
-                    Ok(())
-                })
-            })
-        };
+        let write = |tag, hold, fail| recorded::<DB>(&runs, tag, hold, fail);
         let spawn = |w: Work<DB, ()>, alone: bool| {
             let group = group.clone();
             tokio::spawn(async move {
@@ -674,11 +661,12 @@ pub(crate) mod tests {
         );
     }
 
-    /// A write that waits `hold`, then adds `tag` to `order`.
+    /// A write that waits `hold`, then adds `tag` to `order`, and fails if `fail`.
     fn recorded<DB: Database>(
         order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
         tag: &'static str,
         hold: std::time::Duration,
+        fail: bool,
     ) -> Work<DB, ()> {
         let order = order.clone();
         Box::new(move |_conn| {
@@ -686,6 +674,9 @@ pub(crate) mod tests {
             Box::pin(async move {
                 tokio::time::sleep(hold).await;
                 order.lock().unwrap().push(tag);
+                if fail {
+                    return Err(StoreError::Other("refused".into()));
+                }
                 Ok(())
             })
         })
@@ -698,7 +689,7 @@ pub(crate) mod tests {
         assert_eq!(lanes.count, 1, "the order is only certain with one lane");
         let group = Arc::new(GroupCommit::start(pool, lanes));
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let write = |tag, hold| recorded::<DB>(&order, tag, hold);
+        let write = |tag, hold| recorded::<DB>(&order, tag, hold, false);
         let spawn = |tag: &'static str, hold: std::time::Duration, rides: bool| {
             let (group, w) = (group.clone(), write(tag, hold));
             tokio::spawn(async move {
@@ -750,7 +741,7 @@ pub(crate) mod tests {
         assert_eq!(lanes.count, 1, "the order is only certain with one lane");
         let group = Arc::new(GroupCommit::start(pool, lanes));
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let write = |tag, hold| recorded::<DB>(&order, tag, hold);
+        let write = |tag, hold| recorded::<DB>(&order, tag, hold, false);
         let busy = tokio::spawn({
             let (group, w) = (
                 group.clone(),
