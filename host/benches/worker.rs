@@ -45,9 +45,15 @@ struct Bench {
 impl Bench {
     async fn start(embedded: bool, grants: &[String]) -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        // Each set with the defaults of the command that runs it (`dev`, `serve`).
+        let defaults = if embedded {
+            Config::embedded_defaults()
+        } else {
+            Config::default()
+        };
         let mut config = Config {
             data_dir: std::env::temp_dir().join(format!("sb-wbench-{id}")),
-            ..Config::default()
+            ..defaults
         };
         if embedded {
             config = config.embedded();

@@ -146,17 +146,24 @@ fn slug_arg(s: &str) -> Result<String, std::convert::Infallible> {
     Ok(crate::ids::canonical_slug(s))
 }
 
-/// Runs a parsed command line.
-pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    // The processes that run a deployment are in production unless told otherwise:
-    // its stricter rules must not hang on an operator remembering a setting.
-    let defaults = match cli.command {
+/// The defaults `command` loads its configuration over.
+fn defaults_for(command: &Command) -> Config {
+    match command {
+        // The processes that run a deployment are in production unless told otherwise:
+        // its stricter rules must not hang on an operator remembering a setting.
         Command::Serve(_) | Command::Worker(Target { dev: false, .. }) => Config {
             environment: Environment::Production,
             ..Config::default()
         },
+        // Those on the embedded set keep fewer deliveries in flight.
+        Command::Dev(_) | Command::Worker(Target { dev: true, .. }) => Config::embedded_defaults(),
         _ => Config::default(),
-    };
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let defaults = defaults_for(&cli.command);
     let config = Config::load_over(defaults, cli.config.as_deref())?;
     crate::check_config(&config)?;
     match cli.command {
@@ -215,5 +222,35 @@ fn terminate() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(not(unix))]
     async {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(args: &[&str]) -> (Environment, usize, usize) {
+        let cli = Cli::try_parse_from(args).expect("parses");
+        let c = defaults_for(&cli.command);
+        (
+            c.environment,
+            c.worker.bulk_concurrency,
+            c.webhooks.receipt_concurrency,
+        )
+    }
+
+    #[test]
+    fn commands_on_the_embedded_set_keep_fewer_deliveries_in_flight() {
+        let production = (Environment::Production, 256, 256);
+        assert_eq!(slots(&["switchboard", "serve"]), production);
+        assert_eq!(slots(&["switchboard", "worker"]), production);
+        let embedded = (Environment::Development, 64, 32);
+        assert_eq!(slots(&["switchboard", "dev"]), embedded);
+        assert_eq!(slots(&["switchboard", "worker", "--dev"]), embedded);
+        // The others run no workers: the plain defaults.
+        assert_eq!(
+            slots(&["switchboard", "migrate"]),
+            (Environment::Development, 256, 256)
+        );
     }
 }
