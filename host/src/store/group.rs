@@ -122,7 +122,7 @@ pub(crate) type Conn<T> = <<T as Grouped>::Db as Database>::Connection;
 pub struct LaneTotals {
     /// Lanes committing in parallel.
     pub lanes: u64,
-    /// Batches run (committed or not).
+    /// Batches ended (committed or not), counted once they have.
     pub batches: u64,
     /// Writes in those batches (a set-based write of many rows counts once).
     pub writes: u64,
@@ -441,10 +441,6 @@ async fn lane<DB: Database>(
                 }
             }
         }
-        counters.batches.fetch_add(1, Ordering::Relaxed);
-        counters
-            .writes
-            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         let failed = match commit(&pool, &mut conn, &mut jobs, lanes, &counters).await {
             Ok(()) => None,
             Err(e) => {
@@ -453,6 +449,12 @@ async fn lane<DB: Database>(
                 Some(e)
             }
         };
+        // Counted once the batch has ended: SQLite's checkpointer takes a new count for
+        // a new commit to copy back, and before the commit there is none yet.
+        counters.batches.fetch_add(1, Ordering::Relaxed);
+        counters
+            .writes
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         for job in jobs {
             job.answer(failed.as_ref());
         }
