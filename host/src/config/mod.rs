@@ -494,10 +494,10 @@ impl Default for Config {
 }
 
 /// `worker.bulk_concurrency` and `webhooks.receipt_concurrency` where the commands that
-/// run on the embedded set (`dev`, `worker --dev`) default them. SQLite has one writer,
-/// which more deliveries in flight keep no busier, while each holds memory: `dev` stays
-/// under 150 MiB with these. On PostgreSQL more in flight make larger batches of the
-/// delivery path's writes, fewer statements per delivery (`docs/benchmarks.md`).
+/// run on the embedded set (`dev`, `worker --dev`) default them. Each delivery in flight
+/// holds memory, and `dev` stays under 150 MiB with these. On PostgreSQL more in flight
+/// make larger batches of the delivery path's writes, fewer statements per delivery
+/// (`docs/benchmarks.md`).
 const EMBEDDED_SLOTS: (usize, usize) = (64, 32);
 
 impl Config {
