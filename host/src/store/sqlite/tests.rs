@@ -16,6 +16,21 @@ async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// A store whose file has only the migrations before `version`.
+async fn before_migration(version: u32) -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(&dir.path().join("switchboard.db"))
+        .await
+        .expect("open sqlite");
+    let sources = tempfile::tempdir().expect("tempdir");
+    crate::store::tests::migrator_before("sqlite", version, sources.path())
+        .await
+        .run(store.pool())
+        .await
+        .expect("migrations before");
+    (dir, store)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_commit_idle_lanes_hold_no_connection() {
     let (_dir, store) = open_temp().await;
@@ -99,16 +114,7 @@ async fn receipt_lookups_search_their_indexes() {
 /// their kind; `wasm` is still the last column; the one-active-per-slug index is back.
 #[tokio::test]
 async fn the_plugin_kind_migration_keeps_rows_and_tells_their_kinds() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("switchboard.db"))
-        .await
-        .unwrap();
-    let before = tempfile::tempdir().unwrap();
-    crate::store::tests::migrator_before("sqlite", 6, before.path())
-        .await
-        .run(store.pool())
-        .await
-        .unwrap();
+    let (_dir, store) = before_migration(6).await;
     for (digest, state, bytes) in crate::store::tests::ROWS_BEFORE_0006 {
         sqlx::query(
             "INSERT INTO plugin_versions (slug, version, digest, outbound_hosts, state, \
@@ -140,16 +146,7 @@ async fn the_plugin_kind_migration_keeps_rows_and_tells_their_kinds() {
 
 #[tokio::test]
 async fn migration_0008_writes_missing_queued_entries() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("switchboard.db"))
-        .await
-        .unwrap();
-    let before = tempfile::tempdir().unwrap();
-    crate::store::tests::migrator_before("sqlite", 8, before.path())
-        .await
-        .run(store.pool())
-        .await
-        .unwrap();
+    let (_dir, store) = before_migration(8).await;
     let (ws, messages) = crate::store::messages::tests::rows_before_0008(&store).await;
     sqlx::query("DELETE FROM message_events WHERE event_id = ?")
         .bind(messages[0].event_id.as_str())
@@ -164,16 +161,7 @@ async fn migration_0008_writes_missing_queued_entries() {
 /// the index and the AUTOINCREMENT high-water mark survive it.
 #[tokio::test]
 async fn migration_0009_keeps_rows_and_sequence_and_drops_the_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("switchboard.db"))
-        .await
-        .unwrap();
-    let before = tempfile::tempdir().unwrap();
-    crate::store::tests::migrator_before("sqlite", 9, before.path())
-        .await
-        .run(store.pool())
-        .await
-        .unwrap();
+    let (_dir, store) = before_migration(9).await;
     let (_, messages) = crate::store::messages::tests::rows_before_0008(&store).await;
     // The newest timeline row deleted: its `seq` must not be given again.
     let high: i64 = sqlx::query_scalar("SELECT max(seq) FROM message_events")
