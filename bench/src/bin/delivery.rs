@@ -433,7 +433,7 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
         _ => Value::Null,
     };
     let cpu_after = cpu::snapshot(args);
-    let cpu_report = cpu::report(&cpu_before, &cpu_after, args.clk_tck);
+    let cpu_report = cpu::report(&cpu_before, &cpu_after, args.clk_tck, accepted as u64);
     let rss_hwm_kb = args.gateway_pid.and_then(|p| proc_status_kb(p, "VmHWM"));
     let memory = json!({
         "gateway_vmrss_max_sampled_kb": rss_max_kb,
@@ -1152,12 +1152,12 @@ mod cpu {
     use std::time::Instant;
 
     pub struct Snapshot {
-        at: Instant,
+        pub(super) at: Instant,
         /// pid → (group, user + system ticks).
-        procs: HashMap<u32, (String, u64)>,
+        pub(super) procs: HashMap<u32, (String, u64)>,
         /// Busy and total jiffies of the whole machine (`/proc/stat`).
-        machine: Option<(u64, u64)>,
-        cpus: usize,
+        pub(super) machine: Option<(u64, u64)>,
+        pub(super) cpus: usize,
     }
 
     pub fn snapshot(args: &Args) -> Snapshot {
@@ -1232,9 +1232,11 @@ mod cpu {
         Some((busy, total))
     }
 
-    /// CPU seconds and average cores per group between two snapshots. A process that
-    /// started in between counts from zero; one that ended in between is missed.
-    pub fn report(before: &Snapshot, after: &Snapshot, clk_tck: u64) -> Value {
+    /// CPU seconds and average cores per group between two snapshots, and the CPU each
+    /// of `messages` cost (µs): a figure that a busy, noisy machine moves less than the
+    /// throughput. A process that started in between counts from zero; one that ended
+    /// in between is missed.
+    pub fn report(before: &Snapshot, after: &Snapshot, clk_tck: u64, messages: u64) -> Value {
         let window = (after.at - before.at).as_secs_f64();
         let mut groups: BTreeMap<String, u64> = BTreeMap::new();
         for (pid, (group, ticks)) in &after.procs {
@@ -1246,6 +1248,13 @@ mod cpu {
             *groups.entry(group.clone()).or_default() += ticks.saturating_sub(was);
         }
         let hz = clk_tck.max(1) as f64;
+        let per_message = |secs: f64| -> Value {
+            if messages == 0 {
+                Value::Null
+            } else {
+                json!((secs * 1e6 / messages as f64).round())
+            }
+        };
         let groups: BTreeMap<String, Value> = groups
             .into_iter()
             .map(|(g, ticks)| {
@@ -1255,15 +1264,20 @@ mod cpu {
                     json!({
                         "cpu_s": super::round1(secs),
                         "cores": super::round3(if window > 0.0 { secs / window } else { 0.0 }),
+                        "us_per_message": per_message(secs),
                     }),
                 )
             })
             .collect();
         let machine = match (before.machine, after.machine) {
-            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => json!({
-                "busy_share": super::round3((b1 - b0) as f64 / (t1 - t0) as f64),
-                "busy_cores": super::round3((b1 - b0) as f64 / (t1 - t0) as f64 * after.cpus as f64),
-            }),
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                let share = (b1 - b0) as f64 / (t1 - t0) as f64;
+                json!({
+                    "busy_share": super::round3(share),
+                    "busy_cores": super::round3(share * after.cpus as f64),
+                    "busy_us_per_message": per_message(share * after.cpus as f64 * window),
+                })
+            }
             _ => Value::Null,
         };
         json!({
@@ -1324,6 +1338,31 @@ mod tests {
         assert_eq!(r["store_lane_busy_share"]["commit"], 0.5);
         assert_eq!(r["endpoint_attempts"]["deferred"], 6.0);
         assert_eq!(r["endpoint_attempts"]["delivered"], 7.0);
+    }
+
+    #[test]
+    fn cpu_is_reported_per_message_over_the_window() {
+        use std::collections::HashMap;
+        let at = Instant::now();
+        let snapshot = |at: Instant, gateway: u64, busy: u64, total: u64| cpu::Snapshot {
+            at,
+            procs: HashMap::from([(7, ("gateway".to_string(), gateway))]),
+            machine: Some((busy, total)),
+            cpus: 2,
+        };
+        let before = snapshot(at, 100, 1_000, 2_000);
+        let after = snapshot(at + Duration::from_secs(2), 300, 1_300, 2_400);
+        // 200 ticks at 100 Hz: 2 s of CPU over 1,000 messages.
+        let r = cpu::report(&before, &after, 100, 1_000);
+        assert_eq!(r["groups"]["gateway"]["cpu_s"], 2.0);
+        assert_eq!(r["groups"]["gateway"]["cores"], 1.0);
+        assert_eq!(r["groups"]["gateway"]["us_per_message"], 2_000.0);
+        // 300 of 400 jiffies busy on 2 CPUs for 2 s: 3 CPU-seconds.
+        assert_eq!(r["machine"]["busy_cores"], 1.5);
+        assert_eq!(r["machine"]["busy_us_per_message"], 3_000.0);
+        // No messages: no figure per message, rather than a division by zero.
+        let none = cpu::report(&before, &after, 100, 0);
+        assert!(none["groups"]["gateway"]["us_per_message"].is_null());
     }
 
     #[test]
