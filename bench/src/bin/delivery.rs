@@ -1232,10 +1232,9 @@ mod cpu {
         Some((busy, total))
     }
 
-    /// CPU seconds and average cores per group between two snapshots, and the CPU each
-    /// of `messages` cost (µs): a figure that a busy, noisy machine moves less than the
-    /// throughput. A process that started in between counts from zero; one that ended
-    /// in between is missed.
+    /// CPU seconds and average cores per group between two snapshots, and what each of
+    /// `messages` cost (µs), to set beside the CPU a target leaves a message. A process
+    /// that started in between counts from zero; one that ended in between is missed.
     pub fn report(before: &Snapshot, after: &Snapshot, clk_tck: u64, messages: u64) -> Value {
         let window = (after.at - before.at).as_secs_f64();
         let mut groups: BTreeMap<String, u64> = BTreeMap::new();
