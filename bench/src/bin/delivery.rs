@@ -1271,10 +1271,11 @@ mod cpu {
         let machine = match (before.machine, after.machine) {
             (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
                 let share = (b1 - b0) as f64 / (t1 - t0) as f64;
+                let cores = share * after.cpus as f64;
                 json!({
                     "busy_share": super::round3(share),
-                    "busy_cores": super::round3(share * after.cpus as f64),
-                    "busy_us_per_message": per_message(share * after.cpus as f64 * window),
+                    "busy_cores": super::round3(cores),
+                    "busy_us_per_message": per_message(cores * window),
                 })
             }
             _ => Value::Null,
