@@ -636,7 +636,7 @@ struct JetStreamSettle {
 }
 
 impl JetStreamSettle {
-    /// Fire-and-forget: a lost nak or progress only means the ack wait runs its course.
+    /// Fire-and-forget: a lost settlement only means the ack wait runs its course.
     async fn send(&self, kind: AckKind) -> Result<(), BrokerError> {
         self.client
             .publish(self.reply.clone(), kind.into())
@@ -647,17 +647,11 @@ impl JetStreamSettle {
 
 #[async_trait::async_trait]
 impl Settle for JetStreamSettle {
-    /// Waits for the server to confirm the ack, so `Ok` means it will not come back.
+    /// Sent, not confirmed: a confirmation is a second message through the server for
+    /// every delivery. Should an ack be lost, the delivery comes back after the ack
+    /// wait and its worker finds the work done (the store decides, not the broker).
     async fn ack(&self) -> Result<(), BrokerError> {
-        let request = self.client.request(self.reply.clone(), AckKind::Ack.into());
-        match tokio::time::timeout(ACK_TIMEOUT, request).await {
-            Ok(Ok(_confirmation)) => Ok(()),
-            Ok(Err(err)) => Err(BrokerError(format!("ack not confirmed: {err}"))),
-            Err(_elapsed) => Err(BrokerError(format!(
-                "ack not confirmed within {}s",
-                ACK_TIMEOUT.as_secs()
-            ))),
-        }
+        self.send(AckKind::Ack).await
     }
 
     async fn nak(&self, delay: Duration) -> Result<(), BrokerError> {

@@ -536,6 +536,8 @@ async fn a_deleted_consumer_is_recreated_and_the_subscription_goes_on() {
             .ack()
             .await
             .expect("ack");
+        // Acks are not confirmed: the stream shows when this one has been applied.
+        assert_eq!(eventually_count(&broker.js, &names.critical, 0).await, 0);
 
         broker
             .js

@@ -194,7 +194,9 @@ pub trait Broker: Send + Sync + 'static {
 /// Settles one delivery with the broker.
 #[async_trait::async_trait]
 pub trait Settle: Send + Sync + 'static {
-    /// Done: the broker never delivers it again.
+    /// Done: the broker does not deliver it again. (JetStream's acks are not
+    /// confirmed: one lost on the way brings the delivery back after the ack wait,
+    /// and the work it names is found done.)
     async fn ack(&self) -> Result<(), BrokerError>;
     /// Not done: deliver it again after `delay` (to this or another worker).
     async fn nak(&self, delay: std::time::Duration) -> Result<(), BrokerError>;
