@@ -13,7 +13,7 @@
 
 use crate::plugins::bundled::BUNDLED;
 use crate::plugins::session::{CallKind, Session};
-use crate::plugins::{Grants, Plugin, PluginKind, PluginRuntime, RuntimeConfig};
+use crate::plugins::{Grants, Plugin, PluginRuntime, RuntimeConfig};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -98,12 +98,6 @@ pub(super) async fn sign(
         .get_key_value(slug)
         .ok_or_else(|| format!("no bundled plugin signs for {slug}"))?;
     let failed = |e| format!("{slug}'s sign-webhook failed: {e}");
-    if plugin.kind() == PluginKind::Native {
-        return plugin
-            .sign_webhook(secret, body, timestamp)
-            .await
-            .map_err(failed);
-    }
     let idle = IDLE.lock().unwrap_or_else(|e| e.into_inner()).take(slug);
     let (mut session, calls) = match idle {
         Some(idle) => idle,
