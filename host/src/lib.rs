@@ -432,7 +432,21 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
         let _ = relay.await;
         let _ = dispatcher.await;
     }
+    // Every consumer has stopped: the acks they sent last must leave before the process.
+    match tokio::time::timeout(FLUSH_WAIT, state.queue.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "last acks not flushed; their deliveries come back once")
+        }
+        Err(_) => tracing::warn!(
+            ?FLUSH_WAIT,
+            "last acks not flushed in time; their deliveries come back once"
+        ),
+    }
 }
+
+/// How long a stopping process waits for its last acks to be written to the broker.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 /// Drops the configuration cache on every announced change, until `stop` turns true.
 fn follow_config_changes(

@@ -407,6 +407,11 @@ impl WorkQueue for EmbeddedBroker {
             .boxed(),
         )
     }
+
+    /// Nothing is queued: an ack returns once its commit has.
+    async fn flush(&self) -> Result<(), BrokerError> {
+        Ok(())
+    }
 }
 
 /// One durable consumer of one stream, shared by its subscribers in this process.

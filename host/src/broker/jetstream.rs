@@ -442,6 +442,15 @@ impl WorkQueue for JetStreamBroker {
             .boxed(),
         )
     }
+
+    /// Waits until the client has written every queued command, the acks among them,
+    /// to the server's connection.
+    async fn flush(&self) -> Result<(), BrokerError> {
+        self.client
+            .flush()
+            .await
+            .map_err(|err| BrokerError(format!("cannot flush settlements to NATS: {err}")))
+    }
 }
 
 /// The durable pull consumer every worker process creates identically.

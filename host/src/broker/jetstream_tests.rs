@@ -25,13 +25,26 @@ where
     F: FnOnce(JetStreamBroker) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let names = unique_names();
+    isolated_names(unique_names(), body).await;
+}
+
+/// [`isolated`] on streams named `names` (made by a broker that is gone).
+async fn isolated_names<F, Fut>(names: StreamNames, body: F)
+where
+    F: FnOnce(JetStreamBroker) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let broker = JetStreamBroker::connect(NATS_URL, names.clone())
         .await
         .unwrap_or_else(|err| panic!("a NATS server with JetStream must run at {NATS_URL}: {err}"));
     let js = broker.js.clone();
     let outcome = AssertUnwindSafe(body(broker)).catch_unwind().await;
-    for stream in [&names.critical, &names.bulk, &names.telemetry] {
+    for stream in [
+        &names.critical,
+        &names.bulk,
+        &names.telemetry,
+        &names.webhooks,
+    ] {
         match js.delete_stream(stream).await {
             Ok(_) => {}
             // Tests that never ran setup have nothing to delete.
@@ -665,4 +678,51 @@ async fn subscribers_on_one_durable_share_the_messages() {
         shared::subscribers_on_one_durable_share_the_messages(&broker, &names, 40).await;
     })
     .await;
+}
+
+/// Acks go out without waiting for the server, queued in the client: a process that
+/// stops right after its last acks (its runtime, and the connection's task, dropped)
+/// still gets them all to the server once it has flushed.
+#[test]
+fn acks_flushed_before_the_process_ends_all_reach_the_server() {
+    const COUNT: usize = 300;
+    let names = unique_names();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    // The stopping process: one thread, so nothing writes the queued acks for it.
+    let ending = runtime();
+    ending.block_on(async {
+        let broker = JetStreamBroker::connect(NATS_URL, names.clone())
+            .await
+            .expect("a NATS server with JetStream at 127.0.0.1:4222");
+        broker.setup().await.expect("setup");
+        let payloads: Vec<String> = (0..COUNT).map(|i| format!("p{i}")).collect();
+        let payloads: Vec<&str> = payloads.iter().map(String::as_str).collect();
+        publish_critical(&broker, &payloads).await;
+        let mut deliveries = broker
+            .subscribe(
+                StreamClass::Critical,
+                &settings("workers", Duration::from_secs(60)),
+                COUNT,
+            )
+            .await
+            .expect("subscribe");
+        let mut received = Vec::with_capacity(COUNT);
+        for _ in 0..COUNT {
+            received.push(next_delivery(&mut deliveries).await);
+        }
+        for delivery in &received {
+            delivery.settle.ack().await.expect("ack");
+        }
+        broker.flush().await.expect("flush");
+    });
+    drop(ending);
+    runtime().block_on(isolated_names(names, |broker| async move {
+        let left = eventually_count(&broker.js, &broker.names().critical, 0).await;
+        assert_eq!(left, 0, "acks queued at the end never reached the server");
+    }));
 }

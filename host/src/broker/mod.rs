@@ -249,4 +249,10 @@ pub trait WorkQueue: Send + Sync + 'static {
         settings: &ConsumerSettings,
         prefetch: usize,
     ) -> Result<futures::stream::BoxStream<'static, Result<Delivery, BrokerError>>, BrokerError>;
+
+    /// Returns once every settlement made so far has left this process. Called when
+    /// the consumers have stopped: JetStream's acks are queued in the client without
+    /// waiting for the server, and a process that exits with some still queued would
+    /// see those deliveries come back once after their ack wait.
+    async fn flush(&self) -> Result<(), BrokerError>;
 }

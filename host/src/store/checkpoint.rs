@@ -40,6 +40,7 @@ impl Checkpointer {
             let mut tick = tokio::time::interval(EVERY);
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut checkpointed = 0;
+            let mut failing = false;
             loop {
                 tokio::select! {
                     _ = stopped.notified() => break,
@@ -53,17 +54,50 @@ impl Checkpointer {
                     continue;
                 }
                 checkpointed = now;
-                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                let result = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
                     .execute(&pool)
-                    .await
-                {
-                    // Harmless: the next tick tries again, and the writer's backstop
-                    // bounds the WAL meanwhile.
-                    tracing::debug!(error = %e, "WAL checkpoint failed");
+                    .await;
+                let error = result.err().map(|e| e.to_string());
+                match transition(failing, error.as_deref()) {
+                    Report::Quiet => {}
+                    Report::Started => tracing::warn!(
+                        error = error.as_deref().unwrap_or_default(),
+                        "WAL checkpoints failing; the writer's own checkpoint bounds the WAL meanwhile"
+                    ),
+                    Report::Again => tracing::debug!(
+                        error = error.as_deref().unwrap_or_default(),
+                        "WAL checkpoint failed again"
+                    ),
+                    Report::Resumed => tracing::info!("WAL checkpoints resumed"),
                 }
+                failing = error.is_some();
             }
         });
         Self { stop }
+    }
+}
+
+/// What a checkpoint's outcome is worth telling an operator.
+#[derive(Debug, PartialEq, Eq)]
+enum Report {
+    /// Succeeded, as the last one did.
+    Quiet,
+    /// The first failure after a success: a warning, once. The next tick tries again
+    /// and the writer's backstop bounds the WAL, so one failure is harmless; a run of
+    /// them (a full disk) is what an operator needs to hear of, without a line per tick.
+    Started,
+    /// Failed, as the last one did.
+    Again,
+    /// Succeeded after failures.
+    Resumed,
+}
+
+fn transition(was_failing: bool, error: Option<&str>) -> Report {
+    match (was_failing, error.is_some()) {
+        (false, false) => Report::Quiet,
+        (false, true) => Report::Started,
+        (true, true) => Report::Again,
+        (true, false) => Report::Resumed,
     }
 }
 
@@ -71,5 +105,31 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         // Stored if the task is not waiting now: it stops at its next tick.
         self.stop.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Report, transition};
+
+    #[test]
+    fn a_run_of_failures_is_reported_once_and_its_end_too() {
+        let outcomes = [None, Some("disk full"), Some("disk full"), None, None];
+        let mut failing = false;
+        let mut reports = Vec::new();
+        for error in outcomes {
+            reports.push(transition(failing, error));
+            failing = error.is_some();
+        }
+        assert_eq!(
+            reports,
+            [
+                Report::Quiet,
+                Report::Started,
+                Report::Again,
+                Report::Resumed,
+                Report::Quiet
+            ]
+        );
     }
 }
