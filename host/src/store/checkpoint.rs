@@ -40,7 +40,7 @@ impl Checkpointer {
             let mut tick = tokio::time::interval(EVERY);
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut checkpointed = 0;
-            let mut failing = false;
+            let mut failures = 0;
             loop {
                 tokio::select! {
                     _ = stopped.notified() => break,
@@ -58,46 +58,54 @@ impl Checkpointer {
                     .execute(&pool)
                     .await;
                 let error = result.err().map(|e| e.to_string());
-                match transition(failing, error.as_deref()) {
+                let report;
+                (failures, report) = tally(failures, error.is_some());
+                match report {
                     Report::Quiet => {}
-                    Report::Started => tracing::warn!(
+                    Report::Failing => tracing::warn!(
                         error = error.as_deref().unwrap_or_default(),
-                        "WAL checkpoints failing; the writer's own checkpoint bounds the WAL meanwhile"
+                        failures,
+                        "WAL checkpoints keep failing; the writer's own checkpoint bounds the WAL meanwhile"
                     ),
-                    Report::Again => tracing::debug!(
+                    Report::Once => tracing::debug!(
                         error = error.as_deref().unwrap_or_default(),
-                        "WAL checkpoint failed again"
+                        "WAL checkpoint failed"
                     ),
                     Report::Resumed => tracing::info!("WAL checkpoints resumed"),
                 }
-                failing = error.is_some();
             }
         });
         Self { stop }
     }
 }
 
+/// Failed checkpoints in a row that make a warning: a second's worth at the least (a
+/// tick comes every [`EVERY`], and only after new commits). One
+/// failure is harmless (the next tick tries again, and the writer's backstop bounds
+/// the WAL); a run of them (a full disk) is what an operator needs to hear of, once,
+/// without a line per tick.
+const WARN_AFTER: u32 = 50;
+
 /// What a checkpoint's outcome is worth telling an operator.
 #[derive(Debug, PartialEq, Eq)]
 enum Report {
-    /// Succeeded, as the last one did.
+    /// Nothing: it succeeded, as the last one did (or after too few failures to warn of).
     Quiet,
-    /// The first failure after a success: a warning, once. The next tick tries again
-    /// and the writer's backstop bounds the WAL, so one failure is harmless; a run of
-    /// them (a full disk) is what an operator needs to hear of, without a line per tick.
-    Started,
-    /// Failed, as the last one did.
-    Again,
-    /// Succeeded after failures.
+    /// A failure too early in its run to warn of.
+    Once,
+    /// The failure that makes the run long enough: a warning, once per run.
+    Failing,
+    /// A success that ends a run that was warned of.
     Resumed,
 }
 
-fn transition(was_failing: bool, error: Option<&str>) -> Report {
-    match (was_failing, error.is_some()) {
-        (false, false) => Report::Quiet,
-        (false, true) => Report::Started,
-        (true, true) => Report::Again,
-        (true, false) => Report::Resumed,
+/// The failures in a row after this outcome, given those before it, and what to report.
+fn tally(failures: u32, failed: bool) -> (u32, Report) {
+    match (failed, failures.saturating_add(1)) {
+        (true, WARN_AFTER) => (WARN_AFTER, Report::Failing),
+        (true, run) => (run, Report::Once),
+        (false, _) if failures >= WARN_AFTER => (0, Report::Resumed),
+        (false, _) => (0, Report::Quiet),
     }
 }
 
@@ -110,26 +118,41 @@ impl Drop for Checkpointer {
 
 #[cfg(test)]
 mod tests {
-    use super::{Report, transition};
+    use super::{Report, WARN_AFTER, tally};
+
+    /// The reports of a sequence of outcomes (true: failed), from a clean start.
+    fn reports(outcomes: impl IntoIterator<Item = bool>) -> Vec<Report> {
+        let mut failures = 0;
+        outcomes
+            .into_iter()
+            .map(|failed| {
+                let report;
+                (failures, report) = tally(failures, failed);
+                report
+            })
+            .collect()
+    }
 
     #[test]
-    fn a_run_of_failures_is_reported_once_and_its_end_too() {
-        let outcomes = [None, Some("disk full"), Some("disk full"), None, None];
-        let mut failing = false;
-        let mut reports = Vec::new();
-        for error in outcomes {
-            reports.push(transition(failing, error));
-            failing = error.is_some();
-        }
-        assert_eq!(
-            reports,
-            [
-                Report::Quiet,
-                Report::Started,
-                Report::Again,
-                Report::Resumed,
-                Report::Quiet
-            ]
+    fn a_long_run_of_failures_is_warned_of_once_and_its_end_told() {
+        let run = WARN_AFTER as usize + 10;
+        let got = reports(std::iter::repeat_n(true, run).chain([false, false]));
+        let warned: Vec<usize> = (0..got.len())
+            .filter(|&i| got[i] == Report::Failing)
+            .collect();
+        assert_eq!(warned, [WARN_AFTER as usize - 1]);
+        assert_eq!(got[run], Report::Resumed);
+        assert_eq!(got[run + 1], Report::Quiet);
+    }
+
+    #[test]
+    fn failures_now_and_then_are_never_warned_of() {
+        // Every other checkpoint failing, for far longer than a warning's run.
+        let got = reports((0..10 * WARN_AFTER).map(|i| i % 2 == 0));
+        assert!(
+            got.iter()
+                .all(|r| matches!(r, Report::Once | Report::Quiet)),
+            "{got:?}"
         );
     }
 }
