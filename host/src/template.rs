@@ -11,8 +11,8 @@ use minijinja::value::{Serde, ValueKind};
 use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value};
 use serde_json::Map;
 use std::borrow::Cow;
-use std::collections::BTreeSet;
-use std::sync::LazyLock;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// How values are escaped when inserted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,15 +112,73 @@ fn environment(escape: Escape, undefined: Undefined) -> Environment<'static> {
     env
 }
 
-fn env(escape: Escape, undefined: Undefined) -> &'static Environment<'static> {
-    let i = match (escape, undefined) {
+/// The index of an (escape, undefined) pair in [`ENVIRONMENTS`] and [`COMPILED`].
+fn index(escape: Escape, undefined: Undefined) -> usize {
+    match (escape, undefined) {
         (Escape::None, Undefined::Empty) => 0,
         (Escape::None, Undefined::Fail) => 1,
         (Escape::Html, Undefined::Empty) => 2,
         (Escape::Html, Undefined::Fail) => 3,
-    };
-    &ENVIRONMENTS[i]
+    }
 }
+
+fn env(escape: Escape, undefined: Undefined) -> &'static Environment<'static> {
+    &ENVIRONMENTS[index(escape, undefined)]
+}
+
+/// Template texts compiled at most: past this, a cache starts over, so many distinct
+/// templates cost compiles, never memory.
+const CACHED: usize = 512;
+
+/// The name a compiled template has in its own environment (minijinja's own for a
+/// template made from a string; errors name no template either way).
+const NAME: &str = "<string>";
+
+/// Compiled templates by text, each in an environment of its own (a copy of its
+/// pair's). A workflow's templates are the same for every message, and compiling them
+/// was most of a render's time.
+struct Compiled {
+    by_text: Mutex<HashMap<String, Arc<Environment<'static>>>>,
+}
+
+impl Compiled {
+    fn new() -> Self {
+        Self {
+            by_text: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `template` compiled in a copy of `base`: kept from an earlier call, or compiled
+    /// now (outside the lock) and kept.
+    fn get(
+        &self,
+        base: &Environment<'static>,
+        template: &str,
+    ) -> Result<Arc<Environment<'static>>, minijinja::Error> {
+        let lock = || self.by_text.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(env) = lock().get(template) {
+            return Ok(env.clone());
+        }
+        let mut env = base.clone();
+        env.add_template_owned(NAME, template.to_string())?;
+        let env = Arc::new(env);
+        let mut cache = lock();
+        if cache.len() >= CACHED {
+            cache.clear();
+        }
+        cache.insert(template.to_string(), env.clone());
+        Ok(env)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_text.lock().unwrap().len()
+    }
+}
+
+/// Compiled templates, per (escape, undefined) pair as [`ENVIRONMENTS`].
+static COMPILED: LazyLock<[Compiled; 4]> =
+    LazyLock::new(|| std::array::from_fn(|_| Compiled::new()));
 
 /// The context variable holding the whole payload, for keys Jinja cannot name.
 const PAYLOAD: &str = "__payload__";
@@ -188,8 +246,12 @@ pub fn render(
     let env = env(escape, undefined);
     let empty = Map::new();
     let payload = payload.unwrap_or(&empty);
+    // Compiled after the rewrite, which depends on the payload's keys.
     let (template, literals) = literal_keys(template, Some(payload));
-    let compiled = env.template_from_str(&template).map_err(invalid)?;
+    let kept = COMPILED[index(escape, undefined)]
+        .get(env, &template)
+        .map_err(invalid)?;
+    let compiled = kept.get_template(NAME).map_err(invalid)?;
     let values = Value::from(Serde(payload));
     // The whole payload under its own name only when a literal key needs it.
     let context = if literals.is_empty() {
@@ -487,5 +549,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, RenderError::Invalid(_)), "{err:?}");
+    }
+
+    /// A template is compiled once and then serves every payload, including one whose
+    /// literal dotted key changes how the template is read.
+    #[test]
+    fn a_compiled_template_serves_every_payload() {
+        let t = "Hi {{ user.name }} {{ a.b }}";
+        let nested = payload(serde_json::json!({"user": {"name": "Ada"}, "a": {"b": 1}}));
+        let literal = payload(serde_json::json!({"user": {"name": "Bo"}, "a.b": 2}));
+        for _ in 0..2 {
+            assert_eq!(lenient(t, &nested, Escape::None), "Hi Ada 1");
+            assert_eq!(lenient(t, &literal, Escape::None), "Hi Bo 2");
+        }
+        let base = environment(Escape::None, Undefined::Empty);
+        let compiled = Compiled::new();
+        let first = compiled.get(&base, t).unwrap();
+        let again = compiled.get(&base, t).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "compiled once");
+        assert_eq!(compiled.len(), 1);
+        assert!(compiled.get(&base, "{{ open").is_err());
+        assert_eq!(compiled.len(), 1, "a broken template is not kept");
+    }
+
+    /// Past its bound the cache starts over instead of growing.
+    #[test]
+    fn the_compiled_templates_are_bounded() {
+        let base = environment(Escape::None, Undefined::Empty);
+        let compiled = Compiled::new();
+        for i in 0..CACHED + 10 {
+            compiled.get(&base, &format!("{{{{ x }}}} {i}")).unwrap();
+            assert!(compiled.len() <= CACHED);
+        }
+        assert_eq!(compiled.len(), 10);
     }
 }
