@@ -126,9 +126,12 @@ fn env(escape: Escape, undefined: Undefined) -> &'static Environment<'static> {
     &ENVIRONMENTS[index(escape, undefined)]
 }
 
-/// Template texts compiled at most: past this, a cache starts over, so many distinct
-/// templates cost compiles, never memory.
+/// Template texts kept at most, and their bytes at most: past either, a cache starts
+/// over, so many or large templates cost compiles, never memory. A text larger than
+/// [`KEPT_TEXT`] is compiled for each render, as every text once was.
 const CACHED: usize = 512;
+const CACHED_BYTES: usize = 4 << 20;
+const KEPT_TEXT: usize = 64 << 10;
 
 /// The name a compiled template has in its own environment (minijinja's own for a
 /// template made from a string; errors name no template either way).
@@ -136,15 +139,21 @@ const NAME: &str = "<string>";
 
 /// Compiled templates by text, each in an environment of its own (a copy of its
 /// pair's). A workflow's templates are the same for every message, and compiling them
-/// was most of a render's time.
+/// again was about a quarter of a render's time.
 struct Compiled {
-    by_text: Mutex<HashMap<String, Arc<Environment<'static>>>>,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    by_text: HashMap<String, Arc<Environment<'static>>>,
+    bytes: usize,
 }
 
 impl Compiled {
     fn new() -> Self {
         Self {
-            by_text: Mutex::new(HashMap::new()),
+            kept: Mutex::new(Kept::default()),
         }
     }
 
@@ -155,24 +164,34 @@ impl Compiled {
         base: &Environment<'static>,
         template: &str,
     ) -> Result<Arc<Environment<'static>>, minijinja::Error> {
-        let lock = || self.by_text.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(env) = lock().get(template) {
+        let lock = || self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(env) = lock().by_text.get(template) {
             return Ok(env.clone());
         }
         let mut env = base.clone();
         env.add_template_owned(NAME, template.to_string())?;
         let env = Arc::new(env);
-        let mut cache = lock();
-        if cache.len() >= CACHED {
-            cache.clear();
+        if template.len() > KEPT_TEXT {
+            return Ok(env);
         }
-        cache.insert(template.to_string(), env.clone());
+        let mut kept = lock();
+        if kept.by_text.len() >= CACHED || kept.bytes + template.len() > CACHED_BYTES {
+            *kept = Kept::default();
+        }
+        if kept
+            .by_text
+            .insert(template.to_string(), env.clone())
+            .is_none()
+        {
+            kept.bytes += template.len();
+        }
         Ok(env)
     }
 
     #[cfg(test)]
-    fn len(&self) -> usize {
-        self.by_text.lock().unwrap().len()
+    fn len(&self) -> (usize, usize) {
+        let kept = self.kept.lock().unwrap();
+        (kept.by_text.len(), kept.bytes)
     }
 }
 
@@ -567,20 +586,40 @@ mod tests {
         let first = compiled.get(&base, t).unwrap();
         let again = compiled.get(&base, t).unwrap();
         assert!(Arc::ptr_eq(&first, &again), "compiled once");
-        assert_eq!(compiled.len(), 1);
+        assert_eq!(compiled.len(), (1, t.len()));
         assert!(compiled.get(&base, "{{ open").is_err());
-        assert_eq!(compiled.len(), 1, "a broken template is not kept");
+        assert_eq!(
+            compiled.len(),
+            (1, t.len()),
+            "a broken template is not kept"
+        );
     }
 
-    /// Past its bound the cache starts over instead of growing.
+    /// Past its bounds (texts, bytes) the cache starts over instead of growing, and a
+    /// text too large to keep is compiled but not kept.
     #[test]
     fn the_compiled_templates_are_bounded() {
         let base = environment(Escape::None, Undefined::Empty);
         let compiled = Compiled::new();
         for i in 0..CACHED + 10 {
-            compiled.get(&base, &format!("{{{{ x }}}} {i}")).unwrap();
-            assert!(compiled.len() <= CACHED);
+            compiled.get(&base, &format!("{{{{ x }}}} {i:04}")).unwrap();
+            assert!(compiled.len().0 <= CACHED);
         }
-        assert_eq!(compiled.len(), 10);
+        assert_eq!(compiled.len().0, 10);
+
+        let compiled = Compiled::new();
+        let large = |i: usize| format!("{i:04} {{{{ x }}}} {}", "y".repeat(KEPT_TEXT - 20));
+        let kept = CACHED_BYTES / large(0).len();
+        for i in 0..kept + 3 {
+            compiled.get(&base, &large(i)).unwrap();
+            assert!(compiled.len().1 <= CACHED_BYTES);
+        }
+        assert_eq!(compiled.len().0, 3);
+
+        let compiled = Compiled::new();
+        let huge = format!("{{{{ x }}}} {}", "y".repeat(KEPT_TEXT));
+        let env = compiled.get(&base, &huge).unwrap();
+        assert!(env.get_template(NAME).is_ok());
+        assert_eq!(compiled.len(), (0, 0), "too large to keep");
     }
 }
