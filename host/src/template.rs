@@ -220,26 +220,27 @@ fn literal_keys<'t>(
     };
     let mut keys = Vec::new();
     let mut out = String::new();
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
+    // `template[..copied]` is in `out` already. Text is copied only up to a key that is
+    // rewritten, so a template with none (the usual case) is never copied.
+    let mut copied = 0;
+    let mut at = 0;
+    while let Some(start) = template[at..].find("{{").map(|i| at + i) {
+        let Some(end) = template[start + 2..].find("}}").map(|i| start + 2 + i) else {
             break;
         };
-        let key = after[..end].trim();
+        let key = template[start + 2..end].trim();
         if literal(key) {
-            out.push_str(&rest[..start]);
+            out.push_str(&template[copied..start]);
             out.push_str(&format!("{{{{ {PAYLOAD}[\"{key}\"] }}}}"));
             keys.push(key.to_string());
-        } else {
-            out.push_str(&rest[..start + 2 + end + 2]);
+            copied = end + 2;
         }
-        rest = &after[end + 2..];
+        at = end + 2;
     }
     if keys.is_empty() {
         return (Cow::Borrowed(template), keys);
     }
-    out.push_str(rest);
+    out.push_str(&template[copied..]);
     (Cow::Owned(out), keys)
 }
 
@@ -621,5 +622,22 @@ mod tests {
         let env = compiled.get(&base, &huge).unwrap();
         assert!(env.get_template(NAME).is_ok());
         assert_eq!(compiled.len(), (0, 0), "too large to keep");
+    }
+
+    /// The rewrite keeps every other byte where it was: text and other tags between
+    /// rewritten keys, the text after the last one, an unclosed `{{`. A template with
+    /// no key to rewrite is given back as it is, not copied.
+    #[test]
+    fn the_rewrite_changes_only_literal_keys() {
+        let p = payload(json!({"a": 1}));
+        let (t, keys) = literal_keys("{{ x-1 }} and {{ name }}, {{2fa}}! {{ open", Some(&p));
+        assert_eq!(
+            t,
+            "{{ __payload__[\"x-1\"] }} and {{ name }}, {{ __payload__[\"2fa\"] }}! {{ open"
+        );
+        assert_eq!(keys, ["x-1", "2fa"]);
+        let (t, keys) = literal_keys("Hi {{ name }} {% if a %}y{% endif %}", Some(&p));
+        assert!(matches!(t, Cow::Borrowed(_)));
+        assert!(keys.is_empty());
     }
 }
