@@ -128,7 +128,8 @@ fn env(escape: Escape, undefined: Undefined) -> &'static Environment<'static> {
 
 /// Template texts kept at most, and their bytes at most: past either, a cache starts
 /// over, so many or large templates cost compiles, never memory. A text larger than
-/// [`KEPT_TEXT`] is compiled for each render, as every text once was.
+/// [`KEPT_TEXT`] is compiled for each render (in a fresh copy of its environment) and
+/// dropped after it.
 const CACHED: usize = 512;
 const CACHED_BYTES: usize = 4 << 20;
 const KEPT_TEXT: usize = 64 << 10;
@@ -576,8 +577,8 @@ mod tests {
     #[test]
     fn a_compiled_template_serves_every_payload() {
         let t = "Hi {{ user.name }} {{ a.b }}";
-        let nested = payload(serde_json::json!({"user": {"name": "Ada"}, "a": {"b": 1}}));
-        let literal = payload(serde_json::json!({"user": {"name": "Bo"}, "a.b": 2}));
+        let nested = payload(json!({"user": {"name": "Ada"}, "a": {"b": 1}}));
+        let literal = payload(json!({"user": {"name": "Bo"}, "a.b": 2}));
         for _ in 0..2 {
             assert_eq!(lenient(t, &nested, Escape::None), "Hi Ada 1");
             assert_eq!(lenient(t, &literal, Escape::None), "Hi Bo 2");
