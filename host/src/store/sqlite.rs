@@ -40,6 +40,16 @@ const MAX_CONNECTIONS: u32 = 8;
 /// `docs/benchmarks.md`).
 const READER_CACHE_KIB: u32 = 256;
 
+/// Commands each connection's sqlx thread may have queued (sqlx's default is 50). Taking
+/// the handle (`direct.rs`) queues an `UnlockDb` command, and when the handle is taken
+/// again before sqlx's thread has taken it back, that command stays queued until the
+/// next statement sqlx runs on the connection (which works through the queue first).
+/// Once the queue was full, taking the handle held it while waiting for room in the
+/// queue, and sqlx's thread waited for the handle: the connection hung (a probe hung
+/// within 50 back-to-back takes). Between two statements sqlx runs (every batch begins
+/// and commits through sqlx), the handle is taken far fewer times than this.
+pub(crate) const COMMAND_QUEUE: usize = 1 << 16;
+
 /// SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` (since 3.32): binds per statement.
 pub(crate) const MAX_BINDS: usize = 32_766;
 
@@ -132,7 +142,8 @@ impl SqliteStore {
             // Statement journals and sorts in memory: on files, the writer created,
             // unlinked and closed a temporary file in nearly every batch (see
             // `docs/benchmarks.md`).
-            .pragma("temp_store", "MEMORY");
+            .pragma("temp_store", "MEMORY")
+            .command_buffer_size(COMMAND_QUEUE);
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)

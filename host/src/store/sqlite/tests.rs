@@ -73,6 +73,25 @@ async fn group_commit_riders_join_the_next_batch() {
         .await;
 }
 
+/// Taking a connection's handle over and over, with no statement through sqlx in
+/// between, does not hang the connection (see `COMMAND_QUEUE`). With sqlx's default
+/// queue of 50 commands, this hung within the first hundred takes.
+#[tokio::test]
+async fn the_handle_can_be_taken_back_to_back() {
+    let (_dir, store) = open_temp().await;
+    let mut conn = store.pool().acquire().await.unwrap();
+    let takes = async {
+        for _ in 0..5_000 {
+            let mut direct = crate::store::direct::Direct::new(&mut conn);
+            direct.db().await.expect("the handle");
+        }
+        sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), takes)
+        .await
+        .expect("the connection does not hang");
+}
+
 #[tokio::test]
 async fn conformance() {
     let (_dir, store) = open_temp().await;
