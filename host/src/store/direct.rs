@@ -11,6 +11,10 @@
 //! The statements written here are the hot ones of the delivery path; the others stay
 //! sqlx's. Each is written once: the sqlx connection runs a hot statement through a
 //! [`Direct`] of its own, and a [`Direct`] runs the others on the sqlx connection.
+//!
+//! Each take of the handle queues a command on sqlx's thread that may stay queued until
+//! the next statement through sqlx; the store's connections have room for far more of
+//! them than a batch makes (`COMMAND_QUEUE` in `sqlite.rs`).
 
 use super::StoreError;
 use sqlx::SqliteConnection;

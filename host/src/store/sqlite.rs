@@ -40,15 +40,14 @@ const MAX_CONNECTIONS: u32 = 8;
 /// `docs/benchmarks.md`).
 const READER_CACHE_KIB: u32 = 256;
 
-/// Commands each connection's sqlx thread may have queued (sqlx's default is 50). Taking
-/// the handle (`direct.rs`) queues an `UnlockDb` command, and when the handle is taken
-/// again before sqlx's thread has taken it back, that command stays queued until the
-/// next statement sqlx runs on the connection (which works through the queue first).
-/// Once the queue was full, taking the handle held it while waiting for room in the
-/// queue, and sqlx's thread waited for the handle: the connection hung (a probe hung
-/// within 50 back-to-back takes). Between two statements sqlx runs (every batch begins
-/// and commits through sqlx), the handle is taken far fewer times than this.
-pub(crate) const COMMAND_QUEUE: usize = 1 << 16;
+/// Commands each connection's sqlx thread may have queued (sqlx's default: 50). Each
+/// take of the handle (`direct.rs`) queues an `UnlockDb` command, which stays queued
+/// when the handle is taken again before sqlx's thread took it back. With the queue
+/// full, a take held the handle while waiting for room, and sqlx's thread waited for
+/// the handle: the connection hung. The queue empties at every statement through sqlx
+/// (every batch begins and commits through sqlx), and a batch takes the handle a few
+/// hundred times at most. The queue grows only as far as it is used.
+const COMMAND_QUEUE: usize = 1 << 16;
 
 /// SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` (since 3.32): binds per statement.
 pub(crate) const MAX_BINDS: usize = 32_766;
