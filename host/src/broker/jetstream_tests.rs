@@ -8,8 +8,9 @@ use bytes::Bytes;
 use futures::FutureExt;
 
 use super::*;
-use crate::broker::StreamClass;
 use crate::broker::tests::{self as shared, message, next_delivery, settings};
+use crate::broker::{StreamClass, WorkQueue};
+use async_nats::jetstream::consumer;
 
 const NATS_URL: &str = "nats://127.0.0.1:4222";
 
