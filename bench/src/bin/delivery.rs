@@ -288,7 +288,7 @@ async fn run(args: &Args) -> anyhow::Result<Value> {
     let cpu_before = cpu::snapshot(args);
     let t0 = Utc::now();
     let started = Instant::now();
-    let bulks = send_bulks(&api, bodies).await?;
+    let bulks = send_bulks(&api, bodies, args.events).await?;
     let accept_secs = started.elapsed().as_secs_f64();
     let accepted = bulks.event_ids.len();
     ensure!(accepted > 0, "no event was queued");
@@ -471,9 +471,9 @@ struct Bulks {
 }
 
 /// Sends the bulk requests one after the other; any answer but 2xx ends the run.
-async fn send_bulks(api: &Api, bodies: Vec<Vec<u8>>) -> anyhow::Result<Bulks> {
+async fn send_bulks(api: &Api, bodies: Vec<Vec<u8>>, events: usize) -> anyhow::Result<Bulks> {
     let mut bulks = Bulks {
-        event_ids: Vec::with_capacity(bodies.len() * MAX_BULK),
+        event_ids: Vec::with_capacity(events),
         runs: Vec::new(),
         failed: 0,
     };
