@@ -396,10 +396,39 @@ async fn bad_requests_are_400_413_415(b: Backends) {
         resp.json::<Value>().await.unwrap()["error"],
         "PAYLOAD_TOO_LARGE"
     );
+    // Under the body limit, but one event larger than a queued event may be (what
+    // every broker carries in one message): refused, not accepted to fail publishing.
+    let big = |s: &str| json!({"name": "x", "to": {"subscriberId": s, "email": "a@b.c"}, "payload": {"blob": "x".repeat(600 << 10)}});
+    let (s, body) = gw.post("/v1/events/trigger", &key, &big("s"), &[]).await;
+    assert_eq!(
+        (s, body["error"].as_str()),
+        (413, Some("PAYLOAD_TOO_LARGE")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("bytes as queued"),
+        "{body}"
+    );
     assert!(
         gw.published().await.is_empty(),
         "nothing rejected is published"
     );
+    let events = json!({"events": [big("s1"), trigger_body("s2")]});
+    let (s, body) = gw.post("/v1/events/bulk", &key, &events, &[]).await;
+    assert_eq!((s, body["count"].as_u64()), (200, Some(1)), "{body}");
+    assert_eq!(body["events"][0]["status"], "FAILED", "{body}");
+    assert!(
+        body["events"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("bytes as queued"),
+        "{body}"
+    );
+    assert_eq!(body["events"][1]["status"], "QUEUED", "{body}");
+    assert_eq!(gw.published().await.len(), 1);
     gw.cleanup().await;
 }
 
@@ -1119,6 +1148,45 @@ async fn an_unreachable_backend_at_start_names_the_setting() {
             started.elapsed()
         );
     }
+}
+
+/// A NATS server whose messages are smaller than an accepted event may be would take
+/// events it could never publish: the gateway refuses to start on it, naming the fix.
+#[tokio::test]
+async fn a_nats_server_too_small_for_an_event_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 65536\n").unwrap();
+    let port = Private::free_port();
+    let child = std::process::Command::new("nats-server")
+        .arg("-c")
+        .arg(&conf)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir.path().join("js"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server must be installed");
+    let _nats = Private::wait(child, port).await;
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    let db = format!(
+        "sb_api_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    create_database(&db).await;
+    config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+    config.broker.url = format!("nats://127.0.0.1:{port}");
+    let err = match switchboard::build_state(config).await {
+        Ok(_) => panic!("started on a NATS server that cannot carry an accepted event"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("broker.url") && err.contains("max_payload") && err.contains("65536"),
+        "{err}"
+    );
 }
 
 async fn metrics_count_requests_decisions_and_publishes(b: Backends) {

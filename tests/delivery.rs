@@ -287,6 +287,7 @@ both!(
     a_poison_event_is_given_up_after_the_bounded_deliveries,
     workflow_errors_fail_with_their_codes,
     bulk_gives_way_to_busy_ingestion_and_critical_does_not,
+    a_critical_send_never_waits_behind_slow_bulk_sends,
 );
 
 async fn failover_across_providers_then_channels(b: Backends) {
@@ -1221,6 +1222,92 @@ async fn bulk_gives_way_to_busy_ingestion_and_critical_does_not(b: Backends) {
         most > 2,
         "only {most} requests at once after ingestion went quiet"
     );
+    gw.cleanup().await;
+}
+
+/// Slow bulk sends holding every plugin instance slot they may take leave critical
+/// deliveries slots of their own, and a send's timeout starts once it has its slot: a
+/// delivery that waited for one is neither failed nor sent twice.
+async fn a_critical_send_never_waits_behind_slow_bulk_sends(b: Backends) {
+    const N: usize = 12;
+    let provider = IdempotentProvider::start(Duration::from_millis(600)).await;
+    let base = format!("http://{}", provider.addr);
+    let gw = Gateway::start_with(b, &[provider.addr.to_string()], |c| {
+        // One slot bulk may take, one kept for critical work.
+        c.plugins.max_instances = 2;
+        // Sends time out after 2 s; a slot is waited for 1 s at most.
+        c.worker.ack_wait_ms = 4_000;
+    })
+    .await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &base)]).await;
+    let otp = |s: &str| json!({"name": "otp", "to": {"subscriberId": s, "phone": "+14155550123"}, "payload": {"code": "99"}});
+    let events: Vec<Value> = (0..N).map(|i| otp(&format!("slow{i}"))).collect();
+    let (s, body) = gw
+        .request(
+            reqwest::Method::POST,
+            "/v1/events/bulk",
+            &key,
+            Some(&json!({"events": events})),
+            &[],
+        )
+        .await;
+    assert_eq!((s, body["count"].as_u64()), (200, Some(N as u64)), "{body}");
+    let bulk: Vec<String> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["eventId"].as_str().unwrap().to_string())
+        .collect();
+    // Once a bulk send is at the provider, the others wait for its slot.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while provider.in_flight.0.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no bulk send reached the provider"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let critical = gw.trigger(&key, otp("urgent"), "CRITICAL").await;
+    let m = gw.settled(&critical).await;
+    assert_eq!(
+        (m.status, m.attempts),
+        (MessageStatus::Sent, 1),
+        "{:?}",
+        m.error_detail
+    );
+    let ws = gw.workspace().await;
+    for id in &bulk {
+        let id = EventId::parse(id).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let m = loop {
+            let m = gw
+                .state
+                .ingest
+                .store
+                .get_message(&ws, &id)
+                .await
+                .unwrap()
+                .unwrap();
+            if m.status.is_dispatched() {
+                break m;
+            }
+            assert!(Instant::now() < deadline, "{id} was not dispatched in time");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            (m.status, m.attempts),
+            (MessageStatus::Sent, 1),
+            "{:?}",
+            m.error_detail
+        );
+    }
+    // Every send reached the provider once: none was made for a delivery that gave up
+    // waiting, and none was cut off by a timeout that counted the wait.
+    let seen = provider.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), N + 1, "{seen:?}");
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
     gw.cleanup().await;
 }
 

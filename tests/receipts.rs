@@ -624,6 +624,17 @@ async fn tampered_and_unknown_callbacks_are_refused_and_retries_answered_again(b
         .post_signed("provc", &lp.secrets["provc"], b"not json", now)
         .await;
     assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");
+    // A receipt with a NUL character, which no database text column takes: refused,
+    // not accepted to fail in the store on every delivery.
+    let nul = br#"{"message_id":"SM-nul","status":"BOUNCED_HARD","bounce_reason":"a\u0000b"}"#;
+    let (s, e) = lp
+        .post_signed("provc", &lp.secrets["provc"], nul, now)
+        .await;
+    assert_eq!((s, e["error"].as_str()), (400, Some("BAD_REQUEST")), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("bounce_reason"),
+        "{e}"
+    );
 
     // Processed exactly once: one delivered entry each.
     let ws = lp.workspace().await;

@@ -31,6 +31,7 @@ pub mod sim;
 pub mod store;
 pub mod template;
 pub mod tls;
+pub mod urgency;
 pub mod voice;
 pub mod webhooks;
 pub mod worker;
@@ -156,6 +157,8 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
                     anyhow::anyhow!("broker.url ({shown}): {e}")
                 })?,
             );
+            ingest::check_broker_limit(b.client().server_info().max_payload)
+                .map_err(|e| anyhow::anyhow!("broker.url: {e}"))?;
             let announcer = announce::Announcer::Nats {
                 client: b.client(),
                 subject: streams.plugins_subject.clone(),

@@ -17,11 +17,14 @@ pub enum ApiError {
     /// 413 `PAYLOAD_TOO_LARGE`.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// 413 `PAYLOAD_TOO_LARGE`: one event larger than a queued event may be.
+    #[error("{0}")]
+    EventTooLarge(String),
     /// 415 `UNSUPPORTED_MEDIA_TYPE`.
     #[error("request body must be JSON: send `Content-Type: application/json`")]
     UnsupportedMediaType,
     /// 401 `INVALID_SIGNATURE`: a webhook signature was missing, malformed, wrong or
-    /// stale, or the callback was a replay.
+    /// stale.
     #[error("{0}")]
     InvalidSignature(String),
     /// 403 `FORBIDDEN`: the key lacks the scope the route needs.
@@ -129,7 +132,9 @@ impl ApiError {
             ApiError::InvalidSignature(_) => (StatusCode::UNAUTHORIZED, "INVALID_SIGNATURE"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "FORBIDDEN"),
             ApiError::PluginRejected(_) => (StatusCode::UNPROCESSABLE_ENTITY, "PLUGIN_REJECTED"),
-            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE"),
+            ApiError::PayloadTooLarge(_) | ApiError::EventTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE")
+            }
             ApiError::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UNSUPPORTED_MEDIA_TYPE")
             }
@@ -198,6 +203,7 @@ impl From<crate::ingest::IngestError> for ApiError {
         use crate::ingest::IngestError;
         match e {
             IngestError::Invalid(m) => ApiError::BadRequest(m),
+            IngestError::TooLarge(m) => ApiError::EventTooLarge(m),
             IngestError::RateLimited(m) => ApiError::RateLimited(m.into()),
             IngestError::Revoked => ApiError::Unauthorized("API key revoked".into()),
             IngestError::Internal(m) => ApiError::Internal(anyhow::anyhow!(m)),
@@ -232,6 +238,7 @@ mod tests {
             ApiError::BadRequest(String::new()),
             ApiError::Unauthorized(String::new()),
             ApiError::PayloadTooLarge(1),
+            ApiError::EventTooLarge(String::new()),
             ApiError::UnsupportedMediaType,
             ApiError::InvalidSignature(String::new()),
             ApiError::Forbidden(String::new()),

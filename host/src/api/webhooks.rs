@@ -88,7 +88,7 @@ pub fn router(max_body_bytes: usize) -> Router<AppState> {
     responses(
         (status = 200, description = "Verified and on the telemetry stream", body = WebhookResponse),
         (status = 400, description = "Verified, but not a receipt the provider's plugin understands", body = super::error::ErrorBody),
-        (status = 401, description = "`INVALID_SIGNATURE`: missing, malformed, wrong or stale signature, or a replay", body = super::error::ErrorBody),
+        (status = 401, description = "`INVALID_SIGNATURE`: missing, malformed, wrong or stale signature", body = super::error::ErrorBody),
         (status = 404, description = "No such provider", body = super::error::ErrorBody),
         (status = 413, description = "Body over `webhooks.max_body_bytes` (256 KiB)", body = super::error::ErrorBody),
         (status = 429, description = "Too many failed signatures from this address in the last minute", body = super::error::ErrorBody),

@@ -138,9 +138,10 @@ pub struct WebhooksConfig {
     /// Accept voice callbacks that carry no signature at all. Development only:
     /// refused at start when `environment` is `production`.
     pub allow_unsigned_voice: bool,
-    /// How long an accepted callback is remembered to refuse its replay, seconds.
-    /// Longer than any provider's timestamp tolerance, so a replay is refused either
-    /// as seen or as stale.
+    /// How long an accepted callback is remembered, seconds: the same callback again
+    /// within it is answered as the first was, counted `replayed` and processed no
+    /// further. Longer than any provider's timestamp tolerance, so a replay is either
+    /// recognised as seen or refused as stale.
     pub replay_window_secs: u64,
     /// Receipts the receipt consumer applies at once per process.
     pub receipt_concurrency: usize,

@@ -31,6 +31,9 @@ pub enum IngestError {
     /// 400: the request itself is wrong.
     #[error("{0}")]
     Invalid(String),
+    /// 413: the event is larger than [`MAX_EVENT_BYTES`] as queued.
+    #[error("{0}")]
+    TooLarge(String),
     /// 429: a quota is exhausted; nothing was recorded.
     #[error("{0}")]
     RateLimited(&'static str),
@@ -40,6 +43,37 @@ pub enum IngestError {
     /// 500: counters, store or broker failed; the cause is logged.
     #[error("{0}")]
     Internal(String),
+}
+
+/// The most bytes one accepted event may take as queued (its JSON, with the ids and
+/// routing the gateway adds): what every broker must carry in one message. A larger
+/// event is refused at once (413), so nothing accepted can fail to publish for its size,
+/// nor, put aside in the outbox, hold up the events behind it.
+pub const MAX_EVENT_BYTES: usize = 512 << 10;
+
+/// Room a broker message needs beyond the event (headers: the de-duplication id).
+const BROKER_HEADROOM: usize = 4 << 10;
+
+/// Whether a broker whose messages may take `max_payload` bytes carries every event
+/// ingestion accepts; if not, what to change.
+pub fn check_broker_limit(max_payload: usize) -> Result<(), String> {
+    let needed = MAX_EVENT_BYTES + BROKER_HEADROOM;
+    if max_payload < needed {
+        return Err(format!(
+            "the NATS server takes messages of at most {max_payload} bytes (`max_payload`), \
+             and an accepted event may need {needed}: raise `max_payload` in the server's \
+             configuration (its default is 1 MiB)"
+        ));
+    }
+    Ok(())
+}
+
+/// The error for an event that takes `bytes` as queued, over [`MAX_EVENT_BYTES`].
+fn too_large(bytes: usize) -> IngestError {
+    IngestError::TooLarge(format!(
+        "the event takes {bytes} bytes as queued; at most {MAX_EVENT_BYTES} are accepted \
+         (send large content by reference)"
+    ))
 }
 
 /// The backends ingestion runs on.
@@ -333,6 +367,9 @@ impl Ingest {
         let message = envelope.message();
         let payload = serde_json::to_vec(&envelope)
             .map_err(|e| IngestError::Internal(format!("encoding: {e}")))?;
+        if payload.len() > MAX_EVENT_BYTES {
+            return Err(too_large(payload.len()));
+        }
         Ok((
             message,
             Publish {

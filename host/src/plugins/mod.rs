@@ -31,12 +31,14 @@ pub mod runtime;
 mod sandbox;
 pub mod scaffold;
 pub mod session;
+pub mod slots;
 pub mod trial;
 pub mod types;
 pub mod wit;
 
 pub use native::{ArtifactKind, artifact_kind};
 pub use runtime::{Grants, Plugin, PluginError, PluginKind, PluginRuntime, RuntimeConfig};
+pub use slots::{Slot, reserved_slots};
 
 /// The spec's lower-case channel name.
 pub fn channel_name(channel: &types::Channel) -> &'static str {

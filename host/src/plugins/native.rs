@@ -214,7 +214,7 @@ pub(crate) struct HostCtx {
 pub(crate) async fn call<A, R>(
     lib: &Arc<Library>,
     mut ctx: HostCtx,
-    slot: tokio::sync::OwnedSemaphorePermit,
+    slot: super::slots::Slot,
     op: u32,
     args: &A,
 ) -> Result<R, PluginError>

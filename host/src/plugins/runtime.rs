@@ -8,6 +8,7 @@ use super::egress::{AllowList, Egress};
 pub use super::host_calls::{PluginError, PluginStats};
 use super::sandbox::HostState;
 pub use super::session::{CallKind, Session};
+use super::slots::{Slot, Slots};
 use super::types;
 use super::wit::ProviderPre;
 use sha2::{Digest, Sha256};
@@ -16,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use switchboard_sdk::native::op;
-use tokio::sync::Semaphore;
 use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -39,7 +39,8 @@ pub struct RuntimeConfig {
     pub send_guest_time_budget: Duration,
     /// Cap on one outbound HTTP request (a plugin may ask for less, never more).
     pub http_timeout: Duration,
-    /// Plugin instances alive at once; further calls wait for a slot.
+    /// Plugin instances alive at once; further calls wait for a slot. An eighth of
+    /// them ([`super::slots::reserved_slots`]) only urgent work may take.
     pub max_instances: u32,
     /// Where compiled components are cached; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
@@ -90,7 +91,7 @@ pub(super) struct Shared {
     linker: Linker<HostState>,
     pub(super) config: RuntimeConfig,
     pub(super) egress: Egress,
-    pub(super) slots: Arc<Semaphore>,
+    pub(super) slots: Slots,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -164,7 +165,7 @@ impl PluginRuntime {
             shared: Arc::new(Shared {
                 engine,
                 linker,
-                slots: Arc::new(Semaphore::new(n as usize)),
+                slots: Slots::new(n),
                 config,
                 egress,
                 stop_ticker,
@@ -465,14 +466,23 @@ impl Plugin {
         A: serde::Serialize + ?Sized,
         R: serde::de::DeserializeOwned,
     {
-        let slot = self
-            .inner
-            .shared
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
+        let slot = self.slot().await?;
+        self.call_native_in(slot, lib, ctx, op, args).await
+    }
+
+    /// [`Self::call_native`] in a slot already held.
+    async fn call_native_in<A, R>(
+        &self,
+        slot: Slot,
+        lib: &Arc<super::native::Library>,
+        ctx: super::native::HostCtx,
+        op: u32,
+        args: &A,
+    ) -> Result<R, PluginError>
+    where
+        A: serde::Serialize + ?Sized,
+        R: serde::de::DeserializeOwned,
+    {
         self.inner.stats.calls.fetch_add(1, Ordering::Relaxed);
         let result = super::native::call(lib, ctx, slot, op, args).await;
         if result.is_err() {
@@ -508,19 +518,35 @@ impl Plugin {
         self.session(CallKind::Load).await?.info().await
     }
 
+    /// Waits for an instance slot for a call to this plugin ([`Slot`]): callers that
+    /// bound the call itself, not the wait before it, take it first ([`Self::send_in`]).
+    pub async fn slot(&self) -> Result<Slot, PluginError> {
+        self.inner.shared.slots.take().await
+    }
+
     /// Sends one message through the provider.
     pub async fn send(
         &self,
         config: &[(String, String)],
         message: &types::Message,
     ) -> Result<types::SendOutcome, PluginError> {
+        self.send_in(self.slot().await?, config, message).await
+    }
+
+    /// [`Self::send`] in a slot already held: the call starts at once.
+    pub async fn send_in(
+        &self,
+        slot: Slot,
+        config: &[(String, String)],
+        message: &types::Message,
+    ) -> Result<types::SendOutcome, PluginError> {
         if let Some((lib, mut ctx)) = self.native() {
             ctx.network = true;
             return self
-                .call_native(lib, ctx, op::SEND, &(config, message))
+                .call_native_in(slot, lib, ctx, op::SEND, &(config, message))
                 .await;
         }
-        self.session(CallKind::Send)
+        self.session_in(slot, CallKind::Send)
             .await?
             .send(config, message)
             .await

@@ -4,11 +4,11 @@
 
 use super::runtime::{Backend, Plugin, PluginError, RuntimeConfig};
 use super::sandbox::{HostState, InstanceGrants};
+use super::slots::Slot;
 use super::types;
 use super::wit::Provider;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::sync::SemaphorePermit;
 use wasmtime::{Store, UpdateDeadline};
 
 /// Least guest time `info` gets: it runs once per load, and a start on a busy machine
@@ -20,6 +20,16 @@ impl Plugin {
     /// budget of `kind`; after a failed call the instance is discarded. A native plugin
     /// has no sandbox, hence no session.
     pub async fn session(&self, kind: CallKind) -> Result<Session<'_>, PluginError> {
+        let slot = self.slot().await?;
+        self.session_in(slot, kind).await
+    }
+
+    /// [`Self::session`] in a slot already held.
+    pub(super) async fn session_in(
+        &self,
+        slot: Slot,
+        kind: CallKind,
+    ) -> Result<Session<'_>, PluginError> {
         let Backend::Wasm(pre) = &self.inner.backend else {
             return Err(PluginError::Invalid(
                 "a native plugin has no sandboxed session".into(),
@@ -27,11 +37,6 @@ impl Plugin {
         };
         let shared = &self.inner.shared;
         let budget = kind.budget(&shared.config);
-        let slot = shared
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| PluginError::Invalid("runtime shut down".into()))?;
         let grants = InstanceGrants {
             slug: self.inner.info.slug.clone(),
             user_agent: self.inner.user_agent.clone(),
@@ -157,7 +162,7 @@ pub struct Session<'a> {
     store: Store<HostState>,
     guest: Option<Provider>,
     poisoned: bool,
-    _slot: SemaphorePermit<'a>,
+    _slot: Slot,
 }
 
 impl Session<'_> {

@@ -77,7 +77,7 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
 
     /// Runs `request` in the next batch and returns its answer.
     pub(crate) async fn submit(&self, request: Req) -> Result<Resp, StoreError> {
-        if super::group::is_urgent() {
+        if crate::urgency::is_urgent() {
             return (self.run)(vec![request])
                 .await
                 .pop()

@@ -18,27 +18,13 @@ use super::StoreError;
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-tokio::task_local! {
-    /// Set (by [`urgent`]) around work whose writes go ahead of the others'.
-    static URGENT: bool;
-}
-
-/// Runs `work` with its group-commit writes ahead of every write waiting that is not
-/// urgent: critical deliveries are not stuck behind a bulk backlog's writes. (A batch
-/// already committing is not interrupted: an urgent write waits for it at most.)
-pub async fn urgent<F: std::future::Future>(work: F) -> F::Output {
-    URGENT.scope(true, work).await
-}
-
-/// Whether the current task runs inside [`urgent`].
-pub(crate) fn is_urgent() -> bool {
-    URGENT.try_with(|u| *u).unwrap_or(false)
-}
+use crate::urgency::is_urgent;
 
 /// Writes one lane commits together at most: bounds how long a write waits behind
 /// others and how long the batch holds its locks.
@@ -166,8 +152,9 @@ struct Queues<DB: Database> {
     urgent: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
     queue: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
     riders: mpsc::UnboundedReceiver<Box<dyn Job<DB>>>,
-    /// A job that must run alone, taken while filling a batch: the next batch's.
-    held: Option<Box<dyn Job<DB>>>,
+    /// Jobs that must run alone, taken while filling a batch: the next batches', once
+    /// the urgent jobs waiting have gone.
+    held: VecDeque<Box<dyn Job<DB>>>,
     /// A rider taken while no other job was waiting, waiting for one.
     riding: Option<Box<dyn Job<DB>>>,
 }
@@ -177,8 +164,14 @@ impl<DB: Database> Queues<DB> {
     /// and drained. A rider is the next job only when no other comes within
     /// [`RIDE_WAIT`] of it being found alone.
     async fn next(&mut self) -> Option<Box<dyn Job<DB>>> {
-        if let Some(job) = self.held.take() {
-            return Some(job);
+        if !self.held.is_empty() {
+            // An urgent write that came while the held job's batch committed goes
+            // first: a long job alone (a prune, an erasure) must not delay it.
+            return self
+                .urgent
+                .try_recv()
+                .ok()
+                .or_else(|| self.held.pop_front());
         }
         loop {
             if self.riding.is_none() {
@@ -204,7 +197,7 @@ impl<DB: Database> Queues<DB> {
 
     /// Whether a job is waiting.
     fn waiting(&self) -> bool {
-        self.held.is_some()
+        !self.held.is_empty()
             || self.riding.is_some()
             || !self.urgent.is_empty()
             || !self.queue.is_empty()
@@ -270,7 +263,7 @@ impl<DB: Database> GroupCommit<DB> {
             urgent: urgent_rx,
             queue: queue_rx,
             riders: riders_rx,
-            held: None,
+            held: VecDeque::new(),
             riding: None,
         }));
         let this = Self {
@@ -431,9 +424,15 @@ async fn lane<DB: Database>(
                 None => return,
             };
             while !alone && jobs.len() < MAX_BATCH {
-                match queues.try_next() {
+                // With a job held for the next batch, only urgent writes go before it.
+                let next = if queues.held.is_empty() {
+                    queues.try_next()
+                } else {
+                    queues.urgent.try_recv().ok()
+                };
+                match next {
                     Some(job) if job.alone() => {
-                        queues.held = Some(job);
+                        queues.held.push_back(job);
                         break;
                     }
                     Some(job) => jobs.push(job),
@@ -663,6 +662,45 @@ pub(crate) mod tests {
         );
     }
 
+    /// With one lane busy, a write, then a long write that runs alone (held while the
+    /// write's batch fills), then an urgent write queued while that batch runs: the
+    /// urgent write goes before the held one.
+    pub(crate) async fn urgent_writes_go_before_a_held_alone_write<DB: Database>(
+        pool: Pool<DB>,
+        lanes: Lanes,
+    ) {
+        assert_eq!(lanes.count, 1, "the order is only certain with one lane");
+        let group = Arc::new(GroupCommit::start(pool, lanes));
+        let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let ms = std::time::Duration::from_millis;
+        let spawn = |tag, hold, alone: bool| {
+            let (group, w) = (group.clone(), recorded::<DB>(&runs, tag, hold, false));
+            tokio::spawn(async move {
+                if alone {
+                    group.run_alone(w).await
+                } else {
+                    group.run(w).await
+                }
+            })
+        };
+        let busy = spawn("busy", ms(300), false);
+        tokio::time::sleep(ms(100)).await;
+        let first = spawn("first", ms(300), false);
+        tokio::time::sleep(ms(10)).await;
+        let alone = spawn("alone", ms(300), true);
+        // `first` runs from about 300 ms to 600 ms, `alone` held behind it.
+        tokio::time::sleep(ms(340)).await;
+        let (g, w) = (group.clone(), recorded::<DB>(&runs, "urgent", ms(0), false));
+        let urgent = tokio::spawn(crate::urgency::urgent(async move { g.run(w).await }));
+        for task in [busy, first, alone, urgent] {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            runs.lock().unwrap().as_slice(),
+            &["busy", "first", "urgent", "alone"]
+        );
+    }
+
     /// A write that waits `hold`, then adds `tag` to `order`, and fails if `fail`.
     fn recorded<DB: Database>(
         order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
@@ -760,7 +798,7 @@ pub(crate) mod tests {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let (g, w) = (group.clone(), write("urgent", std::time::Duration::ZERO));
-        let urgent = tokio::spawn(super::urgent(async move { g.run(w).await }));
+        let urgent = tokio::spawn(crate::urgency::urgent(async move { g.run(w).await }));
         busy.await.unwrap().unwrap();
         urgent.await.unwrap().unwrap();
         for q in queued {

@@ -15,7 +15,6 @@ pub mod endpoints;
 pub mod erasure;
 pub(crate) mod group;
 pub use group::LaneTotals;
-pub use group::urgent;
 pub mod messages;
 pub mod outbound;
 pub mod outbox;
@@ -27,6 +26,7 @@ pub mod receipts;
 pub mod sqlite;
 pub mod tenancy;
 
+pub use crate::urgency::urgent;
 pub use configuration::Configuration;
 pub use delivery::Delivery;
 pub use endpoints::{Endpoint, EndpointPatch, Endpoints};
@@ -47,7 +47,8 @@ mod tests;
 /// A store failure. `Unavailable` is the database being down or unreachable.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// Connection refused, pool timed out, database gone.
+    /// Connection refused, pool timed out, database gone; or busy (a lock not had in
+    /// time, a deadlock): worth trying again later.
     #[error("database unavailable: {0}")]
     Unavailable(String),
     /// A uniqueness rule was violated (e.g. a workspace name or key hash).

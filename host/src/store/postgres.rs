@@ -242,13 +242,17 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
 
 /// SQLSTATEs meaning "no usable session": connection exceptions (08), insufficient
 /// resources such as too many connections (53), shutdown / not yet accepting (57P0x),
-/// failed authentication (28) and a missing database (3D000).
+/// failed authentication (28) and a missing database (3D000); and those meaning "not
+/// now", as SQLite's BUSY and LOCKED do: a lock not had within `lock_timeout` (55P03),
+/// a deadlock (40P01), a serialization failure (40001) and a statement cancelled by a
+/// timeout (57014). Either way the write is worth trying again, and a delivery whose
+/// write failed so is retried, never given up on.
 fn server_unavailable(code: &str) -> bool {
     code.starts_with("08")
         || code.starts_with("53")
         || code.starts_with("57P0")
         || code.starts_with("28")
-        || code == "3D000"
+        || matches!(code, "3D000" | "55P03" | "40P01" | "40001" | "57014")
 }
 
 fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {

@@ -45,8 +45,8 @@ pub enum WebhookError {
     /// No plugin with that slug (404).
     #[error("no provider `{0}` is installed")]
     UnknownProvider(String),
-    /// Signature missing, malformed, wrong or stale, no secret to check it with, or a
-    /// replay (401 `INVALID_SIGNATURE`).
+    /// Signature missing, malformed, wrong or stale, or no secret to check it with
+    /// (401 `INVALID_SIGNATURE`).
     #[error("{0}")]
     InvalidSignature(String),
     /// Verified, but the body is not a receipt the plugin understands (400).
@@ -277,6 +277,11 @@ impl Webhooks {
                     "{slug} receipt {index} has no message id"
                 )));
             }
+            if let Some(field) = nul_field(&receipt) {
+                return Err(WebhookError::BadRequest(format!(
+                    "{slug} receipt {index}: `{field}` holds a NUL character"
+                )));
+            }
             events.push(to_event(
                 slug,
                 receipt,
@@ -474,6 +479,21 @@ pub fn receipt_id_for(slug: &str, verified: &Verified, body: &[u8]) -> ReceiptId
         .expect("32 lower-case hex digits form a receipt id")
 }
 
+/// The first of a receipt's texts holding a NUL character, which no PostgreSQL text
+/// column takes: such a receipt is refused at once, not published to fail in the store
+/// on every delivery.
+fn nul_field(receipt: &types::Receipt) -> Option<&'static str> {
+    [
+        ("message_id", Some(&receipt.provider_message_id)),
+        ("recipient", receipt.recipient.as_ref()),
+        ("bounce_reason", receipt.bounce_reason.as_ref()),
+        ("provider_state", receipt.provider_state.as_ref()),
+    ]
+    .into_iter()
+    .find(|(_, text)| text.is_some_and(|t| t.contains('\0')))
+    .map(|(field, _)| field)
+}
+
 /// A receipt as published. Every recipient that is not an email address is masked
 /// (voice numbers above all, also when a voice provider's receipt names no channel),
 /// and the raw recipient (number or email address) is masked in the provider's free
@@ -551,6 +571,34 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_nul_in_any_receipt_text_is_named() {
+        let clean = types::Receipt {
+            provider_message_id: "m1".into(),
+            status: types::DeliveryStatus::Failed,
+            recipient: Some("+14155550123".into()),
+            channel: None,
+            cost_micro_usd: None,
+            duration_seconds: None,
+            latency_ms: None,
+            bounce_reason: Some("mailbox full\n".into()),
+            provider_state: Some("Undelivered".into()),
+        };
+        assert_eq!(nul_field(&clean), None);
+        type Spoil = fn(&mut types::Receipt);
+        let cases: [(&str, Spoil); 4] = [
+            ("message_id", |r| r.provider_message_id = "m\0-1".into()),
+            ("recipient", |r| r.recipient = Some("+1\0".into())),
+            ("bounce_reason", |r| r.bounce_reason = Some("a\0b".into())),
+            ("provider_state", |r| r.provider_state = Some("\0".into())),
+        ];
+        for (field, spoil) in cases {
+            let mut receipt = clean.clone();
+            spoil(&mut receipt);
+            assert_eq!(nul_field(&receipt), Some(field));
+        }
+    }
 
     #[test]
     fn voice_and_phone_recipients_are_masked() {

@@ -40,7 +40,8 @@ pub enum Outcome {
     Done(MessageStatus),
     /// It had been dispatched already (a redelivery); nothing was sent.
     AlreadyDone(MessageStatus),
-    /// Another worker holds its lease; try again later.
+    /// Another worker holds its lease, or no plugin instance slot came free in time
+    /// (nothing sent); try again later.
     Busy,
 }
 
@@ -107,6 +108,13 @@ impl Dispatcher {
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+
+    /// The longest a send waits for a plugin instance slot: half of what the lease
+    /// leaves once the call's own timeout is taken out, so the call still ends well
+    /// inside the lease its last step renewed.
+    fn slot_wait(&self) -> Duration {
+        self.lease.saturating_sub(self.send_timeout) / 2
     }
 
     /// Records that `stage` took from `since` until now.
@@ -323,7 +331,26 @@ impl Run<'_> {
         let slug = call.route.provider.as_str();
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
         let (plugin, trial) = self.pick(slug, ch);
-        match self.call(call, plugin).await {
+        let Ok(called) = self.call(call, plugin).await else {
+            // Not sent: the attempt stays `started`, to be resumed (under the same
+            // idempotency key) by the redelivery, which need not wait out the lease.
+            tracing::info!(
+                provider = slug,
+                channel = ch,
+                attempt_no,
+                "no plugin slot in time; retrying later"
+            );
+            self.step(&Step {
+                message: MessageUpdate {
+                    release_lease: true,
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .await?;
+            return Ok(Some(Outcome::Busy));
+        };
+        match called {
             Ok(answer) => {
                 self.d.circuits.record(slug, ch, CircuitOutcome::Accepted);
                 if let (Some(trial), Some(canaries)) = (&trial, &self.d.canaries) {
@@ -426,17 +453,20 @@ impl Run<'_> {
         &self,
         call: &Call,
         plugin: Option<crate::plugins::Plugin>,
-    ) -> Result<Answer, (String, String)> {
+    ) -> Result<Result<Answer, (String, String)>, NoSlot> {
         let (channel, route) = (call.channel, &call.route);
         let slug = route.provider.as_str();
         let Some(plugin) = plugin else {
-            return Err((NOT_LOADED.into(), format!("no plugin {slug:?} is loaded")));
+            return Ok(Err((
+                NOT_LOADED.into(),
+                format!("no plugin {slug:?} is loaded"),
+            )));
         };
         if !plugin.serves(channel.as_str()) {
-            return Err((
+            return Ok(Err((
                 NOT_SERVED.into(),
                 format!("{slug} does not serve {}", channel.as_str()),
-            ));
+            )));
         }
         let config: Vec<(String, String)> = route
             .config
@@ -459,10 +489,22 @@ impl Run<'_> {
                 .map(|p| p.into_iter().collect())
                 .unwrap_or_default(),
         };
+        // The send timeout bounds the provider call, not the wait for an instance slot
+        // before it (other providers' slow calls may hold them all); that wait is
+        // bounded by what the lease leaves, and nothing is sent when it runs out.
         let started = Instant::now();
-        let sent = tokio::time::timeout(self.d.send_timeout, plugin.send(&config, &message)).await;
+        let slot = match tokio::time::timeout(self.d.slot_wait(), plugin.slot()).await {
+            Ok(Ok(slot)) => slot,
+            Ok(Err(e)) => return Ok(Err(("plugin-error".into(), e.to_string()))),
+            Err(_) => return Err(NoSlot),
+        };
+        self.d.stage("slot", started);
+        let started = Instant::now();
+        let sent =
+            tokio::time::timeout(self.d.send_timeout, plugin.send_in(slot, &config, &message))
+                .await;
         self.d.stage("send", started);
-        match sent {
+        Ok(match sent {
             Err(_) => Err((
                 "timeout".into(),
                 format!("no answer within {:?}", self.d.send_timeout),
@@ -485,6 +527,9 @@ impl Run<'_> {
                     )),
                 })
             }
-        }
+        })
     }
 }
+
+/// No plugin instance slot came free within [`Dispatcher::slot_wait`]: nothing was sent.
+struct NoSlot;

@@ -77,7 +77,7 @@ pub(crate) struct LeaseRow {
     attempts: i32,
     lease_owner: Option<String>,
     /// The lease's deadline is still ahead (false with no lease).
-    leased: bool,
+    pub(crate) leased: bool,
 }
 
 /// A `delivery_attempts` row.

@@ -1,5 +1,7 @@
 //! [`DeliverySql`] on PostgreSQL: the subscriber and message rows are locked with
-//! `FOR UPDATE`, subscriber first; the server's clock (`now()`) dates leases.
+//! `FOR UPDATE`, subscriber first; the server's clock dates leases, read when the lease
+//! is checked or taken (`clock_timestamp()`), not when the batch's transaction began
+//! (`now()`): a lease taken late in a long batch still lasts as long as asked.
 
 use super::{
     AttemptFinish, AttemptRow, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow, LeasedUpdate,
@@ -131,7 +133,7 @@ impl DeliverySql for PgConnection {
     async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
         sqlx::query_as(
             "SELECT event_id, status, attempts, lease_owner, \
-             COALESCE(lease_until > now(), false) AS leased \
+             COALESCE(lease_until > clock_timestamp(), false) AS leased \
              FROM messages WHERE event_id = ANY($1) ORDER BY event_id FOR UPDATE",
         )
         .bind(events)
@@ -148,7 +150,7 @@ impl DeliverySql for PgConnection {
         let events: Vec<&str> = leases.iter().map(|(e, _)| *e).collect();
         let owners: Vec<&str> = leases.iter().map(|(_, o)| *o).collect();
         sqlx::query(
-            "UPDATE messages m SET lease_owner = l.owner, lease_until = now() + $3 \
+            "UPDATE messages m SET lease_owner = l.owner, lease_until = clock_timestamp() + $3 \
              FROM UNNEST($1::text[], $2::text[]) AS l(event_id, owner) \
              WHERE m.event_id = l.event_id",
         )
@@ -281,7 +283,7 @@ impl DeliverySql for PgConnection {
              error_detail = COALESCE(u.error_detail, m.error_detail), updated_at = now(), \
              lease_owner = CASE WHEN u.release THEN NULL ELSE u.owner END, \
              lease_until = CASE WHEN u.release THEN NULL \
-             ELSE now() + u.lease_micros * interval '1 microsecond' END \
+             ELSE clock_timestamp() + u.lease_micros * interval '1 microsecond' END \
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[], \
              $7::text[], $8::int8[], $9::text[], $10::text[], $11::bool[], $12::int8[], \
              $13::bool[]) \

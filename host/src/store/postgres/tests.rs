@@ -229,6 +229,50 @@ macro_rules! delivery_tests {
 
 crate::store::tests::shared_store_tests!(delivery_tests);
 
+/// A lease lasts as long as asked from when it is taken, however long the batch's
+/// transaction had been running (`now()` would date it from the transaction's start).
+#[tokio::test]
+async fn a_lease_is_dated_when_taken_not_when_its_batch_began() {
+    use crate::store::delivery::DeliverySql as _;
+    let db = TestDb::create().await;
+    let store = &db.store;
+    let ws = store.ensure_workspace("clock", None).await.unwrap();
+    let m = crate::store::tests::message(&ws.id, 1);
+    store
+        .claim_message(
+            &m,
+            &crate::model::SubscriberContacts::default(),
+            "w",
+            Duration::from_secs(1),
+            None,
+        )
+        .await
+        .unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_sleep(2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let rows = tx.lease_rows(&[m.event_id.as_str()]).await.unwrap();
+    assert!(
+        !rows[0].leased,
+        "a lease that ran out during the batch still counts"
+    );
+    tx.take_leases(&[(m.event_id.as_str(), "w2")], Duration::from_secs(5))
+        .await
+        .unwrap();
+    let left: f64 = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM lease_until - clock_timestamp())::float8 \
+         FROM messages WHERE event_id = $1",
+    )
+    .bind(m.event_id.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(left > 4.0 && left <= 5.0, "{left}");
+}
+
 /// What the trait does not show: subscriber rows (contacts, then the tombstone,
 /// which later claims leave alone), the audit row, lease and attempt times.
 #[tokio::test]
@@ -414,6 +458,18 @@ async fn group_commit_urgent_writes_go_first() {
     .await;
 }
 
+/// An urgent write goes before a write held to run alone (one lane, so the order is
+/// certain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_urgent_writes_go_before_a_held_alone_write() {
+    let db = TestDb::create().await;
+    crate::store::group::tests::urgent_writes_go_before_a_held_alone_write(
+        db.store.pool().clone(),
+        Lanes { count: 1, ..LANES },
+    )
+    .await;
+}
+
 /// Riders (the embedded queue's acks use them; PostgreSQL has the same lanes) join
 /// the next batch of others, and run alone when none comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -576,6 +632,8 @@ async fn group_commit_lock_wait_fails_alone() {
         .expect("the write batched with a stuck one commits");
     let err = stuck.await.unwrap().expect_err("the stuck write fails");
     assert!(err.to_string().contains("lock timeout"), "{err}");
+    // Busy, not broken: a delivery whose write failed so is retried, never given up on.
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
     holder.rollback().await.unwrap();
     let keys: Vec<i64> = sqlx::query_scalar("SELECT k FROM locked_rows ORDER BY k")

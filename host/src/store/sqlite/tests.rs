@@ -67,6 +67,16 @@ async fn group_commit_urgent_writes_go_first() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_urgent_writes_go_before_a_held_alone_write() {
+    let (_dir, store) = open_temp().await;
+    crate::store::group::tests::urgent_writes_go_before_a_held_alone_write(
+        store.pool().clone(),
+        WRITER_LANES,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_commit_riders_join_the_next_batch() {
     let (_dir, store) = open_temp().await;
     crate::store::group::tests::riders_join_the_next_batch(store.pool().clone(), WRITER_LANES)
