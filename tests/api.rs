@@ -1105,6 +1105,21 @@ async fn production_redis_outage_fails_open_for_live_keys_and_closed_for_test_ke
     gw.cleanup().await;
 }
 
+/// The default (production) configuration in `dir`, on a fresh database of its own.
+async fn production_config(dir: &std::path::Path) -> Config {
+    let mut config = Config {
+        data_dir: dir.to_path_buf(),
+        ..Config::default()
+    };
+    let db = format!(
+        "sb_api_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    create_database(&db).await;
+    config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+    config
+}
+
 #[tokio::test]
 async fn an_unreachable_backend_at_start_names_the_setting() {
     for (setting, mutate) in [
@@ -1124,16 +1139,7 @@ async fn an_unreachable_backend_at_start_names_the_setting() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = Config {
-            data_dir: dir.path().to_path_buf(),
-            ..Config::default()
-        };
-        let db = format!(
-            "sb_api_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        create_database(&db).await;
-        config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+        let mut config = production_config(dir.path()).await;
         mutate(&mut config);
         let started = std::time::Instant::now();
         let err = match switchboard::build_state(config).await {
@@ -1158,26 +1164,8 @@ async fn a_nats_server_too_small_for_an_event_is_refused_at_start() {
     let conf = dir.path().join("nats.conf");
     std::fs::write(&conf, "max_payload: 65536\n").unwrap();
     let port = Private::free_port();
-    let child = std::process::Command::new("nats-server")
-        .arg("-c")
-        .arg(&conf)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir.path().join("js"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("nats-server must be installed");
-    let _nats = Private::wait(child, port).await;
-    let mut config = Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    };
-    let db = format!(
-        "sb_api_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    );
-    create_database(&db).await;
-    config.store.url = format!("postgres://postgres@127.0.0.1:5432/{db}");
+    let _nats = Private::nats_configured(port, &dir.path().join("js"), Some(&conf)).await;
+    let mut config = production_config(dir.path()).await;
     config.broker.url = format!("nats://127.0.0.1:{port}");
     let err = match switchboard::build_state(config).await {
         Ok(_) => panic!("started on a NATS server that cannot carry an accepted event"),

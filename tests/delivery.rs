@@ -171,6 +171,27 @@ impl Gateway {
         b["eventId"].as_str().unwrap().to_string()
     }
 
+    /// Posts `events` in one bulk request, every one of them accepted; their ids.
+    async fn bulk(&self, key: &str, events: Vec<Value>) -> Vec<String> {
+        let n = events.len() as u64;
+        let (s, body) = self
+            .request(
+                reqwest::Method::POST,
+                "/v1/events/bulk",
+                key,
+                Some(&json!({"events": events})),
+                &[],
+            )
+            .await;
+        assert_eq!((s, body["count"].as_u64()), (200, Some(n)), "{body}");
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["eventId"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// Waits until the worker has dispatched `event` (status past QUEUED).
     async fn settled(&self, event: &str) -> MessageRecord {
         let ws = self.workspace().await;
@@ -1160,23 +1181,8 @@ async fn bulk_gives_way_to_busy_ingestion_and_critical_does_not(b: Backends) {
     let otp = |s: &str| json!({"name": "otp", "to": {"subscriberId": s, "phone": "+14155550123"}, "payload": {"code": "99"}});
     let (g, k) = (&gw, &key);
     let bulk = |round: &'static str| async move {
-        let events: Vec<Value> = (0..N).map(|i| otp(&format!("{round}{i}"))).collect();
-        let (s, body) = g
-            .request(
-                reqwest::Method::POST,
-                "/v1/events/bulk",
-                k,
-                Some(&json!({"events": events})),
-                &[],
-            )
-            .await;
-        assert_eq!((s, body["count"].as_u64()), (200, Some(N as u64)), "{body}");
-        body["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["eventId"].as_str().unwrap().to_string())
-            .collect::<Vec<_>>()
+        g.bulk(k, (0..N).map(|i| otp(&format!("{round}{i}"))).collect())
+            .await
     };
 
     // Busy: a request is held open as being accepted.
@@ -1243,23 +1249,9 @@ async fn a_critical_send_never_waits_behind_slow_bulk_sends(b: Backends) {
     let key = gw.key(KeyMode::Live).await;
     gw.route("sms", &[("provc", &base)]).await;
     let otp = |s: &str| json!({"name": "otp", "to": {"subscriberId": s, "phone": "+14155550123"}, "payload": {"code": "99"}});
-    let events: Vec<Value> = (0..N).map(|i| otp(&format!("slow{i}"))).collect();
-    let (s, body) = gw
-        .request(
-            reqwest::Method::POST,
-            "/v1/events/bulk",
-            &key,
-            Some(&json!({"events": events})),
-            &[],
-        )
+    let bulk = gw
+        .bulk(&key, (0..N).map(|i| otp(&format!("slow{i}"))).collect())
         .await;
-    assert_eq!((s, body["count"].as_u64()), (200, Some(N as u64)), "{body}");
-    let bulk: Vec<String> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["eventId"].as_str().unwrap().to_string())
-        .collect();
     // Once a bulk send is at the provider, the others wait for its slot.
     let deadline = Instant::now() + Duration::from_secs(20);
     while provider.in_flight.0.load(Ordering::SeqCst) == 0 {
@@ -1349,22 +1341,7 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice() {
     let events: Vec<Value> = (0..N)
         .map(|i| json!({"name": "otp", "to": {"subscriberId": format!("k{i}"), "phone": "+14155550123"}, "payload": {"code": "99"}}))
         .collect();
-    let (s, body) = gw
-        .request(
-            reqwest::Method::POST,
-            "/v1/events/bulk",
-            &key,
-            Some(&json!({"events": events})),
-            &[],
-        )
-        .await;
-    assert_eq!((s, body["count"].as_u64()), (200, Some(N as u64)), "{body}");
-    let ids: Vec<String> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["eventId"].as_str().unwrap().to_string())
-        .collect();
+    let ids = gw.bulk(&key, events).await;
 
     let mut first = spawn_worker(&worker_config, dir.path(), 1);
     let deadline = Instant::now() + Duration::from_secs(60);

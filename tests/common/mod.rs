@@ -177,7 +177,21 @@ impl Private {
     /// NATS with JetStream storing in `store_dir` (a restart on the same directory
     /// keeps the streams).
     pub async fn nats(port: u16, store_dir: &std::path::Path) -> Self {
-        let child = std::process::Command::new("nats-server")
+        Self::nats_configured(port, store_dir, None).await
+    }
+
+    /// [`Private::nats`], with the server's own configuration file `conf` (settings
+    /// the command line does not take, such as `max_payload`).
+    pub async fn nats_configured(
+        port: u16,
+        store_dir: &std::path::Path,
+        conf: Option<&std::path::Path>,
+    ) -> Self {
+        let mut command = std::process::Command::new("nats-server");
+        if let Some(conf) = conf {
+            command.arg("-c").arg(conf);
+        }
+        let child = command
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(store_dir)
             .stdout(std::process::Stdio::null())

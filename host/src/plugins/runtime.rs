@@ -454,9 +454,11 @@ impl Plugin {
         Some((lib, ctx))
     }
 
-    /// Runs `op` on the native library, holding an instance slot like a sandboxed call.
+    /// Runs `op` on the native library, holding an instance slot like a sandboxed call:
+    /// `slot` when the caller took one already, else one taken now.
     async fn call_native<A, R>(
         &self,
+        slot: Option<Slot>,
         lib: &Arc<super::native::Library>,
         ctx: super::native::HostCtx,
         op: u32,
@@ -466,23 +468,10 @@ impl Plugin {
         A: serde::Serialize + ?Sized,
         R: serde::de::DeserializeOwned,
     {
-        let slot = self.slot().await?;
-        self.call_native_in(slot, lib, ctx, op, args).await
-    }
-
-    /// [`Self::call_native`] in a slot already held.
-    async fn call_native_in<A, R>(
-        &self,
-        slot: Slot,
-        lib: &Arc<super::native::Library>,
-        ctx: super::native::HostCtx,
-        op: u32,
-        args: &A,
-    ) -> Result<R, PluginError>
-    where
-        A: serde::Serialize + ?Sized,
-        R: serde::de::DeserializeOwned,
-    {
+        let slot = match slot {
+            Some(slot) => slot,
+            None => self.slot().await?,
+        };
         self.inner.stats.calls.fetch_add(1, Ordering::Relaxed);
         let result = super::native::call(lib, ctx, slot, op, args).await;
         if result.is_err() {
@@ -513,7 +502,7 @@ impl Plugin {
     /// Calls `info()` in a fresh instance (load-time answer: [`Plugin::info`]).
     pub async fn call_info(&self) -> Result<types::ProviderInfo, PluginError> {
         if let Some((lib, ctx)) = self.native() {
-            return self.call_native(lib, ctx, op::INFO, &[0u8; 0]).await;
+            return self.call_native(None, lib, ctx, op::INFO, &[0u8; 0]).await;
         }
         self.session(CallKind::Load).await?.info().await
     }
@@ -543,7 +532,7 @@ impl Plugin {
         if let Some((lib, mut ctx)) = self.native() {
             ctx.network = true;
             return self
-                .call_native_in(slot, lib, ctx, op::SEND, &(config, message))
+                .call_native(Some(slot), lib, ctx, op::SEND, &(config, message))
                 .await;
         }
         self.session_in(slot, CallKind::Send)
@@ -563,7 +552,7 @@ impl Plugin {
         if let Some((lib, ctx)) = self.native() {
             let args = (secret, headers, body, now);
             return self
-                .call_native(lib, ctx, op::VERIFY_SIGNATURE, &args)
+                .call_native(None, lib, ctx, op::VERIFY_SIGNATURE, &args)
                 .await;
         }
         self.session(CallKind::Quick)
@@ -581,7 +570,9 @@ impl Plugin {
     ) -> Result<Vec<(String, String)>, PluginError> {
         if let Some((lib, ctx)) = self.native() {
             let args = (secret, body, timestamp);
-            return self.call_native(lib, ctx, op::SIGN_WEBHOOK, &args).await;
+            return self
+                .call_native(None, lib, ctx, op::SIGN_WEBHOOK, &args)
+                .await;
         }
         self.session(CallKind::Quick)
             .await?
@@ -597,7 +588,9 @@ impl Plugin {
     ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
         if let Some((lib, ctx)) = self.native() {
             let args = (headers, body);
-            return self.call_native(lib, ctx, op::PARSE_RECEIPT, &args).await;
+            return self
+                .call_native(None, lib, ctx, op::PARSE_RECEIPT, &args)
+                .await;
         }
         self.session(CallKind::Quick)
             .await?
@@ -612,7 +605,7 @@ impl Plugin {
     ) -> Result<types::DeliveryStatus, PluginError> {
         if let Some((lib, ctx)) = self.native() {
             return self
-                .call_native(lib, ctx, op::NORMALIZE_CALL_STATE, &(state,))
+                .call_native(None, lib, ctx, op::NORMALIZE_CALL_STATE, &(state,))
                 .await;
         }
         self.session(CallKind::Quick)

@@ -204,14 +204,7 @@ impl Dispatcher {
             return run.carry_out(&mut ctx, first, true).await;
         }
         if snapshot.status.is_dispatched() {
-            run.step(&Step {
-                message: MessageUpdate {
-                    release_lease: true,
-                    ..Default::default()
-                },
-                ..Default::default()
-            })
-            .await?;
+            run.release_lease().await?;
             return Ok(Outcome::AlreadyDone(snapshot.status));
         }
         let next = plan::next(&ctx, snapshot.erased, &run.attempts);
@@ -281,6 +274,18 @@ impl Run<'_> {
         recorded
     }
 
+    /// Gives the message's lease up, writing nothing else.
+    async fn release_lease(&self) -> Result<(), StoreError> {
+        self.step(&Step {
+            message: MessageUpdate {
+                release_lease: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+    }
+
     /// Carries out `action` and the ones planned after it, until the message ends.
     /// `recorded`: the action's step is written already (by the claim).
     async fn carry_out(
@@ -340,14 +345,7 @@ impl Run<'_> {
                 attempt_no,
                 "no plugin slot in time; retrying later"
             );
-            self.step(&Step {
-                message: MessageUpdate {
-                    release_lease: true,
-                    ..Default::default()
-                },
-                ..Default::default()
-            })
-            .await?;
+            self.release_lease().await?;
             return Ok(Some(Outcome::Busy));
         };
         match called {
