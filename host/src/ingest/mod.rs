@@ -397,7 +397,7 @@ impl Ingest {
         if publishes.iter().any(|p| p.class == StreamClass::Critical) {
             // A critical event's publish and record (group-committed writes on the
             // embedded set) go ahead of bulk work's waiting writes.
-            crate::store::urgent(self.publish_and_record(messages, publishes)).await
+            crate::urgency::urgent(self.publish_and_record(messages, publishes)).await
         } else {
             self.publish_and_record(messages, publishes).await
         }

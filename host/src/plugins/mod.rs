@@ -38,7 +38,6 @@ pub mod wit;
 
 pub use native::{ArtifactKind, artifact_kind};
 pub use runtime::{Grants, Plugin, PluginError, PluginKind, PluginRuntime, RuntimeConfig};
-pub use slots::{Slot, reserved_slots};
 
 /// The spec's lower-case channel name.
 pub fn channel_name(channel: &types::Channel) -> &'static str {

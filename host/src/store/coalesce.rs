@@ -383,7 +383,10 @@ mod tests {
         };
         let coalescer = Coalescer::start(64, 1, run);
         assert_eq!(coalescer.submit(7).await.unwrap(), 7);
-        assert_eq!(super::super::urgent(coalescer.submit(8)).await.unwrap(), 8);
+        assert_eq!(
+            crate::urgency::urgent(coalescer.submit(8)).await.unwrap(),
+            8
+        );
         let (a, b) = tokio::join!(coalescer.submit(1), coalescer.submit(2));
         assert_eq!(a.unwrap(), 1, "the first of the batch is answered");
         assert!(matches!(b, Err(StoreError::Other(_))), "{b:?}");

@@ -26,7 +26,6 @@ pub mod receipts;
 pub mod sqlite;
 pub mod tenancy;
 
-pub use crate::urgency::urgent;
 pub use configuration::Configuration;
 pub use delivery::Delivery;
 pub use endpoints::{Endpoint, EndpointPatch, Endpoints};

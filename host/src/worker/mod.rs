@@ -266,7 +266,7 @@ impl Worker {
         };
         if critical {
             // Its store writes (and, embedded, its ack) go ahead of bulk's.
-            crate::store::urgent(self.handle_inner(delivery, class, slot)).await;
+            crate::urgency::urgent(self.handle_inner(delivery, class, slot)).await;
         } else {
             self.handle_inner(delivery, class, slot).await;
         }
