@@ -309,6 +309,7 @@ both!(
     workflow_errors_fail_with_their_codes,
     bulk_gives_way_to_busy_ingestion_and_critical_does_not,
     a_critical_send_never_waits_behind_slow_bulk_sends,
+    a_fallback_reads_preferences_and_erasure_again,
 );
 
 async fn failover_across_providers_then_channels(b: Backends) {
@@ -442,6 +443,149 @@ async fn failover_across_providers_then_channels(b: Backends) {
             )) > 0.0
         );
     }
+    gw.cleanup().await;
+}
+
+/// A provider stand-in that holds every request until the test lets one go, then
+/// refuses it (503): a test can change things while an attempt is under way.
+struct GatedProvider {
+    addr: std::net::SocketAddr,
+    arrived: std::sync::Arc<AtomicUsize>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GatedProvider {
+    async fn start() -> Self {
+        let arrived = std::sync::Arc::new(AtomicUsize::new(0));
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let (count, held) = (arrived.clone(), gate.clone());
+        let app = axum::Router::new().fallback(move || {
+            let (count, held) = (count.clone(), held.clone());
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.acquire().await.unwrap().forget();
+                (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    [("content-type", "application/json")],
+                    r#"{"error":"unavailable"}"#,
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            addr,
+            arrived,
+            gate,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits for the `n`-th request to arrive (and be held).
+    async fn holding(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.arrived.load(Ordering::SeqCst) < n {
+            assert!(Instant::now() < deadline, "request {n} never arrived");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Lets one held request be answered.
+    fn release(&self) {
+        self.gate.add_permits(1);
+    }
+}
+
+impl Drop for GatedProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A fallback is a dispatch of its own: a channel the subscriber opted out of while the
+/// attempt before it was under way is not tried, and an erasure meanwhile ends the
+/// message SUPPRESSED, nothing more sent, as either would have before the first attempt.
+async fn a_fallback_reads_preferences_and_erasure_again(b: Backends) {
+    let gated = GatedProvider::start().await;
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[gated.addr.to_string(), good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    // An urgent order goes by SMS first, then by email.
+    gw.route("sms", &[("provc", &gated.url())]).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    let order = |subscriber: &str| json!({"name": "order-shipped", "to": {"subscriberId": subscriber, "phone": "+14155550123", "email": "x@acme.test"}, "payload": {"order_id": "A-1"}});
+
+    // Email opted out while SMS is being tried.
+    let event = gw.trigger(&key, order("pat"), "HIGH").await;
+    gated.holding(1).await;
+    let (s, body) = gw
+        .request(
+            reqwest::Method::PUT,
+            "/v1/users/pat/preferences",
+            &key,
+            Some(&json!({"channels": {"email": false}})),
+            &[],
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    gated.release();
+    // SMS, still allowed, failed; email is not tried: as if it had been opted out of
+    // from the start.
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.attempts),
+        (MessageStatus::Failed, 1),
+        "{:?}",
+        m.error_detail
+    );
+    assert!(good.take_requests().is_empty(), "email was attempted");
+
+    // Erased while SMS is being tried.
+    let event = gw.trigger(&key, order("gone"), "HIGH").await;
+    gated.holding(2).await;
+    let (s, body) = gw
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/subscribers/gone",
+            &key,
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    gated.release();
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.attempts),
+        (MessageStatus::Suppressed, 1),
+        "{:?}",
+        m.error_detail
+    );
+    assert!(m.error_detail.unwrap().contains("erased"));
+    assert!(
+        good.take_requests().is_empty(),
+        "a fallback contacted someone who had said no"
+    );
+
+    // Nothing changed meanwhile: the fallback goes ahead.
+    let event = gw.trigger(&key, order("kim"), "HIGH").await;
+    gated.holding(3).await;
+    gated.release();
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.channel.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("email"), 2)
+    );
+    assert_eq!(good.take_requests().len(), 1);
     gw.cleanup().await;
 }
 

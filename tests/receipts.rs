@@ -490,6 +490,11 @@ async fn provc_rejecting_fails_over_to_provd(b: Backends) {
 
 /// A message of `acme` that a worker sent through `provider` under `pmid`.
 async fn sent_message(lp: &Loop, provider: &str, pmid: &str) -> EventId {
+    sent_message_on(lp, "sms", provider, pmid).await
+}
+
+/// A message sent on `channel` through `provider`, which answered with id `pmid`.
+async fn sent_message_on(lp: &Loop, channel: &str, provider: &str, pmid: &str) -> EventId {
     let store = &lp.state.ingest.store;
     let ws = lp.workspace().await;
     let message = NewMessage {
@@ -499,7 +504,7 @@ async fn sent_message(lp: &Loop, provider: &str, pmid: &str) -> EventId {
         subscriber_id: "u5".into(),
         category: None,
         priority: 2,
-        channel: "sms".into(),
+        channel: channel.into(),
         status: "QUEUED".into(),
         test_mode: false,
         variables_keys: vec![],
@@ -520,7 +525,7 @@ async fn sent_message(lp: &Loop, provider: &str, pmid: &str) -> EventId {
     for attempt in [
         AttemptWrite::Start {
             attempt_no: 1,
-            channel: "sms".into(),
+            channel: channel.into(),
             provider: provider.into(),
         },
         AttemptWrite::Finish {
@@ -538,7 +543,7 @@ async fn sent_message(lp: &Loop, provider: &str, pmid: &str) -> EventId {
                 MessageUpdate {
                     status: Some(MessageStatus::Sent),
                     attempts: Some(1),
-                    channel: Some("sms".into()),
+                    channel: Some(channel.into()),
                     provider: Some(provider.into()),
                     provider_message_id: Some(pmid.into()),
                     cost_add_micro_usd: 100,
@@ -920,12 +925,36 @@ async fn a_receipt_consumer_restart_loses_no_receipt(b: Backends) {
 async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
     let lp = Loop::start_with(b, &[], |c| c.webhooks.allow_unsigned_voice = true, |_| {}).await;
     let ws = lp.workspace().await;
-    let event = sent_message(&lp, "provc", "CA-unsigned").await;
+    let event = sent_message_on(&lp, "voice", "provc", "CA-unsigned").await;
     let voice = br#"{"message_id":"CA-unsigned","status":"Completed","channel":"voice","duration_seconds":12,"cost_micro_usd":15000,"recipient":"+14155550123"}"#;
     let (s, e) = lp.post("provc", &[], voice).await;
     assert_eq!(s, 200, "unsigned voice allowed in development: {e}");
     let m = wait_status(&lp, &ws, &event, MessageStatus::Delivered).await;
     assert_eq!(m.cost_micro_usd, 15_000);
+    // An unsigned receipt claiming voice for a message sent by SMS is accepted but
+    // matches nothing: it waits, as for an id never seen, and the message stays SENT.
+    let texted = sent_message(&lp, "provc", "SM-unsigned").await;
+    let claim = br#"{"message_id":"SM-unsigned","status":"Completed","channel":"voice"}"#;
+    let (s, e) = lp.post("provc", &[], claim).await;
+    assert_eq!(s, 200, "{e}");
+    let metrics = &lp.state.ingest.metrics;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !metrics
+        .render()
+        .contains("switchboard_receipts_total{outcome=\"pending\"} 1")
+    {
+        assert!(Instant::now() < deadline, "{}", metrics.render());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let m = lp
+        .state
+        .ingest
+        .store
+        .get_message(&ws, &texted)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.status, MessageStatus::Sent);
     // Not for SMS, and not for a wrong signature.
     let sms = br#"{"message_id":"CA-unsigned","status":"DELIVERED","channel":"sms"}"#;
     let (s, e) = lp.post("provc", &[], sms).await;

@@ -70,6 +70,10 @@ pub struct TelemetryReceiptEvent {
     /// Position of this receipt within its callback (0 for the first).
     #[serde(default)]
     pub index: u32,
+    /// True when the callback carried no signature (accepted as unsigned voice, which
+    /// production refuses): the receipt may only match a message sent by voice.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsigned: bool,
 }
 
 impl TelemetryReceiptEvent {
@@ -91,6 +95,8 @@ pub struct ReceiptWrite {
     /// Only messages of this workspace may match (when the callback was verified
     /// with a workspace's own secret).
     pub workspace: Option<WorkspaceId>,
+    /// Only a message sent by voice may match (the receipt of an unsigned callback).
+    pub voice_only: bool,
     /// Status the receipt reports.
     pub status: MessageStatus,
     /// When the gateway received it.
@@ -222,6 +228,7 @@ pub fn to_write(event: &TelemetryReceiptEvent) -> Result<ReceiptWrite, String> {
         provider: event.provider.clone(),
         provider_message_id: event.message_id.clone(),
         workspace,
+        voice_only: event.unsigned,
         status,
         occurred_at: event.timestamp,
         cost_micro_usd: event.cost_micro_usd,
@@ -263,6 +270,7 @@ mod tests {
             cost_micro_usd: Some(15_000),
             latency_ms: None,
             index: 1,
+            unsigned: false,
         }
     }
 

@@ -585,13 +585,14 @@ impl Ingest {
         })
     }
 
-    /// Publishes held outbox items in order; returns how many were drained.
+    /// Publishes held outbox items, the critical stream's first, each stream's in
+    /// order; returns how many were drained.
     pub async fn drain_outbox(&self) -> Result<usize, IngestError> {
         let mut drained = 0;
         loop {
             let batch = self
                 .store
-                .outbox_peek(256)
+                .outbox_peek(256, &self.streams.critical)
                 .await
                 .map_err(|e| IngestError::Internal(e.to_string()))?;
             if batch.is_empty() {

@@ -35,6 +35,9 @@ pub(crate) fn message(workspace: &WorkspaceId, i: usize) -> NewMessage {
     }
 }
 
+/// The critical stream's name in the outbox tests: its items are peeked first.
+pub(crate) const CRITICAL: &str = "NOTIFY_CRITICAL";
+
 pub(crate) fn outbox_item(i: usize) -> OutboxItem {
     OutboxItem {
         stream: "NOTIFY_BULK".into(),
@@ -81,7 +84,7 @@ pub(crate) async fn messages_and_outbox(store: &dyn Store, acme: &Workspace) {
         .await
         .expect("a duplicate event id is ignored");
 
-    let peeked = store.outbox_peek(10).await.unwrap();
+    let peeked = store.outbox_peek(10, CRITICAL).await.unwrap();
     let items: Vec<_> = peeked.iter().map(|(_, item)| item.clone()).collect();
     assert_eq!(items, vec![outbox_item(0), outbox_item(1), outbox_item(2)]);
     let seqs: Vec<_> = peeked.iter().map(|(seq, _)| *seq).collect();
@@ -160,7 +163,7 @@ pub(crate) async fn large_batch(store: &dyn Store, acme: &Workspace) {
         .await
         .expect("failed batch left nothing");
 
-    let peeked = store.outbox_peek(N + 10).await.unwrap();
+    let peeked = store.outbox_peek(N + 10, CRITICAL).await.unwrap();
     assert_eq!(peeked.len(), N);
     assert!(peeked.windows(2).all(|w| w[0].0 < w[1].0), "seqs increase");
     assert!(
@@ -174,7 +177,7 @@ pub(crate) async fn large_batch(store: &dyn Store, acme: &Workspace) {
 
 pub(crate) async fn outbox_order(store: &dyn Store) {
     assert_eq!(store.outbox_depth().await.unwrap(), 0);
-    assert!(store.outbox_peek(10).await.unwrap().is_empty());
+    assert!(store.outbox_peek(10, CRITICAL).await.unwrap().is_empty());
     for i in 0..3 {
         store.insert_messages(&[], &[outbox_item(i)]).await.unwrap();
     }
@@ -183,14 +186,14 @@ pub(crate) async fn outbox_order(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(store.outbox_depth().await.unwrap(), 5);
-    assert!(store.outbox_peek(0).await.unwrap().is_empty());
+    assert!(store.outbox_peek(0, CRITICAL).await.unwrap().is_empty());
 
-    let oldest = store.outbox_peek(2).await.unwrap();
+    let oldest = store.outbox_peek(2, CRITICAL).await.unwrap();
     assert_eq!(
         oldest.iter().map(|(_, i)| i.clone()).collect::<Vec<_>>(),
         vec![outbox_item(0), outbox_item(1)]
     );
-    let all = store.outbox_peek(100).await.unwrap();
+    let all = store.outbox_peek(100, CRITICAL).await.unwrap();
     assert_eq!(all.len(), 5);
     assert_eq!(&all[..2], &oldest[..]);
     assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
@@ -202,21 +205,49 @@ pub(crate) async fn outbox_order(store: &dyn Store) {
         .unwrap();
     store.outbox_delete(&[]).await.unwrap();
     assert_eq!(store.outbox_depth().await.unwrap(), 3);
-    let left = store.outbox_peek(100).await.unwrap();
+    let left = store.outbox_peek(100, CRITICAL).await.unwrap();
     assert_eq!(left, vec![all[1].clone(), all[3].clone(), all[4].clone()]);
 
     // New items go after the survivors, and a seq is never reused.
     store.insert_messages(&[], &[outbox_item(5)]).await.unwrap();
-    let newest = store.outbox_peek(100).await.unwrap();
+    let newest = store.outbox_peek(100, CRITICAL).await.unwrap();
     assert_eq!(newest.len(), 4);
     assert!(newest[3].0 > all[4].0);
     assert_eq!(newest[3].1, outbox_item(5));
 
-    let seqs: Vec<_> = newest.iter().map(|(s, _)| *s).collect();
+    // Critical items held behind bulk ones come out first, each stream in its order.
+    let critical = |i: usize| OutboxItem {
+        stream: CRITICAL.into(),
+        subject: "notify.critical.sms".into(),
+        ..outbox_item(i)
+    };
+    store
+        .insert_messages(&[], &[critical(7), outbox_item(8), critical(9)])
+        .await
+        .unwrap();
+    let items = |peeked: &[(i64, OutboxItem)]| -> Vec<OutboxItem> {
+        peeked.iter().map(|(_, i)| i.clone()).collect()
+    };
+    assert_eq!(
+        items(&store.outbox_peek(3, CRITICAL).await.unwrap()),
+        [critical(7), critical(9), newest[0].1.clone()]
+    );
+    let mixed = store.outbox_peek(100, CRITICAL).await.unwrap();
+    let mut expected = vec![critical(7), critical(9)];
+    expected.extend(items(&newest));
+    expected.push(outbox_item(8));
+    assert_eq!(items(&mixed), expected);
+    // Named as the first stream, bulk goes first instead.
+    assert_eq!(
+        items(&store.outbox_peek(1, "NOTIFY_BULK").await.unwrap()),
+        [newest[0].1.clone()]
+    );
+
+    let seqs: Vec<_> = mixed.iter().map(|(s, _)| *s).collect();
     store.outbox_delete(&seqs).await.unwrap();
     assert_eq!(store.outbox_depth().await.unwrap(), 0);
     store.insert_messages(&[], &[outbox_item(6)]).await.unwrap();
-    let after_empty = store.outbox_peek(1).await.unwrap();
+    let after_empty = store.outbox_peek(1, CRITICAL).await.unwrap();
     assert!(
         after_empty[0].0 > newest[3].0,
         "seqs are not reused once the outbox is empty"
@@ -395,7 +426,9 @@ pub(crate) use super::endpoints::tests::{concurrent_endpoint_patches, endpoints_
 pub(crate) use super::erasure::tests::{
     erasure, erasure_scrubs_kept_messages_as_they_pass_the_window,
 };
-pub(crate) use super::messages::tests::insert_messages_writes_queued_entries;
+pub(crate) use super::messages::tests::{
+    giving_up_spares_a_leased_or_dispatched_message, insert_messages_writes_queued_entries,
+};
 pub(crate) use super::outbound::tests::{
     disabling_and_abandoning, events_follow_status_changes, tries_retries_and_health,
 };
@@ -409,7 +442,7 @@ pub(crate) use super::queries::tests::{
 pub(crate) use super::receipts::tests::{
     batched_receipts, batched_replay_reserves, concurrent_receipts, concurrent_replay_reserves,
     pending_receipts_apply_when_the_id_is_recorded, receipts_apply_by_precedence, receipts_prune,
-    receipts_race_the_provider_id, replay_keys,
+    receipts_race_the_provider_id, replay_keys, voice_only_receipts_match_voice_messages_only,
 };
 
 /// Calls `$m!` with the name of every shared store test above: each backend's test
@@ -419,6 +452,7 @@ macro_rules! shared_store_tests {
         $m!(
             claim_inserts_missing_row,
             insert_messages_writes_queued_entries,
+            giving_up_spares_a_leased_or_dispatched_message,
             concurrent_claims,
             batched_claims,
             batched_steps,
@@ -449,6 +483,7 @@ macro_rules! shared_store_tests {
             batched_receipts,
             receipts_race_the_provider_id,
             receipts_prune,
+            voice_only_receipts_match_voice_messages_only,
             plugin_versions_insert_and_list,
             plugin_wasm_round_trip,
             plugin_activation,

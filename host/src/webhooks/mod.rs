@@ -282,7 +282,7 @@ impl Webhooks {
                     "{slug} receipt {index}: `{field}` holds a NUL character"
                 )));
             }
-            events.push(to_event(
+            let mut event = to_event(
                 slug,
                 receipt,
                 &receipt_id,
@@ -290,7 +290,9 @@ impl Webhooks {
                 now,
                 index as u32,
                 serves_voice,
-            ));
+            );
+            event.unsigned = *verified == Verified::UnsignedVoice;
+            events.push(event);
         }
         let subject = self.streams.subject(StreamClass::Telemetry, "");
         let mut messages = Vec::with_capacity(events.len());
@@ -553,6 +555,7 @@ pub fn to_event(
         cost_micro_usd: receipt.cost_micro_usd,
         latency_ms: receipt.latency_ms,
         index,
+        unsigned: false,
     }
 }
 

@@ -327,7 +327,29 @@ impl Run<'_> {
                 return Ok(outcome);
             }
             action = plan::next(ctx, false, &self.attempts);
+            if !matches!(action, Action::Finish { .. }) {
+                // A fallback is a dispatch of its own, after an attempt that may have
+                // taken seconds: what the subscriber allows is read again first.
+                let erased = self.reread_subscriber(ctx).await?;
+                action = plan::next(ctx, erased, &self.attempts);
+            }
         }
+    }
+
+    /// Reads the subscriber's preferences into `ctx` again, and whether it has been
+    /// erased since the claim.
+    async fn reread_subscriber(&self, ctx: &mut Context<'_>) -> Result<bool, StoreError> {
+        let (ws, to) = (&self.envelope.workspace_id, &self.envelope.request.to);
+        let started = Instant::now();
+        let (prefs, erased) = tokio::try_join!(
+            self.d
+                .preferences
+                .submit((ws.clone(), to.subscriber_id.clone())),
+            self.d.store.erased(ws, &to.subscriber_id),
+        )?;
+        self.d.stage("preferences", started);
+        ctx.prefs = prefs;
+        Ok(erased)
     }
 
     /// Makes one provider call and records its outcome: `Some(outcome)` when the message

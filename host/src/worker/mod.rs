@@ -22,6 +22,7 @@ use crate::config::WorkerConfig;
 use crate::ingest::Envelope;
 use crate::ingest::load::{self, Load};
 use crate::store::StoreError;
+use crate::store::messages::GiveUp;
 use dispatch::{Dispatcher, Outcome};
 use futures::StreamExt;
 use std::sync::Arc;
@@ -328,13 +329,13 @@ impl Worker {
             {
                 // The store's own words stay in the log: they may quote stored values.
                 tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
-                self.dead_letter("max_deliveries");
                 let detail = format!(
                     "gave up after {} deliveries: the store refused to record this event's \
                      progress each time (the gateway log has the store's error)",
                     delivery.delivered
                 );
-                self.give_up(&envelope.event_id, &detail, &delivery).await
+                self.give_up(&envelope.event_id, "max_deliveries", &detail, &delivery)
+                    .await
             }
             Err(e) => {
                 let delay = backoff(delivery.delivered);
@@ -360,28 +361,31 @@ impl Worker {
         }
         tracing::error!(subject = %delivery.subject, %error, "undecodable event");
         self.count("undecodable");
-        self.dead_letter("undecodable");
         match serde_json::from_slice::<Head>(&delivery.payload) {
             Ok(head) => {
                 // serde's words stay in the log: they may quote the event's values.
                 let detail = "the queued event could not be decoded (the gateway log says \
                               why); nothing was sent";
-                if let Err(e) = self.give_up(&head.event_id, detail, &delivery).await {
+                let given_up = self.give_up(&head.event_id, "undecodable", detail, &delivery);
+                if let Err(e) = given_up.await {
                     tracing::warn!(error = %e, "could not settle an undecodable delivery");
                 }
             }
             Err(_) => {
+                self.dead_letter("undecodable");
                 let _ = delivery.settle.ack().await;
             }
         }
     }
 
     /// Ends an event this worker gives up on: its message FAILED with `detail`, then
-    /// the delivery acknowledged. While the database is unreachable the delivery is
-    /// handed back instead, so nothing is dropped unrecorded.
+    /// the delivery acknowledged and counted dead-lettered for `reason`. While the
+    /// database is unreachable, or another worker holds the message's lease, the
+    /// delivery is handed back instead, so nothing is dropped unrecorded.
     async fn give_up(
         &self,
         event: &crate::ids::EventId,
+        reason: &'static str,
         detail: &str,
         delivery: &Delivery,
     ) -> Result<(), crate::broker::BrokerError> {
@@ -403,6 +407,14 @@ impl Worker {
                 tracing::warn!(%event, error = %e, "cannot record giving up: database unavailable");
                 delivery.settle.nak(backoff(delivery.delivered)).await
             }
+            Ok(GiveUp::Leased) => {
+                // Another worker is dispatching it now: an ack would leave nothing to
+                // redeliver should that worker die mid-send, so it comes back until
+                // the holder has ended it (or its lease has run out).
+                tracing::info!(%event, "not giving up on an event another worker holds");
+                self.count("busy");
+                delivery.settle.nak(backoff(delivery.delivered)).await
+            }
             recorded => {
                 if let Err(e) = &recorded {
                     // The row itself cannot be written: only the log and the metric
@@ -411,6 +423,7 @@ impl Worker {
                 }
                 tracing::warn!(%event, detail, "gave up on an event");
                 self.count("gave_up");
+                self.dead_letter(reason);
                 delivery.settle.ack().await
             }
         }

@@ -106,11 +106,18 @@ pub(crate) async fn erasure(store: Arc<dyn Store>) {
         ),
     ];
     let old_before = get(store, &ws.id, &alice_old.event_id).await;
+    assert!(!store.erased(&ws.id, "alice").await.unwrap());
 
     let report = store
         .erase_subscriber(&ws.id, "alice", window)
         .await
         .unwrap();
+    // Only the erased subscriber reads as erased: not a namesake elsewhere, not a
+    // neighbour, not someone never seen.
+    assert!(store.erased(&ws.id, "alice").await.unwrap());
+    for (w, s) in [(&other.id, "alice"), (&ws.id, "bob"), (&ws.id, "nobody")] {
+        assert!(!store.erased(w, s).await.unwrap(), "{s}");
+    }
     assert_eq!(
         report,
         ErasureReport {

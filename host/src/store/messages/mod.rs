@@ -36,16 +36,18 @@ pub trait Messages: Send + Sync {
         outbox: &[OutboxItem],
     ) -> Result<(), StoreError>;
 
-    /// Ends a message nothing can dispatch (its broker event cannot be decoded): FAILED
-    /// with `code` and `detail`, and `entries` on its timeline, without a lease. Only a
-    /// message not yet dispatched (QUEUED or TRIGGERED) changes; false otherwise.
+    /// Ends a message nothing can dispatch (its broker event cannot be decoded, or
+    /// every delivery of it failed): FAILED with `code` and `detail`, and `entries` on
+    /// its timeline, without a lease. Only a message not yet dispatched (QUEUED or
+    /// TRIGGERED) whose lease nobody holds changes: a worker holding the lease may be
+    /// sending it right now.
     async fn fail_undispatched(
         &self,
         event: &EventId,
         code: &str,
         detail: &str,
         entries: &[NewTimelineEntry],
-    ) -> Result<bool, StoreError>;
+    ) -> Result<GiveUp, StoreError>;
 
     /// Appends timeline entries to a message without a lease (receipts); false when
     /// the message does not exist.
@@ -54,6 +56,17 @@ pub trait Messages: Send + Sync {
         event: &EventId,
         entries: &[NewTimelineEntry],
     ) -> Result<bool, StoreError>;
+}
+
+/// What [`Messages::fail_undispatched`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveUp {
+    /// The message is FAILED now.
+    Failed,
+    /// It was dispatched already, or is not stored: nothing changed.
+    Dispatched,
+    /// A worker holds its unexpired lease: nothing changed; that worker ends it.
+    Leased,
 }
 
 /// The message insert, in SQL.
@@ -88,13 +101,16 @@ pub(crate) trait TimelineSql: super::outbound::OutboundSql {
     ) -> Result<(), StoreError>;
     /// Bumps `updated_at`; false when the message does not exist.
     async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError>;
-    /// FAILED with `code` and `detail` if QUEUED or TRIGGERED; false otherwise.
+    /// FAILED with `code` and `detail` if QUEUED or TRIGGERED and no lease on it is
+    /// unexpired; false otherwise.
     async fn fail_if_undispatched(
         &mut self,
         event: &EventId,
         code: &str,
         detail: &str,
     ) -> Result<bool, StoreError>;
+    /// Whether the message is QUEUED or TRIGGERED under an unexpired lease.
+    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -120,7 +136,7 @@ where
         code: &str,
         detail: &str,
         entries: &[NewTimelineEntry],
-    ) -> Result<bool, StoreError> {
+    ) -> Result<GiveUp, StoreError> {
         let args = Arc::new((
             event.clone(),
             code.to_string(),
@@ -133,11 +149,15 @@ where
                 Box::pin(async move {
                     let (event, code, detail, entries) = &*args;
                     if !conn.fail_if_undispatched(event, code, detail).await? {
-                        return Ok(false);
+                        return Ok(if conn.leased_undispatched(event).await? {
+                            GiveUp::Leased
+                        } else {
+                            GiveUp::Dispatched
+                        });
                     }
                     conn.insert_timeline(event, entries).await?;
                     super::outbound::emit(conn, &[(event, MessageStatus::Failed)]).await?;
-                    Ok(true)
+                    Ok(GiveUp::Failed)
                 })
             }))
             .await

@@ -144,7 +144,8 @@ impl TimelineSql for PgConnection {
     ) -> Result<bool, StoreError> {
         let updated = sqlx::query(
             "UPDATE messages SET status = 'FAILED', error_code = $2, error_detail = $3, \
-             updated_at = now() WHERE event_id = $1 AND status IN ('QUEUED', 'TRIGGERED')",
+             updated_at = now() WHERE event_id = $1 AND status IN ('QUEUED', 'TRIGGERED') \
+             AND NOT COALESCE(lease_until > clock_timestamp(), false)",
         )
         .bind(event.as_str())
         .bind(code)
@@ -154,5 +155,16 @@ impl TimelineSql for PgConnection {
         .map_err(map_err)?
         .rows_affected();
         Ok(updated == 1)
+    }
+
+    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM messages WHERE event_id = $1 \
+             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > clock_timestamp())",
+        )
+        .bind(event.as_str())
+        .fetch_one(self)
+        .await
+        .map_err(map_err)
     }
 }

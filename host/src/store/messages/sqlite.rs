@@ -180,6 +180,10 @@ impl TimelineSql for Direct<'_> {
     ) -> Result<bool, StoreError> {
         self.sqlx().fail_if_undispatched(event, code, detail).await
     }
+
+    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError> {
+        self.sqlx().leased_undispatched(event).await
+    }
 }
 
 #[async_trait::async_trait]
@@ -209,8 +213,9 @@ impl TimelineSql for SqliteConnection {
         detail: &str,
     ) -> Result<bool, StoreError> {
         let updated = sqlx::query(
-            "UPDATE messages SET status = 'FAILED', error_code = ?, error_detail = ?, \
-             updated_at = ? WHERE event_id = ? AND status IN ('QUEUED', 'TRIGGERED')",
+            "UPDATE messages SET status = 'FAILED', error_code = ?1, error_detail = ?2, \
+             updated_at = ?3 WHERE event_id = ?4 AND status IN ('QUEUED', 'TRIGGERED') \
+             AND NOT COALESCE(lease_until > ?3, 0)",
         )
         .bind(code)
         .bind(detail)
@@ -221,5 +226,17 @@ impl TimelineSql for SqliteConnection {
         .map_err(map_err)?
         .rows_affected();
         Ok(updated == 1)
+    }
+
+    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM messages WHERE event_id = ? \
+             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > ?)",
+        )
+        .bind(event.as_str())
+        .bind(now_text())
+        .fetch_one(self)
+        .await
+        .map_err(map_err)
     }
 }

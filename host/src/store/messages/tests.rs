@@ -130,3 +130,73 @@ pub(crate) async fn queued_entries_after_0008(
         );
     }
 }
+
+/// Giving up on an event fails its message only while nobody holds its lease (a
+/// worker holding it may be sending right now) and only before it is dispatched; a
+/// message that is not stored is left alone too.
+pub(crate) async fn giving_up_spares_a_leased_or_dispatched_message(store: Arc<dyn Store>) {
+    use crate::store::messages::GiveUp;
+    let store = &*store;
+    let ws = store.ensure_workspace("give-up", None).await.unwrap();
+    let (code, detail) = ("DISPATCH_FAILED", "gave up");
+    let give_up = |m: &NewMessage| {
+        let event = m.event_id.clone();
+        async move {
+            let entries = [entry(StepStatus::Failed, now(), None, None)];
+            store
+                .fail_undispatched(&event, code, detail, &entries)
+                .await
+                .unwrap()
+        }
+    };
+
+    // Held by a worker: left QUEUED, until the lease has run out.
+    let held = message(&ws.id, 0);
+    store
+        .insert_messages(std::slice::from_ref(&held), &[])
+        .await
+        .unwrap();
+    claim(store, &held, "w1", SHORT_LEASE).await;
+    assert_eq!(give_up(&held).await, GiveUp::Leased);
+    let record = get(store, &ws.id, &held.event_id).await;
+    assert_eq!(record.status, MessageStatus::Queued);
+    assert_eq!(timeline_of(&record).len(), 1);
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    assert_eq!(give_up(&held).await, GiveUp::Failed);
+    let record = get(store, &ws.id, &held.event_id).await;
+    assert_eq!(
+        (record.status, record.error_code.as_deref()),
+        (MessageStatus::Failed, Some(code))
+    );
+    assert_eq!(timeline_of(&record).len(), 2);
+
+    // A released lease is no lease.
+    let released = message(&ws.id, 1);
+    claim(store, &released, "w1", LONG_LEASE).await;
+    store
+        .record_step(
+            &released.event_id,
+            "w1",
+            LONG_LEASE,
+            &Step {
+                message: release(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(give_up(&released).await, GiveUp::Failed);
+
+    // Dispatched already (here: failed just above), or not stored: nothing changes.
+    assert_eq!(give_up(&held).await, GiveUp::Dispatched);
+    assert_eq!(
+        timeline_of(&get(store, &ws.id, &held.event_id).await).len(),
+        2
+    );
+    let absent = message(&ws.id, 2);
+    assert_eq!(give_up(&absent).await, GiveUp::Dispatched);
+    assert_eq!(
+        store.get_message(&ws.id, &absent.event_id).await.unwrap(),
+        None
+    );
+}

@@ -15,8 +15,15 @@ mod sqlite;
 /// Reading and clearing the outbox.
 #[async_trait::async_trait]
 pub trait Outbox: Send + Sync {
-    /// The oldest `limit` outbox items, with their sequence numbers, in insertion order.
-    async fn outbox_peek(&self, limit: usize) -> Result<Vec<(i64, OutboxItem)>, StoreError>;
+    /// Up to `limit` outbox items, with their sequence numbers: the oldest of stream
+    /// `first` (the critical one) in insertion order, then the oldest of the others in
+    /// insertion order. Each stream's items keep their order; a bulk backlog held
+    /// during an outage does not go out before the critical events held with it.
+    async fn outbox_peek(
+        &self,
+        limit: usize,
+        first: &str,
+    ) -> Result<Vec<(i64, OutboxItem)>, StoreError>;
     /// Removes published outbox items, all of them or none.
     async fn outbox_delete(&self, seqs: &[i64]) -> Result<(), StoreError>;
     /// Number of items waiting in the outbox.
@@ -36,8 +43,14 @@ pub(crate) struct OutboxRow {
 /// What each backend says in SQL.
 #[async_trait::async_trait]
 pub(crate) trait OutboxSql: Send + Sync {
-    /// The oldest `limit` rows by `seq`.
-    async fn oldest_rows(&self, limit: i64) -> Result<Vec<OutboxRow>, StoreError>;
+    /// The oldest `limit` rows of `stream` by `seq`.
+    async fn oldest_rows_of(&self, stream: &str, limit: i64) -> Result<Vec<OutboxRow>, StoreError>;
+    /// The oldest `limit` rows of every stream but `stream`, by `seq`.
+    async fn oldest_rows_besides(
+        &self,
+        stream: &str,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError>;
     /// Deletes the rows `seqs` (not empty) in one transaction.
     async fn delete_rows(&self, seqs: &[i64]) -> Result<(), StoreError>;
     /// How many rows there are.
@@ -46,10 +59,17 @@ pub(crate) trait OutboxSql: Send + Sync {
 
 #[async_trait::async_trait]
 impl<T: OutboxSql> Outbox for T {
-    async fn outbox_peek(&self, limit: usize) -> Result<Vec<(i64, OutboxItem)>, StoreError> {
-        let rows = self
-            .oldest_rows(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await?;
+    async fn outbox_peek(
+        &self,
+        limit: usize,
+        first: &str,
+    ) -> Result<Vec<(i64, OutboxItem)>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut rows = self.oldest_rows_of(first, limit).await?;
+        let left = limit - rows.len() as i64;
+        if left > 0 {
+            rows.extend(self.oldest_rows_besides(first, left).await?);
+        }
         Ok(rows
             .into_iter()
             .map(|row| {

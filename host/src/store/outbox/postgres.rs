@@ -6,10 +6,28 @@ use crate::store::postgres::{PgStore, map_err};
 
 #[async_trait::async_trait]
 impl OutboxSql for PgStore {
-    async fn oldest_rows(&self, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
+    async fn oldest_rows_of(&self, stream: &str, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
         sqlx::query_as(
-            "SELECT seq, stream, subject, msg_id, payload FROM outbox ORDER BY seq LIMIT $1",
+            "SELECT seq, stream, subject, msg_id, payload FROM outbox WHERE stream = $1 \
+             ORDER BY seq LIMIT $2",
         )
+        .bind(stream)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn oldest_rows_besides(
+        &self,
+        stream: &str,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT seq, stream, subject, msg_id, payload FROM outbox WHERE stream <> $1 \
+             ORDER BY seq LIMIT $2",
+        )
+        .bind(stream)
         .bind(limit)
         .fetch_all(self.pool())
         .await

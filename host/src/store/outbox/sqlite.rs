@@ -7,10 +7,28 @@ use sqlx::{QueryBuilder, Sqlite};
 
 #[async_trait::async_trait]
 impl OutboxSql for SqliteStore {
-    async fn oldest_rows(&self, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
+    async fn oldest_rows_of(&self, stream: &str, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
         sqlx::query_as(
-            "SELECT seq, stream, subject, msg_id, payload FROM outbox ORDER BY seq LIMIT ?",
+            "SELECT seq, stream, subject, msg_id, payload FROM outbox WHERE stream = ? \
+             ORDER BY seq LIMIT ?",
         )
+        .bind(stream)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+
+    async fn oldest_rows_besides(
+        &self,
+        stream: &str,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT seq, stream, subject, msg_id, payload FROM outbox WHERE stream <> ? \
+             ORDER BY seq LIMIT ?",
+        )
+        .bind(stream)
         .bind(limit)
         .fetch_all(self.pool())
         .await

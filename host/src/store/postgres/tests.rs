@@ -94,7 +94,10 @@ async fn key_plans_made_on_empty_tables_look_each_key_up() {
         (
             "receipt_targets",
             crate::store::receipts::postgres::RECEIPT_TARGETS,
-            ("text[], text[], text[]", "'{a}', '{b}', '{NULL}'"),
+            (
+                "text[], text[], text[], bool[]",
+                "'{a}', '{b}', '{NULL}', '{f}'",
+            ),
         ),
         (
             "insert_messages_if_absent",

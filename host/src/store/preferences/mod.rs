@@ -46,6 +46,11 @@ pub trait SubscriberPreferences: Send + Sync {
         &self,
         subscribers: &[(WorkspaceId, String)],
     ) -> Result<Vec<Preferences>, StoreError>;
+
+    /// Whether the subscriber has been erased (its row is a tombstone): read again
+    /// before a fallback, which must not contact someone erased during the attempt
+    /// before it.
+    async fn erased(&self, workspace: &WorkspaceId, subscriber: &str) -> Result<bool, StoreError>;
 }
 
 /// One stored preference: a channel's flag or a category's flags (JSON text), of the
@@ -79,6 +84,8 @@ pub(crate) trait PreferencesSql: Send + Sync {
         &self,
         subscribers: &[(&str, &str)],
     ) -> Result<Vec<PreferenceRow>, StoreError>;
+    /// Whether the subscriber row `(workspace, key)` exists and is a tombstone.
+    async fn tombstoned(&self, workspace: &str, key: &str) -> Result<bool, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -103,6 +110,11 @@ impl<T: PreferencesSql> SubscriberPreferences for T {
             .map_err(|e| StoreError::Other(format!("encoding category flags: {e}")))?;
         self.write_preferences(workspace, subscriber, &channels, &categories)
             .await
+    }
+
+    async fn erased(&self, workspace: &WorkspaceId, subscriber: &str) -> Result<bool, StoreError> {
+        let key = super::subscriber_key(workspace, subscriber);
+        self.tombstoned(workspace.as_str(), &key).await
     }
 
     async fn preferences_of(

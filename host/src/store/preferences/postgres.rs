@@ -84,4 +84,16 @@ impl PreferencesSql for PgStore {
         .await
         .map_err(map_err)
     }
+
+    async fn tombstoned(&self, workspace: &str, key: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM subscribers WHERE workspace_id = $1 \
+             AND subscriber_key = $2 AND deleted_at IS NOT NULL)",
+        )
+        .bind(workspace)
+        .bind(key)
+        .fetch_one(self.pool())
+        .await
+        .map_err(map_err)
+    }
 }

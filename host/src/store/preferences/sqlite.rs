@@ -78,4 +78,16 @@ impl PreferencesSql for SqliteStore {
             .await
             .map_err(map_err)
     }
+
+    async fn tombstoned(&self, workspace: &str, key: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM subscribers WHERE workspace_id = ? \
+             AND subscriber_key = ? AND deleted_at IS NOT NULL)",
+        )
+        .bind(workspace)
+        .bind(key)
+        .fetch_one(self.pool())
+        .await
+        .map_err(map_err)
+    }
 }

@@ -79,6 +79,7 @@ pub(crate) struct ReceiptRow {
     provider: String,
     provider_message_id: String,
     workspace_id: Option<String>,
+    voice_only: bool,
     status: String,
     occurred_at: DateTime<Utc>,
     cost_micro_usd: Option<i64>,
@@ -139,7 +140,8 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         receipts: &[NewReceipt<'_>],
     ) -> Result<Vec<String>, StoreError>;
     /// For each receipt, the newest message of its provider with its provider message
-    /// id (of its workspace, when given), locked; receipts without one have no row.
+    /// id (of its workspace, when given; sent by voice, when the receipt is voice
+    /// only), locked; receipts without one have no row.
     async fn receipt_targets(
         &mut self,
         receipts: &[&ReceiptWrite],
@@ -155,8 +157,8 @@ pub(crate) trait ReceiptsSql: TimelineSql {
     /// that message.
     async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError>;
     /// The pending receipts of `provider`/`provider_message_id` that may match message
-    /// `event` (of no workspace, or of the message's), locked, oldest first (received,
-    /// then insertion order).
+    /// `event` (of no workspace, or of the message's; voice only only when the message
+    /// was sent by voice), locked, oldest first (received, then insertion order).
     async fn pending_rows(
         &mut self,
         provider: &str,
@@ -191,6 +193,7 @@ impl TryFrom<ReceiptRow> for ReceiptWrite {
                 .map(WorkspaceId::parse)
                 .transpose()
                 .map_err(super::corrupt)?,
+            voice_only: row.voice_only,
             status: decode_status(&row.status)?,
             occurred_at: row.occurred_at,
             cost_micro_usd: row.cost_micro_usd,

@@ -17,7 +17,7 @@ use std::time::Duration;
 const RECEIPT_LOCK: i32 = 0x5243_5054;
 
 /// Columns of a stored receipt, as a [`ReceiptRow`] reads them.
-const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, status, \
+const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, voice_only, status, \
      occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
      timeline_provider, timeline_detail::text AS timeline_detail";
 
@@ -31,11 +31,13 @@ pub(crate) const PENDING_KEYS: &str = "SELECT DISTINCT k.p, k.i \
      AND r.provider_message_id = k.i AND r.state = 'pending' LIMIT 1) AS r ON true";
 
 /// For each receipt (provider `$1`, provider message id `$2`, workspace `$3` or
-/// none), the newest message with that id, locked.
+/// none, voice only `$4`), the newest message with that id, locked.
 pub(crate) const RECEIPT_TARGETS: &str = "SELECT k.ord, t.event_id, t.status \
-     FROM UNNEST($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(p, i, w, ord) \
+     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bool[]) WITH ORDINALITY \
+     AS k(p, i, w, v, ord) \
      JOIN LATERAL (SELECT event_id, status FROM messages WHERE provider = k.p \
      AND provider_message_id = k.i AND (k.w IS NULL OR workspace_id = k.w) \
+     AND (NOT k.v OR channel = 'voice') \
      ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE) AS t ON true";
 
 #[async_trait::async_trait]
@@ -106,11 +108,13 @@ impl ReceiptsSql for PgConnection {
             "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
              status, state, event_id, occurred_at, cost_micro_usd, error_code, error_detail, \
              timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
-             received_at) SELECT k, p, i, w, s, st, e, o, c, ec, ed, ts, tat, tp, td::jsonb, \
+             voice_only, received_at) \
+             SELECT k, p, i, w, s, st, e, o, c, ec, ed, ts, tat, tp, td::jsonb, v, \
              clock_timestamp() FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
              $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::int8[], $10::text[], \
-             $11::text[], $12::text[], $13::timestamptz[], $14::text[], $15::text[]) \
-             WITH ORDINALITY AS r(k, p, i, w, s, st, e, o, c, ec, ed, ts, tat, tp, td, ord) \
+             $11::text[], $12::text[], $13::timestamptz[], $14::text[], $15::text[], \
+             $16::bool[]) \
+             WITH ORDINALITY AS r(k, p, i, w, s, st, e, o, c, ec, ed, ts, tat, tp, td, v, ord) \
              ORDER BY ord ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
         )
         .bind(column(|r| Some(r.receipt_key.as_str())))
@@ -153,6 +157,12 @@ impl ReceiptsSql for PgConnection {
         )
         .bind(column(|r| r.timeline.provider.as_deref()))
         .bind(details)
+        .bind(
+            receipts
+                .iter()
+                .map(|(r, ..)| r.voice_only)
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(self)
         .await
         .map_err(map_err)
@@ -181,6 +191,7 @@ impl ReceiptsSql for PgConnection {
                     .map(|r| r.workspace.as_ref().map(WorkspaceId::as_str))
                     .collect::<Vec<_>>(),
             )
+            .bind(receipts.iter().map(|r| r.voice_only).collect::<Vec<_>>())
             .fetch_all(self)
             .await
             .map_err(map_err)
@@ -263,6 +274,8 @@ impl ReceiptsSql for PgConnection {
              AND provider_message_id = $2 AND state = 'pending' \
              AND (workspace_id IS NULL \
              OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = $3)) \
+             AND (NOT voice_only \
+             OR (SELECT channel FROM messages WHERE event_id = $3) = 'voice') \
              ORDER BY received_at, receipt_key FOR UPDATE"
         ))
         .bind(provider)

@@ -17,7 +17,7 @@ use std::time::Duration;
 const MAX_TTL: Duration = Duration::from_secs(1_000 * 366 * 86_400);
 
 /// Columns of a stored receipt, as a [`ReceiptRow`] reads them.
-const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, status, \
+const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, voice_only, status, \
      occurred_at, cost_micro_usd, error_code, error_detail, timeline_status, timeline_occurred_at, \
      timeline_provider, timeline_detail";
 
@@ -26,9 +26,10 @@ pub(crate) const PENDING_KEY: &str = "SELECT 1 FROM receipts WHERE state = 'pend
      AND provider = ?1 AND provider_message_id = ?2 LIMIT 1";
 
 /// The newest message of provider `?1` with its message id `?2` (in workspace `?3`, when
-/// given).
+/// given; sent by voice, when `?4`).
 pub(crate) const RECEIPT_TARGET: &str = "SELECT event_id, status FROM messages \
      WHERE provider = ?1 AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
+     AND (NOT ?4 OR channel = 'voice') \
      ORDER BY created_at DESC, event_id DESC LIMIT 1";
 
 #[async_trait::async_trait]
@@ -90,8 +91,9 @@ impl ReceiptsSql for Direct<'_> {
                 "INSERT INTO receipts (receipt_key, provider, provider_message_id, workspace_id, \
                  status, state, event_id, occurred_at, cost_micro_usd, error_code, error_detail, \
                  timeline_status, timeline_occurred_at, timeline_provider, timeline_detail, \
-                 received_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
+                 received_at, voice_only) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+                 ?17) \
                  ON CONFLICT (receipt_key) DO NOTHING RETURNING receipt_key",
             )
             .await?;
@@ -123,6 +125,7 @@ impl ReceiptsSql for Direct<'_> {
                         r.timeline.provider,
                         detail,
                         now,
+                        r.voice_only,
                     ],
                     |row| row.get(0),
                 )
@@ -146,6 +149,7 @@ impl ReceiptsSql for Direct<'_> {
                         r.provider,
                         r.provider_message_id,
                         r.workspace.as_ref().map(WorkspaceId::as_str),
+                        r.voice_only,
                     ],
                     |row| {
                         Ok(TargetRow {
@@ -290,9 +294,11 @@ impl ReceiptsSql for SqliteConnection {
     ) -> Result<Vec<ReceiptRow>, StoreError> {
         // rowid breaks ties in insertion order.
         sqlx::query_as(&format!(
-            "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = ? AND provider_message_id = ? \
+            "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = ?1 AND provider_message_id = ?2 \
              AND state = 'pending' AND (workspace_id IS NULL \
-             OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = ?)) \
+             OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = ?3)) \
+             AND (NOT voice_only \
+             OR (SELECT channel FROM messages WHERE event_id = ?3) = 'voice') \
              ORDER BY received_at, rowid"
         ))
         .bind(provider)

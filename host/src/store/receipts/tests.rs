@@ -19,6 +19,7 @@ pub(crate) fn receipt(
         provider: provider.to_string(),
         provider_message_id: provider_message_id.to_string(),
         workspace: workspace.cloned(),
+        voice_only: false,
         status,
         occurred_at: at,
         cost_micro_usd,
@@ -902,5 +903,80 @@ pub(crate) async fn receipts_prune(store: Arc<dyn Store>) {
     assert_eq!(
         get(store, &ws.id, &n.event_id).await.status,
         MessageStatus::Sent
+    );
+}
+
+/// A voice-only receipt (an unsigned callback's) matches only a message sent by voice:
+/// on arrival, and when it waits pending for a worker to record the provider's id. A
+/// message on another channel with that id is left alone (the receipt waits as for an
+/// unknown id), and signed receipts for it still apply.
+pub(crate) async fn voice_only_receipts_match_voice_messages_only(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("voice-only", None).await.unwrap();
+    let unsigned = |key: &str, id: &str| ReceiptWrite {
+        voice_only: true,
+        ..receipt(key, "prove", id, None, MessageStatus::Delivered, None)
+    };
+    let by_voice = |id: &str| {
+        let mut step = sent_step("prove", id);
+        step.message.channel = Some("voice".into());
+        step
+    };
+    let ws_id = &ws.id;
+    let status = |m: NewMessage| async move { get(store, ws_id, &m.event_id).await.status };
+
+    // On arrival.
+    let sms = sent(store, &ws.id, 0, "prove", "ID-1").await;
+    assert_eq!(
+        store
+            .apply_receipt(&unsigned("dlr_v1.0", "ID-1"))
+            .await
+            .unwrap(),
+        ReceiptOutcome::Pending
+    );
+    assert_eq!(status(sms.clone()).await, MessageStatus::Sent);
+    let voice = queued(store, &ws.id, 1).await;
+    store
+        .record_step(&voice.event_id, "w", LONG_LEASE, &by_voice("ID-2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .apply_receipt(&unsigned("dlr_v2.0", "ID-2"))
+            .await
+            .unwrap(),
+        ReceiptOutcome::Applied(voice.event_id.clone())
+    );
+    assert_eq!(status(voice).await, MessageStatus::Delivered);
+
+    // Pending, then the id is recorded: by an SMS message (left alone) or by a voice
+    // message (applied).
+    for (key, id) in [("dlr_v3.0", "ID-3"), ("dlr_v4.0", "ID-4")] {
+        assert_eq!(
+            store.apply_receipt(&unsigned(key, id)).await.unwrap(),
+            ReceiptOutcome::Pending
+        );
+    }
+    let late_sms = sent(store, &ws.id, 2, "prove", "ID-3").await;
+    assert_eq!(status(late_sms).await, MessageStatus::Sent);
+    let late_voice = queued(store, &ws.id, 3).await;
+    store
+        .record_step(&late_voice.event_id, "w", LONG_LEASE, &by_voice("ID-4"))
+        .await
+        .unwrap();
+    assert_eq!(status(late_voice).await, MessageStatus::Delivered);
+
+    // A signed receipt for the SMS message applies as ever.
+    let signed = receipt(
+        "dlr_s1.0",
+        "prove",
+        "ID-1",
+        None,
+        MessageStatus::Delivered,
+        None,
+    );
+    assert_eq!(
+        store.apply_receipt(&signed).await.unwrap(),
+        ReceiptOutcome::Applied(sms.event_id.clone())
     );
 }
