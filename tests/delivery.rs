@@ -310,6 +310,8 @@ both!(
     bulk_gives_way_to_busy_ingestion_and_critical_does_not,
     a_critical_send_never_waits_behind_slow_bulk_sends,
     a_fallback_reads_preferences_and_erasure_again,
+    a_slow_provider_has_at_most_its_bound_of_bulk_sends,
+    a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease,
 );
 
 async fn failover_across_providers_then_channels(b: Backends) {
@@ -1447,6 +1449,60 @@ async fn a_critical_send_never_waits_behind_slow_bulk_sends(b: Backends) {
     gw.cleanup().await;
 }
 
+/// A slow provider has at most `worker.provider_concurrency` bulk sends under way at
+/// once; another provider's bulk sends go through meanwhile; each delivery that waited
+/// for room is sent once, neither failed nor repeated.
+async fn a_slow_provider_has_at_most_its_bound_of_bulk_sends(b: Backends) {
+    const N: usize = 8;
+    let slow = IdempotentProvider::start(Duration::from_millis(300)).await;
+    let fast = provider(201, ACCEPT).await;
+    let gw = Gateway::start_with(b, &[slow.addr.to_string(), fast.host_port()], |c| {
+        c.worker.provider_concurrency = 2;
+        c.worker.bulk_concurrency = 16;
+    })
+    .await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &format!("http://{}", slow.addr))])
+        .await;
+    gw.route("email", &[("prova", &fast.url())]).await;
+    let texts = gw
+        .bulk(
+            &key,
+            (0..N)
+                .map(|i| json!({"name": "otp", "to": {"subscriberId": format!("t{i}"), "phone": "+14155550123"}, "payload": {"code": "7"}}))
+                .collect(),
+        )
+        .await;
+    let mails = gw
+        .bulk(
+            &key,
+            (0..4)
+                .map(|i| json!({"name": "welcome", "to": {"subscriberId": format!("m{i}"), "email": "m@acme.test"}, "payload": {"name": "M"}}))
+                .collect(),
+        )
+        .await;
+    for id in &mails {
+        assert_eq!(gw.settled(id).await.status, MessageStatus::Sent, "{id}");
+    }
+    for id in &texts {
+        let m = gw.settled(id).await;
+        assert_eq!(
+            (m.status, m.attempts),
+            (MessageStatus::Sent, 1),
+            "{:?}",
+            m.error_detail
+        );
+    }
+    let most = slow.take_most_at_once();
+    assert!((1..=2).contains(&most), "{most} sends at once");
+    let seen = slow.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), N, "{seen:?}");
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+    assert_eq!(fast.take_requests().len(), 4);
+    gw.cleanup().await;
+}
+
 /// `switchboard worker` as a separate process on `config`.
 fn spawn_worker(config: &Config, dir: &std::path::Path, n: u32) -> std::process::Child {
     let path = dir.join(format!("worker-{n}.toml"));
@@ -1677,6 +1733,35 @@ async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
 
 /// An event the store keeps refusing is redelivered a bounded number of times, then
 /// given up (acknowledged, counted), never looped over for ever.
+/// A delivery whose progress cannot be recorded after its claim (the provider answers,
+/// the `sent` step is refused) leaves its own lease behind each time; once the bounded
+/// deliveries have failed, that lease does not keep the event from being given up.
+async fn a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start_with(b, &[good.host_port()], |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    common::refuse_timeline_entries(&gw.config, "sent").await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "stuck", "email": "s@acme.test"}, "payload": {"name": "S"}}),
+            "NORMAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
+        "{:?}",
+        m.error_detail
+    );
+    assert!(m.error_detail.unwrap().contains("gave up"));
+    assert!(!good.take_requests().is_empty());
+    gw.cleanup().await;
+}
+
 async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
     let gw = Gateway::start_with(b, &[], |c| c.worker.max_deliveries = 3).await;
     gw.workflows().await;

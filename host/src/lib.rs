@@ -333,7 +333,8 @@ pub fn worker(state: &AppState) -> Arc<worker::Worker> {
         send_timeout,
     )
     .with_canaries(state.canaries.clone())
-    .with_metrics(state.ingest.metrics.clone());
+    .with_metrics(state.ingest.metrics.clone())
+    .with_provider_concurrency(config.worker.provider_concurrency);
     worker::Worker::new(
         dispatcher,
         state.queue.clone(),

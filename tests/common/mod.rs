@@ -105,6 +105,26 @@ pub async fn accept_messages(config: &Config) {
 }
 
 async fn refuse_messages_when(config: &Config, condition: &str) {
+    refuse_inserts(config, "sb_test_refuse", "messages", condition).await;
+}
+
+/// Makes the gateway's database refuse every timeline entry of `status` (`sent`, ...):
+/// a worker's claim goes through, and the step after the provider's answer does not.
+#[allow(dead_code)]
+pub async fn refuse_timeline_entries(config: &Config, status: &str) {
+    assert!(status.chars().all(|c| c.is_ascii_lowercase()));
+    let condition = format!("NEW.status = '{status}'");
+    refuse_inserts(
+        config,
+        "sb_test_refuse_entries",
+        "message_events",
+        &condition,
+    )
+    .await;
+}
+
+/// A trigger `name` that raises on every insert into `table` matching `condition`.
+async fn refuse_inserts(config: &Config, name: &str, table: &str, condition: &str) {
     if config.store.backend == switchboard::config::StoreBackend::Postgres {
         execute(
             config,
@@ -113,7 +133,7 @@ async fn refuse_messages_when(config: &Config, condition: &str) {
                  BEGIN RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql"
                     .to_string(),
                 format!(
-                    "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages FOR EACH ROW \
+                    "CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW \
                      WHEN ({condition}) EXECUTE FUNCTION sb_test_refuse()"
                 ),
             ],
@@ -123,7 +143,7 @@ async fn refuse_messages_when(config: &Config, condition: &str) {
         execute(
             config,
             &[format!(
-                "CREATE TRIGGER sb_test_refuse BEFORE INSERT ON messages \
+                "CREATE TRIGGER {name} BEFORE INSERT ON {table} \
                  WHEN {condition} BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
             )],
         )

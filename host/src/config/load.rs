@@ -165,6 +165,11 @@ impl Config {
             "between 1 and 4096",
         )?;
         ensure(
+            (1..=4096).contains(&w.provider_concurrency),
+            "worker.provider_concurrency",
+            "between 1 and 4096",
+        )?;
+        ensure(
             w.ingest_busy_at <= 100_000,
             "worker.ingest_busy_at",
             "between 0 and 100000",

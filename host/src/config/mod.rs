@@ -187,6 +187,10 @@ pub struct WorkerConfig {
     pub ingest_busy_at: usize,
     /// Bulk deliveries this process still starts at once while ingestion is busy.
     pub bulk_while_ingesting: usize,
+    /// Bulk sends this process has under way at once through one provider (slug): a
+    /// slow provider cannot hold every plugin instance slot while the others wait.
+    /// Critical sends are not counted.
+    pub provider_concurrency: usize,
 }
 
 impl WorkerConfig {
@@ -472,6 +476,8 @@ impl Default for Config {
                 max_deliveries: 10,
                 ingest_busy_at: 16,
                 bulk_while_ingesting: 1,
+                // Half the plugin instance slots.
+                provider_concurrency: 64,
             },
             erasure: ErasureConfig {
                 audit_window_days: 30,

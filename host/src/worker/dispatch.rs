@@ -40,8 +40,8 @@ pub enum Outcome {
     Done(MessageStatus),
     /// It had been dispatched already (a redelivery); nothing was sent.
     AlreadyDone(MessageStatus),
-    /// Another worker holds its lease, or no plugin instance slot came free in time
-    /// (nothing sent); try again later.
+    /// Another worker holds its lease, or no room at its provider or plugin instance
+    /// slot came free in time (nothing sent); try again later.
     Busy,
 }
 
@@ -72,6 +72,8 @@ pub struct Dispatcher {
     preferences: Coalescer<(WorkspaceId, String), Preferences>,
     /// Where each stage's duration is recorded ([`Self::with_metrics`]).
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The bound on bulk sends in flight per provider ([`Self::with_provider_concurrency`]).
+    in_flight: Option<super::in_flight::ProviderLimits>,
 }
 
 /// Most subscribers whose preferences are read in one statement.
@@ -101,7 +103,15 @@ impl Dispatcher {
             // Reads run on the pool, several at once.
             preferences: Coalescer::start(PREFERENCES_BATCH, 4, read),
             metrics: None,
+            in_flight: None,
         }
+    }
+
+    /// Keeps at most `n` bulk sends in flight at once per provider slug (without it,
+    /// only the plugin instance slots bound them).
+    pub fn with_provider_concurrency(mut self, n: usize) -> Self {
+        self.in_flight = Some(super::in_flight::ProviderLimits::new(n));
+        self
     }
 
     /// Records how long each stage of a delivery takes in `metrics`.
@@ -110,9 +120,9 @@ impl Dispatcher {
         self
     }
 
-    /// The longest a send waits for a plugin instance slot: half of what the lease
-    /// leaves once the call's own timeout is taken out, so the call still ends well
-    /// inside the lease its last step renewed.
+    /// The longest a send waits for room at its provider and a plugin instance slot:
+    /// half of what the lease leaves once the call's own timeout is taken out, so the
+    /// call still ends well inside the lease its last step renewed.
     fn slot_wait(&self) -> Duration {
         self.lease.saturating_sub(self.send_timeout) / 2
     }
@@ -131,10 +141,27 @@ impl Dispatcher {
         self
     }
 
-    /// Takes the message through dispatch. Store errors are returned (the delivery is
-    /// then retried); everything about the event itself ends in a recorded status.
-    #[tracing::instrument(skip_all, fields(event_id = %envelope.event_id, workspace = %envelope.workspace_id))]
+    /// A lease token for one dispatch. One per dispatch, not per process: a second copy
+    /// of the event reaching this same process (a broker redelivery) must find the
+    /// lease taken, like any other.
+    pub fn lease_token(&self) -> String {
+        format!("{}:{}", self.owner, uuid::Uuid::new_v4().simple())
+    }
+
+    /// [`Self::dispatch_as`] under a fresh [`Self::lease_token`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Outcome, StoreError> {
+        self.dispatch_as(envelope, &self.lease_token()).await
+    }
+
+    /// Takes the message through dispatch, its lease taken as `token`. Store errors are
+    /// returned (the delivery is then retried, and the lease may still be held as
+    /// `token`); everything about the event itself ends in a recorded status.
+    #[tracing::instrument(skip_all, fields(event_id = %envelope.event_id, workspace = %envelope.workspace_id))]
+    pub async fn dispatch_as(
+        &self,
+        envelope: &Envelope,
+        token: &str,
+    ) -> Result<Outcome, StoreError> {
         let ws = &envelope.workspace_id;
         // Read immediately before the claim, so a change made while the event waited in
         // the queue is honoured.
@@ -175,16 +202,13 @@ impl Dispatcher {
             phone_masked: to.phone.as_deref().map(voice::mask_phone),
             device_tokens: to.device_tokens.clone().unwrap_or_default(),
         };
-        // A token per dispatch, not per process: a second copy of the event reaching this
-        // same process (a broker redelivery) must find the lease taken, like any other.
-        let token = format!("{}:{}", self.owner, uuid::Uuid::new_v4().simple());
         let started = Instant::now();
         let claimed = self
             .store
             .claim_message(
                 &envelope.message(),
                 &contacts,
-                &token,
+                token,
                 self.lease,
                 first.step(),
             )
@@ -196,7 +220,7 @@ impl Dispatcher {
         };
         let mut run = Run {
             d: self,
-            token,
+            token: token.to_string(),
             envelope,
             attempts: snapshot.attempts,
         };
@@ -365,7 +389,7 @@ impl Run<'_> {
                 provider = slug,
                 channel = ch,
                 attempt_no,
-                "no plugin slot in time; retrying later"
+                "no room at the provider or no plugin slot in time; retrying later"
             );
             self.release_lease().await?;
             return Ok(Some(Outcome::Busy));
@@ -509,13 +533,21 @@ impl Run<'_> {
                 .map(|p| p.into_iter().collect())
                 .unwrap_or_default(),
         };
-        // The send timeout bounds the provider call, not the wait for an instance slot
-        // before it (other providers' slow calls may hold them all); that wait is
-        // bounded by what the lease leaves, and nothing is sent when it runs out.
+        // The send timeout bounds the provider call, not the wait for room at the
+        // provider and an instance slot before it (other sends may hold them all); that
+        // wait is bounded by what the lease leaves, and nothing is sent when it runs out.
         let started = Instant::now();
-        let slot = match tokio::time::timeout(self.d.slot_wait(), plugin.slot()).await {
-            Ok(Ok(slot)) => slot,
-            Ok(Err(e)) => return Ok(Err(("plugin-error".into(), e.to_string()))),
+        let room = async {
+            let in_flight = match &self.d.in_flight {
+                Some(limits) => limits.enter(slug).await,
+                None => None,
+            };
+            (in_flight, plugin.slot().await)
+        };
+        // The provider's permit is held until the send has ended.
+        let (_in_flight, slot) = match tokio::time::timeout(self.d.slot_wait(), room).await {
+            Ok((in_flight, Ok(slot))) => (in_flight, slot),
+            Ok((_, Err(e))) => return Ok(Err(("plugin-error".into(), e.to_string()))),
             Err(_) => return Err(NoSlot),
         };
         self.d.stage("slot", started);
@@ -551,5 +583,6 @@ impl Run<'_> {
     }
 }
 
-/// No plugin instance slot came free within [`Dispatcher::slot_wait`]: nothing was sent.
+/// No room at the provider or no plugin instance slot came free within
+/// [`Dispatcher::slot_wait`]: nothing was sent.
 struct NoSlot;

@@ -13,6 +13,7 @@
 
 pub mod dispatch;
 pub mod erasure;
+mod in_flight;
 pub mod plan;
 mod preferences;
 pub mod receipts;
@@ -303,8 +304,11 @@ impl Worker {
                 }
             }
         };
+        // Kept: a dispatch that failed may still hold the lease under it, which must not
+        // keep this delivery from giving the event up.
+        let token = self.dispatcher.lease_token();
         let result = tokio::select! {
-            r = self.dispatcher.dispatch(&envelope) => r,
+            r = self.dispatcher.dispatch_as(&envelope, &token) => r,
             _ = heartbeat => unreachable!("the heartbeat never ends"),
         };
         let settled = match result {
@@ -334,8 +338,15 @@ impl Worker {
                      progress each time (the gateway log has the store's error)",
                     delivery.delivered
                 );
-                self.give_up(&envelope.event_id, "max_deliveries", &detail, &delivery)
-                    .await
+                let held = Some(token.as_str());
+                self.give_up(
+                    &envelope.event_id,
+                    held,
+                    "max_deliveries",
+                    &detail,
+                    &delivery,
+                )
+                .await
             }
             Err(e) => {
                 let delay = backoff(delivery.delivered);
@@ -366,7 +377,7 @@ impl Worker {
                 // serde's words stay in the log: they may quote the event's values.
                 let detail = "the queued event could not be decoded (the gateway log says \
                               why); nothing was sent";
-                let given_up = self.give_up(&head.event_id, "undecodable", detail, &delivery);
+                let given_up = self.give_up(&head.event_id, None, "undecodable", detail, &delivery);
                 if let Err(e) = given_up.await {
                     tracing::warn!(error = %e, "could not settle an undecodable delivery");
                 }
@@ -380,11 +391,13 @@ impl Worker {
 
     /// Ends an event this worker gives up on: its message FAILED with `detail`, then
     /// the delivery acknowledged and counted dead-lettered for `reason`. While the
-    /// database is unreachable, or another worker holds the message's lease, the
-    /// delivery is handed back instead, so nothing is dropped unrecorded.
+    /// database is unreachable, or another worker holds the message's lease (a lease
+    /// taken as `held`, this delivery's own, does not count), the delivery is handed
+    /// back instead, so nothing is dropped unrecorded.
     async fn give_up(
         &self,
         event: &crate::ids::EventId,
+        held: Option<&str>,
         reason: &'static str,
         detail: &str,
         delivery: &Delivery,
@@ -400,7 +413,7 @@ impl Worker {
         match self
             .dispatcher
             .store
-            .fail_undispatched(event, plan::DISPATCH_FAILED, detail, &[entry])
+            .fail_undispatched(event, held, plan::DISPATCH_FAILED, detail, &[entry])
             .await
         {
             Err(StoreError::Unavailable(e)) => {

@@ -39,11 +39,13 @@ pub trait Messages: Send + Sync {
     /// Ends a message nothing can dispatch (its broker event cannot be decoded, or
     /// every delivery of it failed): FAILED with `code` and `detail`, and `entries` on
     /// its timeline, without a lease. Only a message not yet dispatched (QUEUED or
-    /// TRIGGERED) whose lease nobody holds changes: a worker holding the lease may be
-    /// sending it right now.
+    /// TRIGGERED) whose lease nobody else holds changes: a worker holding the lease may
+    /// be sending it right now. A lease taken as `holder` (the caller's own, left by
+    /// the dispatch that failed) does not count.
     async fn fail_undispatched(
         &self,
         event: &EventId,
+        holder: Option<&str>,
         code: &str,
         detail: &str,
         entries: &[NewTimelineEntry],
@@ -65,7 +67,7 @@ pub enum GiveUp {
     Failed,
     /// It was dispatched already, or is not stored: nothing changed.
     Dispatched,
-    /// A worker holds its unexpired lease: nothing changed; that worker ends it.
+    /// Another worker holds its unexpired lease: nothing changed; that worker ends it.
     Leased,
 }
 
@@ -101,16 +103,22 @@ pub(crate) trait TimelineSql: super::outbound::OutboundSql {
     ) -> Result<(), StoreError>;
     /// Bumps `updated_at`; false when the message does not exist.
     async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError>;
-    /// FAILED with `code` and `detail` if QUEUED or TRIGGERED and no lease on it is
-    /// unexpired; false otherwise.
+    /// FAILED with `code` and `detail` if QUEUED or TRIGGERED and no unexpired lease
+    /// on it is held by anyone but `holder`; false otherwise.
     async fn fail_if_undispatched(
         &mut self,
         event: &EventId,
+        holder: Option<&str>,
         code: &str,
         detail: &str,
     ) -> Result<bool, StoreError>;
-    /// Whether the message is QUEUED or TRIGGERED under an unexpired lease.
-    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError>;
+    /// Whether the message is QUEUED or TRIGGERED under an unexpired lease held by
+    /// anyone but `holder`.
+    async fn leased_undispatched(
+        &mut self,
+        event: &EventId,
+        holder: Option<&str>,
+    ) -> Result<bool, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -133,12 +141,14 @@ where
     async fn fail_undispatched(
         &self,
         event: &EventId,
+        holder: Option<&str>,
         code: &str,
         detail: &str,
         entries: &[NewTimelineEntry],
     ) -> Result<GiveUp, StoreError> {
         let args = Arc::new((
             event.clone(),
+            holder.map(str::to_string),
             code.to_string(),
             detail.to_string(),
             entries.to_vec(),
@@ -147,9 +157,13 @@ where
             .run(Box::new(move |conn| {
                 let args = args.clone();
                 Box::pin(async move {
-                    let (event, code, detail, entries) = &*args;
-                    if !conn.fail_if_undispatched(event, code, detail).await? {
-                        return Ok(if conn.leased_undispatched(event).await? {
+                    let (event, holder, code, detail, entries) = &*args;
+                    let holder = holder.as_deref();
+                    if !conn
+                        .fail_if_undispatched(event, holder, code, detail)
+                        .await?
+                    {
+                        return Ok(if conn.leased_undispatched(event, holder).await? {
                             GiveUp::Leased
                         } else {
                             GiveUp::Dispatched

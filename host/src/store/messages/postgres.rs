@@ -139,17 +139,20 @@ impl TimelineSql for PgConnection {
     async fn fail_if_undispatched(
         &mut self,
         event: &EventId,
+        holder: Option<&str>,
         code: &str,
         detail: &str,
     ) -> Result<bool, StoreError> {
         let updated = sqlx::query(
             "UPDATE messages SET status = 'FAILED', error_code = $2, error_detail = $3, \
              updated_at = now() WHERE event_id = $1 AND status IN ('QUEUED', 'TRIGGERED') \
-             AND NOT COALESCE(lease_until > clock_timestamp(), false)",
+             AND NOT (COALESCE(lease_until > clock_timestamp(), false) \
+             AND lease_owner IS DISTINCT FROM $4)",
         )
         .bind(event.as_str())
         .bind(code)
         .bind(detail)
+        .bind(holder)
         .execute(self)
         .await
         .map_err(map_err)?
@@ -157,12 +160,18 @@ impl TimelineSql for PgConnection {
         Ok(updated == 1)
     }
 
-    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError> {
+    async fn leased_undispatched(
+        &mut self,
+        event: &EventId,
+        holder: Option<&str>,
+    ) -> Result<bool, StoreError> {
         sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM messages WHERE event_id = $1 \
-             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > clock_timestamp())",
+             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > clock_timestamp() \
+             AND lease_owner IS DISTINCT FROM $2)",
         )
         .bind(event.as_str())
+        .bind(holder)
         .fetch_one(self)
         .await
         .map_err(map_err)

@@ -175,14 +175,21 @@ impl TimelineSql for Direct<'_> {
     async fn fail_if_undispatched(
         &mut self,
         event: &EventId,
+        holder: Option<&str>,
         code: &str,
         detail: &str,
     ) -> Result<bool, StoreError> {
-        self.sqlx().fail_if_undispatched(event, code, detail).await
+        self.sqlx()
+            .fail_if_undispatched(event, holder, code, detail)
+            .await
     }
 
-    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError> {
-        self.sqlx().leased_undispatched(event).await
+    async fn leased_undispatched(
+        &mut self,
+        event: &EventId,
+        holder: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.sqlx().leased_undispatched(event, holder).await
     }
 }
 
@@ -209,18 +216,20 @@ impl TimelineSql for SqliteConnection {
     async fn fail_if_undispatched(
         &mut self,
         event: &EventId,
+        holder: Option<&str>,
         code: &str,
         detail: &str,
     ) -> Result<bool, StoreError> {
         let updated = sqlx::query(
             "UPDATE messages SET status = 'FAILED', error_code = ?1, error_detail = ?2, \
              updated_at = ?3 WHERE event_id = ?4 AND status IN ('QUEUED', 'TRIGGERED') \
-             AND NOT COALESCE(lease_until > ?3, 0)",
+             AND NOT (COALESCE(lease_until > ?3, 0) AND lease_owner IS NOT ?5)",
         )
         .bind(code)
         .bind(detail)
         .bind(now_text())
         .bind(event.as_str())
+        .bind(holder)
         .execute(self)
         .await
         .map_err(map_err)?
@@ -228,13 +237,19 @@ impl TimelineSql for SqliteConnection {
         Ok(updated == 1)
     }
 
-    async fn leased_undispatched(&mut self, event: &EventId) -> Result<bool, StoreError> {
+    async fn leased_undispatched(
+        &mut self,
+        event: &EventId,
+        holder: Option<&str>,
+    ) -> Result<bool, StoreError> {
         sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM messages WHERE event_id = ? \
-             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > ?)",
+             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > ? \
+             AND lease_owner IS NOT ?)",
         )
         .bind(event.as_str())
         .bind(now_text())
+        .bind(holder)
         .fetch_one(self)
         .await
         .map_err(map_err)

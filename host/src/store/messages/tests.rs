@@ -131,47 +131,63 @@ pub(crate) async fn queued_entries_after_0008(
     }
 }
 
-/// Giving up on an event fails its message only while nobody holds its lease (a
-/// worker holding it may be sending right now) and only before it is dispatched; a
-/// message that is not stored is left alone too.
+/// Giving up on an event fails its message only while nobody else holds its lease (a
+/// worker holding it may be sending right now; the caller's own lease, left by the
+/// dispatch that failed, does not count) and only before it is dispatched; a message
+/// that is not stored is left alone too.
 pub(crate) async fn giving_up_spares_a_leased_or_dispatched_message(store: Arc<dyn Store>) {
     use crate::store::messages::GiveUp;
     let store = &*store;
     let ws = store.ensure_workspace("give-up", None).await.unwrap();
     let (code, detail) = ("DISPATCH_FAILED", "gave up");
-    let give_up = |m: &NewMessage| {
+    let give_up = |m: &NewMessage, holder: Option<&'static str>| {
         let event = m.event_id.clone();
         async move {
             let entries = [entry(StepStatus::Failed, now(), None, None)];
             store
-                .fail_undispatched(&event, code, detail, &entries)
+                .fail_undispatched(&event, holder, code, detail, &entries)
                 .await
                 .unwrap()
         }
     };
+    let failed = |m: &NewMessage| {
+        let event = m.event_id.clone();
+        let ws = ws.id.clone();
+        async move {
+            let record = get(store, &ws, &event).await;
+            assert_eq!(
+                (record.status, record.error_code.as_deref()),
+                (MessageStatus::Failed, Some(code))
+            );
+            // The queued entry and the one the give-up wrote.
+            assert_eq!(timeline_of(&record).len(), 2);
+        }
+    };
 
-    // Held by a worker: left QUEUED, until the lease has run out.
+    // Held by another worker: left QUEUED.
     let held = message(&ws.id, 0);
     store
         .insert_messages(std::slice::from_ref(&held), &[])
         .await
         .unwrap();
-    claim(store, &held, "w1", SHORT_LEASE).await;
-    assert_eq!(give_up(&held).await, GiveUp::Leased);
+    claim(store, &held, "w1", LONG_LEASE).await;
+    for holder in [None, Some("w2")] {
+        assert_eq!(give_up(&held, holder).await, GiveUp::Leased);
+    }
     let record = get(store, &ws.id, &held.event_id).await;
     assert_eq!(record.status, MessageStatus::Queued);
     assert_eq!(timeline_of(&record).len(), 1);
-    tokio::time::sleep(SHORT_LEASE * 2).await;
-    assert_eq!(give_up(&held).await, GiveUp::Failed);
-    let record = get(store, &ws.id, &held.event_id).await;
-    assert_eq!(
-        (record.status, record.error_code.as_deref()),
-        (MessageStatus::Failed, Some(code))
-    );
-    assert_eq!(timeline_of(&record).len(), 2);
+    // Held by the caller itself: failed.
+    assert_eq!(give_up(&held, Some("w1")).await, GiveUp::Failed);
+    failed(&held).await;
 
-    // A released lease is no lease.
-    let released = message(&ws.id, 1);
+    // A lease that has run out, or was released, is no lease.
+    let expired = message(&ws.id, 1);
+    claim(store, &expired, "w1", SHORT_LEASE).await;
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    assert_eq!(give_up(&expired, None).await, GiveUp::Failed);
+    failed(&expired).await;
+    let released = message(&ws.id, 2);
     claim(store, &released, "w1", LONG_LEASE).await;
     store
         .record_step(
@@ -185,16 +201,16 @@ pub(crate) async fn giving_up_spares_a_leased_or_dispatched_message(store: Arc<d
         )
         .await
         .unwrap();
-    assert_eq!(give_up(&released).await, GiveUp::Failed);
+    assert_eq!(give_up(&released, None).await, GiveUp::Failed);
 
     // Dispatched already (here: failed just above), or not stored: nothing changes.
-    assert_eq!(give_up(&held).await, GiveUp::Dispatched);
+    assert_eq!(give_up(&held, None).await, GiveUp::Dispatched);
     assert_eq!(
         timeline_of(&get(store, &ws.id, &held.event_id).await).len(),
         2
     );
-    let absent = message(&ws.id, 2);
-    assert_eq!(give_up(&absent).await, GiveUp::Dispatched);
+    let absent = message(&ws.id, 3);
+    assert_eq!(give_up(&absent, None).await, GiveUp::Dispatched);
     assert_eq!(
         store.get_message(&ws.id, &absent.event_id).await.unwrap(),
         None
