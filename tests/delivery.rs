@@ -1731,8 +1731,6 @@ async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
     gw.cleanup().await;
 }
 
-/// An event the store keeps refusing is redelivered a bounded number of times, then
-/// given up (acknowledged, counted), never looped over for ever.
 /// A delivery whose progress cannot be recorded after its claim (the provider answers,
 /// the `sent` step is refused) leaves its own lease behind each time; once the bounded
 /// deliveries have failed, that lease does not keep the event from being given up.
@@ -1762,6 +1760,8 @@ async fn a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease(b:
     gw.cleanup().await;
 }
 
+/// An event the store keeps refusing is redelivered a bounded number of times, then
+/// given up (acknowledged, counted), never looped over for ever.
 async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
     let gw = Gateway::start_with(b, &[], |c| c.worker.max_deliveries = 3).await;
     gw.workflows().await;

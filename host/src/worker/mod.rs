@@ -335,7 +335,7 @@ impl Worker {
                 tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
                 let detail = format!(
                     "gave up after {} deliveries: the store refused to record this event's \
-                     progress each time (the gateway log has the store's error)",
+                     progress in the last one (the gateway log has the store's error)",
                     delivery.delivered
                 );
                 let held = Some(token.as_str());
