@@ -32,10 +32,14 @@ impl ProviderLimits {
         }
         let gate = {
             let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
-            gates
-                .entry(slug.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_provider)))
-                .clone()
+            // Looked up first: the slug is copied only the first time it is seen.
+            match gates.get(slug) {
+                Some(gate) => gate.clone(),
+                None => gates
+                    .entry(slug.to_string())
+                    .or_insert_with(|| Arc::new(Semaphore::new(self.per_provider)))
+                    .clone(),
+            }
         };
         // Never closed.
         gate.acquire_owned().await.ok()

@@ -43,12 +43,11 @@ pub(crate) struct OutboxRow {
 /// What each backend says in SQL.
 #[async_trait::async_trait]
 pub(crate) trait OutboxSql: Send + Sync {
-    /// The oldest `limit` rows of `stream` by `seq`.
-    async fn oldest_rows_of(&self, stream: &str, limit: i64) -> Result<Vec<OutboxRow>, StoreError>;
-    /// The oldest `limit` rows of every stream but `stream`, by `seq`.
-    async fn oldest_rows_besides(
+    /// The oldest `limit` rows by `seq` of `stream` (`of`), or of every stream but it.
+    async fn oldest_rows(
         &self,
         stream: &str,
+        of: bool,
         limit: i64,
     ) -> Result<Vec<OutboxRow>, StoreError>;
     /// Deletes the rows `seqs` (not empty) in one transaction.
@@ -65,10 +64,10 @@ impl<T: OutboxSql> Outbox for T {
         first: &str,
     ) -> Result<Vec<(i64, OutboxItem)>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut rows = self.oldest_rows_of(first, limit).await?;
+        let mut rows = self.oldest_rows(first, true, limit).await?;
         let left = limit - rows.len() as i64;
         if left > 0 {
-            rows.extend(self.oldest_rows_besides(first, left).await?);
+            rows.extend(self.oldest_rows(first, false, left).await?);
         }
         Ok(rows
             .into_iter()
