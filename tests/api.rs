@@ -637,6 +637,36 @@ async fn rate_limits_per_workspace_and_subscriber(b: Backends) {
         .await;
     assert_eq!(s, 202, "a 429 consumes no idempotency key");
 
+    // An event refused for its size (413) uses none of the quota: the next one fits.
+    let big = |s: &str| json!({"name": "x", "to": {"subscriberId": s, "email": "a@b.c"}, "payload": {"blob": "x".repeat(600 << 10)}});
+    let now = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(
+        1000 - u64::from(now.timestamp_subsec_millis()) + 20,
+    ))
+    .await;
+    let (s, body) = gw.post("/v1/events/trigger", &free, &big("c"), &[]).await;
+    assert_eq!(s, 413, "{body}");
+    let (s, body) = gw
+        .post("/v1/events/trigger", &free, &trigger_body("c"), &[])
+        .await;
+    assert_eq!(s, 202, "a 413 uses no quota: {body}");
+    let now = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(
+        1000 - u64::from(now.timestamp_subsec_millis()) + 20,
+    ))
+    .await;
+    let events = json!({"events": [big("d"), trigger_body("d")]});
+    let (s, body) = gw.post("/v1/events/bulk", &free, &events, &[]).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(
+        (
+            body["events"][0]["status"].as_str(),
+            body["events"][1]["status"].as_str()
+        ),
+        (Some("FAILED"), Some("QUEUED")),
+        "the too-large item uses none of its subscriber's cap: {body}"
+    );
+
     // Per-subscriber cap on a paid workspace: 20 per second, 200 concurrent requests.
     let paid = gw.key("big", Tier::Paid, KeyMode::Live).await;
     let now = chrono::Utc::now();

@@ -312,6 +312,7 @@ both!(
     a_fallback_reads_preferences_and_erasure_again,
     a_slow_provider_has_at_most_its_bound_of_bulk_sends,
     a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease,
+    deliveries_handed_back_busy_are_not_failures,
 );
 
 async fn failover_across_providers_then_channels(b: Backends) {
@@ -1757,6 +1758,51 @@ async fn a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease(b:
     );
     assert!(m.error_detail.unwrap().contains("gave up"));
     assert!(!good.take_requests().is_empty());
+    gw.cleanup().await;
+}
+
+/// Deliveries handed back busy (here: the message leased by another worker) do not
+/// count toward `worker.max_deliveries`: an event that waited through several of them
+/// still gets its full number of failed deliveries before it is given up.
+async fn deliveries_handed_back_busy_are_not_failures(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start_with(b, &[good.host_port()], |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    // Handed back every 0.75 s (a quarter of the ack wait) for 3 s: about four busy
+    // rounds before the first claim, and as many after each failure while the failed
+    // delivery's own lease runs out.
+    common::lease_new_messages_to(&gw.config, "elsewhere", 3).await;
+    common::refuse_timeline_entries(&gw.config, "sent").await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "waits", "email": "w@acme.test"}, "payload": {"name": "W"}}),
+            "NORMAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
+        "{:?}",
+        m.error_detail
+    );
+    let detail = m.error_detail.unwrap();
+    assert!(
+        detail.contains("gave up after 3 failed deliveries"),
+        "{detail}"
+    );
+    // Each failed delivery reached the provider (the attempt resumed under its key);
+    // counting the busy rounds gave up after the first.
+    assert_eq!(good.take_requests().len(), 3, "{detail}");
+    let text = gw.state.ingest.metrics.render();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("switchboard_deliveries_total{outcome=\"busy\"}")),
+        "{text}"
+    );
     gw.cleanup().await;
 }
 

@@ -108,6 +108,43 @@ async fn refuse_messages_when(config: &Config, condition: &str) {
     refuse_inserts(config, "sb_test_refuse", "messages", condition).await;
 }
 
+/// Makes every message the gateway records from now on start out leased by another
+/// worker, `owner`, for `seconds`: its deliveries meanwhile are handed back busy.
+#[allow(dead_code)]
+pub async fn lease_new_messages_to(config: &Config, owner: &str, seconds: u32) {
+    assert!(owner.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    if config.store.backend == switchboard::config::StoreBackend::Postgres {
+        execute(
+            config,
+            &[
+                format!(
+                    "CREATE OR REPLACE FUNCTION sb_test_lease() RETURNS trigger AS $$ \
+                     BEGIN NEW.lease_owner := '{owner}'; \
+                     NEW.lease_until := clock_timestamp() + interval '{seconds} seconds'; \
+                     RETURN NEW; END $$ LANGUAGE plpgsql"
+                ),
+                "CREATE TRIGGER sb_test_leased BEFORE INSERT ON messages FOR EACH ROW \
+                 EXECUTE FUNCTION sb_test_lease()"
+                    .to_string(),
+            ],
+        )
+        .await;
+    } else {
+        // Stored as the gateway writes it (RFC 3339, UTC); milliseconds compare well
+        // enough against its microseconds.
+        execute(
+            config,
+            &[format!(
+                "CREATE TRIGGER sb_test_leased AFTER INSERT ON messages BEGIN \
+                 UPDATE messages SET lease_owner = '{owner}', \
+                 lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+{seconds} seconds') \
+                 WHERE event_id = NEW.event_id; END"
+            )],
+        )
+        .await;
+    }
+}
+
 /// Makes the gateway's database refuse every timeline entry of `status` (`sent`, ...):
 /// a worker's claim goes through, and the step after the provider's answer does not.
 #[allow(dead_code)]

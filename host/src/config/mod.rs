@@ -180,7 +180,8 @@ pub struct WorkerConfig {
     /// A delivery that fails this many times for a reason other than the database
     /// being unreachable is given up: the message ends FAILED (`DISPATCH_FAILED`, the
     /// detail says why) and the event is acknowledged. An unreachable database never
-    /// gives up: the event waits for it.
+    /// gives up: the event waits for it. Deliveries handed back busy are no failures;
+    /// the broker's count of deliveries caps them at ten times this.
     pub max_deliveries: u64,
     /// Trigger and bulk requests being accepted by this process at which ingestion
     /// counts as busy and bulk delivery gives way to it; 0: never.

@@ -1,7 +1,8 @@
 //! Accepting events: validation, routing, rate limits, idempotency, durable hand-off.
 //!
-//! The order is the spec's: authenticate (by the caller), rate-limit (both tiers in one
-//! atomic step, before anything is recorded), idempotency, routing, then the durable
+//! The order is the spec's: authenticate (by the caller), validate, route and encode
+//! (so an event refused as malformed or too large uses no quota), rate-limit (both
+//! tiers in one atomic step, before anything is recorded), idempotency, then the durable
 //! write: publish to the broker and wait for its acknowledgement, then record the
 //! message (`QUEUED`). When the broker does not acknowledge, the message record and an
 //! outbox item are written in one transaction instead, and the outbox drains in order
@@ -229,8 +230,17 @@ impl Ingest {
     ) -> Result<(TriggerResponse, bool), IngestError> {
         let _accepting = self.load.accepting();
         let channels = route(&request, priority).map_err(IngestError::Invalid)?;
+        let class = if priority.is_urgent() {
+            StreamClass::Critical
+        } else {
+            StreamClass::Bulk
+        };
+        let now = Utc::now();
+        // Encoded before the rate limit: an event refused for its size uses no quota.
+        let (message, publish) =
+            self.prepare(key, request, priority, channels.clone(), class, now)?;
         let admitted = self
-            .admit(key, &[request.to.subscriber_id.as_str()], true)
+            .admit(key, &[message.subscriber_id.as_str()], true)
             .await?;
         if admitted.first() != Some(&true) {
             return Err(IngestError::RateLimited(
@@ -252,15 +262,16 @@ impl Ingest {
             return Ok((response, true));
         }
         let result = self
-            .accept_one(
-                key,
-                request,
+            .accept_one(message, publish, &revoked)
+            .await
+            .map(|event_id| TriggerResponse {
+                event_id,
+                status: "QUEUED".into(),
                 priority,
-                channels,
-                idempotency_key.clone(),
-                &revoked,
-            )
-            .await;
+                channel: channels[0],
+                timestamp: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+                idempotency_key: idempotency_key.clone(),
+            });
         if let Some(idem) = &scoped {
             match &result {
                 Ok(response) => {
@@ -300,29 +311,20 @@ impl Ingest {
         }
     }
 
+    /// Hands one prepared event to the group commit; its id once it is durable.
     async fn accept_one(
         &self,
-        key: &ApiKeyRecord,
-        request: TriggerRequest,
-        priority: Priority,
-        channels: Vec<Channel>,
-        idempotency_key: Option<String>,
+        message: NewMessage,
+        publish: Publish,
         revoked: &impl Fn() -> bool,
-    ) -> Result<TriggerResponse, IngestError> {
-        let class = if priority.is_urgent() {
-            StreamClass::Critical
-        } else {
-            StreamClass::Bulk
-        };
-        let now = Utc::now();
-        let (message, publish) =
-            self.prepare(key, request, priority, channels.clone(), class, now)?;
+    ) -> Result<EventId, IngestError> {
         if revoked() {
             return Err(IngestError::Revoked);
         }
+        let event_id = message.event_id.clone();
         let (done, committed) = tokio::sync::oneshot::channel();
         let job = GroupJob {
-            message: message.clone(),
+            message,
             publish,
             done,
         };
@@ -333,14 +335,7 @@ impl Ingest {
         committed
             .await
             .map_err(|_| IngestError::Internal("group commit dropped the event".into()))??;
-        Ok(TriggerResponse {
-            event_id: message.event_id,
-            status: "QUEUED".into(),
-            priority,
-            channel: channels[0],
-            timestamp: now.to_rfc3339_opts(SecondsFormat::Millis, true),
-            idempotency_key,
-        })
+        Ok(event_id)
     }
 
     fn prepare(
@@ -499,18 +494,34 @@ impl Ingest {
             )));
         }
         let mut results: Vec<Option<BulkEventResult>> = vec![None; events.len()];
-        let mut routed = Vec::new();
+        let now = Utc::now();
+        // Encoded before the rate limit: an event refused for its size uses no quota.
+        let mut prepared = Vec::new();
         for (index, raw) in events.into_iter().enumerate() {
             let parsed =
                 parse_body::<TriggerRequest>(raw).map_err(|e| format!("invalid event: {e}"));
-            match parsed.and_then(|r| route(&r, Priority::Normal).map(|c| (r, c))) {
-                Ok((request, channels)) => routed.push((index, request, channels)),
+            let routed = parsed.and_then(|r| route(&r, Priority::Normal).map(|c| (r, c)));
+            let encoded = routed.and_then(|(request, channels)| {
+                let channel = channels[0];
+                self.prepare(
+                    key,
+                    request,
+                    Priority::Normal,
+                    channels,
+                    StreamClass::Bulk,
+                    now,
+                )
+                .map(|(message, publish)| (index, channel, message, publish))
+                .map_err(|e| e.to_string())
+            });
+            match encoded {
+                Ok(event) => prepared.push(event),
                 Err(error) => results[index] = Some(failed(index, error)),
             }
         }
-        let subscribers: Vec<&str> = routed
+        let subscribers: Vec<&str> = prepared
             .iter()
-            .map(|(_, r, _)| r.to.subscriber_id.as_str())
+            .map(|(_, _, message, _)| message.subscriber_id.as_str())
             .collect();
         let admitted = if subscribers.is_empty() {
             Vec::new()
@@ -520,11 +531,10 @@ impl Ingest {
         if revoked() {
             return Err(IngestError::Revoked);
         }
-        let now = Utc::now();
         let mut messages = Vec::new();
         let mut publishes = Vec::new();
         let mut accepted = Vec::new();
-        for ((index, request, channels), ok) in routed
+        for ((index, channel, message, publish), ok) in prepared
             .into_iter()
             .zip(admitted.into_iter().chain(std::iter::repeat(false)))
         {
@@ -532,22 +542,9 @@ impl Ingest {
                 results[index] = Some(failed(index, "per-subscriber cap exceeded".into()));
                 continue;
             }
-            let channel = channels[0];
-            match self.prepare(
-                key,
-                request,
-                Priority::Normal,
-                channels,
-                StreamClass::Bulk,
-                now,
-            ) {
-                Ok((message, publish)) => {
-                    accepted.push((index, message.event_id.clone(), channel));
-                    messages.push(message);
-                    publishes.push(publish);
-                }
-                Err(e) => results[index] = Some(failed(index, e.to_string())),
-            }
+            accepted.push((index, message.event_id.clone(), channel));
+            messages.push(message);
+            publishes.push(publish);
         }
         let committed = if messages.is_empty() {
             Vec::new()

@@ -6,13 +6,15 @@
 //! already dispatching finishes): a bulk backlog cannot delay a critical event by more
 //! than the time to start it, and competes with it only through work already started.
 //! A delivery is acknowledged only after its outcome is recorded; a store failure
-//! leaves it for redelivery with backoff. A delivery gives its slot back as soon as its
+//! leaves it for redelivery with backoff, and enough of them give the event up
+//! ([`failures`]: a delivery handed back busy is no failure). A delivery gives its slot back as soon as its
 //! outcome is durable and is acknowledged while the next one starts: the ack's round
 //! trip (on the embedded queue, a commit) is not part of every delivery's time in a
 //! slot. An ack that is lost only means a redelivery, which finds the message done.
 
 pub mod dispatch;
 pub mod erasure;
+pub mod failures;
 mod in_flight;
 pub mod plan;
 mod preferences;
@@ -53,6 +55,8 @@ pub struct Worker {
     settling_bulk: Semaphore,
     /// This process's ingestion, which bulk delivery gives way to while it is busy.
     ingestion: Arc<Load>,
+    /// Failed deliveries per event, busy rounds not counted.
+    failures: failures::Failures,
 }
 
 /// A dispatch slot. Dropping it lets the next delivery start and, for critical work,
@@ -94,6 +98,7 @@ impl Worker {
             ),
             settling_bulk: Semaphore::new(config.bulk_concurrency),
             ingestion,
+            failures: failures::Failures::default(),
             config,
         })
     }
@@ -313,11 +318,13 @@ impl Worker {
         };
         let settled = match result {
             Ok(Outcome::Done(status)) => {
+                self.failures.forget(&envelope.event_id);
                 self.count(status.as_str());
                 let _settling = self.release(slot).await;
                 delivery.settle.ack().await
             }
             Ok(Outcome::AlreadyDone(_)) => {
+                self.failures.forget(&envelope.event_id);
                 self.count("redelivered_done");
                 let _settling = self.release(slot).await;
                 delivery.settle.ack().await
@@ -327,32 +334,34 @@ impl Worker {
                 let _settling = self.release(slot).await;
                 delivery.settle.nak(self.config.ack_wait() / 4).await
             }
-            Err(e)
-                if delivery.delivered >= self.config.max_deliveries
-                    && !matches!(e, StoreError::Unavailable(_)) =>
-            {
-                // The store's own words stay in the log: they may quote stored values.
-                tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
-                let detail = format!(
-                    "gave up after {} deliveries: the store refused to record this event's \
-                     progress in the last one (the gateway log has the store's error)",
-                    delivery.delivered
-                );
-                let held = Some(token.as_str());
-                self.give_up(
-                    &envelope.event_id,
-                    held,
-                    "max_deliveries",
-                    &detail,
-                    &delivery,
-                )
-                .await
-            }
             Err(e) => {
-                let delay = backoff(delivery.delivered);
-                tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
-                self.count("retry");
-                delivery.settle.nak(delay).await
+                let failed = self.failures.failed(&envelope.event_id);
+                let delivered = delivery.delivered;
+                if failures::gives_up(failed, delivered, self.config.max_deliveries)
+                    && !matches!(e, StoreError::Unavailable(_))
+                {
+                    // The store's own words stay in the log: they may quote stored values.
+                    tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
+                    let detail = format!(
+                        "gave up after {failed} failed deliveries ({delivered} in all): the \
+                         store refused to record this event's progress in the last one (the \
+                         gateway log has the store's error)"
+                    );
+                    let held = Some(token.as_str());
+                    self.give_up(
+                        &envelope.event_id,
+                        held,
+                        "max_deliveries",
+                        &detail,
+                        &delivery,
+                    )
+                    .await
+                } else {
+                    let delay = backoff(failed);
+                    tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
+                    self.count("retry");
+                    delivery.settle.nak(delay).await
+                }
             }
         };
         if let Err(e) = settled {
@@ -435,6 +444,7 @@ impl Worker {
                     tracing::error!(%event, error = %e, "gave up on an event whose message cannot be stored");
                 }
                 tracing::warn!(%event, detail, "gave up on an event");
+                self.failures.forget(event);
                 self.count("gave_up");
                 self.dead_letter(reason);
                 delivery.settle.ack().await
@@ -471,9 +481,9 @@ impl Worker {
     }
 }
 
-/// Redelivery delay after the `delivered`-th failed try: 200 ms doubling, capped at 30 s.
-pub fn backoff(delivered: u64) -> Duration {
-    let exp = delivered.saturating_sub(1).min(8) as u32;
+/// Redelivery delay after the `failed`-th failed try: 200 ms doubling, capped at 30 s.
+pub fn backoff(failed: u64) -> Duration {
+    let exp = failed.saturating_sub(1).min(8) as u32;
     Duration::from_millis(200 * 2u64.pow(exp)).min(Duration::from_secs(30))
 }
 
