@@ -155,6 +155,20 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         assert!(page.contains("That key was not accepted"), "{page}");
     }
 
+    // Another site's page posting a (its own) key signs nobody in.
+    for site in ["cross-site", "same-site"] {
+        let resp = client()
+            .post(format!("{url}/console/sign-in"))
+            .header("sec-fetch-site", site)
+            .form(&[("key", acme_key.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{site}");
+        assert!(resp.headers().get("set-cookie").is_none());
+        assert_eq!(resp.json::<Value>().await.unwrap()["error"], "FORBIDDEN");
+    }
+
     let (cookie, line) = sign_in(&url, &acme_key, false).await;
     assert!(
         !cookie.contains(&acme_key),
@@ -291,6 +305,20 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let (globex_cookie, _) = sign_in(&url, &globex_key, false).await;
     let tampered = globex_cookie.replace("v1.", "v1.0");
     assert_eq!(get(&url, "/console", &tampered).await.0, 303);
+
+    // A key revoked by another process, before this one hears of it (its poll runs
+    // every 200 ms): a form of its session changes nothing, as the API's writes do not.
+    let (_, _, page) = get(&url, "/console/subscribers?id=hal", &globex_cookie).await;
+    let csrf = csrf_of(&page);
+    let globex_id = &keys[1].1.id;
+    assert!(store.revoke_api_key(globex_id).await.unwrap().is_some());
+    let fields = [("csrf", csrf.as_str()), ("id", "hal"), ("sms", "off")];
+    let saving = "/console/subscribers/preferences";
+    let (status, location, _) = post_fields(&url, saving, &globex_cookie, &fields).await;
+    assert_eq!((status, location.as_str()), (303, "/console/sign-in"));
+    let workspace = &keys[1].1.workspace;
+    let stored = store.preferences(workspace, "hal").await.unwrap();
+    assert!(stored.channels.is_empty(), "nothing written");
 }
 
 async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backends) {
@@ -622,6 +650,39 @@ async fn workflows_subscribers_and_the_overview_show_one_workspace(b: Backends) 
             .channels
             .is_empty()
     );
+    // An id with a space at its end is its own subscriber: looked up, shown and erased
+    // as typed, never as its namesake without the space.
+    for id in ["ada-2 ", "ada-2"] {
+        let fields = [("csrf", csrf.as_str()), ("id", id), ("sms", "off")];
+        let (status, _, _) = post_fields(&url, saving, &cookie, &fields).await;
+        assert_eq!(status, 303, "{id:?}");
+    }
+    let (_, _, page) = get(&url, "/console/subscribers?id=ada-2%20", &cookie).await;
+    assert!(page.contains("value=\"ada-2 \""), "{page}");
+    assert!(page.contains("with its spaces"), "{page}");
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("id", "ada-2 "),
+        ("confirm", "ada-2"),
+    ];
+    let (status, _, _) = post_fields(&url, erasing, &cookie, &fields).await;
+    assert_eq!(status, 400, "the namesake's id does not confirm");
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("id", "ada-2 "),
+        ("confirm", "ada-2 "),
+    ];
+    let (status, _, _) = post_fields(&url, erasing, &cookie, &fields).await;
+    assert_eq!(status, 303);
+    let channels = |id: &'static str| {
+        let (store, ws) = (store.clone(), acme_record.workspace.clone());
+        async move { store.preferences(&ws, id).await.unwrap().channels.len() }
+    };
+    assert_eq!(
+        (channels("ada-2 ").await, channels("ada-2").await),
+        (0, 1),
+        "only the id as typed is erased"
+    );
     let (_, _, page) = get(&url, "/console/subscribers?id=%01", &cookie).await;
     assert!(page.contains("role=\"alert\""), "{page}");
 
@@ -817,8 +878,9 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
         .unwrap();
     assert!(resp.text().await.unwrap().contains("is active"));
     assert_eq!(loaded("provc"), installed);
+    // The slug as the spec writes it matches too, as with the CLI.
     let resp = client()
-        .post(format!("{url}/v1/admin/plugins/provc/rollback"))
+        .post(format!("{url}/v1/admin/plugins/ProvC/rollback"))
         .bearer_auth(&operator.0)
         .send()
         .await

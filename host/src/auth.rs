@@ -171,7 +171,11 @@ impl Authenticator {
     /// True if the store says the key is revoked (or gone): the check before a write
     /// that is not on the trigger path, where a query per request costs nothing.
     pub async fn is_revoked_in_store(&self, raw: &str) -> Result<bool, StoreError> {
-        let hash = digest(raw);
+        self.is_digest_revoked_in_store(digest(raw)).await
+    }
+
+    /// [`Self::is_revoked_in_store`] for a key known by its digest (a console session).
+    pub async fn is_digest_revoked_in_store(&self, hash: [u8; 32]) -> Result<bool, StoreError> {
         let revoked = match self.store.api_key_by_hash(&hash).await? {
             Some(record) => record.revoked_at.is_some(),
             None => true,

@@ -461,7 +461,9 @@ pub async fn rollback(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<axum::Json<RollbackResponse>, ApiError> {
     require_operator(&caller)?;
-    let Path(slug) = path.map_err(|e| ApiError::BadRequest(format!("invalid slug: {e}")))?;
+    let Path(typed) = path.map_err(|e| ApiError::BadRequest(format!("invalid slug: {e}")))?;
+    // Typed as the spec writes it (`provC`), matched as stored, as the CLI does.
+    let slug = crate::ids::canonical_slug(&typed);
     caller.still_valid().await?;
     let detail = rollback_plugin(&state, &slug, None).await?;
     Ok(axum::Json(RollbackResponse {

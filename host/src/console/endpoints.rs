@@ -3,7 +3,10 @@
 //! it: send a test event, retry a finished delivery. Creating and changing endpoints
 //! stays with the API (the secret is shown once, to the program that keeps it).
 
-use super::{Csrf, bad_form, bad_path, check_csrf, page_context, render, signed_in, to_sign_in};
+use super::{
+    Csrf, bad_form, bad_path, check_csrf, page_context, render, signed_in, signed_in_to_write,
+    to_sign_in,
+};
 use crate::AppState;
 use crate::api::ApiError;
 use crate::api::endpoint_deliveries::DEFAULT_TEST_TYPE;
@@ -162,7 +165,7 @@ pub(super) async fn test(
     let Path(id) = path.map_err(bad_path)?;
     let id = endpoint_id(&id)?;
     let Form(form) = form.map_err(bad_form)?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     check_csrf(&state, &cookie, &form)?;
@@ -188,7 +191,7 @@ pub(super) async fn retry(
     let delivery = WebhookDeliveryId::parse(&delivery)
         .map_err(|_| ApiError::BadRequest(format!("invalid delivery id {delivery:?}")))?;
     let Form(form) = form.map_err(bad_form)?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     check_csrf(&state, &cookie, &form)?;

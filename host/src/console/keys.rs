@@ -1,6 +1,9 @@
 //! Keys: hints only (never a key), and revoking for `admin` keys.
 
-use super::{Csrf, bad_form, bad_path, check_csrf, page_context, render, signed_in, to_sign_in};
+use super::{
+    Csrf, bad_form, bad_path, check_csrf, page_context, render, signed_in, signed_in_to_write,
+    to_sign_in,
+};
 use crate::AppState;
 use crate::api::ApiError;
 use axum::extract::rejection::{FormRejection, PathRejection};
@@ -61,7 +64,7 @@ pub(super) async fn revoke_key(
 ) -> Result<Response, ApiError> {
     let Path(id) = path.map_err(bad_path)?;
     let Form(form) = form.map_err(bad_form)?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     check_csrf(&state, &cookie, &form)?;

@@ -147,6 +147,30 @@ pub(super) async fn signed_in(
     }
 }
 
+/// [`signed_in`] for a form that changes something: the key is also read again from
+/// the database, as the API's writes do, so a key revoked from another process (not
+/// yet announced here) changes nothing. A key gone sends the form back to sign-in.
+pub(super) async fn signed_in_to_write(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<(ApiKeyRecord, String)>, ApiError> {
+    let Some((key, cookie)) = signed_in(state, headers).await? else {
+        return Ok(None);
+    };
+    let Some(session) = session::verify(&secret(state), &cookie, now()) else {
+        return Ok(None);
+    };
+    match state
+        .auth
+        .is_digest_revoked_in_store(session.key_digest)
+        .await
+    {
+        Ok(false) => Ok(Some((key, cookie))),
+        Ok(true) => Ok(None),
+        Err(e) => Err(ApiError::from_store_write(e)),
+    }
+}
+
 /// The header's values every signed-in page shows.
 pub(super) fn page_context(state: &AppState, key: &ApiKeyRecord, cookie: &str) -> Value {
     context! {
@@ -187,6 +211,16 @@ async fn sign_in(
     form: Result<Form<SignIn>, FormRejection>,
 ) -> Result<Response, ApiError> {
     let Form(form) = form.map_err(bad_form)?;
+    // Another site's page posting its own key would sign the browser into that
+    // workspace (login CSRF); browsers say where a form came from.
+    if headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"cross-site" || v.as_bytes() == b"same-site")
+    {
+        return Err(ApiError::Forbidden(
+            "sign in from the console's own page: this form came from another site".into(),
+        ));
+    }
     let key = form.key.trim();
     let header = format!("Bearer {key}");
     let record = match crate::auth::parse_bearer(Some(&header)) {

@@ -5,7 +5,7 @@
 
 use super::{
     bad_form, bad_path, check_token, page_context, query_value, render, require_admin, signed_in,
-    to_sign_in,
+    signed_in_to_write, to_sign_in,
 };
 use crate::AppState;
 use crate::api::ApiError;
@@ -98,7 +98,7 @@ pub(super) async fn install(
     form: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let mut form = form.map_err(|e| ApiError::BadRequest(format!("invalid form: {e}")))?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     let limit = state.config.max_body_bytes;
@@ -208,7 +208,7 @@ pub(super) async fn rollback(
 ) -> Result<Response, ApiError> {
     let Path(slug) = path.map_err(bad_path)?;
     let Form(form) = form.map_err(bad_form)?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     check_token(&state, &cookie, &form.csrf)?;

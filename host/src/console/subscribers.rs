@@ -1,7 +1,10 @@
 //! Subscribers: look one up, see and change its channel preferences, erase it (the
 //! id typed again to confirm). Each change is the API's own operation.
 
-use super::{bad_form, check_token, page_context, query_value, render, signed_in, to_sign_in};
+use super::{
+    bad_form, check_token, page_context, query_value, render, signed_in, signed_in_to_write,
+    to_sign_in,
+};
 use crate::AppState;
 use crate::api::ApiError;
 use crate::api::subscribers::{CHANNELS, ERASURE_MESSAGE};
@@ -82,13 +85,10 @@ pub(super) async fn lookup(
     let Some((key, cookie)) = signed_in(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
-    let get = |name: &str| {
-        query_value(raw.as_deref(), name)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-    };
+    let get = |name: &str| query_value(raw.as_deref(), name).filter(|v| !v.is_empty());
+    // Taken as typed, not trimmed: "u1 " and "u1" are two subscribers.
     let id = get("id");
-    let notice = match get("notice").as_deref() {
+    let notice = match get("notice").as_deref().map(str::trim) {
         Some("saved") => Some("Preferences saved."),
         Some("unchanged") => Some("Nothing to change: every channel already had that setting."),
         Some("erased") => Some(ERASURE_MESSAGE),
@@ -148,7 +148,7 @@ pub(super) async fn update_preferences(
     form: Result<Form<Vec<(String, String)>>, FormRejection>,
 ) -> Result<Response, ApiError> {
     let Form(form) = form.map_err(bad_form)?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     check_token(&state, &cookie, field(&form, "csrf"))?;
@@ -185,12 +185,13 @@ pub(super) async fn erase(
     form: Result<Form<EraseForm>, FormRejection>,
 ) -> Result<Response, ApiError> {
     let Form(form) = form.map_err(bad_form)?;
-    let Some((key, cookie)) = signed_in(&state, &headers).await? else {
+    let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());
     };
     check_token(&state, &cookie, &form.csrf)?;
     let id = checked_subscriber(&form.id)?;
-    if form.confirm.trim() != id {
+    // Exactly: a trimmed match could confirm a namesake without its spaces.
+    if form.confirm != id {
         return Err(ApiError::BadRequest(
             "erasure not confirmed: type the subscriber id exactly as shown to erase it".into(),
         ));
