@@ -19,7 +19,8 @@
 //! - A delivery published but neither tried nor handed back for
 //!   `republish_after_secs` is published again (under a new broker message id): its
 //!   broker message was lost, say with a stream restored empty. A try is recorded once
-//!   per publication, so a copy that was only late does no harm.
+//!   per publication, and a copy taken while this process is trying it is handed back
+//!   until that try is logged, so a copy that was only late is not posted again.
 //! - A 410 disables the endpoint at once; an endpoint whose tries have all failed for
 //!   `disable_after_secs` is disabled too, and `endpoint.disabled` is recorded for the
 //!   workspace's other endpoints.
@@ -377,13 +378,29 @@ impl Dispatcher {
                         // Registered before the next one is taken, so a later event of
                         // the same message, taken next, finds this one in flight.
                         let publication = serde_json::from_slice::<Publication>(&d.payload);
-                        let in_flight = publication.as_ref().ok().and_then(|p| self.enter(&p.id));
                         let me = self.clone();
-                        tokio::spawn(async move {
-                            me.handle(d, publication).await;
-                            drop(in_flight);
-                            drop(permit);
-                        });
+                        match publication.as_ref().ok().map(|p| self.enter(&p.id)) {
+                            // A copy of a delivery being tried here (a redelivery, or a
+                            // stale one published again): trying it too would post it
+                            // twice. It comes back once that try is logged, and ends.
+                            Some(None) => {
+                                tokio::spawn(async move {
+                                    me.count("deferred");
+                                    if let Err(e) = d.settle.nak(STORE_RETRY).await {
+                                        tracing::warn!(error = %e, "settling a delivery event");
+                                    }
+                                    drop(permit);
+                                });
+                            }
+                            in_flight => {
+                                let in_flight = in_flight.flatten();
+                                tokio::spawn(async move {
+                                    me.handle(d, publication).await;
+                                    drop(in_flight);
+                                    drop(permit);
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -402,8 +419,22 @@ impl Dispatcher {
         delivery: Delivery,
         publication: Result<Publication, serde_json::Error>,
     ) {
+        // Tells the broker the try is under way, so it does not hand a copy to
+        // another worker meanwhile.
+        let heartbeat = {
+            let (every, settle) = (self.settings.ack_wait / 3, &delivery.settle);
+            async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let _ = settle.in_progress().await;
+                }
+            }
+        };
         let next = match publication {
-            Ok(publication) => self.try_once(&publication, delivery.delivered).await,
+            Ok(publication) => tokio::select! {
+                next = self.try_once(&publication, delivery.delivered) => next,
+                _ = heartbeat => unreachable!("the heartbeat never ends"),
+            },
             Err(e) => {
                 tracing::error!(error = %e, "dropping an unreadable delivery event");
                 Next::Ack

@@ -76,15 +76,16 @@ pub fn check_url(text: &str, policy: UrlPolicy) -> Result<url::Url, String> {
     }
 }
 
+/// What a refused address is, and how to allow it.
+pub const INTERNAL: &str = "a loopback, private, link-local or otherwise internal address \
+                            (set webhook_endpoints.allow_private_networks to allow it)";
+
 /// Refuses an address of the gateway's own networks unless the policy allows them.
 pub fn check_ip(ip: IpAddr, policy: UrlPolicy) -> Result<(), String> {
     if policy.allow_private || is_public(ip) {
         Ok(())
     } else {
-        Err(format!(
-            "{ip} is a loopback, private, link-local or otherwise internal address \
-             (set webhook_endpoints.allow_private_networks to allow it)"
-        ))
+        Err(format!("{ip} is {INTERNAL}"))
     }
 }
 

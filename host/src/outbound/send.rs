@@ -12,7 +12,7 @@
 //!   (other statuses, refused connections, the timeout) is retried after
 //!   [`retry_delay`].
 
-use super::policy::{UrlPolicy, check_ip};
+use super::policy::{INTERNAL, UrlPolicy, check_ip};
 use super::sign;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use std::net::SocketAddr;
@@ -77,7 +77,12 @@ pub fn checked_addresses(
         return Err(format!("{host} resolves to no address"));
     }
     for addr in &addrs {
-        check_ip(addr.ip(), policy).map_err(|e| format!("{host} resolves to {e}"))?;
+        if let Err(e) = check_ip(addr.ip(), policy) {
+            // The address only in the gateway's log: the error goes to the tenant's
+            // delivery log, which must not map the gateway's own networks.
+            tracing::warn!(host, reason = %e, "refused an endpoint's address");
+            return Err(format!("{host} resolves to {INTERNAL}"));
+        }
     }
     Ok(addrs)
 }
@@ -350,6 +355,10 @@ mod tests {
         assert!(
             error.contains("localhost resolves to") && error.contains("internal address"),
             "{error}"
+        );
+        assert!(
+            !error.contains("127.0.0.1") && !error.contains("::1"),
+            "the gateway's own addresses stay out of the tenant's log: {error}"
         );
         // By address.
         let by_ip = sender

@@ -17,7 +17,7 @@ use super::receipts::{self, ReceiptsSql};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
     AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageStatus,
-    MessageUpdate, NewMessage, NewTimelineEntry, Step, SubscriberContacts,
+    MessageUpdate, NewMessage, NewTimelineEntry, Step, StepStatus, SubscriberContacts,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -499,7 +499,15 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
     // Before the pending receipts below, which change the status after these steps.
     let changes: Vec<(&EventId, MessageStatus)> = held
         .iter()
-        .filter_map(|r| r.step.message.status.map(|s| (&r.event, s)))
+        .flat_map(|r| {
+            let status = r.step.message.status;
+            // A test key's send records `sent` and `delivered` in one step: a caller
+            // is told of both, as of a live send.
+            let sent_first = status == Some(MessageStatus::Delivered)
+                && r.step.timeline.iter().any(|e| e.status == StepStatus::Sent);
+            let sent = sent_first.then_some((&r.event, MessageStatus::Sent));
+            sent.into_iter().chain(status.map(|s| (&r.event, s)))
+        })
         .collect();
     super::outbound::emit(conn, &changes).await?;
     let recorded: Vec<(&EventId, &str, &str)> = requests

@@ -79,6 +79,7 @@ impl EndpointsSql for PgStore {
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE webhook_endpoints SET url = $3, description = $4, event_types = $5::jsonb, \
+             failing_since = CASE WHEN disabled <> $6 THEN NULL ELSE failing_since END, \
              disabled = $6, disabled_reason = $7, secret = $8, previous_secret = $9, \
              previous_expires_at = $10, updated_at = $11 \
              WHERE id = $1 AND workspace_id = $2 AND updated_at = $12",

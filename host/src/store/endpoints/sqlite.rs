@@ -78,6 +78,7 @@ impl EndpointsSql for SqliteStore {
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE webhook_endpoints SET url = ?, description = ?, event_types = ?, \
+             failing_since = CASE WHEN disabled <> ? THEN NULL ELSE failing_since END, \
              disabled = ?, disabled_reason = ?, secret = ?, previous_secret = ?, \
              previous_expires_at = ?, updated_at = ? \
              WHERE id = ? AND workspace_id = ? AND updated_at = ?",
@@ -85,6 +86,7 @@ impl EndpointsSql for SqliteStore {
         .bind(&row.url)
         .bind(&row.description)
         .bind(&row.event_types)
+        .bind(row.disabled)
         .bind(row.disabled)
         .bind(&row.disabled_reason)
         .bind(&row.secret)

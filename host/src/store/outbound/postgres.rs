@@ -206,7 +206,7 @@ impl OutboundSql for PgConnection {
         };
         sqlx::query(
             "UPDATE webhook_endpoints SET failing_since = $2 \
-             WHERE id = $1 AND failing_since IS NULL",
+             WHERE id = $1 AND failing_since IS NULL AND NOT disabled",
         )
         .bind(endpoint)
         .bind(at)

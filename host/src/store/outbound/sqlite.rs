@@ -350,7 +350,8 @@ impl OutboundSql for SqliteConnection {
             return Ok(None);
         };
         sqlx::query(
-            "UPDATE webhook_endpoints SET failing_since = ? WHERE id = ? AND failing_since IS NULL",
+            "UPDATE webhook_endpoints SET failing_since = ? WHERE id = ? AND failing_since IS NULL \
+             AND NOT disabled",
         )
         .bind(encode_timestamp(&at))
         .bind(endpoint)

@@ -396,6 +396,57 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].0.id, d.id);
+
+    // Disabling and enabling the endpoint ends its run of failures: once enabled
+    // again, its next failure starts a new run rather than continuing the old one.
+    let p2 = store.due_deliveries(10).await.unwrap().remove(0);
+    assert_eq!(p2.id, second_event.id);
+    store
+        .mark_published(std::slice::from_ref(&p2))
+        .await
+        .unwrap();
+    let fail = |at: chrono::DateTime<chrono::Utc>| OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: at,
+        status_code: Some(503),
+        latency_ms: 1,
+        error: None,
+        next_retry_at: Some(at + Duration::milliseconds(50)),
+    };
+    let t2 = now();
+    assert_eq!(
+        store
+            .record_attempt(&p2, &fail(t2), OutboundStatus::Pending)
+            .await
+            .unwrap(),
+        Some(EndpointHealth::FailingSince(t2))
+    );
+    for disabled in [true, false] {
+        let patch = crate::store::EndpointPatch {
+            disabled: Some(disabled),
+            ..Default::default()
+        };
+        store.patch_endpoint(&ws.id, &e.id, &patch).await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let p3 = Publication {
+        attempts: 1,
+        ..p2.clone()
+    };
+    assert_eq!(store.due_deliveries(10).await.unwrap(), vec![p3.clone()]);
+    store
+        .mark_published(std::slice::from_ref(&p3))
+        .await
+        .unwrap();
+    let t3 = now();
+    assert_eq!(
+        store
+            .record_attempt(&p3, &fail(t3), OutboundStatus::Pending)
+            .await
+            .unwrap(),
+        Some(EndpointHealth::FailingSince(t3)),
+        "a new run, not the one before the endpoint was disabled"
+    );
 }
 
 /// Disabling a failing endpoint records `endpoint.disabled` for the workspace's other
