@@ -853,7 +853,9 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
     );
     assert_eq!(loaded("provc"), installed);
     let fields = [("csrf", csrf.as_str()), ("digest", installed.as_str())];
-    let (status, location, _) = post_fields(&url, rolling, &cookie, &fields).await;
+    // Typed as the spec writes the slug: it matches, and is named as stored.
+    let typed = "/console/plugins/ProvC/rollback";
+    let (status, location, _) = post_fields(&url, typed, &cookie, &fields).await;
     assert_eq!(
         (status, location.as_str()),
         (303, "/console/plugins?rolled_back=provc")

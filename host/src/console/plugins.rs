@@ -206,7 +206,8 @@ pub(super) async fn rollback(
     path: Result<Path<String>, PathRejection>,
     form: Result<Form<RollbackForm>, FormRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(slug) = path.map_err(bad_path)?;
+    let Path(typed) = path.map_err(bad_path)?;
+    let slug = crate::ids::canonical_slug(&typed);
     let Form(form) = form.map_err(bad_form)?;
     let Some((key, cookie)) = signed_in_to_write(&state, &headers).await? else {
         return Ok(to_sign_in());

@@ -21,8 +21,8 @@ pub const BROKER_CAP_FACTOR: u64 = 10;
 /// then finished by another worker leaves its count behind until it is pruned.
 const MAX_TRACKED: usize = 10_000;
 
-/// A count untouched this long is pruned when room is needed: longer than any backoff
-/// and busy delay between two deliveries of one event.
+/// A count untouched this long is pruned when room is needed (at least twice the ack
+/// wait, so longer than any backoff, busy delay or lease between two deliveries).
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// Failed deliveries of the events this process is retrying.
@@ -32,32 +32,31 @@ pub struct Failures {
     forget_after: Duration,
 }
 
-impl Default for Failures {
-    fn default() -> Self {
+impl Failures {
+    /// Counts for a worker whose deliveries are redelivered after `ack_wait`.
+    pub fn new(ack_wait: Duration) -> Self {
         Self {
             counts: Mutex::default(),
-            forget_after: FORGET_AFTER,
+            forget_after: FORGET_AFTER.max(ack_wait.saturating_mul(2)),
         }
     }
-}
 
-impl Failures {
-    /// Counts one more failed delivery of `event`; returns its failures so far. When
-    /// no room is left even after pruning, the event is not tracked and this is its
-    /// first failure as far as this process knows (the broker's cap still applies).
-    pub fn failed(&self, event: &EventId) -> u64 {
+    /// Counts one more failed delivery of `event`; returns its failures so far, or
+    /// `None` when no room is left even after pruning: then the event is not tracked,
+    /// and only the broker's cap can give it up.
+    pub fn failed(&self, event: &EventId) -> Option<u64> {
         let now = Instant::now();
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         if !counts.contains_key(event) && counts.len() >= MAX_TRACKED {
             counts.retain(|_, (_, last)| now.duration_since(*last) < self.forget_after);
             if counts.len() >= MAX_TRACKED {
-                return 1;
+                return None;
             }
         }
         let entry = counts.entry(event.clone()).or_insert((0, now));
         entry.0 += 1;
         entry.1 = now;
-        entry.0
+        Some(entry.0)
     }
 
     /// Forgets `event`: it is finished (acknowledged).
@@ -100,37 +99,50 @@ mod tests {
 
     #[test]
     fn counts_are_per_event_and_forgotten() {
-        let failures = Failures::default();
+        let failures = Failures::new(Duration::from_secs(30));
         let (a, b) = (EventId::generate(), EventId::generate());
-        assert_eq!(failures.failed(&a), 1);
-        assert_eq!(failures.failed(&a), 2);
-        assert_eq!(failures.failed(&b), 1);
+        assert_eq!(failures.failed(&a), Some(1));
+        assert_eq!(failures.failed(&a), Some(2));
+        assert_eq!(failures.failed(&b), Some(1));
         failures.forget(&a);
-        assert_eq!(failures.failed(&a), 1);
+        assert_eq!(failures.failed(&a), Some(1));
         assert_eq!(failures.tracked(), 2);
+    }
+
+    #[test]
+    fn counts_outlive_twice_the_ack_wait() {
+        assert_eq!(
+            Failures::new(Duration::from_secs(30)).forget_after,
+            FORGET_AFTER
+        );
+        assert_eq!(
+            Failures::new(Duration::from_secs(3_600)).forget_after,
+            Duration::from_secs(7_200)
+        );
     }
 
     #[test]
     fn a_full_table_prunes_old_counts_and_never_grows_past_its_bound() {
         let failures = Failures {
-            forget_after: Duration::from_secs(1),
-            ..Failures::default()
+            forget_after: Duration::from_secs(60),
+            ..Failures::new(Duration::from_secs(30))
         };
-        failures.failed(&EventId::generate());
-        std::thread::sleep(Duration::from_millis(1_100));
+        let stale = Instant::now()
+            .checked_sub(Duration::from_secs(120))
+            .expect("the machine has been up for two minutes");
         {
             let mut counts = failures.counts.lock().unwrap();
+            counts.insert(EventId::generate(), (1, stale));
             for _ in 0..MAX_TRACKED - 1 {
                 counts.insert(EventId::generate(), (1, Instant::now()));
             }
         }
         // Room is made by pruning the stale count.
-        assert_eq!(failures.failed(&EventId::generate()), 1);
+        assert_eq!(failures.failed(&EventId::generate()), Some(1));
         assert_eq!(failures.tracked(), MAX_TRACKED);
-        // Nothing stale is left: a new event is not tracked, and says first failure.
+        // Nothing stale is left: a new event is not tracked.
         let untracked = EventId::generate();
-        assert_eq!(failures.failed(&untracked), 1);
-        assert_eq!(failures.failed(&untracked), 1);
+        assert_eq!(failures.failed(&untracked), None);
         assert_eq!(failures.tracked(), MAX_TRACKED);
     }
 }

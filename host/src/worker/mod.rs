@@ -7,7 +7,8 @@
 //! than the time to start it, and competes with it only through work already started.
 //! A delivery is acknowledged only after its outcome is recorded; a store failure
 //! leaves it for redelivery with backoff, and enough of them give the event up
-//! ([`failures`]: a delivery handed back busy is no failure). A delivery gives its slot back as soon as its
+//! ([`failures`]: a delivery handed back busy is no failure, nor is an unreachable
+//! database). A delivery gives its slot back as soon as its
 //! outcome is durable and is acknowledged while the next one starts: the ack's round
 //! trip (on the embedded queue, a commit) is not part of every delivery's time in a
 //! slot. An ack that is lost only means a redelivery, which finds the message done.
@@ -98,7 +99,7 @@ impl Worker {
             ),
             settling_bulk: Semaphore::new(config.bulk_concurrency),
             ingestion,
-            failures: failures::Failures::default(),
+            failures: failures::Failures::new(config.ack_wait()),
             config,
         })
     }
@@ -335,32 +336,46 @@ impl Worker {
                 delivery.settle.nak(self.config.ack_wait() / 4).await
             }
             Err(e) => {
-                let failed = self.failures.failed(&envelope.event_id);
                 let delivered = delivery.delivered;
-                if failures::gives_up(failed, delivered, self.config.max_deliveries)
-                    && !matches!(e, StoreError::Unavailable(_))
-                {
-                    // The store's own words stay in the log: they may quote stored values.
-                    tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
-                    let detail = format!(
-                        "gave up after {failed} failed deliveries ({delivered} in all): the \
-                         store refused to record this event's progress in the last one (the \
-                         gateway log has the store's error)"
-                    );
-                    let held = Some(token.as_str());
-                    self.give_up(
-                        &envelope.event_id,
-                        held,
-                        "max_deliveries",
-                        &detail,
-                        &delivery,
-                    )
-                    .await
-                } else {
-                    let delay = backoff(failed);
-                    tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
-                    self.count("retry");
-                    delivery.settle.nak(delay).await
+                // An unreachable database is no failure of the event: it never gives
+                // the event up, and its backoff follows the broker's count.
+                let failed = (!matches!(e, StoreError::Unavailable(_)))
+                    .then(|| self.failures.failed(&envelope.event_id));
+                match failed {
+                    Some(count)
+                        if failures::gives_up(
+                            count.unwrap_or(1),
+                            delivered,
+                            self.config.max_deliveries,
+                        ) =>
+                    {
+                        // The store's own words stay in the log: they may quote stored
+                        // values.
+                        tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
+                        let tries = match count {
+                            Some(n) => format!("{n} failed deliveries ({delivered} in all)"),
+                            None => format!("{delivered} deliveries"),
+                        };
+                        let detail = format!(
+                            "gave up after {tries}: the store refused to record this event's \
+                             progress in the last one (the gateway log has the store's error)"
+                        );
+                        let held = Some(token.as_str());
+                        self.give_up(
+                            &envelope.event_id,
+                            held,
+                            "max_deliveries",
+                            &detail,
+                            &delivery,
+                        )
+                        .await
+                    }
+                    _ => {
+                        let delay = backoff(failed.flatten().unwrap_or(delivered));
+                        tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
+                        self.count("retry");
+                        delivery.settle.nak(delay).await
+                    }
                 }
             }
         };

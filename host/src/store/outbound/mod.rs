@@ -376,7 +376,8 @@ pub(crate) trait OutboundSql: Send {
         attempt: &OutboundAttempt,
     ) -> Result<(), StoreError>;
     /// Ends the endpoint's run of failures (`None`), or starts it at `at` unless one
-    /// runs; the run's start afterwards.
+    /// runs; the run's start afterwards. A disabled endpoint starts no run (its runs
+    /// are counted while it is enabled), so a failure there reads as none.
     async fn set_failing(
         &mut self,
         endpoint: &str,
