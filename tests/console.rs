@@ -186,6 +186,15 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let (_, https_line) = sign_in(&url, &acme_key, true).await;
     assert!(https_line.contains("; Secure"), "{https_line}");
 
+    // No page is kept by the browser (nothing to show from its history once signed out).
+    let resp = client()
+        .get(format!("{url}/console"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["cache-control"], "no-store");
+
     // Activity: this workspace's messages, newest first, and not the other's.
     let (status, _, page) = get(&url, "/console", &cookie).await;
     assert_eq!(status, 200, "{page}");

@@ -57,6 +57,16 @@ pub fn router() -> Router<AppState> {
             "/console/endpoints/{id}/deliveries/{delivery}/retry",
             post(endpoints::retry),
         )
+        .layer(axum::middleware::map_response(no_store))
+}
+
+/// Pages show a workspace's data: a browser keeps none of them, so after signing out
+/// its Back button shows nothing that was on them.
+async fn no_store(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
 fn templates() -> &'static Environment<'static> {

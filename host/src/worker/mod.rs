@@ -8,10 +8,10 @@
 //! A delivery is acknowledged only after its outcome is recorded; a store failure
 //! leaves it for redelivery with backoff, and enough of them give the event up
 //! ([`failures`]: a delivery handed back busy is no failure, nor is an unreachable
-//! database). A delivery gives its slot back as soon as its
-//! outcome is durable and is acknowledged while the next one starts: the ack's round
-//! trip (on the embedded queue, a commit) is not part of every delivery's time in a
-//! slot. An ack that is lost only means a redelivery, which finds the message done.
+//! database). A delivery gives its slot back as soon as its outcome is durable and is
+//! acknowledged while the next one starts: the ack's round trip (on the embedded
+//! queue, a commit) is not part of every delivery's time in a slot. An ack that is
+//! lost only means a redelivery, which finds the message done.
 
 pub mod dispatch;
 pub mod erasure;
