@@ -1732,15 +1732,22 @@ async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
     gw.cleanup().await;
 }
 
-/// A delivery whose progress cannot be recorded after its claim (the provider answers,
-/// the `sent` step is refused) leaves its own lease behind each time; once the bounded
-/// deliveries have failed, that lease does not keep the event from being given up.
-async fn a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease(b: Backends) {
+/// A gateway on `b` giving an event up after 3 failed deliveries, email routed to the
+/// provider returned; and a live key.
+async fn three_deliveries_to_email(b: Backends) -> (CaptureServer, Gateway, String) {
     let good = provider(201, ACCEPT).await;
     let gw = Gateway::start_with(b, &[good.host_port()], |c| c.worker.max_deliveries = 3).await;
     gw.workflows().await;
     let key = gw.key(KeyMode::Live).await;
     gw.route("email", &[("prova", &good.url())]).await;
+    (good, gw, key)
+}
+
+/// A delivery whose progress cannot be recorded after its claim (the provider answers,
+/// the `sent` step is refused) leaves its own lease behind each time; once the bounded
+/// deliveries have failed, that lease does not keep the event from being given up.
+async fn a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease(b: Backends) {
+    let (good, gw, key) = three_deliveries_to_email(b).await;
     common::refuse_timeline_entries(&gw.config, "sent").await;
     let event = gw
         .trigger(
@@ -1765,11 +1772,7 @@ async fn a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease(b:
 /// count toward `worker.max_deliveries`: an event that waited through several of them
 /// still gets its full number of failed deliveries before it is given up.
 async fn deliveries_handed_back_busy_are_not_failures(b: Backends) {
-    let good = provider(201, ACCEPT).await;
-    let gw = Gateway::start_with(b, &[good.host_port()], |c| c.worker.max_deliveries = 3).await;
-    gw.workflows().await;
-    let key = gw.key(KeyMode::Live).await;
-    gw.route("email", &[("prova", &good.url())]).await;
+    let (good, gw, key) = three_deliveries_to_email(b).await;
     // Handed back every 0.75 s (a quarter of the ack wait) for 3 s: about four busy
     // rounds before the first claim, and as many after each failure while the failed
     // delivery's own lease runs out.

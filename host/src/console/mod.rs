@@ -140,6 +140,33 @@ pub(super) async fn signed_in(
     state: &AppState,
     headers: &HeaderMap,
 ) -> Result<Option<(ApiKeyRecord, String)>, ApiError> {
+    Ok(session_key(state, headers)
+        .await?
+        .map(|(key, cookie, _)| (key, cookie)))
+}
+
+/// [`signed_in`] for a form that changes something: the key is also read again from
+/// the database, as the API's writes do, so a key revoked from another process (not
+/// yet announced here) changes nothing. A key gone sends the form back to sign-in.
+pub(super) async fn signed_in_to_write(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<(ApiKeyRecord, String)>, ApiError> {
+    let Some((key, cookie, digest)) = session_key(state, headers).await? else {
+        return Ok(None);
+    };
+    match state.auth.is_digest_revoked_in_store(digest).await {
+        Ok(false) => Ok(Some((key, cookie))),
+        Ok(true) => Ok(None),
+        Err(e) => Err(ApiError::from_store_write(e)),
+    }
+}
+
+/// The session's key (record and digest) and its cookie, as [`signed_in`] gives them.
+async fn session_key(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<(ApiKeyRecord, String, [u8; 32])>, ApiError> {
     let Some(cookie) = cookie_value(headers) else {
         return Ok(None);
     };
@@ -152,32 +179,8 @@ pub(super) async fn signed_in(
         .await
         .map_err(ApiError::from_store_read)?
     {
-        Ok(key) => Ok(Some((key, cookie.to_string()))),
+        Ok(key) => Ok(Some((key, cookie.to_string(), session.key_digest))),
         Err(_) => Ok(None),
-    }
-}
-
-/// [`signed_in`] for a form that changes something: the key is also read again from
-/// the database, as the API's writes do, so a key revoked from another process (not
-/// yet announced here) changes nothing. A key gone sends the form back to sign-in.
-pub(super) async fn signed_in_to_write(
-    state: &AppState,
-    headers: &HeaderMap,
-) -> Result<Option<(ApiKeyRecord, String)>, ApiError> {
-    let Some((key, cookie)) = signed_in(state, headers).await? else {
-        return Ok(None);
-    };
-    let Some(session) = session::verify(&secret(state), &cookie, now()) else {
-        return Ok(None);
-    };
-    match state
-        .auth
-        .is_digest_revoked_in_store(session.key_digest)
-        .await
-    {
-        Ok(false) => Ok(Some((key, cookie))),
-        Ok(true) => Ok(None),
-        Err(e) => Err(ApiError::from_store_write(e)),
     }
 }
 
