@@ -28,6 +28,7 @@ both!(
     a_burst_to_one_endpoint_arrives_whole_and_once,
     a_later_event_waits_here_for_the_earlier_one,
     a_copy_of_a_delivery_in_flight_is_not_posted_again,
+    a_page_goes_on_when_its_last_delivery_is_gone,
 );
 
 /// Statuses a path answers first, in order, and then.
@@ -1030,6 +1031,93 @@ async fn a_later_event_waits_here_for_the_earlier_one(b: Backends) {
         "{log:#?}"
     );
     assert_eq!(deferred(&gw.metrics().await), 0.0, "handed back");
+}
+
+/// The log's cursor is a place, not a row: when the last delivery of a page is pruned
+/// (or erased with its subscriber) before the next page is asked for, that page still
+/// holds the older ones. It was resolved through the row, and came back empty.
+async fn a_page_goes_on_when_its_last_delivery_is_gone(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(b, &dir, |c| {
+        c.webhook_endpoints.retry_schedule_ms = vec![60_000; 3];
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    receiver.plan("pruned", &[500], 204);
+    let (id, _) = gw.endpoint(&receiver.url("pruned"), None).await;
+    let test_event = |kind: &'static str| {
+        let path = format!("/v1/webhook-endpoints/{id}/test");
+        let gw = &gw;
+        async move {
+            let (status, body) = gw
+                .call("POST", &path, Some(json!({ "event_type": kind })))
+                .await;
+            assert_eq!(status, 202, "{body}");
+            body["id"].as_str().unwrap().to_string()
+        }
+    };
+    // The older one fails its first try and waits a minute for the next: pending.
+    let older = test_event("message.sent").await;
+    gw.log_until(&id, "the first try failed", |d| {
+        d.iter()
+            .any(|d| d["attempts"].as_array().map(Vec::len) == Some(1))
+    })
+    .await;
+    let newer = test_event("message.delivered").await;
+    gw.log_until(&id, "the newer one succeeded", |d| {
+        d.iter()
+            .any(|d| d["id"] == newer.as_str() && d["status"] == "SUCCEEDED")
+    })
+    .await;
+
+    let (status, page) = gw
+        .call(
+            "GET",
+            &format!("/v1/webhook-endpoints/{id}/deliveries?limit=1"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["deliveries"][0]["id"], newer.as_str());
+    let cursor = page["next_cursor"].as_str().unwrap().to_string();
+    // Only the finished one goes.
+    let store = gw.state.ingest.store.clone();
+    let pruned = store
+        .prune_deliveries(chrono::Utc::now() + chrono::Duration::seconds(1), 100)
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    let (status, rest) = gw
+        .call(
+            "GET",
+            &format!("/v1/webhook-endpoints/{id}/deliveries?cursor={cursor}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{rest}");
+    let ids: Vec<&str> = rest["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [older.as_str()], "{rest}");
+    assert!(rest.get("next_cursor").is_none(), "{rest}");
+
+    // A cursor of another endpoint is refused, not read as a place in this one's log.
+    let (other, _) = gw.endpoint(&receiver.url("other"), None).await;
+    let (status, body) = gw
+        .call(
+            "GET",
+            &format!("/v1/webhook-endpoints/{other}/deliveries?cursor={cursor}"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("BAD_REQUEST")),
+        "{body}"
+    );
 }
 
 /// The deliveries handed back so far, from the `/metrics` text.

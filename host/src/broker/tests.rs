@@ -66,8 +66,8 @@ pub(crate) async fn publish_critical<B: Broker + ?Sized>(
 }
 
 /// On an idle critical stream a publish reaches a waiting subscriber at once (well
-/// under any poll interval): five in a row, each within 100 ms. `settle` is how long
-/// the subscriber has been waiting before the first.
+/// under any poll interval): nine in a row, at least seven within 100 ms. `settle` is
+/// how long the subscriber has been waiting before the first.
 pub(crate) async fn published_message_is_delivered_at_once<B: Broker + WorkQueue>(
     broker: &B,
     names: &StreamNames,
@@ -94,7 +94,7 @@ pub(crate) async fn published_message_is_delivered_at_once<B: Broker + WorkQueue
     tokio::time::sleep(settle).await;
 
     let mut latencies = Vec::new();
-    for i in 0..5 {
+    for i in 0..9 {
         let payload = format!("urgent {i}");
         let started = Instant::now();
         publish_critical(broker, names, &[payload.as_str()]).await;
@@ -115,8 +115,14 @@ pub(crate) async fn published_message_is_delivered_at_once<B: Broker + WorkQueue
     }
     reader.abort();
     println!("publish-to-delivery latencies on an idle critical stream: {latencies:?}");
-    let worst = latencies.iter().max().copied().unwrap_or_default();
-    assert!(worst < Duration::from_millis(100), "{latencies:?}");
+    // A publish that merely waited for the next poll (every 250 ms embedded) would come
+    // in under 100 ms about 40 % of the time, so seven of nine is a ~2.5 % chance for it;
+    // a woken subscriber may still meet two slow commits on a loaded CI machine.
+    let quick = latencies
+        .iter()
+        .filter(|latency| **latency < Duration::from_millis(100))
+        .count();
+    assert!(quick >= 7, "{latencies:?}");
 }
 
 /// An acknowledged delivery never comes back (acking twice is harmless), while a

@@ -173,6 +173,15 @@ async fn session_key(
     let Some(session) = session::verify(&secret(state), cookie, now()) else {
         return Ok(None);
     };
+    if state
+        .ingest
+        .store
+        .is_session_signed_out(&session.id)
+        .await
+        .map_err(ApiError::from_store_read)?
+    {
+        return Ok(None);
+    }
     match state
         .auth
         .authenticate_digest(session.key_digest)
@@ -257,6 +266,7 @@ async fn sign_in(
     let value = session::issue(
         &secret(&state),
         &session::Session {
+            id: session::new_id(),
             key_digest: crate::auth::digest(key),
             expires: now() + minutes * 60,
         },
@@ -312,6 +322,15 @@ async fn sign_out(
         return Ok(to_sign_in());
     };
     check_csrf(&state, cookie, &form)?;
+    // Recorded until it would have expired, so a copy of the cookie is refused too.
+    if let Some(session) = session::verify(&secret(&state), cookie, now()) {
+        state
+            .ingest
+            .store
+            .sign_out_session(&session.id, session.expires)
+            .await
+            .map_err(ApiError::from_store_write)?;
+    }
     let mut response = to_sign_in();
     response.headers_mut().insert(
         header::SET_COOKIE,

@@ -1,9 +1,10 @@
-//! Console sessions without server-side state: the cookie names the API key by its
+//! Console sessions in a signed cookie: it holds a random session id, the API key's
 //! SHA-256 (never the key) and an expiry, signed with the console's secret. Every
 //! request resolves the digest through the authenticator, so revoking the key ends
-//! every session made with it at once. The CSRF token of a session is derived from
-//! the cookie, so a form posted from another site (which cannot read the cookie)
-//! cannot carry it.
+//! every session made with it at once; the only server-side record is of sessions
+//! signed out before they expire (by id, until then), so a copy of a signed-out cookie
+//! is refused too. The CSRF token of a session is derived from the cookie, so a form
+//! posted from another site (which cannot read the cookie) cannot carry it.
 
 use crate::crypto::{constant_time_eq, hmac_sha256};
 use base64::Engine;
@@ -15,15 +16,27 @@ pub const COOKIE: &str = "sb_console";
 /// What a valid session cookie says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
+    /// Random, made at sign-in: what a sign-out records.
+    pub id: [u8; 16],
     /// SHA-256 of the API key signed in with.
     pub key_digest: [u8; 32],
     /// Unix seconds after which the cookie is refused.
     pub expires: i64,
 }
 
-/// The cookie value for a session: `v1.<digest hex>.<expires>.<signature>`.
+/// A new session id.
+pub fn new_id() -> [u8; 16] {
+    uuid::Uuid::new_v4().into_bytes()
+}
+
+/// The cookie value for a session: `v2.<id hex>.<digest hex>.<expires>.<signature>`.
 pub fn issue(secret: &[u8], session: &Session) -> String {
-    let body = format!("v1.{}.{}", hex::encode(session.key_digest), session.expires);
+    let body = format!(
+        "v2.{}.{}.{}",
+        hex::encode(session.id),
+        hex::encode(session.key_digest),
+        session.expires
+    );
     let tag = hmac_sha256(secret, body.as_bytes());
     format!("{body}.{}", URL_SAFE_NO_PAD.encode(tag))
 }
@@ -37,14 +50,21 @@ pub fn verify(secret: &[u8], value: &str, now: i64) -> Option<Session> {
         return None;
     }
     let mut parts = body.split('.');
-    let (Some("v1"), Some(digest), Some(expires), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    // A `v1` cookie (no id, so it could not be signed out) is no session any more.
+    let (Some("v2"), Some(id), Some(digest), Some(expires), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
         return None;
     };
+    let id: [u8; 16] = hex::decode(id).ok()?.try_into().ok()?;
     let key_digest: [u8; 32] = hex::decode(digest).ok()?.try_into().ok()?;
     let expires: i64 = expires.parse().ok()?;
     (now < expires).then_some(Session {
+        id,
         key_digest,
         expires,
     })
@@ -69,6 +89,7 @@ mod tests {
 
     fn session() -> Session {
         Session {
+            id: [9; 16],
             key_digest: [7; 32],
             expires: 1_000,
         }
@@ -89,7 +110,16 @@ mod tests {
         assert_eq!(verify(SECRET, &longer, 0), None, "expiry changed");
         let other = cookie.replace(&"07".repeat(32), &"08".repeat(32));
         assert_eq!(verify(SECRET, &other, 0), None, "key changed");
-        for junk in ["", "v1", "v1.x.y.z", "....", "v1.07.1000.!!"] {
+        let another = cookie.replace(&"09".repeat(16), &"0a".repeat(16));
+        assert_eq!(verify(SECRET, &another, 0), None, "session changed");
+        // A cookie of the first layout, signed with the right secret, has no id.
+        let body = format!("v1.{}.1000", "07".repeat(32));
+        let v1 = format!(
+            "{body}.{}",
+            URL_SAFE_NO_PAD.encode(hmac_sha256(SECRET, body.as_bytes()))
+        );
+        assert_eq!(verify(SECRET, &v1, 0), None, "v1");
+        for junk in ["", "v1", "v2.x.y.z", ".....", "v2.09.07.1000.!!"] {
             assert_eq!(verify(SECRET, junk, 0), None, "{junk:?}");
         }
     }
@@ -100,7 +130,7 @@ mod tests {
         let b = issue(
             SECRET,
             &Session {
-                expires: 2_000,
+                id: new_id(),
                 ..session()
             },
         );

@@ -93,6 +93,9 @@ pub struct OutboundDelivery {
     pub created_at: DateTime<Utc>,
     /// Last changed.
     pub updated_at: DateTime<Utc>,
+    /// Its place among all deliveries, in the order they were written: the delivery
+    /// log's pages follow it.
+    pub seq: i64,
 }
 
 /// One try of a delivery, as the log shows it.
@@ -194,13 +197,14 @@ pub trait Outbound: Send + Sync {
         publication: &Publication,
         reason: &str,
     ) -> Result<bool, StoreError>;
-    /// Up to `limit` deliveries of an endpoint of `workspace`, newest first, older than
-    /// `before`, each with its tries in order.
+    /// Up to `limit` deliveries of an endpoint of `workspace`, newest first, written
+    /// before the one whose `seq` is `before` (which need not exist any more), each
+    /// with its tries in order.
     async fn list_deliveries(
         &self,
         workspace: &WorkspaceId,
         endpoint: &EndpointId,
-        before: Option<&WebhookDeliveryId>,
+        before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError>;
     /// Sends a finished delivery again (a new round, published anew); the delivery as
@@ -302,6 +306,7 @@ pub(crate) struct DeliveryRow {
     next_attempt_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    seq: i64,
 }
 
 /// A `webhook_attempts` row.
@@ -325,7 +330,7 @@ pub(crate) type ClaimedRow = (String, i32, i32, i32, DateTime<Utc>, i64);
 /// The columns a [`DeliveryRow`] is read from.
 pub(crate) const DELIVERY_COLUMNS: &str = "id, endpoint_id, workspace_id, event_id, event_type, \
      body, status, attempts, round, round_start, handbacks, next_attempt_at, created_at, \
-     updated_at";
+     updated_at, seq";
 
 /// Statements on one connection, inside a transaction.
 #[async_trait::async_trait]
@@ -444,13 +449,12 @@ pub(crate) trait OutboundReadSql: Send + Sync {
         &self,
         id: &str,
     ) -> Result<Option<super::endpoints::EndpointRow>, StoreError>;
-    /// Up to `limit` rows of `workspace`'s `endpoint`, newest first, below the delivery
-    /// `before`.
+    /// Up to `limit` rows of `workspace`'s `endpoint`, newest first, below `seq` `before`.
     async fn delivery_rows(
         &self,
         workspace: &str,
         endpoint: &str,
-        before: Option<&str>,
+        before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError>;
     /// The tries of `deliveries`, by delivery and number.
@@ -478,6 +482,7 @@ impl TryFrom<DeliveryRow> for OutboundDelivery {
             next_attempt_at: row.next_attempt_at,
             created_at: row.created_at,
             updated_at: row.updated_at,
+            seq: row.seq,
         })
     }
 }

@@ -261,7 +261,7 @@ where
         &self,
         workspace: &WorkspaceId,
         endpoint: &EndpointId,
-        before: Option<&WebhookDeliveryId>,
+        before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<(OutboundDelivery, Vec<OutboundAttempt>)>, StoreError> {
         if limit == 0 {
@@ -271,7 +271,7 @@ where
             .delivery_rows(
                 workspace.as_str(),
                 endpoint.as_str(),
-                before.map(|b| b.as_str()),
+                before,
                 i64::from(limit),
             )
             .await?;

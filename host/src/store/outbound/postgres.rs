@@ -409,13 +409,13 @@ impl OutboundReadSql for PgStore {
         &self,
         workspace: &str,
         endpoint: &str,
-        before: Option<&str>,
+        before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
         sqlx::query_as(&format!(
             "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
              WHERE endpoint_id = $1 AND workspace_id = $2 \
-             AND ($3::text IS NULL OR seq < (SELECT seq FROM webhook_deliveries WHERE id = $3)) \
+             AND ($3::bigint IS NULL OR seq < $3) \
              ORDER BY seq DESC LIMIT $4"
         ))
         .bind(endpoint)

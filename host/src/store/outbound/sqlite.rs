@@ -551,13 +551,13 @@ impl OutboundReadSql for SqliteStore {
         &self,
         workspace: &str,
         endpoint: &str,
-        before: Option<&str>,
+        before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
         sqlx::query_as(&format!(
             "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries \
              WHERE endpoint_id = ?1 AND workspace_id = ?2 \
-             AND (?3 IS NULL OR seq < (SELECT seq FROM webhook_deliveries WHERE id = ?3)) \
+             AND (?3 IS NULL OR seq < ?3) \
              ORDER BY seq DESC LIMIT ?4"
         ))
         .bind(endpoint)

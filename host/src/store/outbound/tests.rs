@@ -391,7 +391,7 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
     let page = store.list_deliveries(&ws.id, &e.id, None, 1).await.unwrap();
     assert_eq!(page[0].0.id, second_event.id);
     let next = store
-        .list_deliveries(&ws.id, &e.id, Some(&second_event.id), 10)
+        .list_deliveries(&ws.id, &e.id, Some(second_event.seq), 10)
         .await
         .unwrap();
     assert_eq!(next.len(), 1);

@@ -1,4 +1,5 @@
-//! Tenancy: workspaces, their API keys (hashes only) and the revocation sequence.
+//! Tenancy: workspaces, their API keys (hashes only), the revocation sequence and the
+//! console sessions signed out before their expiry.
 //!
 //! [`Tenancy`] is what callers use; its rules and the decoding of rows are written once
 //! here, over [`TenancySql`], which each backend implements with SQL and bindings only
@@ -40,6 +41,12 @@ pub trait Tenancy: Send + Sync {
     /// Hashes of keys revoked after `since` (a revocation sequence number), and the
     /// newest sequence number: lets every process evict revoked keys from its cache.
     async fn revocations_since(&self, since: i64) -> Result<(Vec<[u8; 32]>, i64), StoreError>;
+
+    /// Records that the console session `id`, valid until `expires` (unix seconds), was
+    /// signed out; records past their expiry are deleted on the way.
+    async fn sign_out_session(&self, id: &[u8; 16], expires: i64) -> Result<(), StoreError>;
+    /// Whether the console session `id` was signed out.
+    async fn is_session_signed_out(&self, id: &[u8; 16]) -> Result<bool, StoreError>;
 }
 
 /// A `workspaces` row as selected by [`WORKSPACE_COLUMNS`].
@@ -101,6 +108,11 @@ pub(crate) trait TenancySql: Send + Sync {
     ) -> Result<Option<Vec<u8>>, StoreError>;
     /// `(hash, revoked_seq)` of keys revoked after `since`, in sequence order.
     async fn revoked_after(&self, since: i64) -> Result<Vec<(Vec<u8>, i64)>, StoreError>;
+    /// Deletes the sign-outs that expired before `now` (unix seconds) and records
+    /// session `id` (kept when already there), in one transaction.
+    async fn record_sign_out(&self, id: &[u8], expires: i64, now: i64) -> Result<(), StoreError>;
+    /// Whether a sign-out of session `id` is recorded.
+    async fn sign_out_recorded(&self, id: &[u8]) -> Result<bool, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -172,6 +184,15 @@ impl<T: TenancySql> Tenancy for T {
             .map(|(hash, _)| key_hash(hash))
             .collect::<Result<_, _>>()?;
         Ok((hashes, newest))
+    }
+
+    async fn sign_out_session(&self, id: &[u8; 16], expires: i64) -> Result<(), StoreError> {
+        self.record_sign_out(id, expires, Utc::now().timestamp())
+            .await
+    }
+
+    async fn is_session_signed_out(&self, id: &[u8; 16]) -> Result<bool, StoreError> {
+        self.sign_out_recorded(id).await
     }
 }
 

@@ -125,4 +125,33 @@ impl TenancySql for PgStore {
         .await
         .map_err(map_err)
     }
+
+    async fn record_sign_out(&self, id: &[u8], expires: i64, now: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        sqlx::query("DELETE FROM console_sign_outs WHERE expires_at < $1")
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        sqlx::query(
+            "INSERT INTO console_sign_outs (session_id, expires_at) VALUES ($1, $2) \
+             ON CONFLICT (session_id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(expires)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn sign_out_recorded(&self, id: &[u8]) -> Result<bool, StoreError> {
+        let found: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM console_sign_outs WHERE session_id = $1")
+                .bind(id)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(map_err)?;
+        Ok(found.is_some())
+    }
 }

@@ -14,7 +14,26 @@ pub(crate) async fn suite(store: &dyn Store) -> (Workspace, Workspace) {
     let (acme, other) = workspaces(store).await;
     api_keys(store, &acme, &other).await;
     revocations(store, &acme).await;
+    sign_outs(store).await;
     (acme, other)
+}
+
+/// A signed-out session stays so (twice is harmless) until it expires; expired ones
+/// are deleted at the next sign-out.
+async fn sign_outs(store: &dyn Store) {
+    let now = Utc::now().timestamp();
+    let (kept, expired, other) = ([1u8; 16], [2u8; 16], [3u8; 16]);
+    assert!(!store.is_session_signed_out(&kept).await.unwrap());
+    store.sign_out_session(&expired, now - 10).await.unwrap();
+    assert!(store.is_session_signed_out(&expired).await.unwrap());
+    store.sign_out_session(&kept, now + 600).await.unwrap();
+    store.sign_out_session(&kept, now + 600).await.unwrap();
+    assert!(store.is_session_signed_out(&kept).await.unwrap());
+    assert!(
+        !store.is_session_signed_out(&expired).await.unwrap(),
+        "pruned"
+    );
+    assert!(!store.is_session_signed_out(&other).await.unwrap());
 }
 
 fn key_hash(n: u8) -> [u8; 32] {
