@@ -1232,6 +1232,15 @@ async fn metrics_count_requests_decisions_and_publishes(b: Backends) {
         .send()
         .await
         .unwrap();
+    // Made-up methods are one label, not a series each.
+    for odd in ["X0", "X1"] {
+        let method = reqwest::Method::from_bytes(odd.as_bytes()).unwrap();
+        gw.http
+            .request(method, format!("{}/v1/health", gw.url))
+            .send()
+            .await
+            .unwrap();
+    }
     let text = gw
         .http
         .get(format!("{}/metrics", gw.url))
@@ -1245,6 +1254,7 @@ async fn metrics_count_requests_decisions_and_publishes(b: Backends) {
         r#"switchboard_http_requests_total{route="/v1/events/trigger",method="POST",status="202"} 1"#,
         r#"switchboard_http_requests_total{route="/v1/events/trigger",method="POST",status="400"} 1"#,
         r#"switchboard_http_requests_total{route="(unmatched)",method="GET",status="404"} 1"#,
+        r#"switchboard_http_requests_total{route="/v1/health",method="OTHER",status="405"} 2"#,
         r#"switchboard_ratelimit_decisions_total{outcome="allowed"} 1"#,
         r#"switchboard_publishes_total{outcome="acked"} 1"#,
         "switchboard_outbox_depth 0",
@@ -1252,6 +1262,7 @@ async fn metrics_count_requests_decisions_and_publishes(b: Backends) {
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+    assert!(!text.contains("X0") && !text.contains("X1"), "{text}");
     // No workers here: the accepted event waits in the bulk stream, read at the scrape.
     let streams = &gw.config.broker.streams;
     for line in [

@@ -100,6 +100,39 @@ async fn infinite_loop_is_interrupted_while_the_host_keeps_serving() {
     assert_eq!(bad.verify_signature("fine", &[], b"", 0).await, Ok(Ok(())));
 }
 
+/// A guest waiting inside a WASI host call (a sleep on a clock pollable) gets no epoch
+/// tick, so the guest-time budget alone never ends it: the call's wall-clock limit
+/// (budget + 1 s) does, for every such call at once, and the instance slots they held
+/// serve again. Before, each waited an hour, and a callback with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_asleep_in_a_host_call_is_cut_off() {
+    let rt = runtime(Duration::from_millis(300));
+    let bad = hostile(&rt, Grants::Declared).await;
+    let good = provc(&rt).await;
+    let started = Instant::now();
+    let sleepers: Vec<_> = (0..4)
+        .map(|_| {
+            let bad = bad.clone();
+            tokio::spawn(async move { bad.verify_signature("sleep", &[], b"", 0).await })
+        })
+        .collect();
+    healthy_call(&good).await;
+    for sleeper in sleepers {
+        assert_eq!(
+            sleeper.await.unwrap(),
+            Err(PluginError::Timeout(Duration::from_millis(300)))
+        );
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "cut off too late: {elapsed:?}"
+    );
+    assert_eq!(bad.stats().failures.load(Ordering::Relaxed), 4);
+    assert_eq!(bad.verify_signature("fine", &[], b"", 0).await, Ok(Ok(())));
+    healthy_call(&good).await;
+}
+
 #[tokio::test]
 async fn memory_hog_is_stopped_at_the_limit() {
     let rt = runtime(Duration::from_secs(5));
@@ -316,6 +349,29 @@ async fn an_explicitly_granted_private_address_is_reached_and_no_other() {
     }
     assert!(capture.take_requests().is_empty());
     assert_eq!(plugin.stats().egress_denied.load(Ordering::Relaxed), 3);
+
+    // At the granted address, a `Host` of the plugin's choosing (another virtual host
+    // behind it) or framing of its own is refused before anything is sent.
+    for header in [
+        "Host: admin.internal",
+        "Transfer-Encoding: chunked",
+        "Content-Length: 1",
+        "Connection: upgrade",
+    ] {
+        let mut with_header = config(&format!("{}/in", capture.url()));
+        with_header.push(("header".to_string(), header.to_string()));
+        let outcome = plugin.send(&with_header, &sms("evt_3")).await.unwrap();
+        assert!(
+            matches!(&outcome, SendOutcome::Rejected(r) if r.code == "invalid-request"),
+            "{header}: {outcome:?}"
+        );
+    }
+    assert!(capture.take_requests().is_empty());
+    let mut with_header = config(&format!("{}/in", capture.url()));
+    with_header.push(("header".to_string(), "X-Host: fine".to_string()));
+    let outcome = plugin.send(&with_header, &sms("evt_4")).await.unwrap();
+    assert!(matches!(&outcome, SendOutcome::Accepted(_)), "{outcome:?}");
+    assert_eq!(capture.take_requests().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,7 +452,8 @@ async fn not_a_component_is_rejected_with_a_reason() {
 }
 
 /// The calls of one callback (signature checks under several secrets, then the parse)
-/// run on one instance, each with its own budget; a native plugin has no instance.
+/// run on one instance, each with its own budget, except that a parse after more than
+/// one secret gets a fresh instance; a native plugin has no instance.
 #[tokio::test]
 async fn a_callbacks_calls_share_one_instance() {
     use switchboard::plugins::session::Calls;
@@ -419,12 +476,22 @@ async fn a_callbacks_calls_share_one_instance() {
         one.verify_signature("right", &headers, body, 0).await,
         Ok(Ok(()))
     );
+    // Instantiating counts as a call of its own.
+    assert_eq!(stats.calls.load(Ordering::Relaxed), calls + 3);
+    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 1);
     let receipts = one.parse_receipt(&headers, body).await.unwrap().unwrap();
     assert_eq!(receipts[0].provider_message_id, "SM1");
     drop(one);
-    // Instantiating counts as a call of its own.
-    assert_eq!(stats.calls.load(Ordering::Relaxed), calls + 4);
-    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 1);
+    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 2);
+    // One secret: the parse shares its instance.
+    let mut one = Calls::new(&plugin);
+    one.verify_signature("right", &headers, body, 0)
+        .await
+        .unwrap()
+        .unwrap();
+    one.parse_receipt(&headers, body).await.unwrap().unwrap();
+    drop(one);
+    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 3);
     // Without it, every call is an instance of its own.
     plugin
         .verify_signature("right", &headers, body, 0)
@@ -432,5 +499,37 @@ async fn a_callbacks_calls_share_one_instance() {
         .unwrap()
         .unwrap();
     plugin.parse_receipt(&headers, body).await.unwrap().unwrap();
-    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 3);
+    assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 5);
+}
+
+/// A parse after checks under several secrets (several tenants', or the provider-wide
+/// one) does not run where those secrets were handed: a plugin that keeps what it saw
+/// cannot put one tenant's secret in the receipt another tenant reads back. With one
+/// secret it shares the instance, which is that secret's own tenant's.
+#[tokio::test]
+async fn a_parse_after_several_secrets_sees_none_of_them() {
+    use switchboard::plugins::session::Calls;
+    let rt = runtime(Duration::from_secs(1));
+    let bad = hostile(&rt, Grants::Declared).await;
+    let mut calls = Calls::new(&bad);
+    assert_eq!(
+        calls
+            .verify_signature("mismatch-tenant-a", &[], b"", 0)
+            .await,
+        Ok(Err(SignatureError::Mismatch))
+    );
+    assert_eq!(
+        calls.verify_signature("tenant-b", &[], b"", 0).await,
+        Ok(Ok(()))
+    );
+    let receipts = calls.parse_receipt(&[], b"").await.unwrap().unwrap();
+    assert_eq!(receipts[0].bounce_reason.as_deref(), Some(""));
+    drop(calls);
+    let mut calls = Calls::new(&bad);
+    assert_eq!(
+        calls.verify_signature("tenant-b", &[], b"", 0).await,
+        Ok(Ok(()))
+    );
+    let receipts = calls.parse_receipt(&[], b"").await.unwrap().unwrap();
+    assert_eq!(receipts[0].bounce_reason.as_deref(), Some("tenant-b"));
 }

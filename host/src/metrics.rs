@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 pub struct RequestLabels {
     /// Route pattern, e.g. `/v1/events/trigger` (never the raw path: ids would explode cardinality).
     pub route: String,
-    /// HTTP method.
+    /// HTTP method: a standard one, or `OTHER`.
     pub method: String,
     /// HTTP status code.
     pub status: u16,

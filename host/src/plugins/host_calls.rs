@@ -194,6 +194,11 @@ pub(super) async fn perform_http(
         for (name, value) in &request.headers {
             let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| HttpError::InvalidRequest(format!("invalid header name {name:?}")))?;
+            if reserved_header(&name) {
+                return Err(HttpError::InvalidRequest(format!(
+                    "header {name} is set by the host from the granted URL and the body"
+                )));
+            }
             let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
                 HttpError::InvalidRequest(format!("invalid value for header {name}"))
             })?;
@@ -241,5 +246,53 @@ pub(super) async fn perform_http(
             headers,
             body,
         })
+    }
+}
+
+/// Headers a plugin may not set: they choose where a request goes once connected
+/// (`Host`: another virtual host behind the granted address) or how it is framed on the
+/// connection (smuggling a second request). The host sets them from the URL and body.
+fn reserved_header(name: &reqwest::header::HeaderName) -> bool {
+    use reqwest::header::{
+        CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING,
+        UPGRADE,
+    };
+    [
+        HOST,
+        CONNECTION,
+        CONTENT_LENGTH,
+        TRANSFER_ENCODING,
+        TE,
+        TRAILER,
+        UPGRADE,
+        PROXY_AUTHORIZATION,
+    ]
+    .contains(name)
+        || name.as_str() == "keep-alive"
+        || name.as_str().starts_with("proxy-")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn headers_that_route_or_frame_a_request_are_the_hosts() {
+        use reqwest::header::HeaderName;
+        for reserved in [
+            "host",
+            "Host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "upgrade",
+        ] {
+            let name = HeaderName::from_bytes(reserved.as_bytes()).unwrap();
+            assert!(super::reserved_header(&name), "{reserved}");
+        }
+        for free in ["authorization", "content-type", "user-agent", "x-host"] {
+            let name = HeaderName::from_bytes(free.as_bytes()).unwrap();
+            assert!(!super::reserved_header(&name), "{free}");
+        }
     }
 }

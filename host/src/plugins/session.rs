@@ -15,6 +15,13 @@ use wasmtime::{Store, UpdateDeadline};
 /// (the thread descheduled mid-call) must not fail a plugin that would serve fine.
 const LOAD_GUEST_TIME_FLOOR: Duration = Duration::from_secs(1);
 
+/// Wall-clock time a call other than `send` may take beyond its guest-time budget.
+/// Guest time is enforced by epoch ticks, and none comes while the guest waits inside a
+/// WASI host call (a sleep on a clock pollable can be an hour, or for ever), so such a
+/// wait is cut off here and the instance discarded. Sends are bounded by the worker's
+/// `send_timeout`, their HTTP waits included.
+const WALL_SLACK: Duration = Duration::from_secs(1);
+
 impl Plugin {
     /// A fresh sandboxed instance for one or more calls. Each call gets the full
     /// budget of `kind`; after a failed call the instance is discarded. A native plugin
@@ -65,22 +72,32 @@ impl Plugin {
             store,
             guest: None,
             poisoned: false,
+            wall_limit: (kind != CallKind::Send).then(|| budget + WALL_SLACK),
             _slot: slot,
         };
         session.begin()?;
         self.inner.stats.instances.fetch_add(1, Ordering::Relaxed);
-        let instance = pre.instantiate_async(&mut session.store).await;
-        session.guest = Some(session.end(instance)?);
+        let instance = within(
+            session.wall_limit,
+            pre.instantiate_async(&mut session.store),
+        )
+        .await;
+        session.guest = Some(session.finish(instance)?);
         Ok(session)
     }
 }
 
 /// The calls one callback needs (signature checks, then the parse) on one sandboxed
 /// instance instead of one each; a native plugin is called straight through. Made
-/// lazily, at the first call, so a request refused before any call costs none.
+/// lazily, at the first call, so a request refused before any call costs none. The
+/// parse gets a fresh instance when more than one secret was checked: the instance
+/// that saw one tenant's (or the provider-wide) secret must not parse a receipt that
+/// another tenant reads back, in a bounce reason or a provider state.
 pub struct Calls<'a> {
     plugin: &'a Plugin,
     session: Option<Session<'a>>,
+    /// Signature checks made on `session`.
+    checks: usize,
 }
 
 impl<'a> Calls<'a> {
@@ -89,6 +106,7 @@ impl<'a> Calls<'a> {
         Self {
             plugin,
             session: None,
+            checks: 0,
         }
     }
 
@@ -111,6 +129,7 @@ impl<'a> Calls<'a> {
         body: &[u8],
         now: u64,
     ) -> Result<Result<(), types::SignatureError>, PluginError> {
+        self.checks += 1;
         match self.session().await? {
             Some(session) => session.verify_signature(secret, headers, body, now).await,
             None => {
@@ -127,6 +146,10 @@ impl<'a> Calls<'a> {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
+        if self.checks > 1 {
+            self.session = None;
+            self.checks = 0;
+        }
         match self.session().await? {
             Some(session) => session.parse_receipt(headers, body).await,
             None => self.plugin.parse_receipt(headers, body).await,
@@ -162,7 +185,25 @@ pub struct Session<'a> {
     store: Store<HostState>,
     guest: Option<Provider>,
     poisoned: bool,
+    /// How long a call may take by the clock ([`WALL_SLACK`]); `None` for sends.
+    wall_limit: Option<Duration>,
     _slot: Slot,
+}
+
+/// A call cut off by the clock: it waited in a host call past its wall-clock limit.
+struct PastWallLimit;
+
+/// `call`, given at most `limit` of wall-clock time.
+async fn within<R>(
+    limit: Option<Duration>,
+    call: impl std::future::Future<Output = wasmtime::Result<R>>,
+) -> Result<wasmtime::Result<R>, PastWallLimit> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| PastWallLimit),
+        None => Ok(call.await),
+    }
 }
 
 impl Session<'_> {
@@ -202,6 +243,19 @@ impl Session<'_> {
             .fetch_add(micros, Ordering::Relaxed);
     }
 
+    /// [`Self::end`] for a call made [`within`] its wall-clock limit: one cut off (its
+    /// future dropped mid-call) is a timeout, and the instance is discarded.
+    fn finish<R>(
+        &mut self,
+        outcome: Result<wasmtime::Result<R>, PastWallLimit>,
+    ) -> Result<R, PluginError> {
+        let result = outcome.unwrap_or_else(|PastWallLimit| {
+            self.store.data_mut().timed_out = true;
+            Err(wasmtime::Error::msg("past the call's wall-clock limit"))
+        });
+        self.end(result)
+    }
+
     /// Maps a wasmtime error to what happened: timeout, memory limit or trap.
     fn end<R>(&mut self, result: wasmtime::Result<R>) -> Result<R, PluginError> {
         let error = match result {
@@ -238,9 +292,9 @@ impl Session<'_> {
     pub async fn info(&mut self) -> Result<types::ProviderInfo, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = guest.call_info(&mut self.store).await;
+        let result = within(self.wall_limit, guest.call_info(&mut self.store)).await;
         self.guest = Some(guest);
-        self.end(result)
+        self.finish(result)
     }
 
     /// `send(config, message)`.
@@ -251,9 +305,13 @@ impl Session<'_> {
     ) -> Result<types::SendOutcome, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = guest.call_send(&mut self.store, config, message).await;
+        let result = within(
+            self.wall_limit,
+            guest.call_send(&mut self.store, config, message),
+        )
+        .await;
         self.guest = Some(guest);
-        self.end(result)
+        self.finish(result)
     }
 
     /// `verify-signature(secret, headers, raw-body, now)`.
@@ -266,11 +324,13 @@ impl Session<'_> {
     ) -> Result<Result<(), types::SignatureError>, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = guest
-            .call_verify_signature(&mut self.store, secret, headers, body, now)
-            .await;
+        let result = within(
+            self.wall_limit,
+            guest.call_verify_signature(&mut self.store, secret, headers, body, now),
+        )
+        .await;
         self.guest = Some(guest);
-        self.end(result)
+        self.finish(result)
     }
 
     /// `sign-webhook(secret, raw-body, timestamp)`.
@@ -282,11 +342,13 @@ impl Session<'_> {
     ) -> Result<Vec<(String, String)>, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = guest
-            .call_sign_webhook(&mut self.store, secret, body, timestamp)
-            .await;
+        let result = within(
+            self.wall_limit,
+            guest.call_sign_webhook(&mut self.store, secret, body, timestamp),
+        )
+        .await;
         self.guest = Some(guest);
-        self.end(result)
+        self.finish(result)
     }
 
     /// `parse-receipt(headers, raw-body)`.
@@ -297,11 +359,13 @@ impl Session<'_> {
     ) -> Result<Result<Vec<types::Receipt>, String>, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = guest
-            .call_parse_receipt(&mut self.store, headers, body)
-            .await;
+        let result = within(
+            self.wall_limit,
+            guest.call_parse_receipt(&mut self.store, headers, body),
+        )
+        .await;
         self.guest = Some(guest);
-        self.end(result)
+        self.finish(result)
     }
 
     /// `normalize-call-state(state)`.
@@ -311,11 +375,13 @@ impl Session<'_> {
     ) -> Result<types::DeliveryStatus, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = guest
-            .call_normalize_call_state(&mut self.store, state)
-            .await;
+        let result = within(
+            self.wall_limit,
+            guest.call_normalize_call_state(&mut self.store, state),
+        )
+        .await;
         self.guest = Some(guest);
-        self.end(result)
+        self.finish(result)
     }
 }
 
