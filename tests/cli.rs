@@ -1732,7 +1732,19 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    // A new slug's hosts are approved by the operator: without it, nothing is stored.
     let (code, out, err) = on_data(&["plugin", "install", wasm.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("--approve-hosts"),
+        "{out}{err}"
+    );
+    let (code, out, err) = on_data(&[
+        "plugin",
+        "install",
+        "--approve-hosts",
+        wasm.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("acmesms 0.1.0") && out.contains("active"),

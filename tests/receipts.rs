@@ -726,7 +726,9 @@ async fn the_spec_provider_names_reach_their_plugins_in_any_case(b: Backends) {
 
 /// Callback bodies are capped (413); a URL naming its workspace is checked against that
 /// workspace's secret (and the provider-wide one) only; a source sending bad
-/// signatures is refused (429) once past its per-minute budget.
+/// signatures is refused (429) on that callback path once past its per-minute budget,
+/// while its callbacks for another workspace still verify, and on every path once past
+/// ten budgets in all.
 async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: Backends) {
     let lp = Loop::start_with(b, &[], |c| c.webhooks.max_failures_per_minute = 3, |_| {}).await;
     let store = &lp.state.ingest.store;
@@ -761,23 +763,35 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
         (413, Some("PAYLOAD_TOO_LARGE")),
         "{e}"
     );
-    // Bad signatures from one address: 401 until the budget (3, one spent above) is
-    // used, then 429 without verification.
+    // Bad signatures from one address on one path: 401 until the budget (3) is used,
+    // then 429 without verification.
     let bad = vec![("X-provC-Signature".to_string(), "00".repeat(32))];
-    for _ in 0..2 {
+    for _ in 0..3 {
         assert_eq!(lp.post("provc", &bad, body).await.0, 401);
     }
-    let (s, e) = lp.post("provc", &bad, body).await;
+    let (s, e) = lp.post("provC", &bad, body).await;
     assert_eq!(
         (s, e["error"].as_str()),
         (429, Some("RATE_LIMIT_EXCEEDED")),
         "{e}"
     );
-    let signed = lp.sign("provc", "whsec_globex", body, now).await;
+    // The same address calling back for globex (a provider serves every tenant from
+    // its own addresses) is still heard: another tenant's bad secret blocks it not.
+    let third = br#"{"message_id":"SM-ws-3","status":"DELIVERED"}"#;
+    let signed = lp.sign("provc", "whsec_globex", third, now).await;
+    assert_eq!(lp.post("provc/globex", &signed, third).await.0, 200);
+    // Failures on ever new paths: refused everywhere past ten budgets (30) in all; 4
+    // are spent (the acme one above, three on the bare path).
+    for i in 0..26 {
+        let path = format!("provc/made-up-{i}");
+        assert_eq!(lp.post(&path, &bad, body).await.0, 401, "{path}");
+    }
+    let fourth = br#"{"message_id":"SM-ws-4","status":"DELIVERED"}"#;
+    let signed = lp.sign("provc", "whsec_globex", fourth, now).await;
     assert_eq!(
-        lp.post("provc/globex", &signed, body).await.0,
+        lp.post("provc/globex", &signed, fourth).await.0,
         429,
-        "the source is refused"
+        "the source is refused on every path"
     );
     lp.cleanup().await;
 }

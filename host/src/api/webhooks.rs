@@ -4,7 +4,7 @@
 
 use super::ApiError;
 use crate::AppState;
-use crate::webhooks::WebhookError;
+use crate::webhooks::{FailureLimit, WebhookError};
 use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
@@ -112,7 +112,8 @@ pub async fn receive(
         _ => return Err(ApiError::NotFound),
     };
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
-    if source.is_some_and(|ip| state.webhooks.failures.blocked(ip)) {
+    let failures_path = FailureLimit::path(&provider, workspace.as_deref());
+    if source.is_some_and(|ip| state.webhooks.failures.blocked(ip, &failures_path)) {
         return Err(ApiError::RateLimited(
             "too many callbacks with bad signatures from this address: retry later".into(),
         ));
@@ -143,7 +144,7 @@ pub async fn receive(
         .await
         .inspect_err(|e| {
             if let (WebhookError::InvalidSignature(_), Some(ip)) = (e, source) {
-                state.webhooks.failures.failed(ip);
+                state.webhooks.failures.failed(ip, &failures_path);
             }
         })
         .map_err(|e| match e {

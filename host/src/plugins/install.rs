@@ -142,8 +142,10 @@ pub async fn install(
                     .await
                     .map(|p| p.info().outbound_hosts.clone())
                     .unwrap_or_default(),
-                // A new slug: there is nothing to widen.
-                None => info.outbound_hosts.clone(),
+                // A new slug has no host approved yet: every one it asks for is new,
+                // or an operator key could install a plugin reaching anything at all
+                // (the metadata address, a private name) without the host's approval.
+                None => Vec::new(),
             },
         };
         let widened: Vec<&String> = info

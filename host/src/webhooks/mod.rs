@@ -99,19 +99,30 @@ pub struct Webhooks {
     pub failures: FailureLimit,
 }
 
-/// Failed signature checks per source address, in fixed one-minute windows: a source
-/// past `limit` is refused before any verification, so a flood of bad callbacks cannot
-/// keep the plugin sandboxes busy.
+/// Failed signature checks per source address and callback path (provider and
+/// workspace), in fixed one-minute windows: a source past `limit` on a path is refused
+/// there before any verification, so a flood of bad callbacks cannot keep the plugin
+/// sandboxes busy. Counted by path because a provider calls back for every tenant from
+/// the same addresses: one tenant's missing or stale secret must not block the others'
+/// receipts. A source is refused on every path past [`Self::PATHS`] times `limit` in
+/// all, so new paths (made-up workspace names) buy a flood little.
 pub struct FailureLimit {
     limit: u32,
-    windows:
-        std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
+    windows: std::sync::Mutex<std::collections::HashMap<FailureKey, (std::time::Instant, u32)>>,
 }
+
+/// A source and the callback path its failures count under; `None` for all of them.
+type FailureKey = (std::net::IpAddr, Option<String>);
 
 impl FailureLimit {
     const WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+    /// A source's failures on all paths together may reach this many times the limit.
+    pub const PATHS: u32 = 10;
+    /// Windows kept before finished ones are forgotten; past it even after that, the
+    /// per-path windows go (the per-source ones still hold a flood back).
+    const TRACKED: usize = 10_000;
 
-    /// At most `limit` failures per source and minute.
+    /// At most `limit` failures per source, path and minute.
     pub fn new(limit: u32) -> Self {
         Self {
             limit,
@@ -119,31 +130,48 @@ impl FailureLimit {
         }
     }
 
-    /// True while `source` is over its limit (never with a limit of 0: off).
-    pub fn blocked(&self, source: std::net::IpAddr) -> bool {
+    /// The path a callback's failures count under: its provider (without case) and
+    /// the workspace its URL names.
+    pub fn path(provider: &str, workspace: Option<&str>) -> String {
+        format!(
+            "{}/{}",
+            provider.to_ascii_lowercase(),
+            workspace.unwrap_or("")
+        )
+    }
+
+    /// True while `source` is over its limit on `path`, or over all of its paths (never
+    /// with a limit of 0: off).
+    pub fn blocked(&self, source: std::net::IpAddr, path: &str) -> bool {
         if self.limit == 0 {
             return false;
         }
-        let windows = self.windows.lock().unwrap();
-        windows
-            .get(&source)
-            .is_some_and(|(start, n)| start.elapsed() < Self::WINDOW && *n >= self.limit)
+        let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let over = |key: &FailureKey, limit: u32| {
+            windows
+                .get(key)
+                .is_some_and(|(start, n)| start.elapsed() < Self::WINDOW && *n >= limit)
+        };
+        over(&(source, Some(path.to_string())), self.limit)
+            || over(&(source, None), self.limit.saturating_mul(Self::PATHS))
     }
 
-    /// Counts one failed check by `source`.
-    pub fn failed(&self, source: std::net::IpAddr) {
-        let mut windows = self.windows.lock().unwrap();
-        // Forget finished windows before the map grows large.
-        if windows.len() >= 10_000 {
+    /// Counts one failed check by `source` on `path`.
+    pub fn failed(&self, source: std::net::IpAddr, path: &str) {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if windows.len() >= Self::TRACKED {
             windows.retain(|_, (start, _)| start.elapsed() < Self::WINDOW);
+            if windows.len() >= Self::TRACKED {
+                windows.retain(|(_, path), _| path.is_none());
+            }
         }
-        let entry = windows
-            .entry(source)
-            .or_insert((std::time::Instant::now(), 0));
-        if entry.0.elapsed() >= Self::WINDOW {
-            *entry = (std::time::Instant::now(), 0);
+        for key in [(source, Some(path.to_string())), (source, None)] {
+            let entry = windows.entry(key).or_insert((std::time::Instant::now(), 0));
+            if entry.0.elapsed() >= Self::WINDOW {
+                *entry = (std::time::Instant::now(), 0);
+            }
+            entry.1 += 1;
         }
-        entry.1 += 1;
     }
 }
 
@@ -562,15 +590,31 @@ pub fn to_event(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_source_past_its_failures_is_blocked_others_are_not() {
-        let limit = super::FailureLimit::new(3);
+    fn a_source_past_its_failures_is_blocked_on_that_path_then_on_all() {
+        use super::FailureLimit;
+        let limit = FailureLimit::new(3);
         let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (bare, acme) = (
+            FailureLimit::path("ProvC", None),
+            FailureLimit::path("provc", Some("acme")),
+        );
+        assert_eq!(bare, "provc/");
         for _ in 0..3 {
-            assert!(!limit.blocked(a));
-            limit.failed(a);
+            assert!(!limit.blocked(a, &bare));
+            limit.failed(a, &bare);
         }
-        assert!(limit.blocked(a));
-        assert!(!limit.blocked(b));
+        assert!(limit.blocked(a, &bare));
+        assert!(!limit.blocked(a, &acme), "another tenant's path");
+        assert!(!limit.blocked(b, &bare), "another source");
+        // 30 in all (ten paths' worth) blocks every path of the source.
+        for i in 0..27 {
+            limit.failed(a, &FailureLimit::path("provc", Some(&format!("ws{i}"))));
+        }
+        assert!(limit.blocked(a, &acme));
+        assert!(!limit.blocked(b, &acme));
+        let off = FailureLimit::new(0);
+        off.failed(a, &bare);
+        assert!(!off.blocked(a, &bare));
     }
 
     use super::*;
