@@ -108,9 +108,10 @@ pub(crate) trait TenancySql: Send + Sync {
     ) -> Result<Option<Vec<u8>>, StoreError>;
     /// `(hash, revoked_seq)` of keys revoked after `since`, in sequence order.
     async fn revoked_after(&self, since: i64) -> Result<Vec<(Vec<u8>, i64)>, StoreError>;
-    /// Deletes the sign-outs that expired before `now` (unix seconds) and records
-    /// session `id` (kept when already there), in one transaction.
-    async fn record_sign_out(&self, id: &[u8], expires: i64, now: i64) -> Result<(), StoreError>;
+    /// Deletes the sign-outs that expired before `now` (unix seconds).
+    async fn delete_sign_outs_before(&self, now: i64) -> Result<(), StoreError>;
+    /// Records session `id` as signed out until `expires` (kept when already there).
+    async fn insert_sign_out(&self, id: &[u8], expires: i64) -> Result<(), StoreError>;
     /// Whether a sign-out of session `id` is recorded.
     async fn sign_out_recorded(&self, id: &[u8]) -> Result<bool, StoreError>;
 }
@@ -187,8 +188,8 @@ impl<T: TenancySql> Tenancy for T {
     }
 
     async fn sign_out_session(&self, id: &[u8; 16], expires: i64) -> Result<(), StoreError> {
-        self.record_sign_out(id, expires, Utc::now().timestamp())
-            .await
+        self.delete_sign_outs_before(Utc::now().timestamp()).await?;
+        self.insert_sign_out(id, expires).await
     }
 
     async fn is_session_signed_out(&self, id: &[u8; 16]) -> Result<bool, StoreError> {

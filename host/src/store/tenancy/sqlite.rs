@@ -116,23 +116,26 @@ impl TenancySql for SqliteStore {
         .map_err(map_err)
     }
 
-    async fn record_sign_out(&self, id: &[u8], expires: i64, now: i64) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
+    async fn delete_sign_outs_before(&self, now: i64) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM console_sign_outs WHERE expires_at < ?")
             .bind(now)
-            .execute(&mut *tx)
+            .execute(self.pool())
             .await
             .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn insert_sign_out(&self, id: &[u8], expires: i64) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO console_sign_outs (session_id, expires_at) VALUES (?, ?) \
              ON CONFLICT (session_id) DO NOTHING",
         )
         .bind(id)
         .bind(expires)
-        .execute(&mut *tx)
+        .execute(self.pool())
         .await
         .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)
+        Ok(())
     }
 
     async fn sign_out_recorded(&self, id: &[u8]) -> Result<bool, StoreError> {
