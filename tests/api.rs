@@ -902,6 +902,81 @@ async fn readiness_checks_every_backend(b: Backends) {
     gw.cleanup().await;
 }
 
+/// An accepted trigger whose idempotency key could not be completed at once (Redis
+/// refusing writes for a few seconds) has it completed in the background: a retry with
+/// the key replays the first event. Before, the key stayed pending: the retry waited
+/// 10 s for a 500, and once the claim expired (30 s) a retry was a second event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_an_idempotency_key_missed_at_acceptance_is_completed_later() {
+    let redis_port = Private::free_port();
+    let _redis = Private::redis(redis_port).await;
+    let gw = Gateway::start_with(Backends::Production, |c| {
+        c.counters.url = format!("redis://127.0.0.1:{redis_port}");
+    })
+    .await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    // Recording a message for `slow` takes two seconds: the outage below begins after
+    // the key is claimed and ends after the event is accepted.
+    common::execute(
+        &gw.config,
+        &[
+            "CREATE FUNCTION sb_test_slow() RETURNS trigger AS $$ BEGIN \
+             IF NEW.subscriber_id = 'slow' THEN PERFORM pg_sleep(2); END IF; \
+             RETURN NEW; END $$ LANGUAGE plpgsql"
+                .to_string(),
+            "CREATE TRIGGER sb_test_slow BEFORE INSERT ON messages FOR EACH ROW \
+             EXECUTE FUNCTION sb_test_slow()"
+                .to_string(),
+        ],
+    )
+    .await;
+    let mut redis = redis::Client::open(format!("redis://127.0.0.1:{redis_port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let max_memory = |bytes: &'static str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .clone()
+    };
+    let body = trigger_body("slow");
+    let accepted = gw.post(
+        "/v1/events/trigger",
+        &key,
+        &body,
+        &[("Idempotency-Key", "late-1")],
+    );
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Out of memory with no eviction: every write is refused.
+        let () = max_memory("1").query_async(&mut redis).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let () = max_memory("0").query_async(&mut redis).await.unwrap();
+    };
+    let ((status, first), ()) = tokio::join!(accepted, outage);
+    assert_eq!(status, 202, "{first}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = Instant::now();
+    let (status, again) = gw
+        .post(
+            "/v1/events/trigger",
+            &key,
+            &trigger_body("slow"),
+            &[("Idempotency-Key", "late-1")],
+        )
+        .await;
+    assert_eq!(
+        (status, &again),
+        (200, &first),
+        "after {:?}",
+        started.elapsed()
+    );
+    gw.cleanup().await;
+}
+
 /// Each production backend taken away in turn (PostgreSQL through a proxy whose path
 /// is cut, private Redis and NATS servers stopped): readiness answers 503 within its
 /// bound and names exactly what is down, and 200 again once it is back.

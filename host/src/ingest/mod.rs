@@ -253,6 +253,8 @@ impl Ingest {
         let scoped = idempotency_key
             .as_deref()
             .map(|k| format!("{}:{k}", key.mode.as_str()));
+        // The claim holds the key for `PENDING_TIMEOUT` from about now.
+        let claimed_at = tokio::time::Instant::now();
         if let Some(idem) = &scoped
             && let Some(body) = self.claim(ws, idem).await?
         {
@@ -278,7 +280,10 @@ impl Ingest {
                     let body = serde_json::to_vec(response)
                         .map_err(|e| IngestError::Internal(e.to_string()))?;
                     if let Err(e) = self.idempotency.complete(ws, idem, &body).await {
-                        tracing::error!(error = %e, "could not record idempotent response");
+                        tracing::warn!(error = %e,
+                            "could not record idempotent response: retrying in the background");
+                        let until = claimed_at + crate::idempotency::PENDING_TIMEOUT;
+                        complete_later(self.idempotency.clone(), ws, idem, body, until);
                     }
                 }
                 Err(_) => {
@@ -628,6 +633,37 @@ impl Ingest {
             }
         }
     }
+}
+
+/// Records an accepted event's response under its idempotency key after a failed
+/// attempt, retrying (100 ms, doubling to 2 s) while the key's claim still holds it
+/// (`claim_ends`, with a second to spare). Left pending, the claim would expire and a
+/// retry with the key would publish a second event; past that time another request may
+/// own the key, so the response is not written over it.
+fn complete_later(
+    idempotency: Arc<dyn IdempotencyStore>,
+    workspace: &str,
+    key: &str,
+    body: Vec<u8>,
+    claim_ends: tokio::time::Instant,
+) {
+    let (workspace, key) = (workspace.to_string(), key.to_string());
+    tokio::spawn(async move {
+        let deadline = claim_ends - Duration::from_secs(1);
+        let mut wait = Duration::from_millis(100);
+        loop {
+            tokio::time::sleep(wait).await;
+            match idempotency.complete(&workspace, &key, &body).await {
+                Ok(()) => return,
+                Err(e) if tokio::time::Instant::now() + wait >= deadline => {
+                    tracing::error!(error = %e,
+                        "could not record idempotent response: a retry with its key may be accepted again");
+                    return;
+                }
+                Err(_) => wait = (wait * 2).min(Duration::from_secs(2)),
+            }
+        }
+    });
 }
 
 /// What a bulk item that could not be queued says: its reason, except that an internal

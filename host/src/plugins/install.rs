@@ -2,7 +2,7 @@
 //! install|rollback`). A version is stored in the database and becomes active only
 //! after it passes the conformance kit (a failing version is kept as `rejected` with
 //! its report) and, if it asks for outbound hosts the slug's current version does not
-//! have, with the operator's approval (without it nothing is stored; install again
+//! have (for a new slug, any host), with the operator's approval (without it nothing is stored; install again
 //! with `--approve-hosts`). Either way a refused version leaves the current one active. Every
 //! process follows the active set ([`super::registry::Registry::follow`]).
 
