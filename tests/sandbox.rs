@@ -505,7 +505,7 @@ async fn a_callbacks_calls_share_one_instance() {
 /// A parse after checks under several secrets (several tenants', or the provider-wide
 /// one) does not run where those secrets were handed: a plugin that keeps what it saw
 /// cannot put one tenant's secret in the receipt another tenant reads back. With one
-/// secret it shares the instance, which is that secret's own tenant's.
+/// secret it shares the instance (see docs/plugins.md for the provider-wide case).
 #[tokio::test]
 async fn a_parse_after_several_secrets_sees_none_of_them() {
     use switchboard::plugins::session::Calls;

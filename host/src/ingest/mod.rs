@@ -503,9 +503,13 @@ impl Ingest {
         // Encoded before the rate limit: an event refused for its size uses no quota.
         let mut prepared = Vec::new();
         for (index, raw) in events.into_iter().enumerate() {
-            let parsed =
-                parse_body::<TriggerRequest>(raw).map_err(|e| format!("invalid event: {e}"));
-            let routed = parsed.and_then(|r| route(&r, Priority::Normal).map(|c| (r, c)));
+            let parsed = parse_body::<TriggerRequest>(raw)
+                .map_err(|e| IngestError::Invalid(format!("invalid event: {e}")));
+            let routed = parsed.and_then(|r| {
+                route(&r, Priority::Normal)
+                    .map(|c| (r, c))
+                    .map_err(IngestError::Invalid)
+            });
             let encoded = routed.and_then(|(request, channels)| {
                 let channel = channels[0];
                 self.prepare(
@@ -517,11 +521,10 @@ impl Ingest {
                     now,
                 )
                 .map(|(message, publish)| (index, channel, message, publish))
-                .map_err(|e| e.to_string())
             });
             match encoded {
                 Ok(event) => prepared.push(event),
-                Err(error) => results[index] = Some(failed(index, error)),
+                Err(error) => results[index] = Some(item_error(index, error)),
             }
         }
         let subscribers: Vec<&str> = prepared
@@ -637,7 +640,7 @@ impl Ingest {
 
 /// Records an accepted event's response under its idempotency key after a failed
 /// attempt, retrying (100 ms, doubling to 2 s) while the key's claim still holds it
-/// (`claim_ends`, with a second to spare). Left pending, the claim would expire and a
+/// (`claim_ends`, with two seconds to spare). Left pending, the claim would expire and a
 /// retry with the key would publish a second event; past that time another request may
 /// own the key, so the response is not written over it.
 fn complete_later(
@@ -653,13 +656,15 @@ fn complete_later(
         let mut wait = Duration::from_millis(100);
         loop {
             tokio::time::sleep(wait).await;
+            // An attempt may take a second (the store's own bound): none starts later.
+            if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
+                tracing::error!(
+                    "could not record idempotent response: a retry with its key may be accepted again"
+                );
+                return;
+            }
             match idempotency.complete(&workspace, &key, &body).await {
                 Ok(()) => return,
-                Err(e) if tokio::time::Instant::now() + wait >= deadline => {
-                    tracing::error!(error = %e,
-                        "could not record idempotent response: a retry with its key may be accepted again");
-                    return;
-                }
                 Err(_) => wait = (wait * 2).min(Duration::from_secs(2)),
             }
         }

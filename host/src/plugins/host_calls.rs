@@ -145,6 +145,15 @@ pub(super) async fn perform_http(
                 "only `send` may make requests (not verify, parse, sign, normalize or info)",
             );
         }
+        // Refused before the grant and the name are looked at: nothing is counted sent.
+        if let Some(name) = request.headers.iter().map(|(name, _)| name).find(|name| {
+            reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .is_ok_and(|name| reserved_header(&name))
+        }) {
+            return Err(HttpError::InvalidRequest(format!(
+                "header {name} is set by the host from the granted URL and the body"
+            )));
+        }
         let permit = match allow.check(&request.url) {
             Ok(permit) => permit,
             Err(refused) => return deny(refused, "host not granted"),
@@ -194,11 +203,6 @@ pub(super) async fn perform_http(
         for (name, value) in &request.headers {
             let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| HttpError::InvalidRequest(format!("invalid header name {name:?}")))?;
-            if reserved_header(&name) {
-                return Err(HttpError::InvalidRequest(format!(
-                    "header {name} is set by the host from the granted URL and the body"
-                )));
-            }
             let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
                 HttpError::InvalidRequest(format!("invalid value for header {name}"))
             })?;
@@ -250,8 +254,9 @@ pub(super) async fn perform_http(
 }
 
 /// Headers a plugin may not set: they choose where a request goes once connected
-/// (`Host`: another virtual host behind the granted address) or how it is framed on the
-/// connection (smuggling a second request). The host sets them from the URL and body.
+/// (`Host`, or `Forwarded` and `X-Forwarded-Host` behind some proxies: another virtual
+/// host behind the granted address) or how it is framed on the connection (smuggling a
+/// second request). The host sets them from the URL and body.
 fn reserved_header(name: &reqwest::header::HeaderName) -> bool {
     use reqwest::header::{
         CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING,
@@ -268,7 +273,7 @@ fn reserved_header(name: &reqwest::header::HeaderName) -> bool {
         PROXY_AUTHORIZATION,
     ]
     .contains(name)
-        || name.as_str() == "keep-alive"
+        || ["keep-alive", "forwarded", "x-forwarded-host"].contains(&name.as_str())
         || name.as_str().starts_with("proxy-")
 }
 
@@ -286,6 +291,8 @@ mod tests {
             "keep-alive",
             "proxy-connection",
             "upgrade",
+            "forwarded",
+            "X-Forwarded-Host",
         ] {
             let name = HeaderName::from_bytes(reserved.as_bytes()).unwrap();
             assert!(super::reserved_header(&name), "{reserved}");

@@ -109,10 +109,14 @@ pub struct Webhooks {
 pub struct FailureLimit {
     limit: u32,
     windows: std::sync::Mutex<std::collections::HashMap<FailureKey, (std::time::Instant, u32)>>,
+    /// Paths are kept as a keyed hash: a URL's workspace part is the caller's to choose
+    /// and may be long, and a window per path must cost the same whatever it is.
+    paths: std::collections::hash_map::RandomState,
 }
 
-/// A source and the callback path its failures count under; `None` for all of them.
-type FailureKey = (std::net::IpAddr, Option<String>);
+/// A source and the (hashed) callback path its failures count under; `None` for all
+/// of them.
+type FailureKey = (std::net::IpAddr, Option<u64>);
 
 impl FailureLimit {
     const WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
@@ -127,7 +131,13 @@ impl FailureLimit {
         Self {
             limit,
             windows: Default::default(),
+            paths: Default::default(),
         }
+    }
+
+    fn key(&self, source: std::net::IpAddr, path: &str) -> FailureKey {
+        use std::hash::BuildHasher;
+        (source, Some(self.paths.hash_one(path)))
     }
 
     /// The path a callback's failures count under: its provider (without case) and
@@ -152,7 +162,7 @@ impl FailureLimit {
                 .get(key)
                 .is_some_and(|(start, n)| start.elapsed() < Self::WINDOW && *n >= limit)
         };
-        over(&(source, Some(path.to_string())), self.limit)
+        over(&self.key(source, path), self.limit)
             || over(&(source, None), self.limit.saturating_mul(Self::PATHS))
     }
 
@@ -165,7 +175,7 @@ impl FailureLimit {
                 windows.retain(|(_, path), _| path.is_none());
             }
         }
-        for key in [(source, Some(path.to_string())), (source, None)] {
+        for key in [self.key(source, path), (source, None)] {
             let entry = windows.entry(key).or_insert((std::time::Instant::now(), 0));
             if entry.0.elapsed() >= Self::WINDOW {
                 *entry = (std::time::Instant::now(), 0);
