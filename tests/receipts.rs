@@ -1468,6 +1468,9 @@ async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
     let bundled = switchboard::plugins::bundled::find("provc").unwrap().wasm;
     let v2 = common::with_custom_section(bundled, "switchboard-test", b"dropped");
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&v2));
+    // The database refuses the version at first: the file is tried again once it takes
+    // it (before, the watcher had marked it seen and left it until a restart).
+    common::refuse_plugin_versions(&lp.config).await;
     // Written under another name, then renamed: the watcher never sees half a file.
     std::fs::write(dropbox.path().join("provc-v2.part"), &v2).unwrap();
     std::fs::rename(
@@ -1485,6 +1488,13 @@ async fn a_file_dropped_into_the_watched_directory_is_installed(b: Backends) {
         dropbox.path().join("broken.wasm"),
     )
     .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_ne!(lp.state.plugins.get("provc").unwrap().digest(), digest);
+    assert!(
+        !dropbox.path().join("provc-v2.wasm.rejected.txt").exists(),
+        "a store error is not the file's fault"
+    );
+    common::accept_plugin_versions(&lp.config).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let swapped = lp.state.plugins.get("provc").unwrap().digest() == digest;

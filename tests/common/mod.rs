@@ -104,6 +104,24 @@ pub async fn accept_messages(config: &Config) {
     execute(config, &[statement.to_string()]).await;
 }
 
+/// Makes the gateway's database refuse to store plugin versions until
+/// [`accept_plugin_versions`].
+#[allow(dead_code)]
+pub async fn refuse_plugin_versions(config: &Config) {
+    refuse_inserts(config, "sb_test_refuse_plugins", "plugin_versions", "1 = 1").await;
+}
+
+/// Undoes [`refuse_plugin_versions`].
+#[allow(dead_code)]
+pub async fn accept_plugin_versions(config: &Config) {
+    let statement = if config.store.backend == switchboard::config::StoreBackend::Postgres {
+        "DROP TRIGGER IF EXISTS sb_test_refuse_plugins ON plugin_versions"
+    } else {
+        "DROP TRIGGER IF EXISTS sb_test_refuse_plugins"
+    };
+    execute(config, &[statement.to_string()]).await;
+}
+
 async fn refuse_messages_when(config: &Config, condition: &str) {
     refuse_inserts(config, "sb_test_refuse", "messages", condition).await;
 }

@@ -469,6 +469,11 @@ pub async fn watch_dir(
                         tracing::warn!(path = %report.display(), error = %e, "cannot write the rejection report");
                     }
                 }
+                Err(e) if e.downcast_ref::<crate::store::StoreError>().is_some() => {
+                    // The database's fault, not the file's: tried again at the next look.
+                    seen.remove(&digest);
+                    tracing::warn!(file = %name, error = %e, "plugin from the watched directory not stored yet; trying again");
+                }
                 Err(e) => {
                     tracing::warn!(file = %name, error = %e, "plugin from the watched directory not installed");
                     let report = path.with_file_name(format!("{name}.rejected.txt"));
