@@ -96,12 +96,7 @@ pub async fn refuse_all_messages(config: &Config) {
 /// Undoes [`refuse_messages_for`] and [`refuse_all_messages`].
 #[allow(dead_code)]
 pub async fn accept_messages(config: &Config) {
-    let statement = if config.store.backend == switchboard::config::StoreBackend::Postgres {
-        "DROP TRIGGER IF EXISTS sb_test_refuse ON messages"
-    } else {
-        "DROP TRIGGER IF EXISTS sb_test_refuse"
-    };
-    execute(config, &[statement.to_string()]).await;
+    drop_trigger(config, "sb_test_refuse", "messages").await;
 }
 
 /// Makes the gateway's database refuse to store plugin versions until
@@ -114,12 +109,17 @@ pub async fn refuse_plugin_versions(config: &Config) {
 /// Undoes [`refuse_plugin_versions`].
 #[allow(dead_code)]
 pub async fn accept_plugin_versions(config: &Config) {
+    drop_trigger(config, "sb_test_refuse_plugins", "plugin_versions").await;
+}
+
+/// Drops the test's trigger `name` on `table`, if it is there.
+async fn drop_trigger(config: &Config, name: &str, table: &str) {
     let statement = if config.store.backend == switchboard::config::StoreBackend::Postgres {
-        "DROP TRIGGER IF EXISTS sb_test_refuse_plugins ON plugin_versions"
+        format!("DROP TRIGGER IF EXISTS {name} ON {table}")
     } else {
-        "DROP TRIGGER IF EXISTS sb_test_refuse_plugins"
+        format!("DROP TRIGGER IF EXISTS {name}")
     };
-    execute(config, &[statement.to_string()]).await;
+    execute(config, &[statement]).await;
 }
 
 async fn refuse_messages_when(config: &Config, condition: &str) {

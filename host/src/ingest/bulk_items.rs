@@ -16,7 +16,7 @@ pub(super) fn item_error(index: usize, error: IngestError) -> BulkEventResult {
 }
 
 /// The error of a bulk item that failed inside the gateway (the cause is logged).
-pub const INTERNAL_ITEM_ERROR: &str =
+const INTERNAL_ITEM_ERROR: &str =
     "internal error: the event could not be queued (the cause is in the gateway's log)";
 
 pub(super) fn failed(index: usize, error: String) -> BulkEventResult {

@@ -24,7 +24,6 @@ pub mod load;
 mod request;
 mod validate;
 
-pub use bulk_items::INTERNAL_ITEM_ERROR;
 use bulk_items::{failed, item_error};
 pub use request::*;
 pub use validate::*;
@@ -655,12 +654,12 @@ fn complete_later(
 ) {
     let (workspace, key) = (workspace.to_string(), key.to_string());
     tokio::spawn(async move {
-        let deadline = claim_ends - Duration::from_secs(1);
+        // An attempt may take a second (the store's own bound), and a second is spare.
+        let last_start = claim_ends - Duration::from_secs(2);
         let mut wait = Duration::from_millis(100);
         loop {
             tokio::time::sleep(wait).await;
-            // An attempt may take a second (the store's own bound): none starts later.
-            if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
+            if tokio::time::Instant::now() >= last_start {
                 tracing::error!(
                     "could not record idempotent response: a retry with its key may be accepted again"
                 );
