@@ -977,6 +977,66 @@ async fn production_an_idempotency_key_missed_at_acceptance_is_completed_later()
     gw.cleanup().await;
 }
 
+/// A trigger whose publish the broker stored but did not acknowledge in time, and
+/// whose record (with its outbox item) the database then refused, answers 500; the
+/// retry with its key is accepted as the same event, so the stream holds it once.
+/// Before, the failed request released its key unbound and the retry was a second
+/// event beside the first, which workers would deliver too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_a_retry_after_an_unacknowledged_publish_is_the_same_event() {
+    let nats_dir = tempfile::tempdir().unwrap();
+    let nats_port = Private::free_port();
+    let _nats = Private::nats(nats_port, nats_dir.path()).await;
+    let proxy = common::Proxy::start(nats_port).await;
+    let gw = Gateway::start_with(Backends::Production, |c| {
+        c.broker.url = format!("nats://127.0.0.1:{}", proxy.port);
+    })
+    .await;
+    let key = gw.key("acme", Tier::Paid, KeyMode::Live).await;
+    common::refuse_messages_for(&gw.config, "doomed").await;
+    let retry = [("Idempotency-Key", "ambiguous-1")];
+
+    proxy.hold_answers();
+    let (status, body) = gw
+        .post("/v1/events/trigger", &key, &trigger_body("doomed"), &retry)
+        .await;
+    assert_eq!(status, 500, "{body}");
+    common::accept_messages(&gw.config).await;
+    proxy.release_answers();
+    let stored: Vec<String> = gw
+        .published()
+        .await
+        .into_iter()
+        .filter(|(_, _, _, event)| event["request"]["to"]["subscriberId"] == "doomed")
+        .map(|(_, _, msg_id, _)| msg_id)
+        .collect();
+    assert_eq!(
+        stored.len(),
+        1,
+        "the broker stored the first publish: {stored:?}"
+    );
+
+    let (status, body) = gw
+        .post("/v1/events/trigger", &key, &trigger_body("doomed"), &retry)
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["eventId"], stored[0].as_str(), "{body}");
+    let published: Vec<String> = gw
+        .published()
+        .await
+        .into_iter()
+        .map(|(_, _, msg_id, _)| msg_id)
+        .collect();
+    assert_eq!(published, stored, "one event in the stream");
+    let (status, message) = gw.get(&format!("/v1/events/{}", stored[0]), &key).await;
+    assert_eq!(status, 200, "{message}");
+    let (status, again) = gw
+        .post("/v1/events/trigger", &key, &trigger_body("doomed"), &retry)
+        .await;
+    assert_eq!((status, &again), (200, &body));
+    gw.cleanup().await;
+}
+
 /// Each production backend taken away in turn (PostgreSQL through a proxy whose path
 /// is cut, private Redis and NATS servers stopped): readiness answers 503 within its
 /// bound and names exactly what is down, and 200 again once it is back.

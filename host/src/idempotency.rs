@@ -1,13 +1,21 @@
 //! Idempotency keys per workspace: a replay inside the retention window returns the
 //! original response; concurrent requests with the same new key publish once.
+//!
+//! A key is bound to one event id from its first claim for the whole retention. A
+//! request that failed (or whose claimant stalled past [`PENDING_TIMEOUT`]) may still
+//! have had its event published: the broker acknowledgement timed out after the broker
+//! stored it. A retry with the key therefore publishes under the same id, which the
+//! broker's de-duplication and the workers (one delivery per event id) make harmless,
+//! instead of a second event.
 
 pub mod memory;
 pub mod redis;
 pub mod sqlite;
 
+use crate::ids::EventId;
 use std::time::Duration;
 
-/// Retention of a completed key (24 h).
+/// Retention of a key: its response, or its event id while no response is stored (24 h).
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long a claim may stay pending before another request may take it over
 /// (the claimant crashed between claim and completion).
@@ -16,8 +24,10 @@ pub const PENDING_TIMEOUT: Duration = Duration::from_secs(30);
 /// The state of a key when a request claims it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The key is new: this request owns it and must `complete` or `release` it.
-    Fresh,
+    /// This request owns the key and must `complete` or `release` it, publishing under
+    /// this event id: the one the claim proposed for a new key, or the id the key was
+    /// bound to by an earlier claim that was released or expired.
+    Fresh(EventId),
     /// A completed request: its stored response body (JSON bytes).
     Replay(Vec<u8>),
     /// Another request holds the key and has not completed yet.
@@ -33,8 +43,13 @@ pub struct IdempotencyError(pub String);
 #[async_trait::async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Atomically claims `key` for `workspace` (pending, for [`PENDING_TIMEOUT`]) or
-    /// reports its state.
-    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError>;
+    /// reports its state. A new key is bound to `event`.
+    async fn claim(
+        &self,
+        workspace: &str,
+        key: &str,
+        event: &EventId,
+    ) -> Result<Claim, IdempotencyError>;
     /// Stores the response of the claiming request for [`RETENTION`].
     async fn complete(
         &self,
@@ -42,9 +57,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         key: &str,
         response: &[u8],
     ) -> Result<(), IdempotencyError>;
-    /// Gives up a claim (the request failed): the key may be used again.
+    /// Gives up a claim (the request failed): the key may be claimed again at once, and
+    /// stays bound to its event id. A completed key is left as it is.
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError>;
-    /// Number of `workspace`'s keys tracked (pending or completed), for the MCP tool
+    /// Number of `workspace`'s keys tracked (pending, released or completed), for the MCP tool
     /// `idempotency_inspect`: never another workspace's.
     async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError>;
 }

@@ -350,6 +350,8 @@ pub struct Proxy {
     pub port: u16,
     up: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cut: tokio::sync::watch::Sender<u64>,
+    /// While true, what the target answers waits in the proxy (delayed, never lost).
+    held: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -358,25 +360,48 @@ impl Proxy {
     /// Forwards a free port on 127.0.0.1 to `127.0.0.1:target`.
     pub async fn start(target: u16) -> Self {
         use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (cut, _) = tokio::sync::watch::channel(0u64);
-        let (up2, cut2) = (up.clone(), cut.clone());
+        let (held, _) = tokio::sync::watch::channel(false);
+        let (up2, cut2, held2) = (up.clone(), cut.clone(), held.clone());
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 if !up2.load(Ordering::SeqCst) {
                     continue; // dropped: the connection is reset
                 }
                 let mut cuts = cut2.subscribe();
+                let mut held = held2.subscribe();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     else {
                         return;
                     };
+                    let (mut from_client, mut to_client) = inbound.into_split();
+                    let (mut from_target, mut to_target) = outbound.into_split();
+                    let requests = tokio::io::copy(&mut from_client, &mut to_target);
+                    let answers = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from_target.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            while *held.borrow_and_update() {
+                                if held.changed().await.is_err() {
+                                    return;
+                                }
+                            }
+                            if to_client.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = requests => {}
+                        () = answers => {}
                         _ = cuts.changed() => {}
                     }
                 });
@@ -386,6 +411,7 @@ impl Proxy {
             port,
             up,
             cut,
+            held,
             task,
         }
     }
@@ -399,6 +425,18 @@ impl Proxy {
     /// Lets connections through again.
     pub fn restore(&self) {
         self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Holds back what the target answers, on every connection, until
+    /// [`Self::release_answers`]: requests still reach it (a broker stores a publish
+    /// whose acknowledgement is late).
+    pub fn hold_answers(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Lets the held answers through, in order.
+    pub fn release_answers(&self) {
+        self.held.send_replace(false);
     }
 }
 

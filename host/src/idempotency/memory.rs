@@ -8,13 +8,18 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
+use crate::ids::EventId;
 
 /// Claims between two sweeps of expired entries: amortises the O(n) sweep.
 const SWEEP_EVERY: u32 = 256;
 
 #[derive(Debug)]
 enum State {
-    Pending,
+    /// Bound to `event`; held by a request until `until` (`None`: released).
+    Claimed {
+        event: EventId,
+        until: Option<Instant>,
+    },
     Done(Vec<u8>),
 }
 
@@ -38,10 +43,10 @@ impl Inner {
     }
 
     /// The entry under a key if it has not expired.
-    fn live(&self, workspace: &str, key: &str, now: Instant) -> Option<&Entry> {
+    fn live(&mut self, workspace: &str, key: &str, now: Instant) -> Option<&mut Entry> {
         // The tuple key needs owned strings to look up; dev traffic is light.
         self.entries
-            .get(&(workspace.to_owned(), key.to_owned()))
+            .get_mut(&(workspace.to_owned(), key.to_owned()))
             .filter(|e| e.expires > now)
     }
 }
@@ -52,6 +57,8 @@ pub struct MemoryIdempotency {
     inner: Mutex<Inner>,
     /// [`PENDING_TIMEOUT`], shortened by tests.
     pending_timeout: Duration,
+    /// [`RETENTION`], shortened by tests.
+    retention: Duration,
 }
 
 impl Default for MemoryIdempotency {
@@ -59,6 +66,7 @@ impl Default for MemoryIdempotency {
         Self {
             inner: Mutex::default(),
             pending_timeout: PENDING_TIMEOUT,
+            retention: RETENTION,
         }
     }
 }
@@ -80,25 +88,40 @@ impl MemoryIdempotency {
 
 #[async_trait::async_trait]
 impl IdempotencyStore for MemoryIdempotency {
-    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
+    async fn claim(
+        &self,
+        workspace: &str,
+        key: &str,
+        event: &EventId,
+    ) -> Result<Claim, IdempotencyError> {
         let now = Instant::now();
+        let pending_until = Some(now + self.pending_timeout);
         let mut inner = self.lock();
         inner.claims_since_sweep += 1;
         if inner.claims_since_sweep >= SWEEP_EVERY {
             inner.sweep(now);
         }
-        match inner.live(workspace, key, now).map(|e| &e.state) {
-            Some(State::Pending) => Ok(Claim::Pending),
+        match inner.live(workspace, key, now).map(|e| &mut e.state) {
             Some(State::Done(response)) => Ok(Claim::Replay(response.clone())),
+            Some(State::Claimed {
+                until: Some(until), ..
+            }) if *until > now => Ok(Claim::Pending),
+            Some(State::Claimed { event, until }) => {
+                *until = pending_until;
+                Ok(Claim::Fresh(event.clone()))
+            }
             None => {
                 let entry = Entry {
-                    state: State::Pending,
-                    expires: now + self.pending_timeout,
+                    state: State::Claimed {
+                        event: event.clone(),
+                        until: pending_until,
+                    },
+                    expires: now + self.retention,
                 };
                 inner
                     .entries
                     .insert((workspace.to_owned(), key.to_owned()), entry);
-                Ok(Claim::Fresh)
+                Ok(Claim::Fresh(event.clone()))
             }
         }
     }
@@ -111,7 +134,7 @@ impl IdempotencyStore for MemoryIdempotency {
     ) -> Result<(), IdempotencyError> {
         let entry = Entry {
             state: State::Done(response.to_vec()),
-            expires: Instant::now() + RETENTION,
+            expires: Instant::now() + self.retention,
         };
         self.lock()
             .entries
@@ -120,17 +143,12 @@ impl IdempotencyStore for MemoryIdempotency {
     }
 
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
-        let mut inner = self.lock();
-        let id = (workspace.to_owned(), key.to_owned());
-        // Only a pending claim is dropped; a completed response stays replayable.
-        if matches!(
-            inner.entries.get(&id),
-            Some(Entry {
-                state: State::Pending,
-                ..
-            })
-        ) {
-            inner.entries.remove(&id);
+        let now = Instant::now();
+        // Only a claim is freed, keeping its event id; a completed response stays.
+        if let Some(State::Claimed { until, .. }) =
+            self.lock().live(workspace, key, now).map(|e| &mut e.state)
+        {
+            *until = None;
         }
         Ok(())
     }
@@ -152,84 +170,92 @@ impl IdempotencyStore for MemoryIdempotency {
 #[cfg(test)]
 pub(crate) mod behaviour {
     use super::super::{Claim, IdempotencyStore};
+    use crate::ids::EventId;
     use std::time::Duration;
 
-    /// Fresh, then Pending while in flight, then Replay of the identical bytes.
+    /// Claims `key` in `ws` proposing a new event id; the claim and that id.
+    async fn claim(s: &dyn IdempotencyStore, ws: &str, key: &str) -> (Claim, EventId) {
+        let proposed = EventId::generate();
+        (s.claim(ws, key, &proposed).await.expect("claim"), proposed)
+    }
+
+    /// Whether a claim is `Fresh`.
+    pub(crate) fn is_fresh(claim: &Claim) -> bool {
+        matches!(claim, Claim::Fresh(_))
+    }
+
+    /// Fresh under the proposed id, then Pending while in flight, then Replay of the
+    /// identical bytes.
     pub(crate) async fn fresh_then_pending_then_replay(s: &dyn IdempotencyStore) {
-        assert_eq!(
-            s.claim("ws_a", "order-1").await.expect("claim"),
-            Claim::Fresh
-        );
-        assert_eq!(
-            s.claim("ws_a", "order-1").await.expect("claim"),
-            Claim::Pending
-        );
+        let (first, proposed) = claim(s, "ws_a", "order-1").await;
+        assert_eq!(first, Claim::Fresh(proposed));
+        assert_eq!(claim(s, "ws_a", "order-1").await.0, Claim::Pending);
         // Keys are scoped per workspace.
-        assert_eq!(
-            s.claim("ws_b", "order-1").await.expect("claim"),
-            Claim::Fresh
-        );
+        let (other, proposed) = claim(s, "ws_b", "order-1").await;
+        assert_eq!(other, Claim::Fresh(proposed));
         let body = br#"{"id":"evt_0123abcd","status":"accepted"}"#;
         s.complete("ws_a", "order-1", body).await.expect("complete");
         for _ in 0..2 {
             assert_eq!(
-                s.claim("ws_a", "order-1").await.expect("claim"),
+                claim(s, "ws_a", "order-1").await.0,
                 Claim::Replay(body.to_vec())
             );
         }
         // Releasing a completed key keeps its response.
         s.release("ws_a", "order-1").await.expect("release");
         assert_eq!(
-            s.claim("ws_a", "order-1").await.expect("claim"),
+            claim(s, "ws_a", "order-1").await.0,
             Claim::Replay(body.to_vec())
         );
         // Empty and non-UTF-8 responses round-trip too.
-        assert_eq!(s.claim("ws_a", "empty").await.expect("claim"), Claim::Fresh);
+        assert!(is_fresh(&claim(s, "ws_a", "empty").await.0));
         s.complete("ws_a", "empty", b"").await.expect("complete");
-        assert_eq!(
-            s.claim("ws_a", "empty").await.expect("claim"),
-            Claim::Replay(Vec::new())
-        );
+        assert_eq!(claim(s, "ws_a", "empty").await.0, Claim::Replay(Vec::new()));
         let binary = vec![b'P', 0, 255, b'D'];
-        assert_eq!(
-            s.claim("ws_a", "binary").await.expect("claim"),
-            Claim::Fresh
-        );
+        assert!(is_fresh(&claim(s, "ws_a", "binary").await.0));
         s.complete("ws_a", "binary", &binary)
             .await
             .expect("complete");
-        assert_eq!(
-            s.claim("ws_a", "binary").await.expect("claim"),
-            Claim::Replay(binary)
-        );
+        assert_eq!(claim(s, "ws_a", "binary").await.0, Claim::Replay(binary));
     }
 
-    /// A released claim may be taken again.
-    pub(crate) async fn release_makes_the_key_fresh(s: &dyn IdempotencyStore) {
-        assert_eq!(
-            s.claim("ws_a", "retry-me").await.expect("claim"),
-            Claim::Fresh
-        );
+    /// A released claim may be taken again at once, under the event id the key was
+    /// first claimed with: that request's event may have been published.
+    pub(crate) async fn a_released_key_is_fresh_under_its_first_event(s: &dyn IdempotencyStore) {
+        let (first, bound) = claim(s, "ws_a", "retry-me").await;
+        assert_eq!(first, Claim::Fresh(bound.clone()));
         s.release("ws_a", "retry-me").await.expect("release");
         assert_eq!(
-            s.claim("ws_a", "retry-me").await.expect("claim"),
-            Claim::Fresh
+            claim(s, "ws_a", "retry-me").await.0,
+            Claim::Fresh(bound.clone())
         );
+        assert_eq!(claim(s, "ws_a", "retry-me").await.0, Claim::Pending);
+        // Released twice, still the same id; completed, a replay.
+        s.release("ws_a", "retry-me").await.expect("release");
+        assert_eq!(claim(s, "ws_a", "retry-me").await.0, Claim::Fresh(bound));
+        s.complete("ws_a", "retry-me", b"{}")
+            .await
+            .expect("complete");
         assert_eq!(
-            s.claim("ws_a", "retry-me").await.expect("claim"),
-            Claim::Pending
+            claim(s, "ws_a", "retry-me").await.0,
+            Claim::Replay(b"{}".to_vec())
         );
-        // Releasing an unknown key is harmless.
+        // Releasing an unknown key is harmless, and binds nothing.
         s.release("ws_a", "never-claimed").await.expect("release");
+        let (claim, proposed) = claim(s, "ws_a", "never-claimed").await;
+        assert_eq!(claim, Claim::Fresh(proposed));
     }
 
     /// 50 concurrent claims of one new key: exactly one is Fresh.
     pub(crate) async fn concurrent_claims_have_one_winner(s: &dyn IdempotencyStore) {
-        let claims = futures::future::join_all((0..50).map(|_| s.claim("ws_a", "burst"))).await;
+        let claims = futures::future::join_all((0..50).map(|_| claim(s, "ws_a", "burst"))).await;
         let mut fresh = 0;
-        for claim in claims {
-            match claim.expect("claim") {
-                Claim::Fresh => fresh += 1,
+        for (claim, proposed) in claims {
+            match claim {
+                Claim::Fresh(id) => {
+                    assert_eq!(id, proposed);
+                    fresh += 1;
+                }
                 Claim::Pending => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -237,16 +263,16 @@ pub(crate) mod behaviour {
         assert_eq!(fresh, 1);
     }
 
-    /// Pending and completed keys count; released ones do not.
+    /// Pending, released and completed keys count (a released key keeps its event id).
     /// Counts per workspace: another workspace's keys (even one whose id starts
     /// with this one's) never count.
-    pub(crate) async fn tracked_counts_pending_and_completed(s: &dyn IdempotencyStore) {
+    pub(crate) async fn tracked_counts_every_bound_key(s: &dyn IdempotencyStore) {
         let tracked = |ws: &'static str| async move { s.tracked(ws).await.expect("tracked") };
         assert_eq!(tracked("ws_a").await, 0);
-        s.claim("ws_a", "one").await.expect("claim");
-        s.claim("ws_a", "two").await.expect("claim");
-        s.claim("ws_b", "one").await.expect("claim");
-        s.claim("ws_ab", "x").await.expect("claim");
+        claim(s, "ws_a", "one").await;
+        claim(s, "ws_a", "two").await;
+        claim(s, "ws_b", "one").await;
+        claim(s, "ws_ab", "x").await;
         s.complete("ws_a", "one", b"{}").await.expect("complete");
         s.complete("ws_c", "direct", b"{}").await.expect("complete");
         assert_eq!(
@@ -259,9 +285,8 @@ pub(crate) mod behaviour {
         );
         assert_eq!((tracked("ws_c").await, tracked("ws_z").await), (1, 0));
         s.release("ws_a", "two").await.expect("release");
-        // Releasing a completed key keeps it tracked.
         s.release("ws_a", "one").await.expect("release");
-        assert_eq!((tracked("ws_a").await, tracked("ws_b").await), (1, 1));
+        assert_eq!((tracked("ws_a").await, tracked("ws_b").await), (2, 1));
     }
 
     /// Long keys (hashed by Redis) and odd characters stay distinct and work.
@@ -278,11 +303,7 @@ pub(crate) mod behaviour {
             "#",
         ];
         for key in keys {
-            assert_eq!(
-                s.claim("ws_a", key).await.expect("claim"),
-                Claim::Fresh,
-                "{key}"
-            );
+            assert!(is_fresh(&claim(s, "ws_a", key).await.0), "{key}");
         }
         for key in keys {
             s.complete("ws_a", key, key.as_bytes())
@@ -291,29 +312,22 @@ pub(crate) mod behaviour {
         }
         for key in keys {
             assert_eq!(
-                s.claim("ws_a", key).await.expect("claim"),
+                claim(s, "ws_a", key).await.0,
                 Claim::Replay(key.as_bytes().to_vec())
             );
         }
         assert_eq!(s.tracked("ws_a").await.expect("tracked"), keys.len() as u64);
     }
 
-    /// For a store whose pending timeout was shortened to 200 ms: a crashed
-    /// claimant's key becomes Fresh again.
+    /// For a store whose pending timeout was shortened to 200 ms: a stalled or
+    /// crashed claimant's key is Fresh again, under that claimant's event id.
     pub(crate) async fn pending_claim_expires(s: &dyn IdempotencyStore) {
-        assert_eq!(
-            s.claim("ws_a", "crashed").await.expect("claim"),
-            Claim::Fresh
-        );
-        assert_eq!(
-            s.claim("ws_a", "crashed").await.expect("claim"),
-            Claim::Pending
-        );
+        let (first, bound) = claim(s, "ws_a", "crashed").await;
+        assert_eq!(first, Claim::Fresh(bound.clone()));
+        assert_eq!(claim(s, "ws_a", "crashed").await.0, Claim::Pending);
         tokio::time::sleep(Duration::from_millis(350)).await;
-        assert_eq!(
-            s.claim("ws_a", "crashed").await.expect("claim"),
-            Claim::Fresh
-        );
+        assert_eq!(claim(s, "ws_a", "crashed").await.0, Claim::Fresh(bound));
+        assert_eq!(claim(s, "ws_a", "crashed").await.0, Claim::Pending);
     }
 }
 
@@ -327,8 +341,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn release_makes_the_key_fresh() {
-        behaviour::release_makes_the_key_fresh(&MemoryIdempotency::new()).await;
+    async fn a_released_key_is_fresh_under_its_first_event() {
+        behaviour::a_released_key_is_fresh_under_its_first_event(&MemoryIdempotency::new()).await;
     }
 
     #[tokio::test]
@@ -337,8 +351,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tracked_counts_pending_and_completed() {
-        behaviour::tracked_counts_pending_and_completed(&MemoryIdempotency::new()).await;
+    async fn tracked_counts_every_bound_key() {
+        behaviour::tracked_counts_every_bound_key(&MemoryIdempotency::new()).await;
     }
 
     #[tokio::test]
@@ -362,12 +376,15 @@ mod tests {
         let tasks: Vec<_> = (0..50)
             .map(|_| {
                 let store = store.clone();
-                tokio::spawn(async move { store.claim("ws_a", "race").await.expect("claim") })
+                tokio::spawn(async move {
+                    let proposed = EventId::generate();
+                    store.claim("ws_a", "race", &proposed).await.expect("claim")
+                })
             })
             .collect();
         let mut fresh = 0;
         for task in tasks {
-            if task.await.expect("task") == Claim::Fresh {
+            if behaviour::is_fresh(&task.await.expect("task")) {
                 fresh += 1;
             }
         }
@@ -378,10 +395,13 @@ mod tests {
     #[tokio::test]
     async fn expired_entries_are_swept() {
         let store = MemoryIdempotency {
-            pending_timeout: Duration::from_millis(50),
+            retention: Duration::from_millis(50),
             ..Default::default()
         };
-        store.claim("ws_a", "gone").await.expect("claim");
+        store
+            .claim("ws_a", "gone", &EventId::generate())
+            .await
+            .expect("claim");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(store.tracked("ws_a").await.expect("tracked"), 0);
         assert!(store.lock().entries.is_empty());

@@ -1,9 +1,11 @@
 //! [`super::IdempotencyStore`] on Redis.
 //!
-//! One string key per idempotency key, `{prefix}idem:{workspace}:{key}`, holding
-//! either the pending marker `P` (expires after [`PENDING_TIMEOUT`]) or `D`
-//! followed by the stored response (expires after [`RETENTION`]). The one-byte
-//! tag keeps any response bytes, even empty ones, distinct from the marker.
+//! One string key per idempotency key, `{prefix}idem:{workspace}:{key}`, kept for
+//! [`RETENTION`] from its first claim and holding either a claim,
+//! `P{until}:{event id}` (held by a request until `until`, Redis server time in ms;
+//! `0` once released), or `D` followed by the stored response. The one-byte tag keeps
+//! any response bytes, even empty ones, distinct from a claim. (An older version's
+//! bare `P`, expiring after [`PENDING_TIMEOUT`], is read as a claim still held.)
 //!
 //! Keys longer than [`MAX_RAW_KEY_LEN`] bytes or with characters outside
 //! `[A-Za-z0-9._:-]` are stored as `#` and their SHA-256 in hex: `#` never
@@ -24,6 +26,7 @@ use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 
 use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
+use crate::ids::EventId;
 use crate::ratelimit::redis::connect_manager;
 
 /// Upper bound on one round trip: an unreachable Redis fails the request fast.
@@ -32,24 +35,31 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest user key stored as is; longer keys are hashed.
 pub const MAX_RAW_KEY_LEN: usize = 200;
 
-/// Value of a claimed key whose request has not completed.
-const PENDING: &[u8] = b"P";
 /// Tag before a completed response.
 const DONE: u8 = b'D';
 
-/// Returns the current value, or sets the pending marker (`ARGV[1]`, for
-/// `ARGV[2]` ms) and returns nil when there is none: claim and check in one step.
-/// A new claim enters the workspace index (`KEYS[2]`, member `ARGV[3]`), which is
-/// kept `ARGV[4]` ms (the retention: longer than any member lives).
+/// Reports the key's state, claiming it when it is new, released, or held past its
+/// time: `P` (held by another request), `F{event id}` (claimed now: publish under
+/// this id) or the stored `D{response}`. A new key is bound to `ARGV[1]`, held for
+/// `ARGV[2]` ms and kept `ARGV[4]` ms (the retention), and enters the workspace
+/// index (`KEYS[2]`, member `ARGV[3]`). A claim taken over keeps its id and expiry.
 const CLAIM_LUA: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v then return v end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('ZADD', KEYS[2], now + ARGV[2], ARGV[3])
+local v = redis.call('GET', KEYS[1])
+if v then
+  if string.byte(v, 1) ~= 80 then return v end
+  local sep = string.find(v, ':', 2, true)
+  if not sep then return 'P' end
+  if tonumber(string.sub(v, 2, sep - 1)) > now then return 'P' end
+  local id = string.sub(v, sep + 1)
+  redis.call('SET', KEYS[1], string.format('P%d:%s', now + ARGV[2], id), 'KEEPTTL')
+  return 'F' .. id
+end
+redis.call('SET', KEYS[1], string.format('P%d:%s', now + ARGV[2], ARGV[1]), 'PX', ARGV[4])
+redis.call('ZADD', KEYS[2], now + ARGV[4], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return false
+return 'F' .. ARGV[1]
 ";
 
 /// Stores the response (`ARGV[1]`) for `ARGV[2]` ms, and the same expiry in the index.
@@ -62,12 +72,19 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 ";
 
-/// Deletes the key (and its index member) only while it still holds the pending
-/// marker, so releasing never drops a completed response.
+/// Frees a claim for the next request, keeping its event id and expiry; a completed
+/// response is left as it is. An older version's bare marker (and its index member,
+/// `ARGV[1]`) is deleted, as that version did.
 const RELEASE_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return redis.call('DEL', KEYS[1])
+local v = redis.call('GET', KEYS[1])
+if v and string.byte(v, 1) == 80 then
+  local sep = string.find(v, ':', 2, true)
+  if sep then
+    redis.call('SET', KEYS[1], 'P0' .. string.sub(v, sep), 'KEEPTTL')
+  else
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('DEL', KEYS[1])
+  end
 end
 return 0
 ";
@@ -91,6 +108,8 @@ pub struct RedisIdempotency {
     tracked: Script,
     /// [`PENDING_TIMEOUT`], shortened by tests.
     pending_timeout: Duration,
+    /// [`RETENTION`], shortened by tests.
+    retention: Duration,
 }
 
 impl RedisIdempotency {
@@ -105,6 +124,7 @@ impl RedisIdempotency {
             release: Script::new(RELEASE_LUA),
             tracked: Script::new(TRACKED_LUA),
             pending_timeout: PENDING_TIMEOUT,
+            retention: RETENTION,
         }
     }
 
@@ -142,8 +162,8 @@ fn storage_key(key: &str) -> Cow<'_, str> {
     }
 }
 
-fn retention_ms() -> u64 {
-    u64::try_from(RETENTION.as_millis()).unwrap_or(u64::MAX)
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// Runs one Redis round trip under [`OP_TIMEOUT`], mapping both failures.
@@ -158,29 +178,35 @@ async fn bounded<T>(
 
 #[async_trait::async_trait]
 impl IdempotencyStore for RedisIdempotency {
-    /// If this call times out after Redis set the marker, the key stays pending
-    /// until [`PENDING_TIMEOUT`]: a retry sees `Pending`, never a double publish.
-    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
+    /// If this call times out after Redis set the claim, the key stays held until
+    /// [`PENDING_TIMEOUT`]: a retry sees `Pending`, never a double publish.
+    async fn claim(
+        &self,
+        workspace: &str,
+        key: &str,
+        event: &EventId,
+    ) -> Result<Claim, IdempotencyError> {
         let mut conn = self.conn.clone();
         let mut invocation = self.claim.key(self.redis_key(workspace, key));
-        let pending_ms = u64::try_from(self.pending_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
         invocation
             .key(self.index_key(workspace))
-            .arg(PENDING)
-            .arg(pending_ms)
+            .arg(event.as_str())
+            .arg(ms(self.pending_timeout))
             .arg(storage_key(key).as_ref())
-            .arg(retention_ms());
-        let current: Option<Vec<u8>> = bounded(invocation.invoke_async(&mut conn)).await?;
-        match current {
-            None => Ok(Claim::Fresh),
-            Some(value) if value == PENDING => Ok(Claim::Pending),
-            Some(mut value) if value.first() == Some(&DONE) => {
-                value.remove(0);
-                Ok(Claim::Replay(value))
+            .arg(ms(self.retention));
+        let mut state: Vec<u8> = bounded(invocation.invoke_async(&mut conn)).await?;
+        match state.first() {
+            Some(b'P') => Ok(Claim::Pending),
+            Some(b'F') => std::str::from_utf8(&state[1..])
+                .ok()
+                .and_then(|id| EventId::parse(id).ok())
+                .map(Claim::Fresh)
+                .ok_or_else(|| IdempotencyError("unreadable event id under a key".into())),
+            Some(&DONE) => {
+                state.remove(0);
+                Ok(Claim::Replay(state))
             }
-            Some(_) => Err(IdempotencyError(
+            _ => Err(IdempotencyError(
                 "unrecognised value under an idempotency key".into(),
             )),
         }
@@ -202,7 +228,7 @@ impl IdempotencyStore for RedisIdempotency {
         invocation
             .key(self.index_key(workspace))
             .arg(value)
-            .arg(retention_ms())
+            .arg(ms(self.retention))
             .arg(storage_key(key).as_ref());
         bounded(invocation.invoke_async::<i64>(&mut conn))
             .await
@@ -214,7 +240,6 @@ impl IdempotencyStore for RedisIdempotency {
         let mut invocation = self.release.key(self.redis_key(workspace, key));
         invocation
             .key(self.index_key(workspace))
-            .arg(PENDING)
             .arg(storage_key(key).as_ref());
         bounded(invocation.invoke_async::<i64>(&mut conn))
             .await
@@ -280,9 +305,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn release_makes_the_key_fresh() {
+    async fn a_released_key_is_fresh_under_its_first_event() {
         let (store, _cleanup) = store().await;
-        behaviour::release_makes_the_key_fresh(&store).await;
+        behaviour::a_released_key_is_fresh_under_its_first_event(&store).await;
     }
 
     #[tokio::test]
@@ -292,9 +317,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tracked_counts_pending_and_completed() {
+    async fn tracked_counts_every_bound_key() {
         let (store, _cleanup) = store().await;
-        behaviour::tracked_counts_pending_and_completed(&store).await;
+        behaviour::tracked_counts_every_bound_key(&store).await;
     }
 
     #[tokio::test]
@@ -325,13 +350,16 @@ mod tests {
         let tasks: Vec<_> = (0..50)
             .map(|i| {
                 let store = stores[i % stores.len()].clone();
-                tokio::spawn(async move { store.claim("ws_a", "race").await.expect("claim") })
+                tokio::spawn(async move {
+                    let proposed = EventId::generate();
+                    store.claim("ws_a", "race", &proposed).await.expect("claim")
+                })
             })
             .collect();
         let mut fresh = 0;
         for task in tasks {
             match task.await.expect("task") {
-                Claim::Fresh => fresh += 1,
+                Claim::Fresh(_) => fresh += 1,
                 Claim::Pending => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -339,33 +367,55 @@ mod tests {
         assert_eq!(fresh, 1);
     }
 
-    /// The documented key layout, the hashing of long keys and both expiries.
+    /// The documented key layout, the hashing of long keys and the expiry, which a
+    /// claim, its release and its completion all keep for the retention.
     #[tokio::test]
     async fn keys_follow_the_layout_and_expire() {
         let (store, cleanup) = store().await;
         let prefix = &cleanup.0;
         let mut conn = store.conn.clone();
-        store.claim("ws_a", "order-1").await.expect("claim");
+        let event = EventId::generate();
+        store.claim("ws_a", "order-1", &event).await.expect("claim");
         let key = format!("{prefix}idem:ws_a:order-1");
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("pttl");
-        assert!(pttl > 0 && pttl <= 30_000, "pending pttl {pttl}");
+        let value = |conn: &mut ConnectionManager| {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                let value: String = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("get");
+                let ttl: i64 = redis::cmd("TTL")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("ttl");
+                assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl} of {value}");
+                value
+            }
+        };
+        let held = value(&mut conn).await;
+        let until: i64 = held
+            .strip_prefix('P')
+            .and_then(|v| v.strip_suffix(&format!(":{event}")))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("claim {held}"));
+        let ahead = until - chrono::Utc::now().timestamp_millis();
+        assert!(ahead > 25_000 && ahead <= 31_000, "held for {ahead} ms");
+        store.release("ws_a", "order-1").await.expect("release");
+        assert_eq!(value(&mut conn).await, format!("P0:{event}"));
         store
             .complete("ws_a", "order-1", b"{}")
             .await
             .expect("complete");
-        let ttl: i64 = redis::cmd("TTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("ttl");
-        assert!(ttl > 86_000 && ttl <= 86_400, "completed ttl {ttl}");
+        assert_eq!(value(&mut conn).await, "D{}");
 
         let long = "k".repeat(MAX_RAW_KEY_LEN + 1);
-        store.claim("ws_a", &long).await.expect("claim");
+        store
+            .claim("ws_a", &long, &EventId::generate())
+            .await
+            .expect("claim");
         let hashed = format!("{prefix}idem:ws_a:#{}", hex::encode(Sha256::digest(&long)));
         let exists: i64 = redis::cmd("EXISTS")
             .arg(&hashed)
@@ -392,13 +442,8 @@ mod tests {
         assert_eq!(names, vec![hashed_member.as_str(), "order-1"]);
         for (member, score) in &members {
             let ahead = score - now_ms;
-            let expected = if member == "order-1" {
-                86_400_000.0
-            } else {
-                30_000.0
-            };
             assert!(
-                ahead > expected - 60_000.0 && ahead <= expected + 1_000.0,
+                ahead > 86_400_000.0 - 60_000.0 && ahead <= 86_400_000.0 + 1_000.0,
                 "{member}: {ahead}"
             );
         }
@@ -410,13 +455,43 @@ mod tests {
         assert!(index_ttl > 86_000, "index ttl {index_ttl}");
     }
 
+    /// A key held under an older version's bare marker is still held, and its release
+    /// deletes it as that version did.
+    #[tokio::test]
+    async fn an_older_versions_claim_is_held_and_released() {
+        let (store, cleanup) = store().await;
+        let mut conn = store.conn.clone();
+        let key = format!("{}idem:ws_a:old", cleanup.0);
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("P")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut conn)
+            .await
+            .expect("set");
+        let proposed = EventId::generate();
+        let claim = store.claim("ws_a", "old", &proposed).await.expect("claim");
+        assert_eq!(claim, Claim::Pending);
+        store.release("ws_a", "old").await.expect("release");
+        let claim = store.claim("ws_a", "old", &proposed).await.expect("claim");
+        assert_eq!(claim, Claim::Fresh(proposed));
+    }
+
     /// An expired key leaves the count although nothing removed its index member.
     #[tokio::test]
     async fn expired_keys_are_not_tracked() {
         let (mut store, _cleanup) = store().await;
-        store.pending_timeout = Duration::from_millis(100);
-        store.claim("ws_a", "short").await.expect("claim");
-        store.claim("ws_a", "kept").await.expect("claim");
+        store.retention = Duration::from_millis(100);
+        store
+            .claim("ws_a", "short", &EventId::generate())
+            .await
+            .expect("claim");
+        store.retention = RETENTION;
+        store
+            .claim("ws_a", "kept", &EventId::generate())
+            .await
+            .expect("claim");
         store
             .complete("ws_a", "kept", b"{}")
             .await
@@ -465,7 +540,12 @@ mod tests {
             .expect("lazy manager");
         let store = RedisIdempotency::new(conn, "sbtest:");
         let started = Instant::now();
-        assert!(store.claim("ws_a", "k").await.is_err());
+        assert!(
+            store
+                .claim("ws_a", "k", &EventId::generate())
+                .await
+                .is_err()
+        );
         assert!(store.complete("ws_a", "k", b"{}").await.is_err());
         assert!(store.release("ws_a", "k").await.is_err());
         assert!(store.tracked("ws_a").await.is_err());

@@ -1,7 +1,13 @@
 //! [`super::IdempotencyStore`] in the SQLite file of `switchboard dev`, so a replay
 //! after a restart still returns the original response.
+//!
+//! A row is kept until `expires_at_ms` (the retention from its first claim). A claim
+//! (`completed = 0`) carries its `event_id` and is held by a request until
+//! `held_until_ms` (`0` once released). A row an older version wrote has no event id:
+//! its `expires_at_ms` is its claim's end, as it was then.
 
 use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
+use crate::ids::EventId;
 use crate::store::group::{GroupCommit, Work};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use std::sync::Arc;
@@ -48,12 +54,32 @@ impl SqliteIdempotency {
                 completed INTEGER NOT NULL,
                 response BLOB,
                 expires_at_ms INTEGER NOT NULL,
+                event_id TEXT,
+                held_until_ms INTEGER,
                 PRIMARY KEY (workspace, key)
             )",
         )
         .execute(&pool)
         .await
         .map_err(err)?;
+        // A file an older version created gains the claim's columns.
+        for (column, ty) in [("event_id", "TEXT"), ("held_until_ms", "INTEGER")] {
+            let present: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pragma_table_info('idempotency_keys') WHERE name = ?",
+            )
+            .bind(column)
+            .fetch_one(&pool)
+            .await
+            .map_err(err)?;
+            if present == 0 {
+                sqlx::query(&format!(
+                    "ALTER TABLE idempotency_keys ADD COLUMN {column} {ty}"
+                ))
+                .execute(&pool)
+                .await
+                .map_err(err)?;
+            }
+        }
         Ok(Self {
             pool,
             writer,
@@ -74,12 +100,17 @@ impl SqliteIdempotency {
 
 #[async_trait::async_trait]
 impl IdempotencyStore for SqliteIdempotency {
-    async fn claim(&self, workspace: &str, key: &str) -> Result<Claim, IdempotencyError> {
-        let args = Arc::new((workspace.to_string(), key.to_string()));
+    async fn claim(
+        &self,
+        workspace: &str,
+        key: &str,
+        event: &EventId,
+    ) -> Result<Claim, IdempotencyError> {
+        let args = Arc::new((workspace.to_string(), key.to_string(), event.clone()));
         let pending_timeout = self.pending_timeout;
         self.write(Box::new(move |conn| {
             let args = args.clone();
-            Box::pin(async move { claim(conn, &args.0, &args.1, pending_timeout).await })
+            Box::pin(async move { claim(conn, &args.0, &args.1, &args.2, pending_timeout).await })
         }))
         .await
     }
@@ -118,14 +149,21 @@ impl IdempotencyStore for SqliteIdempotency {
         self.write(Box::new(move |conn| {
                 let args = args.clone();
                 Box::pin(async move {
-                    sqlx::query(
-                        "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND completed = 0",
-                    )
-                    .bind(&args.0)
-                    .bind(&args.1)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(crate::store::sqlite::map_err)?;
+                    // A claim is freed and keeps its event id; an older version's
+                    // claim is deleted, as that version did.
+                    for statement in [
+                        "UPDATE idempotency_keys SET held_until_ms = 0 \
+                         WHERE workspace = ? AND key = ? AND completed = 0 AND event_id IS NOT NULL",
+                        "DELETE FROM idempotency_keys \
+                         WHERE workspace = ? AND key = ? AND completed = 0 AND event_id IS NULL",
+                    ] {
+                        sqlx::query(statement)
+                            .bind(&args.0)
+                            .bind(&args.1)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(crate::store::sqlite::map_err)?;
+                    }
                     Ok(())
                 })
         }))
@@ -152,16 +190,19 @@ impl IdempotencyStore for SqliteIdempotency {
     }
 }
 
-/// Claims `key` on `conn`, inside a group commit's transaction: an expired entry is
-/// dropped, a new one inserted pending, or the existing one reported.
+/// Claims `key` on `conn`, inside a group commit's transaction: an expired row is
+/// dropped, a new one inserted held and bound to `event`, a free one taken over, or
+/// the state reported.
 async fn claim(
     conn: &mut SqliteConnection,
     workspace: &str,
     key: &str,
+    event: &EventId,
     pending_timeout: Duration,
 ) -> Result<Claim, crate::store::StoreError> {
     let map_err = crate::store::sqlite::map_err;
     let now = now_ms();
+    let held_until = now + ms(pending_timeout);
     sqlx::query(
         "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND expires_at_ms <= ?",
     )
@@ -172,34 +213,56 @@ async fn claim(
     .await
     .map_err(map_err)?;
     let inserted = sqlx::query(
-        "INSERT OR IGNORE INTO idempotency_keys (workspace, key, completed, response, expires_at_ms) \
-         VALUES (?, ?, 0, NULL, ?)",
+        "INSERT OR IGNORE INTO idempotency_keys \
+         (workspace, key, completed, response, expires_at_ms, event_id, held_until_ms) \
+         VALUES (?, ?, 0, NULL, ?, ?, ?)",
     )
     .bind(workspace)
     .bind(key)
-    .bind(now + ms(pending_timeout))
+    .bind(now + ms(RETENTION))
+    .bind(event.as_str())
+    .bind(held_until)
     .execute(&mut *conn)
     .await
     .map_err(map_err)?;
     if inserted.rows_affected() == 1 {
-        return Ok(Claim::Fresh);
+        return Ok(Claim::Fresh(event.clone()));
     }
+    // The row cannot vanish meanwhile (one transaction).
     let row = sqlx::query(
-        "SELECT completed, response FROM idempotency_keys WHERE workspace = ? AND key = ?",
+        "SELECT completed, response, event_id, held_until_ms FROM idempotency_keys \
+         WHERE workspace = ? AND key = ?",
     )
     .bind(workspace)
     .bind(key)
-    .fetch_optional(&mut *conn)
+    .fetch_one(&mut *conn)
     .await
     .map_err(map_err)?;
-    Ok(match row {
-        Some(row) if row.get::<i64, _>("completed") == 1 => Claim::Replay(
+    if row.get::<i64, _>("completed") == 1 {
+        return Ok(Claim::Replay(
             row.get::<Option<Vec<u8>>, _>("response")
                 .unwrap_or_default(),
-        ),
-        // Pending; the row cannot vanish meanwhile (one transaction).
-        _ => Claim::Pending,
-    })
+        ));
+    }
+    let (Some(bound), Some(until)) = (
+        row.get::<Option<String>, _>("event_id"),
+        row.get::<Option<i64>, _>("held_until_ms"),
+    ) else {
+        return Ok(Claim::Pending); // an older version's claim, until it expires
+    };
+    if until > now {
+        return Ok(Claim::Pending);
+    }
+    let bound = EventId::parse(&bound)
+        .map_err(|e| crate::store::StoreError::Other(format!("idempotency key's event id: {e}")))?;
+    sqlx::query("UPDATE idempotency_keys SET held_until_ms = ? WHERE workspace = ? AND key = ?")
+        .bind(held_until)
+        .bind(workspace)
+        .bind(key)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(Claim::Fresh(bound))
 }
 
 #[cfg(test)]
@@ -236,9 +299,9 @@ mod tests {
         let (s, _d) = store().await;
         behaviour::fresh_then_pending_then_replay(&s).await;
         let (s, _d) = store().await;
-        behaviour::release_makes_the_key_fresh(&s).await;
+        behaviour::a_released_key_is_fresh_under_its_first_event(&s).await;
         let (s, _d) = store().await;
-        behaviour::tracked_counts_pending_and_completed(&s).await;
+        behaviour::tracked_counts_every_bound_key(&s).await;
         let (s, _d) = store().await;
         behaviour::long_and_unusual_keys(&s).await;
         let (mut s, _d) = store().await;
@@ -258,7 +321,11 @@ mod tests {
         let s = SqliteIdempotency::open(pool(dir.path()).await)
             .await
             .unwrap();
-        assert_eq!(s.claim("ws_a", "k").await.unwrap(), Claim::Fresh);
+        let event = EventId::generate();
+        assert_eq!(
+            s.claim("ws_a", "k", &event).await.unwrap(),
+            Claim::Fresh(event.clone())
+        );
         s.complete("ws_a", "k", b"{\"eventId\":\"evt_1\"}")
             .await
             .unwrap();
@@ -267,8 +334,56 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            again.claim("ws_a", "k").await.unwrap(),
+            again.claim("ws_a", "k", &event).await.unwrap(),
             Claim::Replay(b"{\"eventId\":\"evt_1\"}".to_vec())
+        );
+    }
+
+    /// A file an older version wrote (no event id column) is upgraded in place: its
+    /// completed keys still replay, its claims are held until they expire, and a
+    /// release deletes them as that version did.
+    #[tokio::test]
+    async fn an_older_versions_file_is_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(dir.path()).await;
+        sqlx::query(
+            "CREATE TABLE idempotency_keys (workspace TEXT NOT NULL, key TEXT NOT NULL, \
+             completed INTEGER NOT NULL, response BLOB, expires_at_ms INTEGER NOT NULL, \
+             PRIMARY KEY (workspace, key))",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let later = now_ms() + 30_000;
+        sqlx::query(
+            "INSERT INTO idempotency_keys VALUES ('ws_a', 'done', 1, x'7b7d', ?), \
+             ('ws_a', 'held', 0, NULL, ?)",
+        )
+        .bind(later)
+        .bind(later)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let s = SqliteIdempotency::open(pool).await.unwrap();
+        let event = EventId::generate();
+        assert_eq!(
+            s.claim("ws_a", "done", &event).await.unwrap(),
+            Claim::Replay(b"{}".to_vec())
+        );
+        assert_eq!(
+            s.claim("ws_a", "held", &event).await.unwrap(),
+            Claim::Pending
+        );
+        s.release("ws_a", "held").await.unwrap();
+        assert_eq!(
+            s.claim("ws_a", "held", &event).await.unwrap(),
+            Claim::Fresh(event.clone())
+        );
+        // Opening it again changes nothing.
+        let s = SqliteIdempotency::open(s.pool.clone()).await.unwrap();
+        assert_eq!(
+            s.claim("ws_a", "held", &event).await.unwrap(),
+            Claim::Pending
         );
     }
 }

@@ -9,7 +9,7 @@
 //! once the broker is back. Either way the event is durable before the 202.
 
 use crate::broker::{Broker, Publish, StreamClass, StreamNames};
-use crate::idempotency::{Claim, IdempotencyStore};
+use crate::idempotency::IdempotencyStore;
 use crate::ids::{EventId, JobId};
 use crate::model::{ApiKeyRecord, KeyMode, NewMessage, OutboxItem};
 use crate::ratelimit::{Counters, Quota};
@@ -17,9 +17,9 @@ use crate::routing::{Channel, Priority};
 use crate::store::Store;
 use chrono::{DateTime, SecondsFormat, Utc};
 use std::sync::Arc;
-use std::time::Duration;
 
 mod bulk_items;
+mod keys;
 pub mod load;
 mod request;
 mod validate;
@@ -173,9 +173,6 @@ async fn group_commit(
     }
 }
 
-/// How long a request waits for a concurrent request holding the same idempotency key.
-const PENDING_WAIT: Duration = Duration::from_secs(10);
-
 impl Ingest {
     /// Rate limit for one event: Ok, 429, or the counter store's failure handled by
     /// key mode (live fails open, test fails closed).
@@ -239,7 +236,7 @@ impl Ingest {
         };
         let now = Utc::now();
         // Encoded before the rate limit: an event refused for its size uses no quota.
-        let (message, publish) =
+        let (mut message, mut publish) =
             self.prepare(key, request, priority, channels.clone(), class, now)?;
         let admitted = self
             .admit(key, &[message.subscriber_id.as_str()], true)
@@ -257,13 +254,19 @@ impl Ingest {
             .map(|k| format!("{}:{k}", key.mode.as_str()));
         // The claim holds the key for `PENDING_TIMEOUT` from about now.
         let claimed_at = tokio::time::Instant::now();
-        if let Some(idem) = &scoped
-            && let Some(body) = self.claim(ws, idem).await?
-        {
-            let response = serde_json::from_slice(&body).map_err(|e| {
-                IngestError::Internal(format!("stored idempotent response unreadable: {e}"))
-            })?;
-            return Ok((response, true));
+        if let Some(idem) = &scoped {
+            match keys::claim(&*self.idempotency, ws, idem, &message.event_id).await? {
+                keys::Claimed::Replay(body) => {
+                    let response = serde_json::from_slice(&body).map_err(|e| {
+                        IngestError::Internal(format!("stored idempotent response unreadable: {e}"))
+                    })?;
+                    return Ok((response, true));
+                }
+                keys::Claimed::Accept(bound) if bound != message.event_id => {
+                    keys::rebind(&mut message, &mut publish, bound)?;
+                }
+                keys::Claimed::Accept(_) => {}
+            }
         }
         let result = self
             .accept_one(message, publish, &revoked)
@@ -285,7 +288,7 @@ impl Ingest {
                         tracing::warn!(error = %e,
                             "could not record idempotent response: retrying in the background");
                         let until = claimed_at + crate::idempotency::PENDING_TIMEOUT;
-                        complete_later(self.idempotency.clone(), ws, idem, body, until);
+                        keys::complete_later(self.idempotency.clone(), ws, idem, body, until);
                     }
                 }
                 Err(_) => {
@@ -296,26 +299,6 @@ impl Ingest {
             }
         }
         result.map(|r| (r, false))
-    }
-
-    /// Claims an idempotency key: `Some(body)` to replay, `None` to proceed.
-    async fn claim(&self, workspace: &str, key: &str) -> Result<Option<Vec<u8>>, IngestError> {
-        let deadline = tokio::time::Instant::now() + PENDING_WAIT;
-        loop {
-            match self.idempotency.claim(workspace, key).await {
-                Ok(Claim::Fresh) => return Ok(None),
-                Ok(Claim::Replay(body)) => return Ok(Some(body)),
-                Ok(Claim::Pending) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Ok(Claim::Pending) => {
-                    return Err(IngestError::Internal(
-                        "a request with this idempotency key is still in progress".into(),
-                    ));
-                }
-                Err(e) => return Err(IngestError::Internal(e.to_string())),
-            }
-        }
     }
 
     /// Hands one prepared event to the group commit; its id once it is durable.
@@ -638,37 +621,4 @@ impl Ingest {
             }
         }
     }
-}
-
-/// Records an accepted event's response under its idempotency key after a failed
-/// attempt, retrying (100 ms, doubling to 2 s) while the key's claim still holds it
-/// (`claim_ends`, with two seconds to spare). Left pending, the claim would expire and a
-/// retry with the key would publish a second event; past that time another request may
-/// own the key, so the response is not written over it.
-fn complete_later(
-    idempotency: Arc<dyn IdempotencyStore>,
-    workspace: &str,
-    key: &str,
-    body: Vec<u8>,
-    claim_ends: tokio::time::Instant,
-) {
-    let (workspace, key) = (workspace.to_string(), key.to_string());
-    tokio::spawn(async move {
-        // An attempt may take a second (the store's own bound), and a second is spare.
-        let last_start = claim_ends - Duration::from_secs(2);
-        let mut wait = Duration::from_millis(100);
-        loop {
-            tokio::time::sleep(wait).await;
-            if tokio::time::Instant::now() >= last_start {
-                tracing::error!(
-                    "could not record idempotent response: a retry with its key may be accepted again"
-                );
-                return;
-            }
-            match idempotency.complete(&workspace, &key, &body).await {
-                Ok(()) => return,
-                Err(_) => wait = (wait * 2).min(Duration::from_secs(2)),
-            }
-        }
-    });
 }
