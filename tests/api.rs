@@ -626,6 +626,23 @@ async fn rate_limits_per_workspace_and_subscriber(b: Backends) {
         (s, body["error"].as_str(), body["status_code"].as_i64()),
         (429, Some("RATE_LIMIT_EXCEEDED"), Some(429))
     );
+    // A 429 says when the quota counts again: its window is one second.
+    let refused = gw
+        .http
+        .post(format!("{}/v1/events/trigger", gw.url))
+        .bearer_auth(&free)
+        .json(&trigger_body("c"))
+        .send()
+        .await
+        .unwrap();
+    let retry_after = refused
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(
+        (refused.status().as_u16(), retry_after.as_deref()),
+        (429, Some("1"))
+    );
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (s, _) = gw
         .post(

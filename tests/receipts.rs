@@ -775,6 +775,26 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
         (429, Some("RATE_LIMIT_EXCEEDED")),
         "{e}"
     );
+    // It says when the minute that blocks the address ends.
+    let refused = lp
+        .http
+        .post(format!("{}/v1/webhooks/provc", lp.url))
+        .header("content-type", "application/json")
+        .header("X-provC-Signature", "00".repeat(32))
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    assert!(
+        (50..=60).contains(&retry_after),
+        "Retry-After: {retry_after}"
+    );
     // The same address calling back for globex (a provider serves every tenant from
     // its own addresses) is still heard: another tenant's bad secret blocks it not.
     let third = br#"{"message_id":"SM-ws-3","status":"DELIVERED"}"#;

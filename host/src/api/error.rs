@@ -34,9 +34,10 @@ pub enum ApiError {
     /// for hosts without approval; the message is the report.
     #[error("{0}")]
     PluginRejected(String),
-    /// 429 `RATE_LIMIT_EXCEEDED`.
+    /// 429 `RATE_LIMIT_EXCEEDED`, with `Retry-After`: when the window that refused the
+    /// request ends, in whole seconds (at least 1).
     #[error("{0}")]
-    RateLimited(String),
+    RateLimited(String, std::time::Duration),
     /// 404 `NOT_FOUND`: no such route.
     #[error("no such route")]
     NotFound,
@@ -138,7 +139,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UNSUPPORTED_MEDIA_TYPE")
             }
-            ApiError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "RATE_LIMIT_EXCEEDED"),
+            ApiError::RateLimited(..) => (StatusCode::TOO_MANY_REQUESTS, "RATE_LIMIT_EXCEEDED"),
             ApiError::NotFound | ApiError::ResourceNotFound(_) => {
                 (StatusCode::NOT_FOUND, "NOT_FOUND")
             }
@@ -167,7 +168,15 @@ impl IntoResponse for ApiError {
             message: self.to_string(),
             status_code: status.as_u16(),
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let ApiError::RateLimited(_, after) = &self {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs.max(1)),
+            );
+        }
+        response
     }
 }
 
@@ -204,7 +213,10 @@ impl From<crate::ingest::IngestError> for ApiError {
         match e {
             IngestError::Invalid(m) => ApiError::BadRequest(m),
             IngestError::TooLarge(m) => ApiError::EventTooLarge(m),
-            IngestError::RateLimited(m) => ApiError::RateLimited(m.into()),
+            // The quotas count per second.
+            IngestError::RateLimited(m) => {
+                ApiError::RateLimited(m.into(), std::time::Duration::from_secs(1))
+            }
             IngestError::Revoked => ApiError::Unauthorized("API key revoked".into()),
             IngestError::Internal(m) => ApiError::Internal(anyhow::anyhow!(m)),
         }
@@ -243,7 +255,7 @@ mod tests {
             ApiError::InvalidSignature(String::new()),
             ApiError::Forbidden(String::new()),
             ApiError::PluginRejected(String::new()),
-            ApiError::RateLimited(String::new()),
+            ApiError::RateLimited(String::new(), std::time::Duration::ZERO),
             ApiError::NotFound,
             ApiError::ResourceNotFound(String::new()),
             ApiError::Conflict(String::new()),

@@ -33,7 +33,7 @@ pub fn router() -> Router<AppState> {
         (status = 401, description = "Missing, malformed or unrecognised key", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 429, description = "Workspace quota or subscriber cap exceeded", body = ErrorBody),
+        (status = 429, description = "Workspace quota or subscriber cap exceeded", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds until the quota counts again (1)"))),
         (status = 500, description = "Counter store, database or encoding failure", body = ErrorBody),
     ))]
 pub async fn trigger(
@@ -107,7 +107,7 @@ impl crate::ingest::JsonBody for BulkTriggerRequest {}
         (status = 200, description = "Per-event outcomes, even if all failed", body = BulkTriggerResponse),
         (status = 400, description = "Empty or over 5,000 events", body = ErrorBody),
         (status = 401, description = "Missing, malformed or unrecognised key", body = ErrorBody),
-        (status = 429, description = "Workspace quota exceeded", body = ErrorBody),
+        (status = 429, description = "Workspace quota exceeded", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds until the quota counts again (1)"))),
     ))]
 pub async fn bulk(
     State(state): State<AppState>,

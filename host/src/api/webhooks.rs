@@ -91,7 +91,7 @@ pub fn router(max_body_bytes: usize) -> Router<AppState> {
         (status = 401, description = "`INVALID_SIGNATURE`: missing, malformed, wrong or stale signature", body = super::error::ErrorBody),
         (status = 404, description = "No such provider", body = super::error::ErrorBody),
         (status = 413, description = "Body over `webhooks.max_body_bytes` (256 KiB)", body = super::error::ErrorBody),
-        (status = 429, description = "Too many failed signatures from this address in the last minute", body = super::error::ErrorBody),
+        (status = 429, description = "Too many failed signatures from this address in the last minute", body = super::error::ErrorBody, headers(("Retry-After" = u64, description = "Seconds until the minute that blocks this address ends"))),
         (status = 500, description = "Encoding, store or broker failure: retry", body = super::error::ErrorBody),
         (status = 503, description = "`SERVICE_UNAVAILABLE`: every callback slot is taken and four callbacks per slot already wait: retry later", body = super::error::ErrorBody),
     )
@@ -113,9 +113,10 @@ pub async fn receive(
     };
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
     let failures_path = FailureLimit::path(&provider, workspace.as_deref());
-    if source.is_some_and(|ip| state.webhooks.failures.blocked(ip, &failures_path)) {
+    if let Some(left) = source.and_then(|ip| state.webhooks.failures.blocked(ip, &failures_path)) {
         return Err(ApiError::RateLimited(
             "too many callbacks with bad signatures from this address: retry later".into(),
+            left,
         ));
     }
     let body = body.map_err(|e| {

@@ -150,20 +150,23 @@ impl FailureLimit {
         )
     }
 
-    /// True while `source` is over its limit on `path`, or over all of its paths (never
-    /// with a limit of 0: off).
-    pub fn blocked(&self, source: std::net::IpAddr, path: &str) -> bool {
+    /// While `source` is over its limit on `path`, or over all of its paths: how long
+    /// until the window that blocks it ends (never with a limit of 0: off).
+    pub fn blocked(&self, source: std::net::IpAddr, path: &str) -> Option<std::time::Duration> {
         if self.limit == 0 {
-            return false;
+            return None;
         }
         let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        let over = |key: &FailureKey, limit: u32| {
+        let left = |key: &FailureKey, limit: u32| {
             windows
                 .get(key)
-                .is_some_and(|(start, n)| start.elapsed() < Self::WINDOW && *n >= limit)
+                .filter(|(start, n)| start.elapsed() < Self::WINDOW && *n >= limit)
+                .map(|(start, _)| Self::WINDOW.saturating_sub(start.elapsed()))
         };
-        over(&self.key(source, path), self.limit)
-            || over(&(source, None), self.limit.saturating_mul(Self::PATHS))
+        left(&self.key(source, path), self.limit).max(left(
+            &(source, None),
+            self.limit.saturating_mul(Self::PATHS),
+        ))
     }
 
     /// Counts one failed check by `source` on `path`.
@@ -610,21 +613,27 @@ mod tests {
         );
         assert_eq!(bare, "provc/");
         for _ in 0..3 {
-            assert!(!limit.blocked(a, &bare));
+            assert!(limit.blocked(a, &bare).is_none());
             limit.failed(a, &bare);
         }
-        assert!(limit.blocked(a, &bare));
-        assert!(!limit.blocked(a, &acme), "another tenant's path");
-        assert!(!limit.blocked(b, &bare), "another source");
+        let left = limit.blocked(a, &bare).expect("blocked");
+        // The window ends a minute after its first failure.
+        let minute = std::time::Duration::from_secs(60);
+        assert!(
+            left > minute - std::time::Duration::from_secs(5) && left <= minute,
+            "{left:?}"
+        );
+        assert!(limit.blocked(a, &acme).is_none(), "another tenant's path");
+        assert!(limit.blocked(b, &bare).is_none(), "another source");
         // 30 in all (ten paths' worth) blocks every path of the source.
         for i in 0..27 {
             limit.failed(a, &FailureLimit::path("provc", Some(&format!("ws{i}"))));
         }
-        assert!(limit.blocked(a, &acme));
-        assert!(!limit.blocked(b, &acme));
+        assert!(limit.blocked(a, &acme).is_some());
+        assert!(limit.blocked(b, &acme).is_none());
         let off = FailureLimit::new(0);
         off.failed(a, &bare);
-        assert!(!off.blocked(a, &bare));
+        assert!(off.blocked(a, &bare).is_none());
     }
 
     use super::*;
