@@ -1,12 +1,12 @@
 //! Idempotency keys per workspace: a replay inside the retention window returns the
 //! original response; concurrent requests with the same new key publish once.
 //!
-//! A key is bound to one event id from its first claim for the whole retention. A
+//! A key is bound to one event id from its first claim until it is completed. A
 //! request that failed (or whose claimant stalled past [`PENDING_TIMEOUT`]) may still
 //! have had its event published: the broker acknowledgement timed out after the broker
 //! stored it. A retry with the key therefore publishes under the same id, which the
-//! broker's de-duplication and the workers (one delivery per event id) make harmless,
-//! instead of a second event.
+//! message record (one per event id, never written twice) and the workers (one
+//! delivery per record) make the same event, never a second one.
 
 pub mod memory;
 pub mod redis;
@@ -15,7 +15,8 @@ pub mod sqlite;
 use crate::ids::EventId;
 use std::time::Duration;
 
-/// Retention of a key: its response, or its event id while no response is stored (24 h).
+/// Retention of a completed key's response, and of a key's event id from its latest
+/// claim until it is completed (24 h).
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long a claim may stay pending before another request may take it over
 /// (the claimant crashed between claim and completion).
@@ -60,7 +61,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Gives up a claim (the request failed): the key may be claimed again at once, and
     /// stays bound to its event id. A completed key is left as it is.
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError>;
-    /// Number of `workspace`'s keys tracked (pending, released or completed), for the MCP tool
+    /// Number of `workspace`'s keys tracked (pending or completed), for the MCP tool
     /// `idempotency_inspect`: never another workspace's.
     async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError>;
 }

@@ -429,7 +429,8 @@ impl Proxy {
 
     /// Holds back what the target answers, on every connection, until
     /// [`Self::release_answers`]: requests still reach it (a broker stores a publish
-    /// whose acknowledgement is late).
+    /// whose acknowledgement is late). A connection opened meanwhile stalls in its
+    /// handshake.
     pub fn hold_answers(&self) {
         self.held.send_replace(true);
     }

@@ -1,7 +1,8 @@
 //! In-process [`super::IdempotencyStore`] for `switchboard dev`.
 //!
-//! The same semantics as [`super::redis::RedisIdempotency`]: a mutex around a
-//! map, entries carrying their own expiry, expired entries swept periodically.
+//! The same semantics as [`super::redis::RedisIdempotency`]: a mutex around two
+//! maps (the keys' states, and the event ids of keys not completed), entries
+//! carrying their own expiry, expired entries swept periodically.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -15,11 +16,7 @@ const SWEEP_EVERY: u32 = 256;
 
 #[derive(Debug)]
 enum State {
-    /// Bound to `event`; held by a request until `until` (`None`: released).
-    Claimed {
-        event: EventId,
-        until: Option<Instant>,
-    },
+    Pending,
     Done(Vec<u8>),
 }
 
@@ -29,25 +26,22 @@ struct Entry {
     expires: Instant,
 }
 
+/// Keyed by (workspace, key): a tuple, so no separator can make two collide.
+type Id = (String, String);
+
 #[derive(Debug, Default)]
 struct Inner {
-    /// Keyed by (workspace, key): a tuple, so no separator can make two collide.
-    entries: HashMap<(String, String), Entry>,
+    entries: HashMap<Id, Entry>,
+    /// The event id each key not completed is bound to, and until when.
+    events: HashMap<Id, (EventId, Instant)>,
     claims_since_sweep: u32,
 }
 
 impl Inner {
     fn sweep(&mut self, now: Instant) {
         self.entries.retain(|_, entry| entry.expires > now);
+        self.events.retain(|_, (_, expires)| *expires > now);
         self.claims_since_sweep = 0;
-    }
-
-    /// The entry under a key if it has not expired.
-    fn live(&mut self, workspace: &str, key: &str, now: Instant) -> Option<&mut Entry> {
-        // The tuple key needs owned strings to look up; dev traffic is light.
-        self.entries
-            .get_mut(&(workspace.to_owned(), key.to_owned()))
-            .filter(|e| e.expires > now)
     }
 }
 
@@ -57,8 +51,6 @@ pub struct MemoryIdempotency {
     inner: Mutex<Inner>,
     /// [`PENDING_TIMEOUT`], shortened by tests.
     pending_timeout: Duration,
-    /// [`RETENTION`], shortened by tests.
-    retention: Duration,
 }
 
 impl Default for MemoryIdempotency {
@@ -66,7 +58,6 @@ impl Default for MemoryIdempotency {
         Self {
             inner: Mutex::default(),
             pending_timeout: PENDING_TIMEOUT,
-            retention: RETENTION,
         }
     }
 }
@@ -95,35 +86,37 @@ impl IdempotencyStore for MemoryIdempotency {
         event: &EventId,
     ) -> Result<Claim, IdempotencyError> {
         let now = Instant::now();
-        let pending_until = Some(now + self.pending_timeout);
         let mut inner = self.lock();
         inner.claims_since_sweep += 1;
         if inner.claims_since_sweep >= SWEEP_EVERY {
             inner.sweep(now);
         }
-        match inner.live(workspace, key, now).map(|e| &mut e.state) {
-            Some(State::Done(response)) => Ok(Claim::Replay(response.clone())),
-            Some(State::Claimed {
-                until: Some(until), ..
-            }) if *until > now => Ok(Claim::Pending),
-            Some(State::Claimed { event, until }) => {
-                *until = pending_until;
-                Ok(Claim::Fresh(event.clone()))
-            }
-            None => {
-                let entry = Entry {
-                    state: State::Claimed {
-                        event: event.clone(),
-                        until: pending_until,
-                    },
-                    expires: now + self.retention,
-                };
-                inner
-                    .entries
-                    .insert((workspace.to_owned(), key.to_owned()), entry);
-                Ok(Claim::Fresh(event.clone()))
-            }
+        // The tuple key needs owned strings to look up; dev traffic is light.
+        let id = (workspace.to_owned(), key.to_owned());
+        match inner.entries.get(&id).filter(|e| e.expires > now) {
+            Some(Entry {
+                state: State::Pending,
+                ..
+            }) => return Ok(Claim::Pending),
+            Some(Entry {
+                state: State::Done(response),
+                ..
+            }) => return Ok(Claim::Replay(response.clone())),
+            None => {}
         }
+        let bound = match inner.events.get(&id) {
+            Some((bound, expires)) if *expires > now => bound.clone(),
+            _ => event.clone(),
+        };
+        inner
+            .events
+            .insert(id.clone(), (bound.clone(), now + RETENTION));
+        let entry = Entry {
+            state: State::Pending,
+            expires: now + self.pending_timeout,
+        };
+        inner.entries.insert(id, entry);
+        Ok(Claim::Fresh(bound))
     }
 
     async fn complete(
@@ -134,21 +127,29 @@ impl IdempotencyStore for MemoryIdempotency {
     ) -> Result<(), IdempotencyError> {
         let entry = Entry {
             state: State::Done(response.to_vec()),
-            expires: Instant::now() + self.retention,
+            expires: Instant::now() + RETENTION,
         };
-        self.lock()
-            .entries
-            .insert((workspace.to_owned(), key.to_owned()), entry);
+        let id = (workspace.to_owned(), key.to_owned());
+        let mut inner = self.lock();
+        // The response names the event: the key needs its id no more.
+        inner.events.remove(&id);
+        inner.entries.insert(id, entry);
         Ok(())
     }
 
     async fn release(&self, workspace: &str, key: &str) -> Result<(), IdempotencyError> {
-        let now = Instant::now();
-        // Only a claim is freed, keeping its event id; a completed response stays.
-        if let Some(State::Claimed { until, .. }) =
-            self.lock().live(workspace, key, now).map(|e| &mut e.state)
-        {
-            *until = None;
+        let mut inner = self.lock();
+        let id = (workspace.to_owned(), key.to_owned());
+        // Only a pending claim is dropped; a completed response stays replayable, and
+        // the key's event id stays for the next claim.
+        if matches!(
+            inner.entries.get(&id),
+            Some(Entry {
+                state: State::Pending,
+                ..
+            })
+        ) {
+            inner.entries.remove(&id);
         }
         Ok(())
     }
@@ -263,10 +264,10 @@ pub(crate) mod behaviour {
         assert_eq!(fresh, 1);
     }
 
-    /// Pending, released and completed keys count (a released key keeps its event id).
+    /// Pending and completed keys count; released ones do not.
     /// Counts per workspace: another workspace's keys (even one whose id starts
     /// with this one's) never count.
-    pub(crate) async fn tracked_counts_every_bound_key(s: &dyn IdempotencyStore) {
+    pub(crate) async fn tracked_counts_pending_and_completed(s: &dyn IdempotencyStore) {
         let tracked = |ws: &'static str| async move { s.tracked(ws).await.expect("tracked") };
         assert_eq!(tracked("ws_a").await, 0);
         claim(s, "ws_a", "one").await;
@@ -285,8 +286,9 @@ pub(crate) mod behaviour {
         );
         assert_eq!((tracked("ws_c").await, tracked("ws_z").await), (1, 0));
         s.release("ws_a", "two").await.expect("release");
+        // Releasing a completed key keeps it tracked.
         s.release("ws_a", "one").await.expect("release");
-        assert_eq!((tracked("ws_a").await, tracked("ws_b").await), (2, 1));
+        assert_eq!((tracked("ws_a").await, tracked("ws_b").await), (1, 1));
     }
 
     /// Long keys (hashed by Redis) and odd characters stay distinct and work.
@@ -351,8 +353,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tracked_counts_every_bound_key() {
-        behaviour::tracked_counts_every_bound_key(&MemoryIdempotency::new()).await;
+    async fn tracked_counts_pending_and_completed() {
+        behaviour::tracked_counts_pending_and_completed(&MemoryIdempotency::new()).await;
     }
 
     #[tokio::test]
@@ -395,7 +397,7 @@ mod tests {
     #[tokio::test]
     async fn expired_entries_are_swept() {
         let store = MemoryIdempotency {
-            retention: Duration::from_millis(50),
+            pending_timeout: Duration::from_millis(50),
             ..Default::default()
         };
         store
@@ -405,5 +407,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(store.tracked("ws_a").await.expect("tracked"), 0);
         assert!(store.lock().entries.is_empty());
+        // Its event id is kept for the retention: the next claim is under it.
+        assert_eq!(store.lock().events.len(), 1);
     }
 }

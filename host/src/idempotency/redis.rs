@@ -1,11 +1,15 @@
 //! [`super::IdempotencyStore`] on Redis.
 //!
-//! One string key per idempotency key, `{prefix}idem:{workspace}:{key}`, kept for
-//! [`RETENTION`] from its first claim and holding either a claim,
-//! `P{until}:{event id}` (held by a request until `until`, Redis server time in ms;
-//! `0` once released), or `D` followed by the stored response. The one-byte tag keeps
-//! any response bytes, even empty ones, distinct from a claim. (An older version's
-//! bare `P`, expiring after [`PENDING_TIMEOUT`], is read as a claim still held.)
+//! One string key per idempotency key, `{prefix}idem:{workspace}:{key}`, holding
+//! either the pending marker `P` (expires after [`PENDING_TIMEOUT`]) or `D`
+//! followed by the stored response (expires after [`RETENTION`]). The one-byte
+//! tag keeps any response bytes, even empty ones, distinct from the marker.
+//!
+//! A key not completed yet is bound to its event id by a second string,
+//! `{prefix}idem-event:{workspace}:{key}`, kept [`RETENTION`] from the key's latest
+//! claim and deleted by its completion (the response names the event). The first
+//! key's values are those of versions without the binding, so a gateway of either
+//! kind reads what the other wrote: an older one just ignores the binding.
 //!
 //! Keys longer than [`MAX_RAW_KEY_LEN`] bytes or with characters outside
 //! `[A-Za-z0-9._:-]` are stored as `#` and their SHA-256 in hex: `#` never
@@ -35,36 +39,34 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest user key stored as is; longer keys are hashed.
 pub const MAX_RAW_KEY_LEN: usize = 200;
 
+/// Value of a claimed key whose request has not completed.
+const PENDING: &[u8] = b"P";
 /// Tag before a completed response.
 const DONE: u8 = b'D';
 
-/// Reports the key's state, claiming it when it is new, released, or held past its
-/// time: `P` (held by another request), `F{event id}` (claimed now: publish under
-/// this id) or the stored `D{response}`. A new key is bound to `ARGV[1]`, held for
-/// `ARGV[2]` ms and kept `ARGV[4]` ms (the retention), and enters the workspace
-/// index (`KEYS[2]`, member `ARGV[3]`). A claim taken over keeps its id and expiry.
+/// Returns the current value (`P` or `D{response}`), or claims the key: sets the
+/// pending marker (`ARGV[2]` ms), binds the key to its event id (`KEYS[3]`: the one
+/// bound before, else `ARGV[1]`; kept `ARGV[4]` ms, the retention) and returns
+/// `F{event id}`. A new claim enters the workspace index (`KEYS[2]`, member
+/// `ARGV[3]`), which is kept for the retention (longer than any member lives).
 const CLAIM_LUA: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then return v end
+local id = redis.call('GET', KEYS[3]) or ARGV[1]
+redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
+redis.call('SET', KEYS[1], 'P', 'PX', ARGV[2])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local v = redis.call('GET', KEYS[1])
-if v then
-  if string.byte(v, 1) ~= 80 then return v end
-  local sep = string.find(v, ':', 2, true)
-  if not sep then return 'P' end
-  if tonumber(string.sub(v, 2, sep - 1)) > now then return 'P' end
-  local id = string.sub(v, sep + 1)
-  redis.call('SET', KEYS[1], string.format('P%d:%s', now + ARGV[2], id), 'KEEPTTL')
-  return 'F' .. id
-end
-redis.call('SET', KEYS[1], string.format('P%d:%s', now + ARGV[2], ARGV[1]), 'PX', ARGV[4])
-redis.call('ZADD', KEYS[2], now + ARGV[4], ARGV[3])
+redis.call('ZADD', KEYS[2], now + ARGV[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return 'F' .. ARGV[1]
+return 'F' .. id
 ";
 
-/// Stores the response (`ARGV[1]`) for `ARGV[2]` ms, and the same expiry in the index.
+/// Stores the response (`ARGV[1]`) for `ARGV[2]` ms, and the same expiry in the index;
+/// drops the key's event binding (`KEYS[3]`).
 const COMPLETE_LUA: &str = r"
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[3])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZADD', KEYS[2], now + ARGV[2], ARGV[3])
@@ -72,19 +74,12 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 ";
 
-/// Frees a claim for the next request, keeping its event id and expiry; a completed
-/// response is left as it is. An older version's bare marker (and its index member,
-/// `ARGV[1]`) is deleted, as that version did.
+/// Deletes the key (and its index member) only while it still holds the pending
+/// marker, so releasing never drops a completed response. The event binding stays.
 const RELEASE_LUA: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v and string.byte(v, 1) == 80 then
-  local sep = string.find(v, ':', 2, true)
-  if sep then
-    redis.call('SET', KEYS[1], 'P0' .. string.sub(v, sep), 'KEEPTTL')
-  else
-    redis.call('ZREM', KEYS[2], ARGV[1])
-    redis.call('DEL', KEYS[1])
-  end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return redis.call('DEL', KEYS[1])
 end
 return 0
 ";
@@ -108,8 +103,6 @@ pub struct RedisIdempotency {
     tracked: Script,
     /// [`PENDING_TIMEOUT`], shortened by tests.
     pending_timeout: Duration,
-    /// [`RETENTION`], shortened by tests.
-    retention: Duration,
 }
 
 impl RedisIdempotency {
@@ -124,7 +117,6 @@ impl RedisIdempotency {
             release: Script::new(RELEASE_LUA),
             tracked: Script::new(TRACKED_LUA),
             pending_timeout: PENDING_TIMEOUT,
-            retention: RETENTION,
         }
     }
 
@@ -142,6 +134,10 @@ impl RedisIdempotency {
 
     fn redis_key(&self, workspace: &str, key: &str) -> String {
         format!("{}idem:{workspace}:{}", self.prefix, storage_key(key))
+    }
+
+    fn event_key(&self, workspace: &str, key: &str) -> String {
+        format!("{}idem-event:{workspace}:{}", self.prefix, storage_key(key))
     }
 
     fn index_key(&self, workspace: &str) -> String {
@@ -178,8 +174,8 @@ async fn bounded<T>(
 
 #[async_trait::async_trait]
 impl IdempotencyStore for RedisIdempotency {
-    /// If this call times out after Redis set the claim, the key stays held until
-    /// [`PENDING_TIMEOUT`]: a retry sees `Pending`, never a double publish.
+    /// If this call times out after Redis set the marker, the key stays pending
+    /// until [`PENDING_TIMEOUT`]: a retry sees `Pending`, never a double publish.
     async fn claim(
         &self,
         workspace: &str,
@@ -190,13 +186,14 @@ impl IdempotencyStore for RedisIdempotency {
         let mut invocation = self.claim.key(self.redis_key(workspace, key));
         invocation
             .key(self.index_key(workspace))
+            .key(self.event_key(workspace, key))
             .arg(event.as_str())
             .arg(ms(self.pending_timeout))
             .arg(storage_key(key).as_ref())
-            .arg(ms(self.retention));
+            .arg(ms(RETENTION));
         let mut state: Vec<u8> = bounded(invocation.invoke_async(&mut conn)).await?;
         match state.first() {
-            Some(b'P') => Ok(Claim::Pending),
+            _ if state == PENDING => Ok(Claim::Pending),
             Some(b'F') => std::str::from_utf8(&state[1..])
                 .ok()
                 .and_then(|id| EventId::parse(id).ok())
@@ -227,8 +224,9 @@ impl IdempotencyStore for RedisIdempotency {
         let mut invocation = self.complete.key(self.redis_key(workspace, key));
         invocation
             .key(self.index_key(workspace))
+            .key(self.event_key(workspace, key))
             .arg(value)
-            .arg(ms(self.retention))
+            .arg(ms(RETENTION))
             .arg(storage_key(key).as_ref());
         bounded(invocation.invoke_async::<i64>(&mut conn))
             .await
@@ -240,6 +238,7 @@ impl IdempotencyStore for RedisIdempotency {
         let mut invocation = self.release.key(self.redis_key(workspace, key));
         invocation
             .key(self.index_key(workspace))
+            .arg(PENDING)
             .arg(storage_key(key).as_ref());
         bounded(invocation.invoke_async::<i64>(&mut conn))
             .await
@@ -317,9 +316,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tracked_counts_every_bound_key() {
+    async fn tracked_counts_pending_and_completed() {
         let (store, _cleanup) = store().await;
-        behaviour::tracked_counts_every_bound_key(&store).await;
+        behaviour::tracked_counts_pending_and_completed(&store).await;
     }
 
     #[tokio::test]
@@ -367,8 +366,8 @@ mod tests {
         assert_eq!(fresh, 1);
     }
 
-    /// The documented key layout, the hashing of long keys and the expiry, which a
-    /// claim, its release and its completion all keep for the retention.
+    /// The documented key layout (the values an older version reads too, and the
+    /// event binding beside them), the hashing of long keys and the expiries.
     #[tokio::test]
     async fn keys_follow_the_layout_and_expire() {
         let (store, cleanup) = store().await;
@@ -377,39 +376,52 @@ mod tests {
         let event = EventId::generate();
         store.claim("ws_a", "order-1", &event).await.expect("claim");
         let key = format!("{prefix}idem:ws_a:order-1");
-        let value = |conn: &mut ConnectionManager| {
-            let mut conn = conn.clone();
-            let key = key.clone();
+        let binding = format!("{prefix}idem-event:ws_a:order-1");
+        let get = |key: &str| {
+            let (mut conn, key) = (conn.clone(), key.to_string());
             async move {
-                let value: String = redis::cmd("GET")
+                let value: Option<String> = redis::cmd("GET")
                     .arg(&key)
                     .query_async(&mut conn)
                     .await
                     .expect("get");
-                let ttl: i64 = redis::cmd("TTL")
+                let pttl: i64 = redis::cmd("PTTL")
                     .arg(&key)
                     .query_async(&mut conn)
                     .await
-                    .expect("ttl");
-                assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl} of {value}");
-                value
+                    .expect("pttl");
+                (value, pttl)
             }
         };
-        let held = value(&mut conn).await;
-        let until: i64 = held
-            .strip_prefix('P')
-            .and_then(|v| v.strip_suffix(&format!(":{event}")))
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or_else(|| panic!("claim {held}"));
-        let ahead = until - chrono::Utc::now().timestamp_millis();
-        assert!(ahead > 25_000 && ahead <= 31_000, "held for {ahead} ms");
+        let (value, pttl) = get(&key).await;
+        assert_eq!(value.as_deref(), Some("P"));
+        assert!(pttl > 0 && pttl <= 30_000, "pending pttl {pttl}");
+        let (value, pttl) = get(&binding).await;
+        assert_eq!(value, Some(event.to_string()));
+        assert!(
+            pttl > 86_000_000 && pttl <= 86_400_000,
+            "binding pttl {pttl}"
+        );
+        // Released: the marker goes, the binding stays.
         store.release("ws_a", "order-1").await.expect("release");
-        assert_eq!(value(&mut conn).await, format!("P0:{event}"));
+        assert_eq!(get(&key).await.0, None);
+        assert_eq!(get(&binding).await.0, Some(event.to_string()));
+        store
+            .claim("ws_a", "order-1", &EventId::generate())
+            .await
+            .expect("claim");
+        // Completed: the response is kept, the binding goes.
         store
             .complete("ws_a", "order-1", b"{}")
             .await
             .expect("complete");
-        assert_eq!(value(&mut conn).await, "D{}");
+        let (value, pttl) = get(&key).await;
+        assert_eq!(value.as_deref(), Some("D{}"));
+        assert!(
+            pttl > 86_000_000 && pttl <= 86_400_000,
+            "completed pttl {pttl}"
+        );
+        assert_eq!(get(&binding).await.0, None);
 
         let long = "k".repeat(MAX_RAW_KEY_LEN + 1);
         store
@@ -442,8 +454,13 @@ mod tests {
         assert_eq!(names, vec![hashed_member.as_str(), "order-1"]);
         for (member, score) in &members {
             let ahead = score - now_ms;
+            let expected = if member == "order-1" {
+                86_400_000.0
+            } else {
+                30_000.0
+            };
             assert!(
-                ahead > 86_400_000.0 - 60_000.0 && ahead <= 86_400_000.0 + 1_000.0,
+                ahead > expected - 60_000.0 && ahead <= expected + 1_000.0,
                 "{member}: {ahead}"
             );
         }
@@ -455,39 +472,15 @@ mod tests {
         assert!(index_ttl > 86_000, "index ttl {index_ttl}");
     }
 
-    /// A key held under an older version's bare marker is still held, and its release
-    /// deletes it as that version did.
-    #[tokio::test]
-    async fn an_older_versions_claim_is_held_and_released() {
-        let (store, cleanup) = store().await;
-        let mut conn = store.conn.clone();
-        let key = format!("{}idem:ws_a:old", cleanup.0);
-        let () = redis::cmd("SET")
-            .arg(&key)
-            .arg("P")
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut conn)
-            .await
-            .expect("set");
-        let proposed = EventId::generate();
-        let claim = store.claim("ws_a", "old", &proposed).await.expect("claim");
-        assert_eq!(claim, Claim::Pending);
-        store.release("ws_a", "old").await.expect("release");
-        let claim = store.claim("ws_a", "old", &proposed).await.expect("claim");
-        assert_eq!(claim, Claim::Fresh(proposed));
-    }
-
     /// An expired key leaves the count although nothing removed its index member.
     #[tokio::test]
     async fn expired_keys_are_not_tracked() {
         let (mut store, _cleanup) = store().await;
-        store.retention = Duration::from_millis(100);
+        store.pending_timeout = Duration::from_millis(100);
         store
             .claim("ws_a", "short", &EventId::generate())
             .await
             .expect("claim");
-        store.retention = RETENTION;
         store
             .claim("ws_a", "kept", &EventId::generate())
             .await

@@ -1,10 +1,10 @@
 //! [`super::IdempotencyStore`] in the SQLite file of `switchboard dev`, so a replay
 //! after a restart still returns the original response.
 //!
-//! A row is kept until `expires_at_ms` (the retention from its first claim). A claim
-//! (`completed = 0`) carries its `event_id` and is held by a request until
-//! `held_until_ms` (`0` once released). A row an older version wrote has no event id:
-//! its `expires_at_ms` is its claim's end, as it was then.
+//! `idempotency_keys` holds each key's claim (until `expires_at_ms`, the pending
+//! timeout) or response, as versions without event binding wrote it, so either kind
+//! reads the other's file. `idempotency_events` binds a key not completed yet to its
+//! event id, for the retention from the key's latest claim; a completion deletes it.
 
 use super::{Claim, IdempotencyError, IdempotencyStore, PENDING_TIMEOUT, RETENTION};
 use crate::ids::EventId;
@@ -54,32 +54,24 @@ impl SqliteIdempotency {
                 completed INTEGER NOT NULL,
                 response BLOB,
                 expires_at_ms INTEGER NOT NULL,
-                event_id TEXT,
-                held_until_ms INTEGER,
                 PRIMARY KEY (workspace, key)
             )",
         )
         .execute(&pool)
         .await
         .map_err(err)?;
-        // A file an older version created gains the claim's columns.
-        for (column, ty) in [("event_id", "TEXT"), ("held_until_ms", "INTEGER")] {
-            let present: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pragma_table_info('idempotency_keys') WHERE name = ?",
-            )
-            .bind(column)
-            .fetch_one(&pool)
-            .await
-            .map_err(err)?;
-            if present == 0 {
-                sqlx::query(&format!(
-                    "ALTER TABLE idempotency_keys ADD COLUMN {column} {ty}"
-                ))
-                .execute(&pool)
-                .await
-                .map_err(err)?;
-            }
-        }
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS idempotency_events (
+                workspace TEXT NOT NULL,
+                key TEXT NOT NULL,
+                event_id TEXT NOT NULL,
+                expires_at_ms INTEGER NOT NULL,
+                PRIMARY KEY (workspace, key)
+            )",
+        )
+        .execute(&pool)
+        .await
+        .map_err(err)?;
         Ok(Self {
             pool,
             writer,
@@ -138,6 +130,13 @@ impl IdempotencyStore for SqliteIdempotency {
                     .execute(&mut *conn)
                     .await
                     .map_err(crate::store::sqlite::map_err)?;
+                    // The response names the event: the key needs its id no more.
+                    sqlx::query("DELETE FROM idempotency_events WHERE workspace = ? AND key = ?")
+                        .bind(&args.0)
+                        .bind(&args.1)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(crate::store::sqlite::map_err)?;
                     Ok(())
                 })
         }))
@@ -149,37 +148,34 @@ impl IdempotencyStore for SqliteIdempotency {
         self.write(Box::new(move |conn| {
                 let args = args.clone();
                 Box::pin(async move {
-                    // A claim is freed and keeps its event id; an older version's
-                    // claim is deleted, as that version did.
-                    for statement in [
-                        "UPDATE idempotency_keys SET held_until_ms = 0 \
-                         WHERE workspace = ? AND key = ? AND completed = 0 AND event_id IS NOT NULL",
-                        "DELETE FROM idempotency_keys \
-                         WHERE workspace = ? AND key = ? AND completed = 0 AND event_id IS NULL",
-                    ] {
-                        sqlx::query(statement)
-                            .bind(&args.0)
-                            .bind(&args.1)
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(crate::store::sqlite::map_err)?;
-                    }
+                    sqlx::query(
+                        "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND completed = 0",
+                    )
+                    .bind(&args.0)
+                    .bind(&args.1)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::store::sqlite::map_err)?;
                     Ok(())
                 })
         }))
         .await
     }
 
-    /// Drops the workspace's expired keys on the way (nothing else removes a key
-    /// that is never claimed again), then counts the rest.
+    /// Drops the workspace's expired keys and bindings on the way (nothing else
+    /// removes a key that is never claimed again), then counts the keys left.
     async fn tracked(&self, workspace: &str) -> Result<u64, IdempotencyError> {
         let now = now_ms();
-        sqlx::query("DELETE FROM idempotency_keys WHERE workspace = ? AND expires_at_ms <= ?")
+        for table in ["idempotency_keys", "idempotency_events"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE workspace = ? AND expires_at_ms <= ?"
+            ))
             .bind(workspace)
             .bind(now)
             .execute(&self.pool)
             .await
             .map_err(err)?;
+        }
         let n: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys WHERE workspace = ?")
                 .bind(workspace)
@@ -190,9 +186,9 @@ impl IdempotencyStore for SqliteIdempotency {
     }
 }
 
-/// Claims `key` on `conn`, inside a group commit's transaction: an expired row is
-/// dropped, a new one inserted held and bound to `event`, a free one taken over, or
-/// the state reported.
+/// Claims `key` on `conn`, inside a group commit's transaction: an expired entry is
+/// dropped, a new one inserted pending and bound to its event id (the one bound
+/// before, else `event`), or the existing one reported.
 async fn claim(
     conn: &mut SqliteConnection,
     workspace: &str,
@@ -202,7 +198,6 @@ async fn claim(
 ) -> Result<Claim, crate::store::StoreError> {
     let map_err = crate::store::sqlite::map_err;
     let now = now_ms();
-    let held_until = now + ms(pending_timeout);
     sqlx::query(
         "DELETE FROM idempotency_keys WHERE workspace = ? AND key = ? AND expires_at_ms <= ?",
     )
@@ -213,56 +208,52 @@ async fn claim(
     .await
     .map_err(map_err)?;
     let inserted = sqlx::query(
-        "INSERT OR IGNORE INTO idempotency_keys \
-         (workspace, key, completed, response, expires_at_ms, event_id, held_until_ms) \
-         VALUES (?, ?, 0, NULL, ?, ?, ?)",
+        "INSERT OR IGNORE INTO idempotency_keys (workspace, key, completed, response, expires_at_ms) \
+         VALUES (?, ?, 0, NULL, ?)",
     )
     .bind(workspace)
     .bind(key)
-    .bind(now + ms(RETENTION))
-    .bind(event.as_str())
-    .bind(held_until)
+    .bind(now + ms(pending_timeout))
     .execute(&mut *conn)
     .await
     .map_err(map_err)?;
     if inserted.rows_affected() == 1 {
-        return Ok(Claim::Fresh(event.clone()));
+        let bound: String = sqlx::query_scalar(
+            "INSERT INTO idempotency_events (workspace, key, event_id, expires_at_ms) \
+             VALUES (?, ?, ?, ?) ON CONFLICT (workspace, key) DO UPDATE SET \
+             event_id = CASE WHEN idempotency_events.expires_at_ms > ? \
+                 THEN idempotency_events.event_id ELSE excluded.event_id END, \
+             expires_at_ms = excluded.expires_at_ms \
+             RETURNING event_id",
+        )
+        .bind(workspace)
+        .bind(key)
+        .bind(event.as_str())
+        .bind(now + ms(RETENTION))
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        return EventId::parse(&bound).map(Claim::Fresh).map_err(|e| {
+            crate::store::StoreError::Other(format!("idempotency key's event id: {e}"))
+        });
     }
-    // The row cannot vanish meanwhile (one transaction).
     let row = sqlx::query(
-        "SELECT completed, response, event_id, held_until_ms FROM idempotency_keys \
-         WHERE workspace = ? AND key = ?",
+        "SELECT completed, response FROM idempotency_keys WHERE workspace = ? AND key = ?",
     )
     .bind(workspace)
     .bind(key)
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(map_err)?;
-    if row.get::<i64, _>("completed") == 1 {
-        return Ok(Claim::Replay(
+    Ok(match row {
+        Some(row) if row.get::<i64, _>("completed") == 1 => Claim::Replay(
             row.get::<Option<Vec<u8>>, _>("response")
                 .unwrap_or_default(),
-        ));
-    }
-    let (Some(bound), Some(until)) = (
-        row.get::<Option<String>, _>("event_id"),
-        row.get::<Option<i64>, _>("held_until_ms"),
-    ) else {
-        return Ok(Claim::Pending); // an older version's claim, until it expires
-    };
-    if until > now {
-        return Ok(Claim::Pending);
-    }
-    let bound = EventId::parse(&bound)
-        .map_err(|e| crate::store::StoreError::Other(format!("idempotency key's event id: {e}")))?;
-    sqlx::query("UPDATE idempotency_keys SET held_until_ms = ? WHERE workspace = ? AND key = ?")
-        .bind(held_until)
-        .bind(workspace)
-        .bind(key)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    Ok(Claim::Fresh(bound))
+        ),
+        // Pending; the row cannot vanish meanwhile (one transaction).
+        _ => Claim::Pending,
+    })
 }
 
 #[cfg(test)]
@@ -301,7 +292,7 @@ mod tests {
         let (s, _d) = store().await;
         behaviour::a_released_key_is_fresh_under_its_first_event(&s).await;
         let (s, _d) = store().await;
-        behaviour::tracked_counts_every_bound_key(&s).await;
+        behaviour::tracked_counts_pending_and_completed(&s).await;
         let (s, _d) = store().await;
         behaviour::long_and_unusual_keys(&s).await;
         let (mut s, _d) = store().await;
@@ -339,11 +330,11 @@ mod tests {
         );
     }
 
-    /// A file an older version wrote (no event id column) is upgraded in place: its
-    /// completed keys still replay, its claims are held until they expire, and a
-    /// release deletes them as that version did.
+    /// A file an older version wrote (no binding table) is used as it is: its
+    /// completed keys replay, its claims are held until they expire, and a claim
+    /// after them is bound to its event.
     #[tokio::test]
-    async fn an_older_versions_file_is_upgraded() {
+    async fn an_older_versions_file_is_used_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(dir.path()).await;
         sqlx::query(
@@ -379,11 +370,12 @@ mod tests {
             s.claim("ws_a", "held", &event).await.unwrap(),
             Claim::Fresh(event.clone())
         );
-        // Opening it again changes nothing.
+        s.release("ws_a", "held").await.unwrap();
+        // Opening it again keeps the binding.
         let s = SqliteIdempotency::open(s.pool.clone()).await.unwrap();
         assert_eq!(
-            s.claim("ws_a", "held", &event).await.unwrap(),
-            Claim::Pending
+            s.claim("ws_a", "held", &EventId::generate()).await.unwrap(),
+            Claim::Fresh(event)
         );
     }
 }

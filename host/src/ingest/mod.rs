@@ -254,6 +254,7 @@ impl Ingest {
             .map(|k| format!("{}:{k}", key.mode.as_str()));
         // The claim holds the key for `PENDING_TIMEOUT` from about now.
         let claimed_at = tokio::time::Instant::now();
+        let mut rebound = Ok(());
         if let Some(idem) = &scoped {
             match keys::claim(&*self.idempotency, ws, idem, &message.event_id).await? {
                 keys::Claimed::Replay(body) => {
@@ -263,22 +264,24 @@ impl Ingest {
                     return Ok((response, true));
                 }
                 keys::Claimed::Accept(bound) if bound != message.event_id => {
-                    keys::rebind(&mut message, &mut publish, bound)?;
+                    rebound = keys::rebind(&mut message, &mut publish, bound);
                 }
                 keys::Claimed::Accept(_) => {}
             }
         }
-        let result = self
-            .accept_one(message, publish, &revoked)
-            .await
-            .map(|event_id| TriggerResponse {
-                event_id,
-                status: "QUEUED".into(),
-                priority,
-                channel: channels[0],
-                timestamp: now.to_rfc3339_opts(SecondsFormat::Millis, true),
-                idempotency_key: idempotency_key.clone(),
-            });
+        // A claim is completed or released below, whatever happens from here.
+        let accepted = match rebound {
+            Ok(()) => self.accept_one(message, publish, &revoked).await,
+            Err(e) => Err(e),
+        };
+        let result = accepted.map(|event_id| TriggerResponse {
+            event_id,
+            status: "QUEUED".into(),
+            priority,
+            channel: channels[0],
+            timestamp: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+            idempotency_key: idempotency_key.clone(),
+        });
         if let Some(idem) = &scoped {
             match &result {
                 Ok(response) => {

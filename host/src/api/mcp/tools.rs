@@ -70,8 +70,8 @@ static TOOLS: [ToolSpec; 6] = [
     },
     ToolSpec {
         name: "idempotency_inspect",
-        description: "Number of idempotency keys your workspace has tracked (in use or \
-                      kept: each is kept 24 hours from its first use).",
+        description: "Number of idempotency keys your workspace has tracked (pending or \
+                      completed, kept 24 hours after completion).",
         admin_only: false,
         input_schema: schema_for_type::<NoArguments>,
         run: idempotency_inspect,
