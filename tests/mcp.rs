@@ -392,6 +392,67 @@ async fn raw_exchanges_and_the_legacy_body(b: Backends) {
         )
         .await;
     assert_eq!((s, &body["error"]["code"]), (200, &json!(-32602)), "{body}");
+    // An unknown method is a JSON-RPC error in a 200, as the spec has it (the transport
+    // answers 404, which an MCP client takes for a lost session).
+    for method in ["resources/list", "prompts/list", "made/up"] {
+        let unknown = json!({"jsonrpc": "2.0", "id": 9, "method": method});
+        let (s, _, body) = gw.post(Some(&key), both, &unknown).await;
+        assert_eq!(
+            (s, &body["id"], &body["error"]["code"]),
+            (200, &json!(9), &json!(-32601)),
+            "{method}: {body}"
+        );
+    }
+    // The same on the 2026-07-28 revision's per-request path, where the transport
+    // answers an unknown method 404.
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let resp = gw
+        .http
+        .post(format!("{}/v1/mcp", gw.url))
+        .bearer_auth(&key)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "resources/list")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 10, "method": "resources/list",
+            "params": {"_meta": meta}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (status, &body["id"], &body["error"]["code"]),
+        (200, &json!(10), &json!(-32601)),
+        "{body}"
+    );
+    // A JSON-RPC error the transport answers 400 is an ErrorResponse like every 400.
+    let resp = gw
+        .http
+        .post(format!("{}/v1/mcp", gw.url))
+        .bearer_auth(&key)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-03-26")
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (status, &body["error"], &body["status_code"]),
+        (400, &json!("BAD_REQUEST"), &json!(400)),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("does not match"),
+        "{body}"
+    );
+    assert_eq!(body.as_object().unwrap().len(), 3, "{body}");
     // An integer id written with a zero fraction is an integer all the same, read
     // exactly (2^51..2^52, where a fast float parser is half a unit off).
     let (s, _, body) = gw

@@ -14,7 +14,10 @@
 //!   not call, answers `isError: true`; an unknown tool or bad arguments are JSON-RPC
 //!   errors (-32602, invalid params). A request without an `Accept` header (or with
 //!   `*/*`) is served as if it accepted JSON and SSE; HTTP refusals of the transport
-//!   (406, 415, ...) keep the ErrorResponse shape, JSON-RPC errors stay JSON-RPC.
+//!   (406, 415, ...) keep the ErrorResponse shape. JSON-RPC errors stay JSON-RPC in a
+//!   200 (an unknown method included, which the transport would answer 404), except
+//!   those the transport answers 400 (an unsupported protocol version, a header that
+//!   contradicts the body): those are 400 ErrorResponses with the JSON-RPC message.
 //! - **Legacy** (`{method, params, id}` without `jsonrpc`): answered
 //!   `{jsonrpc: "2.0", result, id}`: `tools/list`, `tools/call` (`params: {name,
 //!   arguments}`; any failure, an unknown tool included, is an `isError` result),
@@ -173,22 +176,41 @@ fn default_accept(headers: &mut HeaderMap) {
     }
 }
 
-/// Puts the transport's plain-text HTTP refusals into the ErrorResponse shape.
-/// JSON bodies (JSON-RPC errors) pass unchanged: MCP clients read them.
+/// JSON-RPC's code for a method the server does not have.
+const METHOD_NOT_FOUND: i64 = -32601;
+
+/// Puts the transport's HTTP refusals into the ErrorResponse shape. The transport also
+/// answers some JSON-RPC errors with an HTTP error status: an unknown method with 404
+/// (which an MCP client takes for a lost session), a protocol version or capability it
+/// does not support with 400. An unknown method answers 200 with its JSON-RPC error
+/// object, as the spec has it; the others become ErrorResponses carrying the JSON-RPC
+/// error's message, as every non-2xx answer is.
 async fn error_shape(response: Response, max_body: usize) -> Result<Response, ApiError> {
     let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
     let is_json = response
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    if status.is_success() || is_json {
-        return Ok(response);
-    }
-    let text = axum::body::to_bytes(response.into_body(), 64 * 1024)
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
         .await
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
+    let rpc = is_json
+        .then(|| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .flatten();
+    let error = rpc.as_ref().map(|rpc| &rpc["error"]);
+    if error.and_then(|e| e["code"].as_i64()) == Some(METHOD_NOT_FOUND) {
+        parts.status = StatusCode::OK;
+        return Ok(Response::from_parts(parts, Body::from(bytes)));
+    }
+    let text = match error.and_then(|e| e["message"].as_str()) {
+        Some(message) => message.to_string(),
+        None => String::from_utf8_lossy(&bytes).into_owned(),
+    };
     Err(match status {
         StatusCode::BAD_REQUEST => ApiError::BadRequest(text),
         StatusCode::FORBIDDEN => ApiError::Forbidden(text),
@@ -300,7 +322,7 @@ async fn legacy(state: &AppState, key: &ApiKeyRecord, request: McpRequest) -> Mc
         },
         "ping" => json!({}),
         other => json!({"error": {
-            "code": -32601,
+            "code": METHOD_NOT_FOUND,
             "message": format!("method not found: {other:?}; use tools/list or tools/call"),
         }}),
     };
