@@ -623,8 +623,12 @@ async fn a_failing_receiver_gets_each_retry_and_a_dead_one_is_disabled(b: Backen
         .endpoint(&receiver.url("watcher"), Some(&["endpoint.disabled"]))
         .await;
     receiver.plan("gone", &[], 410);
+    // Its URL carries a token for its receiver only.
     let (gone, _) = gw
-        .endpoint(&receiver.url("gone"), Some(&["message.sent"]))
+        .endpoint(
+            &format!("{}?token=s3cret", receiver.url("gone")),
+            Some(&["message.sent"]),
+        )
         .await;
     gw.trigger(&gw.live, "bob").await;
     let told = receiver
@@ -634,6 +638,15 @@ async fn a_failing_receiver_gets_each_retry_and_a_dead_one_is_disabled(b: Backen
         })
         .await;
     assert_eq!(told[0].body["type"], "endpoint.disabled");
+    let about_gone = told
+        .iter()
+        .find(|g| g.body["data"]["endpoint_id"] == gone.as_str())
+        .unwrap();
+    assert_eq!(
+        about_gone.body["data"]["url"],
+        receiver.url("gone"),
+        "told without the query"
+    );
     let (_, endpoint) = gw
         .call("GET", &format!("/v1/webhook-endpoints/{gone}"), None)
         .await;
@@ -774,7 +787,7 @@ async fn production_refuses_an_internal_address_when_sending(b: Backends) {
     gw.state
         .ingest
         .store
-        .create_endpoint(&endpoint)
+        .create_endpoint(&endpoint, usize::MAX)
         .await
         .unwrap();
     gw.trigger(&gw.live, "ada").await;

@@ -162,16 +162,38 @@ impl EndpointDisabled {
             timestamp: at.to_rfc3339_opts(SecondsFormat::Millis, true),
             data: EndpointDisabledData {
                 endpoint_id: id.into(),
-                url: url.into(),
+                url: shown_url(url).into(),
                 reason: reason.into(),
             },
         }
     }
 }
 
+/// An endpoint's URL as the workspace's other endpoints are told it: without its query
+/// or fragment, which may carry a token meant for that endpoint's receiver alone.
+fn shown_url(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disabled_endpoints_url_is_told_without_its_query() {
+        let at = Utc::now();
+        for (url, shown) in [
+            (
+                "https://a.example/hook?token=s3cret",
+                "https://a.example/hook",
+            ),
+            ("https://a.example/hook#frag", "https://a.example/hook"),
+            ("https://a.example:8443/p/q", "https://a.example:8443/p/q"),
+        ] {
+            let event = EndpointDisabled::new("ep_1", url, "410", at);
+            assert_eq!(event.data.url, shown, "{url}");
+        }
+    }
     use crate::ids::EventId;
 
     fn data(status: MessageStatus) -> MessageData {
