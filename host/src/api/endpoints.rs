@@ -266,15 +266,6 @@ pub async fn create(
     let event_types = checked_types(request.event_types)?;
     let store = &state.ingest.store;
     let workspace = &caller.key.workspace;
-    let existing = store
-        .list_endpoints(workspace, None, MAX_ENDPOINTS as u32)
-        .await
-        .map_err(ApiError::from_store_write)?;
-    if existing.len() >= MAX_ENDPOINTS {
-        return Err(ApiError::BadRequest(format!(
-            "this workspace has {MAX_ENDPOINTS} webhook endpoints, the most it may have: delete one first"
-        )));
-    }
     let now = crate::store::now_micros();
     let endpoint = Endpoint {
         id: EndpointId::generate(),
@@ -290,10 +281,15 @@ pub async fn create(
         updated_at: now,
     };
     caller.still_valid().await?;
-    store
-        .create_endpoint(&endpoint)
+    let created = store
+        .create_endpoint(&endpoint, MAX_ENDPOINTS)
         .await
         .map_err(ApiError::from_store_write)?;
+    if !created {
+        return Err(ApiError::BadRequest(format!(
+            "this workspace has {MAX_ENDPOINTS} webhook endpoints, the most it may have: delete one first"
+        )));
+    }
     let mut dto = EndpointDto::of(&endpoint);
     dto.secret = Some(endpoint.secret.clone());
     Ok((StatusCode::CREATED, axum::Json(dto)))

@@ -422,7 +422,9 @@ pub(crate) use super::delivery::tests::{
     attempts_round_trip, batched_claims, batched_steps, claim_inserts_missing_row, claim_lease,
     concurrent_claims,
 };
-pub(crate) use super::endpoints::tests::{concurrent_endpoint_patches, endpoints_round_trip};
+pub(crate) use super::endpoints::tests::{
+    concurrent_creates_stop_at_the_most, concurrent_endpoint_patches, endpoints_round_trip,
+};
 pub(crate) use super::erasure::tests::{
     erasure, erasure_scrubs_kept_messages_as_they_pass_the_window,
 };
@@ -464,6 +466,7 @@ macro_rules! shared_store_tests {
             activity_by_minute_groups,
             endpoints_round_trip,
             concurrent_endpoint_patches,
+            concurrent_creates_stop_at_the_most,
             events_follow_status_changes,
             tries_retries_and_health,
             disabling_and_abandoning,

@@ -111,8 +111,9 @@ pub fn apply_rotation(endpoint: &mut Endpoint, secret: String, until: DateTime<U
 /// A workspace's webhook endpoints.
 #[async_trait::async_trait]
 pub trait Endpoints: Send + Sync {
-    /// Stores a new endpoint.
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError>;
+    /// Stores a new endpoint unless its workspace has `most` already (then false).
+    /// Creates in one workspace are serialised, so concurrent ones never pass `most`.
+    async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<bool, StoreError>;
     /// One endpoint of `workspace`.
     async fn endpoint(
         &self,
@@ -171,8 +172,9 @@ pub(crate) struct EndpointRow {
 /// What each backend says in SQL.
 #[async_trait::async_trait]
 pub(crate) trait EndpointsSql: Send + Sync {
-    /// Inserts a row.
-    async fn insert_endpoint_row(&self, row: &EndpointRow) -> Result<(), StoreError>;
+    /// Inserts a row unless its workspace has `most` rows already (then false), with
+    /// concurrent inserts in one workspace serialised.
+    async fn insert_endpoint_row(&self, row: &EndpointRow, most: i64) -> Result<bool, StoreError>;
     /// One row of `workspace`.
     async fn endpoint_row(
         &self,
@@ -279,8 +281,9 @@ async fn change<T: EndpointsSql + ?Sized>(
 
 #[async_trait::async_trait]
 impl<T: EndpointsSql> Endpoints for T {
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
-        self.insert_endpoint_row(&to_row(endpoint)?).await
+    async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<bool, StoreError> {
+        let most = i64::try_from(most).unwrap_or(i64::MAX);
+        self.insert_endpoint_row(&to_row(endpoint)?, most).await
     }
 
     async fn endpoint(

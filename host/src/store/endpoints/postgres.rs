@@ -13,12 +13,21 @@ pub(crate) const COLUMNS: &str = "id, workspace_id, url, description, event_type
 
 #[async_trait::async_trait]
 impl EndpointsSql for PgStore {
-    async fn insert_endpoint_row(&self, row: &EndpointRow) -> Result<(), StoreError> {
-        sqlx::query(
+    async fn insert_endpoint_row(&self, row: &EndpointRow, most: i64) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        // Creates in one workspace take turns on its row (a lock that leaves the rows
+        // referring to it free), so two cannot both see room for one more.
+        sqlx::query("SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(&row.workspace_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        let inserted = sqlx::query(
             "INSERT INTO webhook_endpoints (id, workspace_id, url, description, event_types, \
              disabled, disabled_reason, secret, previous_secret, previous_expires_at, \
              created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12)",
+             SELECT $1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12 \
+             WHERE (SELECT count(*) FROM webhook_endpoints WHERE workspace_id = $2) < $13",
         )
         .bind(&row.id)
         .bind(&row.workspace_id)
@@ -32,10 +41,14 @@ impl EndpointsSql for PgStore {
         .bind(row.previous_expires_at)
         .bind(row.created_at)
         .bind(row.updated_at)
-        .execute(self.pool())
+        .bind(most)
+        .execute(&mut *tx)
         .await
-        .map_err(map_err)?;
-        Ok(())
+        .map_err(map_err)?
+        .rows_affected()
+            == 1;
+        tx.commit().await.map_err(map_err)?;
+        Ok(inserted)
     }
 
     async fn endpoint_row(

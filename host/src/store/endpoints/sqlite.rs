@@ -4,8 +4,10 @@
 use super::{EndpointRow, EndpointsSql};
 use crate::ids::WorkspaceId;
 use crate::store::StoreError;
+use crate::store::group::Grouped;
 use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
 use chrono::{DateTime, Utc};
+use std::sync::Arc;
 
 /// The columns an [`EndpointRow`] is read from.
 pub(crate) const COLUMNS: &str = "id, workspace_id, url, description, event_types, disabled, \
@@ -13,28 +15,41 @@ pub(crate) const COLUMNS: &str = "id, workspace_id, url, description, event_type
 
 #[async_trait::async_trait]
 impl EndpointsSql for SqliteStore {
-    async fn insert_endpoint_row(&self, row: &EndpointRow) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO webhook_endpoints (id, workspace_id, url, description, event_types, \
-             disabled, disabled_reason, secret, previous_secret, previous_expires_at, \
-             created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&row.id)
-        .bind(&row.workspace_id)
-        .bind(&row.url)
-        .bind(&row.description)
-        .bind(&row.event_types)
-        .bind(row.disabled)
-        .bind(&row.disabled_reason)
-        .bind(&row.secret)
-        .bind(&row.previous_secret)
-        .bind(row.previous_expires_at.as_ref().map(encode_timestamp))
-        .bind(encode_timestamp(&row.created_at))
-        .bind(encode_timestamp(&row.updated_at))
-        .execute(self.pool())
-        .await
-        .map_err(map_err)?;
-        Ok(())
+    async fn insert_endpoint_row(&self, row: &EndpointRow, most: i64) -> Result<bool, StoreError> {
+        let row = Arc::new(row.clone());
+        // On the file's one writer: the count and the insert see no other write between.
+        self.group()
+            .run(Box::new(move |conn| {
+                let row = row.clone();
+                Box::pin(async move {
+                    let inserted = sqlx::query(
+                        "INSERT INTO webhook_endpoints (id, workspace_id, url, description, \
+                         event_types, disabled, disabled_reason, secret, previous_secret, \
+                         previous_expires_at, created_at, updated_at) \
+                         SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? \
+                         WHERE (SELECT count(*) FROM webhook_endpoints WHERE workspace_id = ?) < ?",
+                    )
+                    .bind(&row.id)
+                    .bind(&row.workspace_id)
+                    .bind(&row.url)
+                    .bind(&row.description)
+                    .bind(&row.event_types)
+                    .bind(row.disabled)
+                    .bind(&row.disabled_reason)
+                    .bind(&row.secret)
+                    .bind(&row.previous_secret)
+                    .bind(row.previous_expires_at.as_ref().map(encode_timestamp))
+                    .bind(encode_timestamp(&row.created_at))
+                    .bind(encode_timestamp(&row.updated_at))
+                    .bind(&row.workspace_id)
+                    .bind(most)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(map_err)?;
+                    Ok(inserted.rows_affected() == 1)
+                })
+            }))
+            .await
     }
 
     async fn endpoint_row(

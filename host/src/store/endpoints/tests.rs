@@ -33,7 +33,7 @@ pub(crate) async fn endpoints_round_trip(store: Arc<dyn Store>) {
     let mut made = Vec::new();
     for i in 0..3 {
         let e = endpoint(&ws.id, &format!("https://example.com/hooks/{i}"));
-        store.create_endpoint(&e).await.unwrap();
+        assert!(store.create_endpoint(&e, usize::MAX).await.unwrap());
         made.push(e);
     }
     let first = &made[0];
@@ -120,7 +120,7 @@ pub(crate) async fn endpoints_round_trip(store: Arc<dyn Store>) {
     let mut gone = endpoint(&ws.id, "https://example.com/gone");
     gone.disabled = true;
     gone.disabled_reason = Some("410 Gone".into());
-    store.create_endpoint(&gone).await.unwrap();
+    assert!(store.create_endpoint(&gone, usize::MAX).await.unwrap());
     let enabled = store
         .patch_endpoint(
             &ws.id,
@@ -149,7 +149,7 @@ pub(crate) async fn concurrent_endpoint_patches(store: Arc<dyn Store>) {
         .await
         .unwrap();
     let e = endpoint(&ws.id, "https://example.com/race");
-    store.create_endpoint(&e).await.unwrap();
+    assert!(store.create_endpoint(&e, usize::MAX).await.unwrap());
     let mut tasks = Vec::new();
     for i in 0..4 {
         let (store, ws, id) = (store.clone(), ws.id.clone(), e.id.clone());
@@ -187,4 +187,44 @@ pub(crate) async fn concurrent_endpoint_patches(store: Arc<dyn Store>) {
     assert_eq!(got.description.as_deref(), Some("changed"));
     assert_eq!(got.event_types, Some(vec!["message.failed".to_string()]));
     assert!(got.disabled);
+}
+
+/// Twelve concurrent creates in a workspace allowed five: exactly five are stored,
+/// and another workspace's count is its own.
+pub(crate) async fn concurrent_creates_stop_at_the_most(store: Arc<dyn Store>) {
+    let ws = store.ensure_workspace("endpoints-cap", None).await.unwrap();
+    let other = store
+        .ensure_workspace("endpoints-cap-other", None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .create_endpoint(&endpoint(&other.id, "https://example.com/o"), 1)
+            .await
+            .unwrap()
+    );
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let (store, ws) = (store.clone(), ws.id.clone());
+            tokio::spawn(async move {
+                let e = endpoint(&ws, &format!("https://example.com/cap/{i}"));
+                store.create_endpoint(&e, 5).await.unwrap()
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        created += usize::from(t.await.unwrap());
+    }
+    assert_eq!(created, 5);
+    assert_eq!(
+        store.list_endpoints(&ws.id, None, 50).await.unwrap().len(),
+        5
+    );
+    assert!(
+        !store
+            .create_endpoint(&endpoint(&other.id, "https://example.com/o2"), 1)
+            .await
+            .unwrap()
+    );
 }
