@@ -99,6 +99,21 @@ impl Gateway {
             .expect("the MCP client connects")
     }
 
+    /// A POST to /v1/mcp accepting JSON and SSE, with `headers`: (status, body).
+    async fn post_with(&self, key: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/mcp", self.url))
+            .bearer_auth(key)
+            .header("accept", "application/json, text/event-stream")
+            .json(body);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
     /// A raw POST to /v1/mcp: (status, content type, body).
     async fn post(
         &self,
@@ -409,40 +424,26 @@ async fn raw_exchanges_and_the_legacy_body(b: Backends) {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
     });
-    let resp = gw
-        .http
-        .post(format!("{}/v1/mcp", gw.url))
-        .bearer_auth(&key)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "resources/list")
-        .json(
+    let (status, body) = gw
+        .post_with(
+            &key,
+            &[
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", "resources/list"),
+            ],
             &json!({"jsonrpc": "2.0", "id": 10, "method": "resources/list",
-            "params": {"_meta": meta}}),
+                "params": {"_meta": meta}}),
         )
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let body: Value = resp.json().await.unwrap();
+        .await;
     assert_eq!(
         (status, &body["id"], &body["error"]["code"]),
         (200, &json!(10), &json!(-32601)),
         "{body}"
     );
     // A JSON-RPC error the transport answers 400 is an ErrorResponse like every 400.
-    let resp = gw
-        .http
-        .post(format!("{}/v1/mcp", gw.url))
-        .bearer_auth(&key)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-03-26")
-        .json(&init)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let body: Value = resp.json().await.unwrap();
+    let (status, body) = gw
+        .post_with(&key, &[("mcp-protocol-version", "2025-03-26")], &init)
+        .await;
     assert_eq!(
         (status, &body["error"], &body["status_code"]),
         (400, &json!("BAD_REQUEST"), &json!(400)),
