@@ -35,7 +35,7 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl SqliteIdempotency {
-    /// Creates the table if missing.
+    /// Creates the tables if missing.
     pub async fn open(pool: SqlitePool) -> Result<Self, IdempotencyError> {
         let writer = crate::store::sqlite::writer(&pool);
         Self::open_sharing(pool, writer).await
@@ -47,31 +47,19 @@ impl SqliteIdempotency {
         pool: SqlitePool,
         writer: Arc<GroupCommit<Sqlite>>,
     ) -> Result<Self, IdempotencyError> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS idempotency_keys (
-                workspace TEXT NOT NULL,
-                key TEXT NOT NULL,
-                completed INTEGER NOT NULL,
-                response BLOB,
-                expires_at_ms INTEGER NOT NULL,
-                PRIMARY KEY (workspace, key)
-            )",
-        )
-        .execute(&pool)
-        .await
-        .map_err(err)?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS idempotency_events (
-                workspace TEXT NOT NULL,
-                key TEXT NOT NULL,
-                event_id TEXT NOT NULL,
-                expires_at_ms INTEGER NOT NULL,
-                PRIMARY KEY (workspace, key)
-            )",
-        )
-        .execute(&pool)
-        .await
-        .map_err(err)?;
+        for table in [
+            "idempotency_keys (workspace TEXT NOT NULL, key TEXT NOT NULL, \
+             completed INTEGER NOT NULL, response BLOB, expires_at_ms INTEGER NOT NULL, \
+             PRIMARY KEY (workspace, key))",
+            "idempotency_events (workspace TEXT NOT NULL, key TEXT NOT NULL, \
+             event_id TEXT NOT NULL, expires_at_ms INTEGER NOT NULL, \
+             PRIMARY KEY (workspace, key))",
+        ] {
+            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {table}"))
+                .execute(&pool)
+                .await
+                .map_err(err)?;
+        }
         Ok(Self {
             pool,
             writer,

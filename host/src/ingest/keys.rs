@@ -47,14 +47,17 @@ pub(super) async fn claim(
     }
 }
 
-/// The prepared event under `event` instead of the id it was prepared with: a retry
-/// of a key whose first request failed publishes under the id that request may have
-/// published, so the broker and the workers see one event.
+/// The prepared event under `event` instead of the id it was prepared with (nothing
+/// to do for that id): a retry of a key whose first request failed publishes under the
+/// id that request may have published, so the broker and the workers see one event.
 pub(super) fn rebind(
     message: &mut NewMessage,
     publish: &mut Publish,
     event: EventId,
 ) -> Result<(), IngestError> {
+    if event == message.event_id {
+        return Ok(());
+    }
     let encoding = |e: serde_json::Error| IngestError::Internal(format!("encoding: {e}"));
     let mut envelope: Envelope = serde_json::from_slice(&publish.payload).map_err(encoding)?;
     envelope.event_id = event;

@@ -263,10 +263,9 @@ impl Ingest {
                     })?;
                     return Ok((response, true));
                 }
-                keys::Claimed::Accept(bound) if bound != message.event_id => {
+                keys::Claimed::Accept(bound) => {
                     rebound = keys::rebind(&mut message, &mut publish, bound);
                 }
-                keys::Claimed::Accept(_) => {}
             }
         }
         // A claim is completed or released below, whatever happens from here.
