@@ -1093,4 +1093,45 @@ async fn webhook_endpoints_and_their_delivery_log_show_one_workspace(b: Backends
     assert_eq!(status, 404);
     let (status, _) = post_form(&url, &retry, &theirs, &their_csrf).await;
     assert_eq!(status, 404);
+
+    // The forms count against the workspace quota as the API's calls do: 1 a second
+    // on the free tier.
+    let tiny = store
+        .ensure_workspace("tiny", Some(Tier::Free))
+        .await
+        .unwrap();
+    let (tiny_key, record) = switchboard::auth::generate_key(&tiny.id, KeyMode::Test);
+    store.insert_api_key(&record).await.unwrap();
+    let resp = client()
+        .post(format!("{url}/v1/webhook-endpoints"))
+        .bearer_auth(&tiny_key)
+        .json(&json!({"url": "https://hooks.example.com/tiny"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let tiny_id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (tiny_cookie, _) = sign_in(&url, &tiny_key, false).await;
+    let (_, _, page) = get(&url, "/console/endpoints", &tiny_cookie).await;
+    let tiny_csrf = csrf_of(&page);
+    let tiny_test = format!("/console/endpoints/{tiny_id}/test");
+    // At the top of a second, so the window cannot roll between the two.
+    let now = chrono::Utc::now();
+    tokio::time::sleep(std::time::Duration::from_millis(
+        1000 - u64::from(now.timestamp_subsec_millis()) + 20,
+    ))
+    .await;
+    let (status, _) = post_form(&url, &tiny_test, &tiny_cookie, &tiny_csrf).await;
+    assert_eq!(status, 303);
+    let (status, body) = post_form(&url, &tiny_test, &tiny_cookie, &tiny_csrf).await;
+    assert_eq!(status, 429, "{body}");
+    let tiny_retry = format!(
+        "/console/endpoints/{tiny_id}/deliveries/{}/retry",
+        switchboard::ids::WebhookDeliveryId::generate()
+    );
+    let (status, body) = post_form(&url, &tiny_retry, &tiny_cookie, &tiny_csrf).await;
+    assert_eq!(status, 429, "{body}");
 }

@@ -15,6 +15,7 @@ use common::Backends;
 both!(
     endpoints_are_managed_per_workspace,
     production_refuses_http_and_internal_addresses,
+    test_events_and_retries_count_against_the_quota,
 );
 
 struct Api {
@@ -81,6 +82,87 @@ fn bad_request(status: u16, body: &Value, mentions: &str) {
     assert!(
         body["message"].as_str().unwrap().contains(mentions),
         "{mentions:?} not in {body}"
+    );
+}
+
+/// A test event and a manual retry each send a request to a URL of the caller's
+/// choosing: each counts as one request against the workspace quota (1 a second on the
+/// free tier), and past it is a 429 that queues nothing.
+async fn test_events_and_retries_count_against_the_quota(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let (api, state, _) = start(b, &dir, "epquota", false).await;
+    let store = &state.ingest.store;
+    let ws = store
+        .ensure_workspace("tiny", Some(Tier::Free))
+        .await
+        .unwrap();
+    let (key, record) = switchboard::auth::generate_key(&ws.id, KeyMode::Test);
+    store.insert_api_key(&record).await.unwrap();
+    let (status, made) = api
+        .call(
+            "POST",
+            "/v1/webhook-endpoints",
+            &key,
+            Some(json!({"url": "http://127.0.0.1:9000/hooks"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    let test = format!("/v1/webhook-endpoints/{id}/test");
+    // At the top of a second, so the 1/s window cannot roll mid-test.
+    let top = |now: chrono::DateTime<chrono::Utc>| {
+        std::time::Duration::from_millis(1000 - u64::from(now.timestamp_subsec_millis()) + 20)
+    };
+    tokio::time::sleep(top(chrono::Utc::now())).await;
+    let (status, queued) = api.call("POST", &test, &key, Some(json!({}))).await;
+    assert_eq!(status, 202, "{queued}");
+    let delivery = queued["id"].as_str().unwrap().to_string();
+    let refused = api
+        .http
+        .post(format!("{}{test}", api.url))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string()),
+        Some("1".to_string())
+    );
+    let status = refused.status().as_u16();
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(
+        (status, body["error"].as_str(), body["status_code"].as_i64()),
+        (429, Some("RATE_LIMIT_EXCEEDED"), Some(429)),
+        "{body}"
+    );
+    let retry = format!("/v1/webhook-endpoints/{id}/deliveries/{delivery}/retry");
+    let (status, body) = api.call("POST", &retry, &key, None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (429, Some("RATE_LIMIT_EXCEEDED")),
+        "{body}"
+    );
+    let (_, log) = api
+        .call(
+            "GET",
+            &format!("/v1/webhook-endpoints/{id}/deliveries"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(log["deliveries"].as_array().unwrap().len(), 1, "{log}");
+    // The next second counts afresh: the retry is admitted, and refused only because
+    // its delivery is still pending.
+    tokio::time::sleep(top(chrono::Utc::now())).await;
+    let (status, body) = api.call("POST", &retry, &key, None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("CONFLICT")),
+        "{body}"
     );
 }
 

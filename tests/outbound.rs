@@ -28,6 +28,7 @@ both!(
     a_burst_to_one_endpoint_arrives_whole_and_once,
     a_later_event_waits_here_for_the_earlier_one,
     a_copy_of_a_delivery_in_flight_is_not_posted_again,
+    a_try_another_process_holds_is_not_posted_here,
     a_page_goes_on_when_its_last_delivery_is_gone,
 );
 
@@ -899,9 +900,9 @@ async fn a_lost_broker_message_is_published_again(b: Backends) {
     let _ = running.await;
 }
 
-/// A copy of a delivery taken while this process is trying it (here: the delivery
-/// published again as stale while its try is still waiting for the endpoint's answer)
-/// is handed back, not posted a second time.
+/// Two copies of one publication in the stream (the delivery published again as
+/// stale while its first message was only late): the copy taken while this process
+/// is trying the first is handed back, not posted a second time.
 async fn a_copy_of_a_delivery_in_flight_is_not_posted_again(b: Backends) {
     let dir = tempfile::tempdir().unwrap();
     // No workers: this test runs the relay and the dispatcher by hand.
@@ -922,19 +923,17 @@ async fn a_copy_of_a_delivery_in_flight_is_not_posted_again(b: Backends) {
     assert_eq!(status, 202, "{queued}");
     let (relay, dispatcher) = switchboard::endpoint_dispatch(&gw.state).unwrap();
     assert_eq!(relay.publish_due().await.unwrap(), 1);
-    let published = Instant::now();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(dispatcher.run(stopped));
-    receiver
-        .until("stall-copy", "the first request", |g| !g.is_empty())
-        .await;
-    // The endpoint holds the request for 3 s; the delivery is stale after 1.
-    tokio::time::sleep(Duration::from_millis(1_200).saturating_sub(published.elapsed())).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(
         relay.republish_stale().await.unwrap(),
         1,
         "a copy published"
     );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(dispatcher.run(stopped));
+    receiver
+        .until("stall-copy", "the first request", |g| !g.is_empty())
+        .await;
     gw.log_until(&id, "the delivery succeeded", |d| {
         d.iter().all(|d| d["status"] == "SUCCEEDED")
     })
@@ -946,6 +945,89 @@ async fn a_copy_of_a_delivery_in_flight_is_not_posted_again(b: Backends) {
         deferred(&gw.metrics().await) >= 1.0,
         "the copy was handed back"
     );
+    let _ = stop.send(true);
+    let _ = running.await;
+}
+
+/// Another process is trying a delivery (it holds the try's lease in the store): this
+/// process's copy of the publication is handed back until that try is logged, then
+/// dropped, never posted; and the sweep does not publish a leased delivery again, however
+/// long its try takes.
+async fn a_try_another_process_holds_is_not_posted_here(b: Backends) {
+    use switchboard::store::outbound::{OutboundAttempt, OutboundStatus, Publication};
+    let dir = tempfile::tempdir().unwrap();
+    // No workers: this test runs the relay and the dispatcher by hand.
+    let gw = Gateway::start(b, &dir, |c| {
+        c.worker.enabled = false;
+        c.webhook_endpoints.republish_after_secs = 1;
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    let (id, _) = gw.endpoint(&receiver.url("elsewhere"), None).await;
+    let (status, queued) = gw
+        .call(
+            "POST",
+            &format!("/v1/webhook-endpoints/{id}/test"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let (relay, dispatcher) = switchboard::endpoint_dispatch(&gw.state).unwrap();
+    assert_eq!(relay.publish_due().await.unwrap(), 1);
+    // The other process took its copy and is waiting for the endpoint's answer.
+    let store = gw.state.ingest.store.clone();
+    let publication = Publication {
+        id: queued["id"].as_str().unwrap().parse().unwrap(),
+        round: 0,
+        attempts: 0,
+        handbacks: 0,
+    };
+    assert!(
+        store
+            .lease_try(&publication, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(
+        relay.republish_stale().await.unwrap(),
+        0,
+        "a try under way is not stale"
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(dispatcher.run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while deferred(&gw.metrics().await) < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "this process never handed its copy back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The other process's try is logged: the copy comes back and ends.
+    let tried = OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: chrono::Utc::now(),
+        status_code: Some(204),
+        latency_ms: 5,
+        error: None,
+        next_retry_at: None,
+    };
+    assert!(
+        store
+            .record_attempt(&publication, &tried, OutboundStatus::Succeeded)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(receiver.at("elsewhere").is_empty(), "not posted here");
+    let log = gw
+        .log_until(&id, "the other process's try", |d| {
+            d.iter().all(|d| d["status"] == "SUCCEEDED")
+        })
+        .await;
+    assert_eq!(log[0]["attempts"].as_array().unwrap().len(), 1, "{log:#?}");
     let _ = stop.send(true);
     let _ = running.await;
 }
@@ -962,6 +1044,7 @@ async fn a_burst_to_one_endpoint_arrives_whole_and_once(b: Backends) {
     .await;
     let receiver = Receiver::start().await;
     let (id, _) = gw.endpoint(&receiver.url("slow-burst"), None).await;
+    // No more than the paid workspace quota, which test events count against.
     const BURST: usize = 100;
     let mut ids = std::collections::BTreeSet::new();
     for _ in 0..BURST {

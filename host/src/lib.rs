@@ -364,13 +364,10 @@ pub fn receipt_consumer(state: &AppState) -> Arc<worker::receipts::ReceiptConsum
 /// The relay and the dispatcher of delivery events to callers' endpoints.
 pub fn endpoint_dispatch(
     state: &AppState,
-) -> anyhow::Result<(
-    outbound::dispatch::Relay,
-    Arc<outbound::dispatch::Dispatcher>,
-)> {
+) -> anyhow::Result<(outbound::relay::Relay, Arc<outbound::dispatch::Dispatcher>)> {
     let config = &state.config;
     let ingest = &state.ingest;
-    let relay = outbound::dispatch::Relay::new(
+    let relay = outbound::relay::Relay::new(
         ingest.store.clone(),
         ingest.broker.clone(),
         ingest.streams.clone(),

@@ -196,7 +196,9 @@ async fn existing(state: &AppState, caller: &Caller, id: &EndpointId) -> Result<
         (status = 404, description = "No such endpoint in this workspace", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 500, description = "Store unavailable; nothing was queued", body = ErrorBody),
+        (status = 429, description = "Workspace quota exceeded (a test event counts as a request); nothing was queued", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
+        (status = 500, description = "Store or counter store unavailable; nothing was queued", body = ErrorBody),
     ))]
 pub async fn test(
     State(state): State<AppState>,
@@ -210,6 +212,8 @@ pub async fn test(
         .unwrap_or_else(|| DEFAULT_TEST_TYPE.to_string());
     events::check_event_types(std::slice::from_ref(&kind)).map_err(ApiError::BadRequest)?;
     caller.still_valid().await?;
+    // It sends a request to a URL of the caller's choosing: it counts like a trigger.
+    state.ingest.admit_request(&caller.key).await?;
     let delivery = state
         .ingest
         .store
@@ -321,7 +325,9 @@ fn cursor_check(endpoint: &EndpointId, seq: i64) -> [u8; 8] {
         (status = 401, description = "Missing, malformed or unrecognised key", body = ErrorBody),
         (status = 404, description = "No such delivery of this endpoint in this workspace", body = ErrorBody),
         (status = 409, description = "The delivery is still pending: it is tried on its schedule", body = ErrorBody),
-        (status = 500, description = "Store unavailable; nothing was queued", body = ErrorBody),
+        (status = 429, description = "Workspace quota exceeded (a retry counts as a request); nothing was queued", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
+        (status = 500, description = "Store or counter store unavailable; nothing was queued", body = ErrorBody),
     ))]
 pub async fn retry(
     State(state): State<AppState>,
@@ -335,6 +341,7 @@ pub async fn retry(
         ApiError::BadRequest("invalid deliveryId: expected whd_ followed by lower-case hex".into())
     })?;
     caller.still_valid().await?;
+    state.ingest.admit_request(&caller.key).await?;
     let (retried, attempts) = state
         .ingest
         .store

@@ -169,6 +169,8 @@ pub(super) async fn test(
         return Ok(to_sign_in());
     };
     check_csrf(&state, &cookie, &form)?;
+    // Counted as the API's test event is: it sends a request to the endpoint's URL.
+    state.ingest.admit_request(&key).await?;
     state
         .ingest
         .store
@@ -195,6 +197,7 @@ pub(super) async fn retry(
         return Ok(to_sign_in());
     };
     check_csrf(&state, &cookie, &form)?;
+    state.ingest.admit_request(&key).await?;
     state
         .ingest
         .store

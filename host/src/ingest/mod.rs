@@ -218,6 +218,16 @@ impl Ingest {
         }
     }
 
+    /// Counts a request that sends something but carries no event (a test event, a
+    /// manual retry of a delivery event) against the workspace quota, as one trigger
+    /// request: refused past it.
+    pub async fn admit_request(&self, key: &ApiKeyRecord) -> Result<(), IngestError> {
+        self.admit(key, &[], false).await?;
+        // `admit` counts events; this request has none.
+        crate::metrics::Metrics::count(&self.metrics.ratelimit, "allowed", 1);
+        Ok(())
+    }
+
     /// `POST /v1/events/trigger`. Returns the response and whether it is a replay (200).
     pub async fn trigger(
         &self,

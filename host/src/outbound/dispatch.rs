@@ -1,8 +1,7 @@
 //! Taking stored delivery events to callers' endpoints.
 //!
-//! - The [`Relay`] publishes each delivery to the broker's webhooks stream once it is
-//!   due (a new one at once, a retry at its time), as one [`Publication`] per try
-//!   whose id de-duplicates a publish repeated after a crash.
+//! - The relay ([`super::relay`]) publishes each delivery to the broker's webhooks
+//!   stream once it is due, one [`Publication`] per try.
 //! - The [`Dispatcher`] consumes the stream: it tries the delivery (if it is still at
 //!   that try), logs the try, and acknowledges. A failed try that is to be retried
 //!   goes back to the store with the time of the retry, not to the broker, so no
@@ -16,24 +15,22 @@
 //!   So a slow endpoint never holds all of the dispatcher's slots, and a message's
 //!   events arrive in order when the receiver answers promptly (a failed earlier event
 //!   does not hold the later ones back: it is retried on its schedule).
-//! - A delivery published but neither tried nor handed back for
-//!   `republish_after_secs` is published again (under a new broker message id): its
-//!   broker message was lost, say with a stream restored empty. A try is recorded once
-//!   per publication, and a copy taken while this process is trying it is handed back
-//!   until that try is logged, so a copy that was only late is not posted again.
+//! - A publication can reach the stream twice (a stale one published again, a
+//!   redelivery). A try is recorded once per publication, and leased in the store
+//!   before its request is sent: a copy taken by another process while the try runs
+//!   is handed back until the try is logged, then dropped; a copy taken in this
+//!   process is handed back without a store round trip.
 //! - A 410 disables the endpoint at once; an endpoint whose tries have all failed for
 //!   `disable_after_secs` is disabled too, and `endpoint.disabled` is recorded for the
 //!   workspace's other endpoints.
 
 use super::send::{Sender, Verdict, retry_delay};
-use crate::broker::{
-    Broker, ConsumerSettings, Delivery, Publish, StreamClass, StreamNames, WorkQueue,
-};
+use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
 use crate::config::WebhookEndpointsConfig;
 use crate::ids::{EndpointId, WebhookDeliveryId};
 use crate::metrics::Metrics;
+use crate::store::Store;
 use crate::store::outbound::{EndpointHealth, OutboundAttempt, OutboundStatus, Publication};
-use crate::store::{Store, StoreError};
 use chrono::Utc;
 use futures::StreamExt;
 use rand::Rng;
@@ -44,20 +41,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 
-/// Deliveries the relay reads and publishes at a time.
-const RELAY_PAGE: usize = 256;
-
 /// How long a store failure or a busy endpoint hands a delivery back for.
 const STORE_RETRY: Duration = Duration::from_secs(1);
-
-/// Finished deliveries one prune deletes at most (a short transaction each).
-const PRUNE_BATCH: u32 = 5_000;
-
-/// How often the relay prunes finished deliveries past their retention.
-const PRUNE_EVERY: Duration = Duration::from_secs(3600);
-
-/// How often the relay looks for published deliveries gone stale.
-const STALE_EVERY: Duration = Duration::from_secs(30);
 
 /// Times the broker hands a delivery to a busy endpoint's dispatcher before it goes
 /// back to the database (so the broker does not hold a slow endpoint's backlog).
@@ -65,192 +50,6 @@ const DEFERRALS_IN_BROKER: u64 = 5;
 
 /// How long a delivery handed back to the database waits.
 const DEFERRED_FOR: Duration = Duration::from_secs(10);
-
-/// Publishes due deliveries to the webhooks stream, and deletes finished ones once
-/// they are older than the retention.
-pub struct Relay {
-    store: Arc<dyn Store>,
-    broker: Arc<dyn Broker>,
-    streams: StreamNames,
-    metrics: Arc<Metrics>,
-    retention: Duration,
-    republish_after: Duration,
-}
-
-impl Relay {
-    /// A relay over these backends, keeping finished deliveries for `retention`.
-    pub fn new(
-        store: Arc<dyn Store>,
-        broker: Arc<dyn Broker>,
-        streams: StreamNames,
-        metrics: Arc<Metrics>,
-        retention: Duration,
-        republish_after: Duration,
-    ) -> Self {
-        Self {
-            store,
-            broker,
-            streams,
-            metrics,
-            retention,
-            republish_after,
-        }
-    }
-
-    /// Publishes again the deliveries published but unchanged for `republish_after`;
-    /// how many.
-    pub async fn republish_stale(&self) -> Result<usize, StoreError> {
-        let Some(before) = chrono::Duration::from_std(self.republish_after)
-            .ok()
-            .and_then(|r| Utc::now().checked_sub_signed(r))
-        else {
-            return Ok(0);
-        };
-        let stale = self.store.stale_deliveries(before, RELAY_PAGE).await?;
-        if stale.is_empty() {
-            return Ok(0);
-        }
-        tracing::warn!(
-            count = stale.len(),
-            "delivery events published but not tried for a while: publishing them again"
-        );
-        // A new broker message id: the first one may still be in its duplicate window.
-        let nonce = Utc::now().timestamp_millis();
-        let acked = self.publish(&stale, Some(nonce)).await?;
-        // Touched, so that they are not stale again before their new copy is tried.
-        self.store.mark_published(&acked).await?;
-        Ok(acked.len())
-    }
-
-    /// Publishes `list` (with `nonce` in the broker message ids, if given): those the
-    /// broker acknowledged.
-    async fn publish(
-        &self,
-        list: &[Publication],
-        nonce: Option<i64>,
-    ) -> Result<Vec<Publication>, StoreError> {
-        let subject = self.streams.subject(StreamClass::Webhooks, "");
-        let mut publishes = Vec::with_capacity(list.len());
-        for p in list {
-            let payload = serde_json::to_vec(p)
-                .map_err(|e| StoreError::Other(format!("encoding a publication: {e}")))?;
-            let msg_id = match nonce {
-                None => p.msg_id(),
-                Some(n) => format!("{}.{n}", p.msg_id()),
-            };
-            publishes.push(Publish {
-                class: StreamClass::Webhooks,
-                subject: subject.clone(),
-                msg_id,
-                payload: payload.into(),
-            });
-        }
-        let acks = self.broker.publish_batch(&publishes).await;
-        if let Some(Err(e)) = acks.iter().find(|a| a.is_err()) {
-            tracing::warn!(error = %e, "publishing delivery events; retrying");
-        }
-        Ok(list
-            .iter()
-            .zip(&acks)
-            .filter(|(_, ack)| ack.is_ok())
-            .map(|(p, _)| p.clone())
-            .collect())
-    }
-
-    /// Deletes finished deliveries last changed more than the retention ago; how many.
-    pub async fn prune(&self) -> Result<u64, StoreError> {
-        let Some(before) = chrono::Duration::from_std(self.retention)
-            .ok()
-            .and_then(|r| Utc::now().checked_sub_signed(r))
-        else {
-            return Ok(0);
-        };
-        let mut total = 0;
-        loop {
-            let n = self.store.prune_deliveries(before, PRUNE_BATCH).await?;
-            total += n;
-            if n < u64::from(PRUNE_BATCH) {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// Publishes every delivery due now; how many. Stops early (leaving the rest for
-    /// the next call) when the broker refuses one.
-    pub async fn publish_due(&self) -> Result<usize, StoreError> {
-        let mut total = 0;
-        loop {
-            // A read first: most ticks find nothing, and a claim is a write (on SQLite,
-            // a turn of the one writer).
-            if self.store.due_deliveries(1).await?.is_empty() {
-                return Ok(total);
-            }
-            // Marked published first: a try can then never race the mark.
-            let due = self.store.claim_due(RELAY_PAGE).await?;
-            if due.is_empty() {
-                return Ok(total);
-            }
-            let acked = self.publish(&due, None).await?;
-            total += acked.len();
-            let all = acked.len() == due.len();
-            if !all {
-                let refused: Vec<Publication> =
-                    due.iter().filter(|p| !acked.contains(p)).cloned().collect();
-                self.store.unclaim(&refused).await?;
-            }
-            if !all || due.len() < RELAY_PAGE {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// Publishes due deliveries every `every` until `stop` turns true, and keeps the
-    /// pending gauge current.
-    pub async fn run(self, every: Duration, mut stop: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut ticks: u64 = 0;
-        // Every process with workers prunes; the deletes are idempotent.
-        let mut pruned = Instant::now();
-        let mut swept = Instant::now();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
-            if *stop.borrow() {
-                return;
-            }
-            if let Err(e) = self.publish_due().await {
-                tracing::warn!(error = %e, "relaying delivery events");
-            }
-            // About once a second: a count, not worth every tick.
-            if ticks.is_multiple_of(
-                (Duration::from_secs(1).as_millis() / every.as_millis().max(1)).max(1) as u64,
-            ) && let Ok(n) = self.store.pending_deliveries().await
-            {
-                self.metrics
-                    .endpoint_pending
-                    .set(i64::try_from(n).unwrap_or(i64::MAX));
-            }
-            ticks += 1;
-            if swept.elapsed() >= STALE_EVERY.min(self.republish_after) {
-                swept = Instant::now();
-                if let Err(e) = self.republish_stale().await {
-                    tracing::warn!(error = %e, "republishing stale delivery events");
-                }
-            }
-            if pruned.elapsed() >= PRUNE_EVERY {
-                pruned = Instant::now();
-                match self.prune().await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "pruned finished delivery events"),
-                    Err(e) => tracing::warn!(error = %e, "pruning delivery events"),
-                }
-            }
-        }
-    }
-}
 
 /// What to tell the broker about one publication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -551,6 +350,30 @@ impl Dispatcher {
         }
     }
 
+    /// Takes the try `publication` is for (`None`), or says what to do with this copy
+    /// of it. Another process may hold a copy (one published again as stale, or
+    /// redelivered): only the lease's holder posts it. The lease lasts the ack wait,
+    /// past the request's timeout and its log.
+    async fn lease(&self, publication: &Publication, delivered: u64) -> Option<Next> {
+        match self
+            .store
+            .lease_try(publication, self.settings.ack_wait)
+            .await
+        {
+            Ok(true) => None,
+            // Being tried elsewhere (or moved on): this copy comes back later and
+            // finds the try logged.
+            Ok(false) => {
+                self.count("deferred");
+                Some(Self::later(delivered))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "leasing a try of a delivery event; retrying");
+                Some(Next::Later(STORE_RETRY))
+            }
+        }
+    }
+
     /// Gives a delivery up, its endpoint disabled.
     async fn abandon(&self, publication: &Publication) -> Next {
         match self
@@ -595,6 +418,10 @@ impl Dispatcher {
                 return Next::Ack;
             }
             if target.endpoint.disabled {
+                // Not while another process is posting it.
+                if let Some(next) = self.lease(publication, delivered).await {
+                    return next;
+                }
                 return self.abandon(publication).await;
             }
             match &target.earlier {
@@ -608,6 +435,9 @@ impl Dispatcher {
         let Some(slot) = self.slot(&endpoint.id, until).await else {
             return self.defer(publication, delivered).await;
         };
+        if let Some(next) = self.lease(publication, delivered).await {
+            return next;
+        }
         let now = Utc::now();
         let tried = self
             .sender

@@ -66,22 +66,39 @@ pub struct Attempt {
     pub latency: Duration,
 }
 
-/// Every address of `host`, or why none may be used: a name with any address the
-/// policy refuses is refused whole (the connection could go to any of them).
+/// Every address `host` was `looked` up to, or why none may be used: a name with any
+/// address the policy refuses is refused whole (the connection could go to any of
+/// them). Where internal addresses are refused, a name that does not resolve gets the
+/// same error as one that resolves to an internal address: the tenant's delivery log
+/// must not tell which internal names the gateway's resolver knows, nor its addresses
+/// (both go to the gateway's log only).
 pub fn checked_addresses(
     host: &str,
-    addrs: Vec<SocketAddr>,
+    looked: std::io::Result<Vec<SocketAddr>>,
     policy: UrlPolicy,
 ) -> Result<Vec<SocketAddr>, String> {
-    if addrs.is_empty() {
-        return Err(format!("{host} resolves to no address"));
-    }
+    let unusable = || {
+        format!(
+            "{host} has no address this deployment posts to: it does not resolve, or resolves to {INTERNAL}"
+        )
+    };
+    let addrs = match looked {
+        Ok(addrs) if !addrs.is_empty() => addrs,
+        Ok(_) if policy.allow_private => return Err(format!("{host} resolves to no address")),
+        Err(e) if policy.allow_private => return Err(e.to_string()),
+        Ok(_) => {
+            tracing::warn!(host, "an endpoint's name resolves to no address");
+            return Err(unusable());
+        }
+        Err(e) => {
+            tracing::warn!(host, error = %e, "an endpoint's name did not resolve");
+            return Err(unusable());
+        }
+    };
     for addr in &addrs {
         if let Err(e) = check_ip(addr.ip(), policy) {
-            // The address only in the gateway's log: the error goes to the tenant's
-            // delivery log, which must not map the gateway's own networks.
             tracing::warn!(host, reason = %e, "refused an endpoint's address");
-            return Err(format!("{host} resolves to {INTERNAL}"));
+            return Err(unusable());
         }
     }
     Ok(addrs)
@@ -96,9 +113,10 @@ impl Resolve for CheckedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let (policy, host) = (self.policy, name.as_str().to_string());
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let addrs = checked_addresses(&host, addrs, policy)?;
+            let looked = tokio::net::lookup_host((host.as_str(), 0))
+                .await
+                .map(Iterator::collect);
+            let addrs = checked_addresses(&host, looked, policy)?;
             Ok(Box::new(addrs.into_iter()) as Addrs)
         })
     }
@@ -353,7 +371,8 @@ mod tests {
         assert_eq!((by_name.verdict, by_name.status), (Verdict::Retry, None));
         let error = by_name.error.unwrap();
         assert!(
-            error.contains("localhost resolves to") && error.contains("internal address"),
+            error.contains("localhost has no address this deployment posts to")
+                && error.contains("internal address"),
             "{error}"
         );
         assert!(
@@ -376,12 +395,42 @@ mod tests {
         let public: SocketAddr = "93.184.216.34:0".parse().unwrap();
         let private: SocketAddr = "10.0.0.7:0".parse().unwrap();
         assert_eq!(
-            checked_addresses("a", vec![public], PUBLIC_ONLY),
+            checked_addresses("a", Ok(vec![public]), PUBLIC_ONLY),
             Ok(vec![public])
         );
-        assert!(checked_addresses("a", vec![public, private], PUBLIC_ONLY).is_err());
-        assert!(checked_addresses("a", vec![], DEV).is_err());
-        assert!(checked_addresses("a", vec![private], DEV).is_ok());
+        assert!(checked_addresses("a", Ok(vec![public, private]), PUBLIC_ONLY).is_err());
+        assert!(checked_addresses("a", Ok(vec![]), DEV).is_err());
+        assert!(checked_addresses("a", Ok(vec![private]), DEV).is_ok());
+    }
+
+    /// Where internal addresses are refused, the tenant cannot tell a name that does
+    /// not resolve from one that resolves to an internal address (a probe of the
+    /// gateway's own DNS); in development, where nothing is refused, the lookup's own
+    /// error helps.
+    #[test]
+    fn a_name_that_does_not_resolve_reads_as_a_refused_one() {
+        let private: SocketAddr = "10.0.0.7:0".parse().unwrap();
+        let gone = || {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "failed to lookup address information",
+            ))
+        };
+        let internal = checked_addresses("db.corp", Ok(vec![private]), PUBLIC_ONLY);
+        assert_eq!(checked_addresses("db.corp", gone(), PUBLIC_ONLY), internal);
+        assert_eq!(
+            checked_addresses("db.corp", Ok(vec![]), PUBLIC_ONLY),
+            internal
+        );
+        assert!(
+            internal
+                .unwrap_err()
+                .contains("does not resolve, or resolves to")
+        );
+        assert_eq!(
+            checked_addresses("db.corp", gone(), DEV),
+            Err("failed to lookup address information".into())
+        );
     }
 
     #[test]

@@ -432,7 +432,8 @@ pub(crate) use super::messages::tests::{
     giving_up_spares_a_leased_or_dispatched_message, insert_messages_writes_queued_entries,
 };
 pub(crate) use super::outbound::tests::{
-    disabling_and_abandoning, events_follow_status_changes, tries_retries_and_health,
+    a_try_is_leased_to_one_process, disabling_and_abandoning, events_follow_status_changes,
+    tries_retries_and_health,
 };
 pub(crate) use super::preferences::tests::{
     concurrent_preference_updates, preferences_merge, preferences_of_many,
@@ -469,6 +470,7 @@ macro_rules! shared_store_tests {
             concurrent_creates_stop_at_the_most,
             events_follow_status_changes,
             tries_retries_and_health,
+            a_try_is_leased_to_one_process,
             disabling_and_abandoning,
             preferences_merge,
             preferences_of_many,

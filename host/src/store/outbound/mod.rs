@@ -151,10 +151,10 @@ pub trait Outbound: Send + Sync {
     /// Marks deliveries published (and when), each only if still at the try it was
     /// published for.
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError>;
-    /// Up to `limit` deliveries published, still pending, and unchanged since `before`:
-    /// their broker message was lost (a stream restored empty), or is still waiting
-    /// behind a very long backlog. Publishing them again is safe: a try is recorded
-    /// once per publication.
+    /// Up to `limit` deliveries published, still pending, unchanged since `before`
+    /// and not leased: their broker message was lost (a stream restored empty), or is
+    /// still waiting behind a very long backlog. Publishing them again is safe: a try
+    /// is recorded once per publication, and leased to one process at a time.
     async fn stale_deliveries(
         &self,
         before: DateTime<Utc>,
@@ -166,6 +166,16 @@ pub trait Outbound: Send + Sync {
         &self,
         publication: &Publication,
         until: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+    /// Takes the try `publication` is for, for at most `lease`: whether this process
+    /// may send it. Not when the delivery has moved on, nor while another process
+    /// holds the try (it took another copy of the publication): two copies are never
+    /// posted side by side. Logging the try ([`Outbound::record_attempt`]) ends the
+    /// lease; one whose process died runs out.
+    async fn lease_try(
+        &self,
+        publication: &Publication,
+        lease: std::time::Duration,
     ) -> Result<bool, StoreError>;
     /// A delivery and its endpoint, if both still exist.
     async fn dispatch_target(
@@ -363,9 +373,17 @@ pub(crate) trait OutboundSql: Send {
         at: (i32, i32, i32),
         until: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
+    /// Leases the try of a delivery still pending at `(round, attempts, handbacks)`
+    /// for `lease_ms`, unless another lease on it runs; whether it was leased.
+    async fn lease_try(
+        &mut self,
+        id: &str,
+        at: (i32, i32, i32),
+        lease_ms: i64,
+    ) -> Result<bool, StoreError>;
     /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
-    /// moves it to `status`; with `next`, unpublished and due then. Its `(endpoint,
-    /// tries)` afterwards, `None` when it had moved on.
+    /// moves it to `status`, its lease ended; with `next`, unpublished and due then.
+    /// Its `(endpoint, tries)` afterwards, `None` when it had moved on.
     async fn finish_try(
         &mut self,
         id: &str,
@@ -425,8 +443,8 @@ pub(crate) trait OutboundSql: Send {
 pub(crate) trait OutboundReadSql: Send + Sync {
     /// Up to `limit` unpublished deliveries due by now, soonest first.
     async fn due_rows(&self, limit: i64) -> Result<Vec<PublicationRow>, StoreError>;
-    /// Up to `limit` published, pending deliveries unchanged since `before`, oldest
-    /// first.
+    /// Up to `limit` published, pending deliveries unchanged since `before` and not
+    /// leased, oldest first.
     async fn stale_rows(
         &self,
         before: DateTime<Utc>,

@@ -13,6 +13,9 @@ use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
+/// The longest lease of a try: far beyond any try's timeout.
+const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 fn publications(rows: Vec<PublicationRow>) -> Result<Vec<Publication>, StoreError> {
     rows.into_iter()
         .map(|(id, round, attempts, handbacks)| {
@@ -109,6 +112,26 @@ where
                 Box::pin(async move {
                     let (id, round, attempts, handbacks) = p.key();
                     conn.unpublish(id, (round, attempts, handbacks), until)
+                        .await
+                })
+            }))
+            .await
+    }
+
+    async fn lease_try(
+        &self,
+        publication: &Publication,
+        lease: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let p = Arc::new(publication.clone());
+        // Bounded, so that no setting can overflow a timestamp.
+        let lease_ms = i64::try_from(lease.min(MAX_LEASE).as_millis()).unwrap_or(i64::MAX);
+        self.group()
+            .run(Box::new(move |conn| {
+                let p = p.clone();
+                Box::pin(async move {
+                    let (id, round, attempts, handbacks) = p.key();
+                    conn.lease_try(id, (round, attempts, handbacks), lease_ms)
                         .await
                 })
             }))

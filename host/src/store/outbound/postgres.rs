@@ -139,6 +139,32 @@ impl OutboundSql for PgConnection {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn lease_try(
+        &mut self,
+        id: &str,
+        (round, attempts, handbacks): (i32, i32, i32),
+        lease_ms: i64,
+    ) -> Result<bool, StoreError> {
+        // The database's clock, the one every process's lease is read against; the
+        // statement's time, not its transaction's (a group commit may have waited).
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries \
+             SET leased_until = clock_timestamp() + $5::float8 * interval '1 millisecond', \
+             updated_at = now() \
+             WHERE id = $1 AND round = $2 AND attempts = $3 AND handbacks = $4 \
+             AND status = 'PENDING' AND (leased_until IS NULL OR leased_until <= now())",
+        )
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(handbacks)
+        .bind(lease_ms as f64)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn finish_try(
         &mut self,
         id: &str,
@@ -150,7 +176,8 @@ impl OutboundSql for PgConnection {
         sqlx::query_as(
             "UPDATE webhook_deliveries SET status = $4, attempts = attempts + 1, \
              published = ($5::timestamptz IS NULL), \
-             next_attempt_at = COALESCE($5, next_attempt_at), updated_at = now() \
+             next_attempt_at = COALESCE($5, next_attempt_at), leased_until = NULL, \
+             updated_at = now() \
              WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING' \
              RETURNING endpoint_id, attempts",
         )
@@ -338,6 +365,7 @@ impl OutboundReadSql for PgStore {
         sqlx::query_as(
             "SELECT id, round, attempts, handbacks FROM webhook_deliveries \
              WHERE status = 'PENDING' AND published AND updated_at < $1 \
+             AND (leased_until IS NULL OR leased_until <= now()) \
              ORDER BY seq LIMIT $2",
         )
         .bind(before)

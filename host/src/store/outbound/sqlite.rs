@@ -124,6 +124,15 @@ impl OutboundSql for Direct<'_> {
         self.sqlx().unpublish(id, at, until).await
     }
 
+    async fn lease_try(
+        &mut self,
+        id: &str,
+        at: (i32, i32, i32),
+        lease_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.sqlx().lease_try(id, at, lease_ms).await
+    }
+
     async fn finish_try(
         &mut self,
         id: &str,
@@ -285,6 +294,31 @@ impl OutboundSql for SqliteConnection {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn lease_try(
+        &mut self,
+        id: &str,
+        (round, attempts, handbacks): (i32, i32, i32),
+        lease_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let now = crate::store::now_micros();
+        let until = now + chrono::Duration::milliseconds(lease_ms);
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET leased_until = ?1, updated_at = ?2 \
+             WHERE id = ?3 AND round = ?4 AND attempts = ?5 AND handbacks = ?6 \
+             AND status = 'PENDING' AND (leased_until IS NULL OR leased_until <= ?2)",
+        )
+        .bind(encode_timestamp(&until))
+        .bind(encode_timestamp(&now))
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(handbacks)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn finish_try(
         &mut self,
         id: &str,
@@ -296,7 +330,7 @@ impl OutboundSql for SqliteConnection {
         sqlx::query_as(
             "UPDATE webhook_deliveries SET status = ?1, attempts = attempts + 1, \
              published = (?2 IS NULL), next_attempt_at = COALESCE(?2, next_attempt_at), \
-             updated_at = ?3 \
+             leased_until = NULL, updated_at = ?3 \
              WHERE id = ?4 AND round = ?5 AND attempts = ?6 AND status = 'PENDING' \
              RETURNING endpoint_id, attempts",
         )
@@ -485,10 +519,12 @@ impl OutboundReadSql for SqliteStore {
     ) -> Result<Vec<PublicationRow>, StoreError> {
         sqlx::query_as(
             "SELECT id, round, attempts, handbacks FROM webhook_deliveries \
-             WHERE status = 'PENDING' AND published = 1 AND updated_at < ? \
-             ORDER BY seq LIMIT ?",
+             WHERE status = 'PENDING' AND published = 1 AND updated_at < ?1 \
+             AND (leased_until IS NULL OR leased_until <= ?2) \
+             ORDER BY seq LIMIT ?3",
         )
         .bind(encode_timestamp(&before))
+        .bind(now_text())
         .bind(limit)
         .fetch_all(self.pool())
         .await

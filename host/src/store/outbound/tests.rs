@@ -449,6 +449,81 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
     );
 }
 
+/// A try is leased to one holder at a time: a second lease on it (another process
+/// with a copy of the publication) is refused while the first runs, a leased delivery
+/// is not stale, logging the try ends the lease, and a lease whose holder died runs
+/// out. A lease of a try the delivery has moved past is refused.
+pub(crate) async fn a_try_is_leased_to_one_process(store: Arc<dyn Store>) {
+    let store = &*store;
+    let ws = store.ensure_workspace("leases", None).await.unwrap();
+    let e = make(store, endpoint(&ws.id, None, false)).await;
+    let d = store
+        .send_test_event(&ws.id, &e.id, "message.delivered")
+        .await
+        .unwrap()
+        .unwrap();
+    let p = Publication {
+        id: d.id.clone(),
+        round: 0,
+        attempts: 0,
+        handbacks: 0,
+    };
+    assert_eq!(store.claim_due(10).await.unwrap(), vec![p.clone()]);
+    let long = std::time::Duration::from_secs(60);
+    assert!(store.lease_try(&p, long).await.unwrap());
+    assert!(
+        !store.lease_try(&p, long).await.unwrap(),
+        "a second holder while the first runs"
+    );
+    let future = now() + Duration::seconds(1);
+    assert!(
+        store.stale_deliveries(future, 10).await.unwrap().is_empty(),
+        "a leased try is not stale"
+    );
+    let retry = OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: now(),
+        status_code: Some(503),
+        latency_ms: 3,
+        error: None,
+        next_retry_at: Some(now() + Duration::milliseconds(100)),
+    };
+    assert!(
+        store
+            .record_attempt(&p, &retry, OutboundStatus::Pending)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        !store.lease_try(&p, long).await.unwrap(),
+        "a try logged already"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let next = Publication {
+        attempts: 1,
+        ..p.clone()
+    };
+    assert_eq!(store.claim_due(10).await.unwrap(), vec![next.clone()]);
+    // The log ended the first lease: the retry's try is free.
+    assert!(
+        store
+            .lease_try(&next, std::time::Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+    assert!(!store.lease_try(&next, long).await.unwrap());
+    // Its holder died: the lease runs out, the delivery is stale again, and a copy's
+    // consumer may take the try.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let future = now() + Duration::seconds(1);
+    assert_eq!(
+        store.stale_deliveries(future, 10).await.unwrap(),
+        vec![next.clone()]
+    );
+    assert!(store.lease_try(&next, long).await.unwrap());
+}
+
 /// Disabling a failing endpoint records `endpoint.disabled` for the workspace's other
 /// endpoints subscribed to it (once: disabling again does nothing); a delivery given
 /// up for a disabled endpoint is logged as failed; deleting an endpoint deletes its
