@@ -840,16 +840,22 @@ async fn a_restart_loses_no_pending_delivery(b: Backends) {
     .await;
 }
 
-async fn a_lost_broker_message_is_published_again(b: Backends) {
-    let dir = tempfile::tempdir().unwrap();
-    // No workers: this test runs the relay and the dispatcher by hand.
-    let gw = Gateway::start(b, &dir, |c| {
+/// A gateway with no workers (the test runs the relay and the dispatcher by hand) whose
+/// deliveries are stale after a second, a receiver, an endpoint at its `/{name}`, and
+/// a test event queued for it: the gateway, the receiver, the endpoint's id and secret,
+/// and the queued delivery.
+async fn by_hand(
+    b: Backends,
+    dir: &tempfile::TempDir,
+    name: &str,
+) -> (Gateway, Receiver, String, String, Value) {
+    let gw = Gateway::start(b, dir, |c| {
         c.worker.enabled = false;
         c.webhook_endpoints.republish_after_secs = 1;
     })
     .await;
     let receiver = Receiver::start().await;
-    let (id, secret) = gw.endpoint(&receiver.url("lost"), None).await;
+    let (id, secret) = gw.endpoint(&receiver.url(name), None).await;
     let (status, queued) = gw
         .call(
             "POST",
@@ -858,6 +864,12 @@ async fn a_lost_broker_message_is_published_again(b: Backends) {
         )
         .await;
     assert_eq!(status, 202, "{queued}");
+    (gw, receiver, id, secret, queued)
+}
+
+async fn a_lost_broker_message_is_published_again(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, receiver, id, secret, _) = by_hand(b, &dir, "lost").await;
     let (relay, dispatcher) = switchboard::endpoint_dispatch(&gw.state).unwrap();
     assert_eq!(relay.publish_due().await.unwrap(), 1);
     assert_eq!(relay.republish_stale().await.unwrap(), 0, "not stale yet");
@@ -905,22 +917,7 @@ async fn a_lost_broker_message_is_published_again(b: Backends) {
 /// is trying the first is handed back, not posted a second time.
 async fn a_copy_of_a_delivery_in_flight_is_not_posted_again(b: Backends) {
     let dir = tempfile::tempdir().unwrap();
-    // No workers: this test runs the relay and the dispatcher by hand.
-    let gw = Gateway::start(b, &dir, |c| {
-        c.worker.enabled = false;
-        c.webhook_endpoints.republish_after_secs = 1;
-    })
-    .await;
-    let receiver = Receiver::start().await;
-    let (id, _) = gw.endpoint(&receiver.url("stall-copy"), None).await;
-    let (status, queued) = gw
-        .call(
-            "POST",
-            &format!("/v1/webhook-endpoints/{id}/test"),
-            Some(json!({})),
-        )
-        .await;
-    assert_eq!(status, 202, "{queued}");
+    let (gw, receiver, id, _, _) = by_hand(b, &dir, "stall-copy").await;
     let (relay, dispatcher) = switchboard::endpoint_dispatch(&gw.state).unwrap();
     assert_eq!(relay.publish_due().await.unwrap(), 1);
     tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -956,22 +953,7 @@ async fn a_copy_of_a_delivery_in_flight_is_not_posted_again(b: Backends) {
 async fn a_try_another_process_holds_is_not_posted_here(b: Backends) {
     use switchboard::store::outbound::{OutboundAttempt, OutboundStatus, Publication};
     let dir = tempfile::tempdir().unwrap();
-    // No workers: this test runs the relay and the dispatcher by hand.
-    let gw = Gateway::start(b, &dir, |c| {
-        c.worker.enabled = false;
-        c.webhook_endpoints.republish_after_secs = 1;
-    })
-    .await;
-    let receiver = Receiver::start().await;
-    let (id, _) = gw.endpoint(&receiver.url("elsewhere"), None).await;
-    let (status, queued) = gw
-        .call(
-            "POST",
-            &format!("/v1/webhook-endpoints/{id}/test"),
-            Some(json!({})),
-        )
-        .await;
-    assert_eq!(status, 202, "{queued}");
+    let (gw, receiver, id, _, queued) = by_hand(b, &dir, "elsewhere").await;
     let (relay, dispatcher) = switchboard::endpoint_dispatch(&gw.state).unwrap();
     assert_eq!(relay.publish_due().await.unwrap(), 1);
     // The other process took its copy and is waiting for the endpoint's answer.
