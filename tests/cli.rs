@@ -421,7 +421,9 @@ fn test_key(printed: &[String]) -> String {
         .to_string()
 }
 
-/// Logs written to a pipe (a log collector, not a terminal) carry no colour codes.
+/// Logs written to a pipe (a log collector, not a terminal) carry no colour codes, and
+/// name a request by its route, not its path: a path names a subscriber, whose id
+/// must leave no trace once the subscriber is erased.
 #[test]
 fn logs_have_no_colour_codes_when_not_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
@@ -441,17 +443,33 @@ fn logs_have_no_colour_codes_when_not_a_terminal() {
         logs
     });
     let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut listening = None;
     for line in lines.map_while(Result::ok) {
-        if line.starts_with("listening on ") {
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            listening = Some(addr.trim().to_string());
             break;
         }
     }
+    let url = listening.expect("dev prints its address");
+    let erased = reqwest::blocking::Client::new()
+        .delete(format!("{url}/v1/subscribers/erase-me-7d1f"))
+        .send()
+        .unwrap();
+    assert_eq!(erased.status().as_u16(), 401, "no key");
     let _ = child.kill();
     let _ = child.wait();
     let logs = reader.join().unwrap();
     assert!(
         logs.contains("DEBUG") || logs.contains("INFO"),
         "no logs: {logs}"
+    );
+    assert!(
+        logs.contains("/v1/subscribers/{subscriberId}"),
+        "the request's route is logged: {logs}"
+    );
+    assert!(
+        !logs.contains("erase-me-7d1f"),
+        "a subscriber id in the logs: {logs}"
     );
     assert!(
         !logs.contains('\u{1b}'),

@@ -321,6 +321,13 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let (globex_cookie, _) = sign_in(&url, &globex_key, false).await;
     let tampered = globex_cookie.replace("v2.", "v2.0");
     assert_eq!(get(&url, "/console", &tampered).await.0, 303);
+    // Nor are two valid session cookies in one request (one may have been tossed in
+    // by a sibling domain): the console does not pick one.
+    let (second, _) = sign_in(&url, &globex_key, false).await;
+    assert_eq!(get(&url, "/console", &second).await.0, 200);
+    let both = format!("{second}; {globex_cookie}");
+    let (status, location, _) = get(&url, "/console", &both).await;
+    assert_eq!((status, location.as_str()), (303, "/console/sign-in"));
 
     // A key revoked by another process, before this one hears of it (its poll runs
     // every 200 ms): a form of its session changes nothing, as the API's writes do not.
@@ -358,7 +365,8 @@ async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backe
     let admin = key(&acme, &["admin"]);
     let victim = key(&acme, &[]);
     let other = key(&globex, &[]);
-    for (_, record) in [&app, &admin, &victim, &other] {
+    let operator = key(&acme, &["operator"]);
+    for (_, record) in [&app, &admin, &victim, &other, &operator] {
         store.insert_api_key(record).await.unwrap();
     }
 
@@ -401,6 +409,21 @@ async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backe
     let path = format!("/console/keys/{}/revoke", victim.1.id);
     assert_eq!(post_form(&url, &path, &cookie, "forged").await.0, 403);
     let csrf = csrf_of(&page);
+    // Not the operator's key: an admin key must not lock the operator out.
+    let operator_path = format!("/console/keys/{}/revoke", operator.1.id);
+    let (status, body) = post_form(&url, &operator_path, &cookie, &csrf).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "FORBIDDEN"
+    );
+    let resp = client()
+        .get(format!("{url}/v1/messages"))
+        .bearer_auth(&operator.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "the operator's key still works");
     let (status, body) = post_form(&url, &path, &cookie, &csrf).await;
     assert_eq!(status, 303, "{body}");
     let resp = client()

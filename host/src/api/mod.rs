@@ -50,7 +50,13 @@ pub fn router(state: AppState) -> Router {
         .layer(
             tower_http::trace::TraceLayer::new_for_http().make_span_with(|r: &Request| {
                 let id = r.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok());
-                tracing::info_span!("request", method = %r.method(), uri = %r.uri(),
+                // The route, not the path: a path names subscribers (whose ids must
+                // leave no trace once they are erased) and carries query strings.
+                let route = r
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map_or("(no route)", |p| p.as_str());
+                tracing::info_span!("request", method = %r.method(), route,
                     request_id = id.unwrap_or_default())
             }),
         )

@@ -85,6 +85,12 @@ pub(super) async fn revoke_key(
         .ok_or_else(|| {
             ApiError::ResourceNotFound(format!("no active key {id} in this workspace"))
         })?;
+    // An admin key must not lock the gateway's operator out.
+    if crate::api::admin::is_operator(&target) && !crate::api::admin::is_operator(&key) {
+        return Err(ApiError::Forbidden(
+            "revoking a key with the `operator` scope needs an operator key".into(),
+        ));
+    }
     state
         .auth
         .revoke(&target.id, &state.revocations)

@@ -123,15 +123,20 @@ fn now() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
+/// The session cookie, if the request carries exactly one. Two are no session: a page
+/// of a sibling domain can set a second, for a narrower path, which the browser sends
+/// first, and the console must not work in that cookie's workspace unawares.
 fn cookie_value(headers: &HeaderMap) -> Option<&str> {
-    headers
+    let mut values = headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == session::COOKIE)
-        .map(|(_, value)| value)
+        .filter(|(name, _)| *name == session::COOKIE)
+        .map(|(_, value)| value);
+    let first = values.next()?;
+    values.next().is_none().then_some(first)
 }
 
 /// Who is signed in: the key's live record and the cookie (for its CSRF token), or

@@ -120,6 +120,10 @@ pub(super) async fn install(
     }
     check_token(&state, &cookie, &csrf)?;
     require_operator_key(&key)?;
+    // The upload may have taken a while: a key revoked meanwhile installs nothing.
+    if signed_in_to_write(&state, &headers).await?.is_none() {
+        return Ok(to_sign_in());
+    }
     let wasm = wasm
         .filter(|w| !w.is_empty())
         .ok_or_else(|| ApiError::BadRequest("choose a component file (.wasm) to install".into()))?;
