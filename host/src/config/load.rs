@@ -1,6 +1,7 @@
 //! Loading the layered configuration (defaults, file, `SWITCHBOARD_*`) and checking
 //! its ranges once at start; every error names the setting.
 
+use super::console::{MAX_SESSION_MINUTES, MIN_SESSION_SECRET_LEN};
 use super::{
     BrokerBackend, Config, CountersBackend, Environment, MAX_SECRET_OVERLAP_SECS, StoreBackend,
 };
@@ -108,6 +109,20 @@ impl Config {
             self.webhook_endpoints.secret_overlap_secs <= MAX_SECRET_OVERLAP_SECS,
             "webhook_endpoints.secret_overlap_secs",
             "at most 2592000 (30 days)",
+        )?;
+        // With the database's key hashes, the secret mints a session for any key.
+        ensure(
+            self.console
+                .session_secret
+                .as_ref()
+                .is_none_or(|s| s.len() >= MIN_SESSION_SECRET_LEN),
+            "console.session_secret",
+            "at least 32 bytes (random: it signs console sessions)",
+        )?;
+        ensure(
+            (1..=MAX_SESSION_MINUTES).contains(&self.console.session_minutes),
+            "console.session_minutes",
+            "between 1 and 43200 (30 days)",
         )?;
         let e = &self.webhook_endpoints;
         ensure(

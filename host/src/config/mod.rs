@@ -558,17 +558,46 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.set_env(
                 "SWITCHBOARD_CONSOLE__SESSION_SECRET",
-                "from the environment",
+                "from the environment, long enough to sign",
             );
             jail.set_env("SWITCHBOARD_WEBHOOK_ENDPOINTS__ALLOW_HTTP", "true");
             let config = Config::load(None).unwrap();
             assert_eq!(
                 config.console.session_secret.as_deref(),
-                Some("from the environment")
+                Some("from the environment, long enough to sign")
             );
             assert!(config.webhook_endpoints.allow_http);
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn a_short_session_secret_or_an_empty_session_is_refused() {
+        for (var, value, named) in [
+            (
+                "SWITCHBOARD_CONSOLE__SESSION_SECRET",
+                "hunter2",
+                "console.session_secret",
+            ),
+            (
+                "SWITCHBOARD_CONSOLE__SESSION_MINUTES",
+                "0",
+                "console.session_minutes",
+            ),
+            (
+                "SWITCHBOARD_CONSOLE__SESSION_MINUTES",
+                "43201",
+                "console.session_minutes",
+            ),
+        ] {
+            figment::Jail::expect_with(|jail| {
+                jail.set_env(var, value);
+                let error = Config::load(None).unwrap_err().to_string();
+                assert!(error.contains(named), "{var}={value}: {error}");
+                Ok(())
+            });
+        }
     }
 
     #[test]
