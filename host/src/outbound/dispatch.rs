@@ -352,14 +352,12 @@ impl Dispatcher {
 
     /// Takes the try `publication` is for (`None`), or says what to do with this copy
     /// of it. Another process may hold a copy (one published again as stale, or
-    /// redelivered): only the lease's holder posts it. The lease lasts the ack wait,
-    /// past the request's timeout and its log.
+    /// redelivered): only the lease's holder posts it. The lease lasts the ack wait
+    /// and the request's timeout: past the wait for a slot (a third of the ack wait),
+    /// the request, and its log.
     async fn lease(&self, publication: &Publication, delivered: u64) -> Option<Next> {
-        match self
-            .store
-            .lease_try(publication, self.settings.ack_wait)
-            .await
-        {
+        let lease = self.settings.ack_wait + Duration::from_secs(self.config.timeout_secs);
+        match self.store.lease_try(publication, lease).await {
             Ok(true) => None,
             // Being tried elsewhere (or moved on): this copy comes back later and
             // finds the try logged.
@@ -432,12 +430,18 @@ impl Dispatcher {
             }
         };
         let (delivery, endpoint) = (&target.delivery, &target.endpoint);
-        let Some(slot) = self.slot(&endpoint.id, until).await else {
-            return self.defer(publication, delivered).await;
-        };
+        // Leased before the slot is taken: a slot held through a database write would
+        // cut what one endpoint takes a second to a fraction.
         if let Some(next) = self.lease(publication, delivered).await {
             return next;
         }
+        let Some(slot) = self.slot(&endpoint.id, until).await else {
+            // Not tried: the copy that comes back, here or elsewhere, takes it again.
+            if let Err(e) = self.store.release_try(publication).await {
+                tracing::warn!(error = %e, "releasing a try of a delivery event; it runs out");
+            }
+            return self.defer(publication, delivered).await;
+        };
         let now = Utc::now();
         let tried = self
             .sender

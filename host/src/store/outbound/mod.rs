@@ -177,6 +177,9 @@ pub trait Outbound: Send + Sync {
         publication: &Publication,
         lease: std::time::Duration,
     ) -> Result<bool, StoreError>;
+    /// Ends this process's lease of the try `publication` is for, without a try (no
+    /// slot of its endpoint came free): a copy need not wait for the lease to run out.
+    async fn release_try(&self, publication: &Publication) -> Result<(), StoreError>;
     /// A delivery and its endpoint, if both still exist.
     async fn dispatch_target(
         &self,
@@ -381,6 +384,9 @@ pub(crate) trait OutboundSql: Send {
         at: (i32, i32, i32),
         lease_ms: i64,
     ) -> Result<bool, StoreError>;
+    /// Ends the lease of a try of a delivery still pending at `(round, attempts,
+    /// handbacks)` (its holder did not make it).
+    async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError>;
     /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
     /// moves it to `status`, its lease ended; with `next`, unpublished and due then.
     /// Its `(endpoint, tries)` afterwards, `None` when it had moved on.

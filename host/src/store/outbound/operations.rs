@@ -138,6 +138,19 @@ where
             .await
     }
 
+    async fn release_try(&self, publication: &Publication) -> Result<(), StoreError> {
+        let p = Arc::new(publication.clone());
+        self.group()
+            .run(Box::new(move |conn| {
+                let p = p.clone();
+                Box::pin(async move {
+                    let (id, round, attempts, handbacks) = p.key();
+                    conn.release_try(id, (round, attempts, handbacks)).await
+                })
+            }))
+            .await
+    }
+
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError> {
         set_published(self, published, true).await
     }

@@ -165,6 +165,26 @@ impl OutboundSql for PgConnection {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn release_try(
+        &mut self,
+        id: &str,
+        (round, attempts, handbacks): (i32, i32, i32),
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE webhook_deliveries SET leased_until = NULL \
+             WHERE id = $1 AND round = $2 AND attempts = $3 AND handbacks = $4 \
+             AND status = 'PENDING'",
+        )
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(handbacks)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
     async fn finish_try(
         &mut self,
         id: &str,

@@ -133,6 +133,10 @@ impl OutboundSql for Direct<'_> {
         self.sqlx().lease_try(id, at, lease_ms).await
     }
 
+    async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError> {
+        self.sqlx().release_try(id, at).await
+    }
+
     async fn finish_try(
         &mut self,
         id: &str,
@@ -317,6 +321,26 @@ impl OutboundSql for SqliteConnection {
         .await
         .map_err(map_err)?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_try(
+        &mut self,
+        id: &str,
+        (round, attempts, handbacks): (i32, i32, i32),
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE webhook_deliveries SET leased_until = NULL \
+             WHERE id = ?1 AND round = ?2 AND attempts = ?3 AND handbacks = ?4 \
+             AND status = 'PENDING'",
+        )
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(handbacks)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
     }
 
     async fn finish_try(

@@ -451,8 +451,9 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
 
 /// A try is leased to one holder at a time: a second lease on it (another process
 /// with a copy of the publication) is refused while the first runs, a leased delivery
-/// is not stale, logging the try ends the lease, and a lease whose holder died runs
-/// out. A lease of a try the delivery has moved past is refused.
+/// is not stale, logging the try ends the lease, a lease whose holder died runs out,
+/// and one whose holder did not try is released. A lease of a try the delivery has
+/// moved past is refused.
 pub(crate) async fn a_try_is_leased_to_one_process(store: Arc<dyn Store>) {
     let store = &*store;
     let ws = store.ensure_workspace("leases", None).await.unwrap();
@@ -521,6 +522,9 @@ pub(crate) async fn a_try_is_leased_to_one_process(store: Arc<dyn Store>) {
         store.stale_deliveries(future, 10).await.unwrap(),
         vec![next.clone()]
     );
+    assert!(store.lease_try(&next, long).await.unwrap());
+    // A holder that did not make the try (no slot came free) ends its lease at once.
+    store.release_try(&next).await.unwrap();
     assert!(store.lease_try(&next, long).await.unwrap());
 }
 
