@@ -853,15 +853,22 @@ async fn revoked_keys_fail_at_once(b: Backends) {
         )
         .await;
     assert_eq!(s, 401, "preferences re-read the key");
-    // And the poll catches up for triggers.
-    tokio::time::sleep(switchboard::auth::REVOCATION_POLL * 3).await;
-    assert_eq!(
-        other
+    // And the poll catches up for triggers (every `REVOCATION_POLL`; a loaded machine
+    // may take a few).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, _) = other
             .post("/v1/events/trigger", &raw, &trigger_body("s"), &[])
-            .await
-            .0,
-        401
-    );
+            .await;
+        if s == 401 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the poll never caught up: {s}"
+        );
+        tokio::time::sleep(switchboard::auth::REVOCATION_POLL).await;
+    }
     a.cleanup().await;
 }
 
@@ -967,7 +974,20 @@ async fn production_an_idempotency_key_missed_at_acceptance_is_completed_later()
         &[("Idempotency-Key", "late-1")],
     );
     let outage = async {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Once the key is claimed (the record then takes two seconds).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let claimed: Vec<String> = redis::cmd("KEYS")
+                .arg("*late-1*")
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            if !claimed.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the key was never claimed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         // Out of memory with no eviction: every write is refused.
         let () = max_memory("1").query_async(&mut redis).await.unwrap();
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1202,16 +1222,23 @@ async fn production_nats_outage_holds_events_in_the_outbox_and_loses_none() {
         12,
         "held durably in the outbox"
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let metrics = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // The gauge follows the outbox on a tick (every 250 ms; later on a loaded machine).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = gw
+            .http
+            .get(format!("{}/metrics", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("switchboard_outbox_depth 12") || Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(metrics.contains("switchboard_outbox_depth 12"), "{metrics}");
     assert!(
         metrics.contains(r#"switchboard_publishes_total{outcome="outboxed"} 12"#),

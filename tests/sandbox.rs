@@ -64,7 +64,10 @@ fn sms(event_id: &str) -> Message {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infinite_loop_is_interrupted_while_the_host_keeps_serving() {
-    let rt = runtime(Duration::from_millis(800));
+    // Seconds: the healthy calls below must all end while the loop runs, on a loaded
+    // machine too.
+    let budget = Duration::from_secs(3);
+    let rt = runtime(budget);
     let bad = hostile(&rt, Grants::Declared).await;
     let good = provc(&rt).await;
 
@@ -83,16 +86,10 @@ async fn infinite_loop_is_interrupted_while_the_host_keeps_serving() {
     );
     let result = looping.await.unwrap();
     let elapsed = started.elapsed();
-    assert_eq!(
-        result,
-        Err(PluginError::Timeout(Duration::from_millis(800)))
-    );
+    assert_eq!(result, Err(PluginError::Timeout(budget)));
+    assert!(elapsed >= budget, "interrupted too early: {elapsed:?}");
     assert!(
-        elapsed >= Duration::from_millis(800),
-        "interrupted too early: {elapsed:?}"
-    );
-    assert!(
-        elapsed < Duration::from_secs(3),
+        elapsed < budget + Duration::from_secs(5),
         "interrupted too late: {elapsed:?}"
     );
     assert_eq!(bad.stats().failures.load(Ordering::Relaxed), 1);

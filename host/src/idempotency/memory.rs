@@ -321,13 +321,19 @@ pub(crate) mod behaviour {
         assert_eq!(s.tracked("ws_a").await.expect("tracked"), keys.len() as u64);
     }
 
-    /// For a store whose pending timeout was shortened to 200 ms: a stalled or
-    /// crashed claimant's key is Fresh again, under that claimant's event id.
+    /// The pending timeout a store under `pending_claim_expires` is given: long
+    /// enough that two claims in a row on a loaded CI machine (a SQLite write
+    /// waits on the disk) fall inside it, short enough to wait out in a test.
+    pub(crate) const SHORT_PENDING: Duration = Duration::from_secs(2);
+
+    /// For a store whose pending timeout was shortened to `SHORT_PENDING`: a
+    /// stalled or crashed claimant's key is Fresh again, under that claimant's
+    /// event id.
     pub(crate) async fn pending_claim_expires(s: &dyn IdempotencyStore) {
         let (first, bound) = claim(s, "ws_a", "crashed").await;
         assert_eq!(first, Claim::Fresh(bound.clone()));
         assert_eq!(claim(s, "ws_a", "crashed").await.0, Claim::Pending);
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        tokio::time::sleep(SHORT_PENDING + Duration::from_millis(300)).await;
         assert_eq!(claim(s, "ws_a", "crashed").await.0, Claim::Fresh(bound));
         assert_eq!(claim(s, "ws_a", "crashed").await.0, Claim::Pending);
     }
@@ -365,7 +371,7 @@ mod tests {
     #[tokio::test]
     async fn pending_claim_expires() {
         let store = MemoryIdempotency {
-            pending_timeout: Duration::from_millis(200),
+            pending_timeout: behaviour::SHORT_PENDING,
             ..Default::default()
         };
         behaviour::pending_claim_expires(&store).await;

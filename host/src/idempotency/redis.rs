@@ -330,7 +330,7 @@ mod tests {
     #[tokio::test]
     async fn pending_claim_expires() {
         let (mut store, _cleanup) = store().await;
-        store.pending_timeout = Duration::from_millis(200);
+        store.pending_timeout = behaviour::SHORT_PENDING;
         behaviour::pending_claim_expires(&store).await;
     }
 
@@ -476,7 +476,7 @@ mod tests {
     #[tokio::test]
     async fn expired_keys_are_not_tracked() {
         let (mut store, _cleanup) = store().await;
-        store.pending_timeout = Duration::from_millis(100);
+        store.pending_timeout = behaviour::SHORT_PENDING;
         store
             .claim("ws_a", "short", &EventId::generate())
             .await
@@ -490,7 +490,7 @@ mod tests {
             .await
             .expect("complete");
         assert_eq!(store.tracked("ws_a").await.expect("tracked"), 2);
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(behaviour::SHORT_PENDING + Duration::from_millis(300)).await;
         assert_eq!(store.tracked("ws_a").await.expect("tracked"), 1);
     }
 

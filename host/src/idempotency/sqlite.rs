@@ -284,7 +284,7 @@ mod tests {
         let (s, _d) = store().await;
         behaviour::long_and_unusual_keys(&s).await;
         let (mut s, _d) = store().await;
-        s.pending_timeout = Duration::from_millis(200);
+        s.pending_timeout = behaviour::SHORT_PENDING;
         behaviour::pending_claim_expires(&s).await;
     }
 
