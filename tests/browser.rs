@@ -217,6 +217,16 @@ async fn the_console_works_in_a_real_browser() {
     let wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
     until_shown(&client, &format!("{url}/console"), &wanted).await;
     screenshot(&client, "activity").await;
+    // The style sheet is the console's own file, which its Content-Security-Policy lets
+    // in (the policy refuses inline styles and scripts).
+    let background = client
+        .execute(
+            "return getComputedStyle(document.body).backgroundColor",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(background, json!("rgb(246, 247, 249)"), "no style sheet");
 
     // The list follows new messages by itself, without navigating.
     let answer: serde_json::Value = http

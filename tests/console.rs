@@ -56,8 +56,12 @@ async fn gateway(
     };
     common::isolate(&mut config, b, tag).await;
     config.worker.enabled = false;
+    config.console.session_secret = Some(SESSION_SECRET.into());
     common::serve(config).await
 }
+
+/// The console's signing secret in these tests, so that a test can make a cookie.
+const SESSION_SECRET: &str = "the console tests' session secret, 32 bytes or more";
 
 /// Signs in with `key`: the cookie pair (`name=value`) and the whole Set-Cookie line.
 async fn sign_in(url: &str, key: &str, https: bool) -> (String, String) {
@@ -155,19 +159,46 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         assert!(page.contains("That key was not accepted"), "{page}");
     }
 
-    // Another site's page posting a (its own) key signs nobody in.
-    for site in ["cross-site", "same-site"] {
+    // Another site's page posting a (its own) key signs nobody in: as the browser's
+    // fetch metadata says, or, from a browser without it, as its Origin does.
+    let foreign = [
+        ("sec-fetch-site", "cross-site"),
+        ("sec-fetch-site", "same-site"),
+        ("origin", "https://evil.example"),
+        ("origin", "null"),
+    ];
+    for (name, value) in foreign {
         let resp = client()
             .post(format!("{url}/console/sign-in"))
-            .header("sec-fetch-site", site)
+            .header(name, value)
             .form(&[("key", acme_key.as_str())])
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status(), 403, "{site}");
+        assert_eq!(resp.status(), 403, "{name}: {value}");
         assert!(resp.headers().get("set-cookie").is_none());
         assert_eq!(resp.json::<Value>().await.unwrap()["error"], "FORBIDDEN");
     }
+    // The console's own page, in a browser that sends only Origin, signs in.
+    let resp = client()
+        .post(format!("{url}/console/sign-in"))
+        .header("origin", url.as_str())
+        .form(&[("key", acme_key.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303, "{url}");
+    // HTTPS as RFC 7239's header says it, too.
+    let resp = client()
+        .post(format!("{url}/console/sign-in"))
+        .header("forwarded", "for=192.0.2.1;proto=https")
+        .form(&[("key", acme_key.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303);
+    let line = resp.headers()["set-cookie"].to_str().unwrap();
+    assert!(line.contains("; Secure"), "{line}");
 
     let (cookie, line) = sign_in(&url, &acme_key, false).await;
     assert!(
@@ -194,6 +225,38 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         .await
         .unwrap();
     assert_eq!(resp.headers()["cache-control"], "no-store");
+    // Nor framed by another site, sniffed, or named to another site as a referrer, and
+    // no script or style but the console's own files (none inline) runs on it.
+    let headers = resp.headers().clone();
+    let page = resp.text().await.unwrap();
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(headers["referrer-policy"], "same-origin");
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    for directive in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "frame-ancestors 'none'",
+        "form-action 'self'",
+    ] {
+        assert!(csp.contains(directive), "{directive} missing: {csp}");
+    }
+    assert!(
+        !page.contains("<style") && !page.contains("<script>"),
+        "{page}"
+    );
+    for (asset, kind) in [
+        ("/console/assets/console.css", "text/css"),
+        ("/console/assets/follow.js", "text/javascript"),
+    ] {
+        assert!(page.contains(asset), "{asset} not on the page: {page}");
+        let resp = client().get(format!("{url}{asset}")).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{asset}");
+        let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(content_type.starts_with(kind), "{asset}: {content_type}");
+        assert!(!resp.text().await.unwrap().is_empty(), "{asset}");
+    }
 
     // Activity: this workspace's messages, newest first, and not the other's.
     let (status, _, page) = get(&url, "/console", &cookie).await;
@@ -214,9 +277,9 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         "the key's hint in the header"
     );
     // The first page follows new messages unless paused; an older page does not.
-    assert!(page.contains("location.reload"), "{page}");
+    assert!(page.contains("/console/assets/follow.js"), "{page}");
     let (_, _, paused) = get(&url, "/console?live=0", &cookie).await;
-    assert!(!paused.contains("location.reload") && paused.contains(acme[0].as_str()));
+    assert!(!paused.contains("/console/assets/follow.js") && paused.contains(acme[0].as_str()));
     assert!(!paused.contains("No messages"), "live=0 is not a filter");
 
     // Filters and paging, as the API has them.
@@ -238,7 +301,7 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     assert!(older.contains(acme[0].as_str()), "{older}");
     assert!(!older.contains(acme[2].as_str()), "{older}");
     assert!(
-        !older.contains("location.reload"),
+        !older.contains("/console/assets/follow.js"),
         "an older page does not reload"
     );
 
@@ -271,7 +334,12 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         .and_then(|rest| rest.split('"').next())
         .unwrap()
         .to_string();
-    for token in ["", "forged"] {
+    // Nor another session's token (of the same key, here).
+    let (other_session, _) = sign_in(&url, &acme_key, false).await;
+    let (_, _, other_page) = get(&url, "/console?live=0", &other_session).await;
+    let other_token = csrf_of(&other_page);
+    assert_ne!(other_token, csrf);
+    for token in ["", "forged", other_token.as_str()] {
         let resp = client()
             .post(format!("{url}/console/sign-out"))
             .header("cookie", &cookie)
@@ -321,6 +389,24 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     let (globex_cookie, _) = sign_in(&url, &globex_key, false).await;
     let tampered = globex_cookie.replace("v2.", "v2.0");
     assert_eq!(get(&url, "/console", &tampered).await.0, 303);
+    // An expired cookie is none, though its signature holds (the same cookie made
+    // unexpired, with the console's secret, is a session: the test can fail).
+    let made = |expires: i64| {
+        use switchboard::console::session;
+        let value = session::issue(
+            SESSION_SECRET.as_bytes(),
+            &session::Session {
+                id: session::new_id(),
+                key_digest: switchboard::auth::digest(&globex_key),
+                expires,
+            },
+        );
+        format!("{}={value}", session::COOKIE)
+    };
+    let now = chrono::Utc::now().timestamp();
+    assert_eq!(get(&url, "/console", &made(now + 600)).await.0, 200);
+    let (status, location, _) = get(&url, "/console", &made(now - 1)).await;
+    assert_eq!((status, location.as_str()), (303, "/console/sign-in"));
     // Nor are two valid session cookies in one request (one may have been tossed in
     // by a sibling domain): the console does not pick one.
     let (second, _) = sign_in(&url, &globex_key, false).await;
@@ -366,7 +452,9 @@ async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backe
     let victim = key(&acme, &[]);
     let other = key(&globex, &[]);
     let operator = key(&acme, &["operator"]);
-    for (_, record) in [&app, &admin, &victim, &other, &operator] {
+    let (live_raw, live) = switchboard::auth::generate_key(&acme.id, KeyMode::Live);
+    let live = (live_raw, live);
+    for (_, record) in [&app, &admin, &victim, &other, &operator, &live] {
         store.insert_api_key(record).await.unwrap();
     }
 
@@ -424,6 +512,22 @@ async fn admin_keys_revoke_keys_of_their_workspace_and_read_the_plugins(b: Backe
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "the operator's key still works");
+    // Nor, from this test key, a live one: test keys must not stop live traffic.
+    assert!(
+        !page.contains(&format!("/console/keys/{}/revoke", live.1.id)),
+        "{page}"
+    );
+    let live_path = format!("/console/keys/{}/revoke", live.1.id);
+    let (status, body) = post_form(&url, &live_path, &cookie, &csrf).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("live key"), "{body}");
+    let resp = client()
+        .get(format!("{url}/v1/messages"))
+        .bearer_auth(&live.0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "the live key still works");
     let (status, body) = post_form(&url, &path, &cookie, &csrf).await;
     assert_eq!(status, 303, "{body}");
     let resp = client()

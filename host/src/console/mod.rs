@@ -8,6 +8,7 @@
 mod activity;
 mod endpoints;
 mod keys;
+mod origin;
 mod overview;
 mod plugins;
 pub mod session;
@@ -34,6 +35,8 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/console", get(activity::activity))
         .route("/console/sign-in", get(sign_in_page).post(sign_in))
+        .route("/console/assets/console.css", get(style_sheet))
+        .route("/console/assets/follow.js", get(follow_script))
         .route("/console/sign-out", post(sign_out))
         .route("/console/messages/{id}", get(activity::message))
         .route("/console/overview", get(overview::overview))
@@ -57,16 +60,46 @@ pub fn router() -> Router<AppState> {
             "/console/endpoints/{id}/deliveries/{delivery}/retry",
             post(endpoints::retry),
         )
-        .layer(axum::middleware::map_response(no_store))
+        .layer(axum::middleware::map_response(page_headers))
 }
 
-/// Pages show a workspace's data: a browser keeps none of them, so after signing out
-/// its Back button shows nothing that was on them.
-async fn no_store(mut response: Response) -> Response {
+/// What no page of the console needs: scripts, styles or frames from anywhere but the
+/// console itself (none inline), plugins, or a form posted elsewhere. A page that
+/// shows something a tenant wrote (a template, a provider's answer) cannot run it.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+     base-uri 'none'";
+
+/// Headers on every console answer. `no-store`: pages show a workspace's data, and a
+/// browser keeps none of them, so after signing out its Back button shows nothing that
+/// was on them. No framing (clickjacking of the forms), no content-type sniffing, and
+/// no console URL (message ids) sent to another site as a referrer.
+async fn page_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CACHE_CONTROL, "no-store"),
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
     response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+}
+
+async fn style_sheet() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("assets/console.css"),
+    )
+}
+
+async fn follow_script() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("assets/follow.js"),
+    )
 }
 
 fn templates() -> &'static Environment<'static> {
@@ -240,10 +273,7 @@ async fn sign_in(
     let Form(form) = form.map_err(bad_form)?;
     // Another site's page posting its own key would sign the browser into that
     // workspace (login CSRF); browsers say where a form came from.
-    if headers
-        .get("sec-fetch-site")
-        .is_some_and(|v| v.as_bytes() == b"cross-site" || v.as_bytes() == b"same-site")
-    {
+    if origin::from_another_site(&headers) {
         return Err(ApiError::Forbidden(
             "sign in from the console's own page: this form came from another site".into(),
         ));
@@ -277,9 +307,7 @@ async fn sign_in(
         },
     );
     // `Secure` when the browser reached us over HTTPS (TLS ends at a proxy).
-    let secure = headers
-        .get("x-forwarded-proto")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+    let secure = origin::came_over_https(&headers);
     let cookie = format!(
         "{}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{}",
         session::COOKIE,
