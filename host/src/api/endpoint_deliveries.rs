@@ -9,6 +9,7 @@ use super::ApiError;
 use super::endpoints::{endpoint_id, endpoint_path, not_found, page_limit};
 use super::error::ErrorBody;
 use super::extract::{Caller, Json};
+use super::log_cursor;
 use super::messages::format_time;
 use crate::AppState;
 use crate::events;
@@ -19,10 +20,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// The type a test event has when the request names none.
 pub const DEFAULT_TEST_TYPE: &str = "message.delivered";
@@ -251,11 +249,16 @@ pub async fn list(
     let id = endpoint_path(path)?;
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
     let limit = page_limit(query.limit)?;
+    let secret = match &query.cursor {
+        Some(_) => Some(cursor_secret(&state).await?),
+        None => None,
+    };
     let cursor = query
         .cursor
         .as_deref()
-        .map(|c| {
-            decode_cursor(c, &id).ok_or_else(|| {
+        .zip(secret.as_ref())
+        .map(|(c, secret)| {
+            log_cursor::open(secret, &id, c).ok_or_else(|| {
                 ApiError::BadRequest(
                     "invalid cursor: pass back a `next_cursor` of this endpoint's log unchanged"
                         .into(),
@@ -273,42 +276,30 @@ pub async fn list(
         .map_err(ApiError::from_store_read)?;
     let more = page.len() > limit as usize;
     page.truncate(limit as usize);
+    let next_cursor = match (more, page.last()) {
+        (true, Some((last, _))) => {
+            let secret = match secret {
+                Some(s) => s,
+                None => cursor_secret(&state).await?,
+            };
+            Some(log_cursor::seal(&secret, &id, last.seq))
+        }
+        _ => None,
+    };
     Ok(axum::Json(ListDeliveriesResponse {
-        next_cursor: more
-            .then(|| page.last().map(|(d, _)| encode_cursor(&id, d.seq)))
-            .flatten(),
+        next_cursor,
         deliveries: page.iter().map(|(d, a)| DeliveryDto::of(d, a)).collect(),
     }))
 }
 
-/// The log's opaque cursor: base64url (no padding) of the last listed delivery's `seq`
-/// (i64, big-endian) and the first 8 bytes of SHA-256 over a domain string, the
-/// endpoint's id and that `seq`. A place in one endpoint's log rather than a row, so
-/// the next page is whole even when that delivery has since been pruned or erased.
-fn encode_cursor(endpoint: &EndpointId, seq: i64) -> String {
-    let mut bytes = seq.to_be_bytes().to_vec();
-    bytes.extend_from_slice(&cursor_check(endpoint, seq));
-    URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// The `seq` of a cursor [`encode_cursor`] made for `endpoint`; `None` for anything
-/// else (another endpoint's cursor included).
-fn decode_cursor(cursor: &str, endpoint: &EndpointId) -> Option<i64> {
-    let bytes = URL_SAFE_NO_PAD.decode(cursor).ok()?;
-    let (seq, check) = bytes.split_at_checked(8)?;
-    let seq = i64::from_be_bytes(seq.try_into().ok()?);
-    (check == cursor_check(endpoint, seq)).then_some(seq)
-}
-
-fn cursor_check(endpoint: &EndpointId, seq: i64) -> [u8; 8] {
-    let mut hasher = Sha256::new();
-    hasher.update(b"switchboard/v1/webhook-deliveries/cursor\0");
-    hasher.update(endpoint.as_str().as_bytes());
-    hasher.update(b"\0");
-    hasher.update(seq.to_be_bytes());
-    let mut out = [0; 8];
-    out.copy_from_slice(&hasher.finalize()[..8]);
-    out
+/// The secret the log's cursors are sealed with ([`log_cursor`]).
+async fn cursor_secret(state: &AppState) -> Result<[u8; 32], ApiError> {
+    state
+        .ingest
+        .store
+        .gateway_secret(log_cursor::SECRET)
+        .await
+        .map_err(ApiError::from_store_read)
 }
 
 /// Sends a finished delivery (succeeded or failed) again, now: a new try with the
@@ -357,33 +348,4 @@ pub async fn retry(
         StatusCode::ACCEPTED,
         axum::Json(DeliveryDto::of(&retried, &attempts)),
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cursor_is_read_back_for_its_endpoint_only() {
-        let endpoint = EndpointId::generate();
-        for seq in [0, 1, 41, i64::MAX] {
-            let cursor = encode_cursor(&endpoint, seq);
-            assert_eq!(cursor.len(), 22, "{cursor}");
-            assert_eq!(decode_cursor(&cursor, &endpoint), Some(seq));
-            assert_eq!(decode_cursor(&cursor, &EndpointId::generate()), None);
-        }
-        let cursor = encode_cursor(&endpoint, 41);
-        let mut bytes = URL_SAFE_NO_PAD.decode(&cursor).unwrap();
-        bytes[7] ^= 1;
-        for bad in [
-            URL_SAFE_NO_PAD.encode(&bytes),
-            cursor[..21].to_string(),
-            format!("{cursor}A"),
-            "whd_0123".to_string(),
-            String::new(),
-            "!!!!".to_string(),
-        ] {
-            assert_eq!(decode_cursor(&bad, &endpoint), None, "{bad}");
-        }
-    }
 }

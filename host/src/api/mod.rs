@@ -7,6 +7,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+mod log_cursor;
 pub mod mcp;
 pub mod messages;
 pub mod openapi;

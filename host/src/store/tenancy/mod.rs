@@ -47,6 +47,10 @@ pub trait Tenancy: Send + Sync {
     async fn sign_out_session(&self, id: &[u8; 16], expires: i64) -> Result<(), StoreError>;
     /// Whether the console session `id` was signed out.
     async fn is_session_signed_out(&self, id: &[u8; 16]) -> Result<bool, StoreError>;
+
+    /// The database's random secret `name`, made by the first caller: every process
+    /// sharing the database gets the same one (what it seals, another process opens).
+    async fn gateway_secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
 }
 
 /// A `workspaces` row as selected by [`WORKSPACE_COLUMNS`].
@@ -114,6 +118,10 @@ pub(crate) trait TenancySql: Send + Sync {
     async fn insert_sign_out(&self, id: &[u8], expires: i64) -> Result<(), StoreError>;
     /// Whether a sign-out of session `id` is recorded.
     async fn sign_out_recorded(&self, id: &[u8]) -> Result<bool, StoreError>;
+    /// Stores `secret` as `name` unless one is stored already.
+    async fn insert_secret_if_absent(&self, name: &str, secret: &[u8]) -> Result<(), StoreError>;
+    /// The secret stored as `name`.
+    async fn secret_named(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -195,6 +203,21 @@ impl<T: TenancySql> Tenancy for T {
     async fn is_session_signed_out(&self, id: &[u8; 16]) -> Result<bool, StoreError> {
         self.sign_out_recorded(id).await
     }
+
+    async fn gateway_secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
+        if let Some(stored) = self.secret_named(name).await? {
+            return key_hash(stored);
+        }
+        // Insert-or-nothing, then read: of processes racing here, all read the winner's.
+        let mut fresh = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut fresh);
+        self.insert_secret_if_absent(name, &fresh).await?;
+        let stored = self
+            .secret_named(name)
+            .await?
+            .ok_or_else(|| StoreError::Other(format!("secret {name:?} missing once stored")))?;
+        key_hash(stored)
+    }
 }
 
 impl TryFrom<WorkspaceRow> for Workspace {
@@ -233,11 +256,11 @@ pub(crate) fn decode_tier(tier: &str) -> Result<Tier, StoreError> {
     Tier::parse(tier).ok_or_else(|| StoreError::Other(format!("unknown tier {tier:?}")))
 }
 
-/// A stored key hash, which must be a SHA-256.
+/// A stored key hash (a SHA-256) or secret: 32 bytes.
 fn key_hash(bytes: Vec<u8>) -> Result<[u8; 32], StoreError> {
     bytes
         .try_into()
-        .map_err(|_| StoreError::Other("stored key hash is not 32 bytes".into()))
+        .map_err(|_| StoreError::Other("stored key hash or secret is not 32 bytes".into()))
 }
 
 /// Scopes are stored comma-separated.

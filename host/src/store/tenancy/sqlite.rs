@@ -147,4 +147,25 @@ impl TenancySql for SqliteStore {
                 .map_err(map_err)?;
         Ok(found.is_some())
     }
+
+    async fn insert_secret_if_absent(&self, name: &str, secret: &[u8]) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO gateway_secrets (name, secret) VALUES (?, ?) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(secret)
+        .execute(self.pool())
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn secret_named(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        sqlx::query_scalar("SELECT secret FROM gateway_secrets WHERE name = ?")
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)
+    }
 }

@@ -15,7 +15,19 @@ pub(crate) async fn suite(store: &dyn Store) -> (Workspace, Workspace) {
     api_keys(store, &acme, &other).await;
     revocations(store, &acme).await;
     sign_outs(store).await;
+    secrets(store).await;
     (acme, other)
+}
+
+/// A secret is made once and then read by every caller, racing ones included; two
+/// names are two secrets.
+async fn secrets(store: &dyn Store) {
+    let (a, b) = tokio::join!(store.gateway_secret("one"), store.gateway_secret("one"));
+    let first = a.unwrap();
+    assert_eq!(first, b.unwrap(), "racing callers read one secret");
+    assert_ne!(first, [0u8; 32]);
+    assert_eq!(store.gateway_secret("one").await.unwrap(), first);
+    assert_ne!(store.gateway_secret("two").await.unwrap(), first);
 }
 
 /// A signed-out session stays so (twice is harmless) until it expires; expired ones
