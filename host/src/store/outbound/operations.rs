@@ -11,6 +11,7 @@ use crate::ids::{EndpointId, WebhookDeliveryId, WorkspaceId};
 use crate::store::group::{Conn, Grouped};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
 use std::sync::Arc;
 
 /// The longest lease of a try: far beyond any try's timeout.
@@ -50,6 +51,37 @@ where
             Box::pin(async move {
                 let keys: Vec<_> = rows.iter().map(Publication::key).collect();
                 conn.set_published(&keys, published).await
+            })
+        }))
+        .await
+}
+
+/// A write of one publication's row at its try `(round, attempts, handbacks)`,
+/// through the group commit.
+type AtTry<C, A, R> =
+    for<'c> fn(&'c mut C, &'c str, (i32, i32, i32), A) -> BoxFuture<'c, Result<R, StoreError>>;
+
+/// Runs `op` on `publication`'s row, with `arg`, in the group commit.
+async fn at_try<T, A, R>(
+    store: &T,
+    publication: &Publication,
+    arg: A,
+    op: AtTry<Conn<T>, A, R>,
+) -> Result<R, StoreError>
+where
+    T: Grouped,
+    Conn<T>: OutboundSql,
+    A: Copy + Send + Sync + 'static,
+    R: Send + 'static,
+{
+    let p = Arc::new(publication.clone());
+    store
+        .group()
+        .run(Box::new(move |conn| {
+            let p = p.clone();
+            Box::pin(async move {
+                let (id, round, attempts, handbacks) = p.key();
+                op(conn, id, (round, attempts, handbacks), arg).await
             })
         }))
         .await
@@ -105,17 +137,10 @@ where
         publication: &Publication,
         until: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let p = Arc::new(publication.clone());
-        self.group()
-            .run(Box::new(move |conn| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let (id, round, attempts, handbacks) = p.key();
-                    conn.unpublish(id, (round, attempts, handbacks), until)
-                        .await
-                })
-            }))
-            .await
+        at_try(self, publication, until, |conn, id, at, until| {
+            conn.unpublish(id, at, until)
+        })
+        .await
     }
 
     async fn lease_try(
@@ -123,32 +148,19 @@ where
         publication: &Publication,
         lease: std::time::Duration,
     ) -> Result<bool, StoreError> {
-        let p = Arc::new(publication.clone());
         // Bounded, so that no setting can overflow a timestamp.
         let lease_ms = i64::try_from(lease.min(MAX_LEASE).as_millis()).unwrap_or(i64::MAX);
-        self.group()
-            .run(Box::new(move |conn| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let (id, round, attempts, handbacks) = p.key();
-                    conn.lease_try(id, (round, attempts, handbacks), lease_ms)
-                        .await
-                })
-            }))
-            .await
+        at_try(self, publication, lease_ms, |conn, id, at, lease_ms| {
+            conn.lease_try(id, at, lease_ms)
+        })
+        .await
     }
 
     async fn release_try(&self, publication: &Publication) -> Result<(), StoreError> {
-        let p = Arc::new(publication.clone());
-        self.group()
-            .run(Box::new(move |conn| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let (id, round, attempts, handbacks) = p.key();
-                    conn.release_try(id, (round, attempts, handbacks)).await
-                })
-            }))
-            .await
+        at_try(self, publication, (), |conn, id, at, ()| {
+            conn.release_try(id, at)
+        })
+        .await
     }
 
     async fn mark_published(&self, published: &[Publication]) -> Result<(), StoreError> {
