@@ -596,7 +596,7 @@ async fn a_failing_receiver_gets_each_retry_and_a_dead_one_is_disabled(b: Backen
     let gw = Gateway::start(b, &dir, |c| {
         // Enough tries to fail for longer than `disable_after_secs`, which leaves a
         // loaded machine seconds to get the flaky endpoint to its success first.
-        c.webhook_endpoints.retry_schedule_ms = vec![200; 60];
+        c.webhook_endpoints.retry_schedule_ms = vec![500; 20];
         c.webhook_endpoints.disable_after_secs = 5;
     })
     .await;

@@ -243,6 +243,7 @@ mod tests {
         assert_eq!(cache.workflow(&ws, "nope").await.unwrap(), None);
         // ...until its entries are older than the TTL.
         tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+        let reloaded = Instant::now();
         assert_eq!(
             providers(&cache.provider_routes(&ws).await.unwrap()),
             ["provd"]
@@ -259,8 +260,9 @@ mod tests {
             .await
             .unwrap();
         announcer.announce(ws.as_str()).await;
-        // Well inside the TTL, so that only the announcement can have done it.
-        let deadline = Instant::now() + ttl / 2;
+        // Before the entries reloaded above run out, so that only the announcement can
+        // have done it.
+        let deadline = reloaded + ttl - Duration::from_millis(200);
         loop {
             let now = providers(&cache.provider_routes(&ws).await.unwrap()).join(",");
             if now == "prova" {

@@ -85,6 +85,8 @@ pub struct AppStateInner {
     pub config_changes: announce::Announcer,
     /// Workflows and provider routes as the workers read them.
     pub config_cache: Arc<config_cache::ConfigCache>,
+    /// The database's secret the delivery log's cursors are sealed with, once read.
+    pub log_cursor_secret: tokio::sync::OnceCell<[u8; 32]>,
 }
 
 /// Checks what [`Config::validate`] leaves to the parts the settings belong to: each
@@ -312,6 +314,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         revocations,
         config_changes,
         config_cache,
+        log_cursor_secret: tokio::sync::OnceCell::new(),
     })))
 }
 

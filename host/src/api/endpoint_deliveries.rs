@@ -249,24 +249,18 @@ pub async fn list(
     let id = endpoint_path(path)?;
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {e}")))?;
     let limit = page_limit(query.limit)?;
-    let secret = match &query.cursor {
-        Some(_) => Some(cursor_secret(&state).await?),
-        None => None,
-    };
-    let cursor = query
-        .cursor
-        .as_deref()
-        .zip(secret.as_ref())
-        .map(|(c, secret)| {
-            log_cursor::open(secret, &id, c).ok_or_else(|| {
+    existing(&state, &caller, &id).await?;
+    let cursor = match &query.cursor {
+        Some(c) => Some(
+            log_cursor::open(cursor_secret(&state).await?, &id, c).ok_or_else(|| {
                 ApiError::BadRequest(
                     "invalid cursor: pass back a `next_cursor` of this endpoint's log unchanged"
                         .into(),
                 )
-            })
-        })
-        .transpose()?;
-    existing(&state, &caller, &id).await?;
+            })?,
+        ),
+        None => None,
+    };
     // One more than the page tells whether there is a next one.
     let mut page = state
         .ingest
@@ -277,13 +271,11 @@ pub async fn list(
     let more = page.len() > limit as usize;
     page.truncate(limit as usize);
     let next_cursor = match (more, page.last()) {
-        (true, Some((last, _))) => {
-            let secret = match secret {
-                Some(s) => s,
-                None => cursor_secret(&state).await?,
-            };
-            Some(log_cursor::seal(&secret, &id, last.seq))
-        }
+        (true, Some((last, _))) => Some(log_cursor::seal(
+            cursor_secret(&state).await?,
+            &id,
+            last.seq,
+        )),
         _ => None,
     };
     Ok(axum::Json(ListDeliveriesResponse {
@@ -292,12 +284,12 @@ pub async fn list(
     }))
 }
 
-/// The secret the log's cursors are sealed with ([`log_cursor`]).
-async fn cursor_secret(state: &AppState) -> Result<[u8; 32], ApiError> {
+/// The secret the log's cursors are sealed with ([`log_cursor`]): read from the
+/// database once per process (it never changes).
+async fn cursor_secret(state: &AppState) -> Result<&[u8; 32], ApiError> {
     state
-        .ingest
-        .store
-        .gateway_secret(log_cursor::SECRET)
+        .log_cursor_secret
+        .get_or_try_init(|| state.ingest.store.gateway_secret(log_cursor::SECRET))
         .await
         .map_err(ApiError::from_store_read)
 }

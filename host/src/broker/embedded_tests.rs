@@ -306,12 +306,12 @@ async fn a_publish_wakes_only_its_own_streams_subscribers() {
         u128::from(scans) <= polls.min(40),
         "{scans} reads of the idle critical stream, {polls} polls"
     );
+    // A critical publish still reaches it (that a publish wakes its own stream's
+    // subscriber at once, not at its next poll, `published_message_is_delivered_at_once`
+    // measures over nine publishes).
     publish_critical(&broker, &["now"]).await;
-    // Woken by the publish, not by its next poll.
-    let published = Instant::now();
     let subject = waiting.await.expect("the waiting subscriber");
     assert_eq!(subject, names.subject(StreamClass::Critical, "sms"));
-    assert!(published.elapsed() < POLL_INTERVAL);
 }
 
 #[tokio::test]

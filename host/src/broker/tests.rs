@@ -96,15 +96,14 @@ pub(crate) async fn published_message_is_delivered_at_once<B: Broker + WorkQueue
     let mut latencies = Vec::new();
     for i in 0..9 {
         let payload = format!("urgent {i}");
-        publish_critical(broker, names, &[payload.as_str()]).await;
-        // From the commit: a loaded machine's commit is not the subscriber's latency.
         let started = Instant::now();
+        publish_critical(broker, names, &[payload.as_str()]).await;
         let (arrived, item) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .expect("delivered within 5s")
             .expect("reader alive");
         let delivery = item.expect("a delivery");
-        latencies.push(arrived.saturating_duration_since(started));
+        latencies.push(arrived - started);
         assert_eq!(
             delivery.subject,
             names.subject(StreamClass::Critical, "sms")

@@ -9,30 +9,34 @@ use axum::http::{HeaderMap, header};
 /// own hops after the client's) or the first element's `proto` of RFC 7239
 /// `Forwarded`.
 pub(super) fn came_over_https(headers: &HeaderMap) -> bool {
-    let forwarded_proto = headers
-        .get("x-forwarded-proto")
+    let forwarded_proto = first_entry(headers, "x-forwarded-proto")
+        .is_some_and(|first| first.eq_ignore_ascii_case("https"));
+    forwarded_proto || forwarded(headers, "proto").is_some_and(|p| p.eq_ignore_ascii_case("https"))
+}
+
+/// The first entry of a comma-separated header, trimmed.
+fn first_entry<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get(name)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(',').next())
-        .is_some_and(|first| first.trim().eq_ignore_ascii_case("https"));
-    let forwarded = headers
-        .get(header::FORWARDED)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(',').next())
-        .is_some_and(|first| {
-            first.split(';').any(|pair| {
-                pair.split_once('=').is_some_and(|(name, value)| {
-                    name.trim().eq_ignore_ascii_case("proto")
-                        && value.trim().trim_matches('"').eq_ignore_ascii_case("https")
-                })
-            })
-        });
-    forwarded_proto || forwarded
+        .map(str::trim)
+}
+
+/// The parameter `name` of the first element of RFC 7239 `Forwarded`, unquoted.
+fn forwarded<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    first_entry(headers, header::FORWARDED.as_str())?
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+        .map(|(_, value)| value.trim().trim_matches('"'))
 }
 
 /// Whether the browser says this request was sent by a page of another site: its
 /// `Sec-Fetch-Site`, or, from a browser too old to send that, an `Origin` whose host
-/// is not the one the request was sent to. A request naming neither (curl, a script)
-/// is not a browser's cross-site form, and passes.
+/// is not the one the request was sent to (its `Host`, or behind a proxy the first
+/// `X-Forwarded-Host` or RFC 7239 `Forwarded` `host`). A request naming neither (curl,
+/// a script) is not a browser's cross-site form, and passes.
 pub(super) fn from_another_site(headers: &HeaderMap) -> bool {
     if let Some(site) = headers.get("sec-fetch-site") {
         return site.as_bytes() == b"cross-site" || site.as_bytes() == b"same-site";
@@ -51,13 +55,13 @@ pub(super) fn from_another_site(headers: &HeaderMap) -> bool {
     };
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     // Behind a proxy the browser's host is the one the proxy was asked for.
-    let forwarded_host = headers
-        .get("x-forwarded-host")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(',').next())
-        .map(str::trim);
-    ![host, forwarded_host]
+    let proxied = [
+        first_entry(headers, "x-forwarded-host"),
+        forwarded(headers, "host"),
+    ];
+    ![host]
         .into_iter()
+        .chain(proxied)
         .flatten()
         .any(|h| h.eq_ignore_ascii_case(origin_host))
 }
@@ -140,6 +144,14 @@ mod tests {
                     ("origin", "https://gw.example"),
                     ("host", "10.0.0.5:3000"),
                     ("x-forwarded-host", "gw.example"),
+                ],
+                false,
+            ),
+            (
+                vec![
+                    ("origin", "https://gw.example"),
+                    ("host", "10.0.0.5:3000"),
+                    ("forwarded", "for=192.0.2.1;host=\"gw.example\";proto=https"),
                 ],
                 false,
             ),
