@@ -574,6 +574,24 @@ async fn a_cluster_loses_a_nats_server_and_a_worker_and_nothing_is_lost_or_sent_
         "the store holds exactly the acknowledged events"
     );
     assert_eq!(stored.len(), acknowledged.len(), "an event stored twice");
+    // A key is `{event id}.{attempt}`: an event under two keys (or two providers) was
+    // taken twice.
+    let mut sends: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for slug in SLUGS {
+        for key in sim.accepted_keys(slug) {
+            let event = key.rsplit_once('.').map_or(key.as_str(), |(e, _)| e);
+            sends
+                .entry(event.to_string())
+                .or_default()
+                .push(format!("{slug}:{key}"));
+        }
+    }
+    let twice: Vec<_> = sends.iter().filter(|(_, keys)| keys.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "events the provider took more than once: {twice:?}\n{}",
+        log_tails(dir.path())
+    );
     let stats = sim.stats().total();
     assert_eq!(
         stats.accepted as usize,

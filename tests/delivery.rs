@@ -295,6 +295,7 @@ fn statuses(dto: &Value) -> Vec<String> {
 
 both!(
     failover_across_providers_then_channels,
+    an_unanswered_send_is_resent_under_its_key_before_any_fallback,
     everything_failing_ends_dispatch_failed,
     preferences_and_category_rules_decide_channels,
     erasure_suppresses_queued_and_later_deliveries,
@@ -447,6 +448,78 @@ async fn failover_across_providers_then_channels(b: Backends) {
         );
     }
     gw.cleanup().await;
+}
+
+/// A send that gets no answer may have been taken: it is made again under the same key
+/// (a provider that de-duplicates answers the repeat), and the next provider gets the
+/// message only once the resends went unanswered too.
+async fn an_unanswered_send_is_resent_under_its_key_before_any_fallback(b: Backends) {
+    // Longer than the send timeout (1.5 s: half the 3 s lease).
+    let hang = Reply::Delay(Duration::from_secs(6));
+    let slow = CaptureServer::start().await.unwrap();
+    slow.reply_with(hang.clone());
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start(b, &[slow.host_port(), good.host_port()]).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &slow.url()), ("provd", &good.url())])
+        .await;
+    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    let keys = |requests: &[switchboard::plugins::capture::CapturedRequest]| -> Vec<String> {
+        requests
+            .iter()
+            .map(|r| r.header("idempotency-key").unwrap_or("-").to_string())
+            .collect()
+    };
+
+    // The first call gets no answer; the provider answers the repeat.
+    let event = gw.trigger(&key, otp.clone(), "HIGH").await;
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.is_empty() {
+        assert!(Instant::now() < deadline, "the first call never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        seen.extend(slow.take_requests());
+    }
+    slow.reply_with(Reply::Respond {
+        status: 201,
+        body: ACCEPT.into(),
+    });
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.provider.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("provc"), 1)
+    );
+    seen.extend(slow.take_requests());
+    assert_eq!(keys(&seen), [format!("{event}.1"), format!("{event}.1")]);
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(statuses(&dto), ["queued:-", "sent:provc"], "{dto}");
+    assert_eq!(dto["events"][1]["detail"]["resends"], 1, "{dto}");
+
+    // No call is answered: after the resends, the next provider, under its own key.
+    slow.reply_with(hang);
+    let event = gw.trigger(&key, otp, "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.provider.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("provd"), 2)
+    );
+    assert_eq!(keys(&slow.take_requests()), vec![format!("{event}.1"); 3]);
+    let to_good = good.take_requests();
+    assert_eq!(to_good.len(), 1);
+    let body: Value = serde_json::from_slice(&to_good[0].body).unwrap();
+    assert_eq!(body["client_ref"], format!("{event}.2"));
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(
+        statuses(&dto),
+        ["queued:-", "failed:provc", "sent:provd"],
+        "{dto}"
+    );
+    let failed = dto["events"][1]["detail"]["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(failed.contains("sent 3 times"), "{dto}");
 }
 
 /// A provider stand-in that holds every request until the test lets one go, then

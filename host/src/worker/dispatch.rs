@@ -6,8 +6,11 @@
 //! provider and its outcome after, in the same transaction as the timeline entry and
 //! the message update. A redelivery finds completed attempts and skips them; an
 //! attempt left `started` by a worker that died during the call is re-sent to the same
-//! provider under the same idempotency key (the event id, which every bundled provider
-//! de-duplicates on), so the provider sees one message.
+//! provider under the same idempotency key (the attempt's key, which every bundled
+//! provider de-duplicates on), so the provider sees one message. A call that got no
+//! answer (a timeout, a cut connection) is made again under that key a bounded number
+//! of times ([`plan::RESENDS`]) before the attempt counts as failed: the provider may
+//! have taken the message, and a fallback would send it again.
 //!
 //! What to do next is decided by [`plan::next`] from what is known; this module carries
 //! it out. A fresh message's first step (its first attempt `started`, or its end when
@@ -310,6 +313,11 @@ impl Run<'_> {
         .await
     }
 
+    /// Extends the message's lease, writing nothing else.
+    async fn renew_lease(&self) -> Result<(), StoreError> {
+        self.step(&Step::default()).await
+    }
+
     /// Carries out `action` and the ones planned after it, until the message ends.
     /// `recorded`: the action's step is written already (by the claim).
     async fn carry_out(
@@ -382,20 +390,42 @@ impl Run<'_> {
         let slug = call.route.provider.as_str();
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
         let (plugin, trial) = self.pick(slug, ch);
-        let Ok(called) = self.call(call, plugin).await else {
-            // Not sent: the attempt stays `started`, to be resumed (under the same
-            // idempotency key) by the redelivery, which need not wait out the lease.
-            tracing::info!(
-                provider = slug,
-                channel = ch,
-                attempt_no,
-                "no room at the provider or no plugin slot in time; retrying later"
-            );
-            self.release_lease().await?;
-            return Ok(Some(Outcome::Busy));
+        let mut resends = 0;
+        let called = loop {
+            let Ok(called) = self.call(call, plugin.clone()).await else {
+                // Not sent: the attempt stays `started`, to be resumed (under the same
+                // idempotency key) by the redelivery, which need not wait out the lease.
+                tracing::info!(
+                    provider = slug,
+                    channel = ch,
+                    attempt_no,
+                    "no room at the provider or no plugin slot in time; retrying later"
+                );
+                self.release_lease().await?;
+                return Ok(Some(Outcome::Busy));
+            };
+            match called {
+                Err(failure) if failure.resend(resends) => {
+                    resends += 1;
+                    tracing::info!(
+                        provider = slug,
+                        channel = ch,
+                        attempt_no,
+                        code = failure.code,
+                        resends,
+                        "no answer from the provider; sending again under the same key"
+                    );
+                    tokio::time::sleep(plan::RESEND_PAUSE).await;
+                    // The lease must outlast the next call too; a worker that lost it
+                    // stops here, and the holder resumes the attempt under its key.
+                    self.renew_lease().await?;
+                }
+                called => break called,
+            }
         };
         match called {
-            Ok(answer) => {
+            Ok(mut answer) => {
+                answer.resends = resends;
                 self.d.circuits.record(slug, ch, CircuitOutcome::Accepted);
                 if let (Some(trial), Some(canaries)) = (&trial, &self.d.canaries) {
                     canaries.record(trial, CircuitOutcome::Accepted);
@@ -412,7 +442,11 @@ impl Run<'_> {
                 tracing::info!(provider = slug, channel = ch, attempt_no, "sent");
                 Ok(Some(Outcome::Done(MessageStatus::Sent)))
             }
-            Err((code, detail)) => {
+            Err(plan::Failure { code, detail, .. }) => {
+                let detail = match resends {
+                    0 => detail,
+                    n => format!("{detail} (sent {} times under the attempt's key)", n + 1),
+                };
                 // A slug nothing serves is the route's problem, not the provider's.
                 if !matches!(code.as_str(), NOT_LOADED | NOT_SERVED) {
                     self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
@@ -497,18 +531,18 @@ impl Run<'_> {
         &self,
         call: &Call,
         plugin: Option<crate::plugins::Plugin>,
-    ) -> Result<Result<Answer, (String, String)>, NoSlot> {
+    ) -> Result<Result<Answer, plan::Failure>, NoSlot> {
         let (channel, route) = (call.channel, &call.route);
         let slug = route.provider.as_str();
         let Some(plugin) = plugin else {
-            return Ok(Err((
-                NOT_LOADED.into(),
+            return Ok(Err(plan::Failure::answered(
+                NOT_LOADED,
                 format!("no plugin {slug:?} is loaded"),
             )));
         };
         if !plugin.serves(channel.as_str()) {
-            return Ok(Err((
-                NOT_SERVED.into(),
+            return Ok(Err(plan::Failure::answered(
+                NOT_SERVED,
                 format!("{slug} does not serve {}", channel.as_str()),
             )));
         }
@@ -547,7 +581,9 @@ impl Run<'_> {
         // The provider's permit is held until the send has ended.
         let (_in_flight, slot) = match tokio::time::timeout(self.d.slot_wait(), room).await {
             Ok((in_flight, Ok(slot))) => (in_flight, slot),
-            Ok((_, Err(e))) => return Ok(Err(("plugin-error".into(), e.to_string()))),
+            Ok((_, Err(e))) => {
+                return Ok(Err(plan::Failure::answered("plugin-error", e.to_string())));
+            }
             Err(_) => return Err(NoSlot),
         };
         self.d.stage("slot", started);
@@ -557,12 +593,10 @@ impl Run<'_> {
                 .await;
         self.d.stage("send", started);
         Ok(match sent {
-            Err(_) => Err((
-                "timeout".into(),
-                format!("no answer within {:?}", self.d.send_timeout),
-            )),
-            Ok(Err(e)) => Err(("plugin-error".into(), e.to_string())),
-            Ok(Ok(types::SendOutcome::Rejected(r))) => Err((r.code, r.detail)),
+            Err(_) => Err(plan::Failure::timed_out(self.d.send_timeout)),
+            // A plugin that trapped or erred is broken, not unanswered: not called again.
+            Ok(Err(e)) => Err(plan::Failure::answered("plugin-error", e.to_string())),
+            Ok(Ok(types::SendOutcome::Rejected(r))) => Err(plan::Failure::rejected(r)),
             Ok(Ok(types::SendOutcome::Accepted(a))) => {
                 // Spec voice rule 6: a call is billed at 15000 micro-USD.
                 let cost = if channel == crate::routing::Channel::Voice {
@@ -577,6 +611,7 @@ impl Run<'_> {
                         plugin.info().version.clone(),
                         plugin.digest()[..16].to_string(),
                     )),
+                    resends: 0,
                 })
             }
         })

@@ -19,6 +19,7 @@ use crate::workflow::{self, BuildError, Workflow};
 use chrono::Utc;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 /// Message-level error code when every provider and channel failed.
 pub const DISPATCH_FAILED: &str = "DISPATCH_FAILED";
@@ -130,6 +131,67 @@ pub(super) struct Answer {
     /// `(version, first 16 hex digits of the digest)` of the plugin that sent it;
     /// `None` when it was recorded before (a redelivery finishing the message).
     pub plugin: Option<(String, String)>,
+    /// Calls made again under the attempt's key before this answer came ([`RESENDS`]).
+    pub resends: u32,
+}
+
+/// How many times a call that got no answer is made again, under the same idempotency
+/// key, before its attempt counts as failed and the next provider is tried. Without an
+/// answer the provider may have taken the message: a provider that de-duplicates
+/// answers the resend with its first answer, where a fallback (another provider, or
+/// another attempt's key) would send the person a second message.
+pub(super) const RESENDS: u32 = 2;
+
+/// The pause before a resend.
+pub(super) const RESEND_PAUSE: Duration = Duration::from_millis(500);
+
+/// Rejection codes of a plugin whose request got no answer from the provider: the
+/// SDK's, for a timeout and a cut or refused connection.
+const UNANSWERED: [&str; 2] = ["timeout", "transport"];
+
+/// A provider call that did not end in an acceptance.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub code: String,
+    pub detail: String,
+    /// No answer came: the provider may have taken the message ([`RESENDS`]).
+    pub unanswered: bool,
+}
+
+impl Failure {
+    /// A failure with an answer, or with nothing sent: never resent.
+    pub fn answered(code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            detail: detail.into(),
+            unanswered: false,
+        }
+    }
+
+    /// The gateway's own timeout of a call: no answer.
+    pub fn timed_out(after: Duration) -> Self {
+        Self {
+            code: "timeout".into(),
+            detail: format!("no answer within {after:?}"),
+            unanswered: true,
+        }
+    }
+
+    /// A plugin's rejection: unanswered when its code says the provider never answered
+    /// (a provider's own refusal, such as a 503, is an answer; a fallback is safe).
+    pub fn rejected(r: types::Rejection) -> Self {
+        let unanswered = UNANSWERED.contains(&r.code.as_str());
+        Self {
+            code: r.code,
+            detail: r.detail,
+            unanswered,
+        }
+    }
+
+    /// Whether the call is made again under the same key, after `resends` so far.
+    pub fn resend(&self, resends: u32) -> bool {
+        self.unanswered && resends < RESENDS
+    }
 }
 
 /// The step that records attempt `attempt_no` as sent and ends the message `SENT`.
@@ -148,6 +210,9 @@ pub(super) fn sent_step(
         "plugin_version": version, "plugin_digest": digest});
     if resumed {
         detail["resumed"] = json!(true);
+    }
+    if answer.resends > 0 {
+        detail["resends"] = json!(answer.resends);
     }
     if !skipped.is_empty() {
         detail["skipped"] = json!(skipped);
@@ -477,6 +542,7 @@ impl Planner<'_, '_> {
                     provider_message_id: a.provider_message_id.clone().unwrap_or_default(),
                     cost: a.cost_micro_usd,
                     plugin: None,
+                    resends: 0,
                 };
                 Some(Action::Finish {
                     step: sent_step(channel, slug, a.attempt_no, answer, false, skipped),
@@ -648,6 +714,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn only_an_unanswered_call_is_resent_and_only_so_often() {
+        let rejected = |code: &str, retryable| {
+            Failure::rejected(types::Rejection {
+                code: code.into(),
+                detail: "d".into(),
+                retryable,
+            })
+        };
+        assert!(rejected("timeout", true).resend(0));
+        assert!(rejected("transport", true).resend(RESENDS - 1));
+        assert!(!rejected("transport", true).resend(RESENDS), "bounded");
+        assert!(
+            !rejected("http-503", true).resend(0),
+            "an answer, if retryable"
+        );
+        assert!(!rejected("http-400", false).resend(0));
+        assert!(Failure::timed_out(Duration::from_secs(1)).resend(0));
+        assert!(!Failure::answered("plugin-error", "trap").resend(0));
+    }
     #[test]
     fn a_fresh_message_starts_its_first_provider_then_falls_back_in_order() {
         let routes = BTreeMap::new();
