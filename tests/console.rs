@@ -246,6 +246,30 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
         !page.contains("<style") && !page.contains("<script>"),
         "{page}"
     );
+    // Its errors too: a path no page has, and a method a page does not take.
+    for (method, path, status) in [
+        (reqwest::Method::GET, "/console/no-such-page", 404),
+        (reqwest::Method::DELETE, "/console/keys", 405),
+    ] {
+        let resp = client()
+            .request(method, format!("{url}{path}"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+        for header in [
+            "content-security-policy",
+            "x-frame-options",
+            "cache-control",
+        ] {
+            assert_eq!(
+                resp.headers().get(header),
+                headers.get(header),
+                "{path}: {header}"
+            );
+        }
+    }
     for (asset, kind) in [
         ("/console/assets/console.css", "text/css"),
         ("/console/assets/follow.js", "text/javascript"),
@@ -966,6 +990,26 @@ async fn operators_install_and_roll_back_plugins_from_the_console(b: Backends) {
     assert!(page.contains("is active"), "{page}");
     assert!(page.contains("Conformance report"), "{page}");
     assert_ne!(loaded("provc"), bundled_digest, "this gateway switched");
+    // Who installed it is the operator's to see; a tenant's admin sees how.
+    let installer = format!("console:{}", operator.1.id);
+    let (_, _, page) = get(&url, "/console/plugins", &cookie).await;
+    assert!(page.contains(&installer), "{page}");
+    let (_, _, page) = get(&url, "/console/plugins", &admin_cookie).await;
+    assert!(!page.contains(operator.1.id.as_str()), "{page}");
+    assert!(page.contains("<td>console</td>"), "{page}");
+    let listed: serde_json::Value = client()
+        .get(format!("{url}/v1/admin/plugins"))
+        .bearer_auth(&admin.0)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        !listed.to_string().contains(operator.1.id.as_str()),
+        "{listed}"
+    );
 
     // Roll back: the API refuses keys without the operator's scope, the console its
     // forms without the token; then the bundled plugin serves again.

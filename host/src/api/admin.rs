@@ -69,7 +69,9 @@ pub struct InstalledVersion {
     pub canary_since: Option<String>,
     /// How its last canary trial ended (`promoted: ...`, `rolled back: ...`).
     pub canary_result: Option<String>,
-    /// Who installed it (`cli:<user>`, `api:<key id>`).
+    /// Who installed it: `cli:<user>`, `api:<key id>`, `dir:<file>`; a tenant's admin
+    /// sees only the part before the colon (the operator's names and keys are not
+    /// theirs to see).
     pub installed_by: String,
     /// When (RFC 3339).
     pub installed_at: String,
@@ -181,7 +183,8 @@ pub async fn list_plugins(
     caller: Caller,
 ) -> Result<axum::Json<PluginListing>, ApiError> {
     require_admin(&caller)?;
-    plugin_listing(&state).await.map(axum::Json)
+    let listing = plugin_listing(&state).await?;
+    Ok(axum::Json(listing.seen_by(&caller.key)))
 }
 
 /// What `GET /v1/admin/plugins` lists (the caller's scope is checked before).
@@ -196,6 +199,31 @@ pub async fn plugin_listing(state: &AppState) -> Result<PluginListing, ApiError>
 }
 
 impl PluginListing {
+    /// The listing as `key` may see it: the operator's names, key ids and files (who
+    /// installed or promoted a version) only for the operator's key; a tenant's admin
+    /// sees how (`cli`, `api`, `dir`), not who.
+    pub fn seen_by(mut self, key: &ApiKeyRecord) -> Self {
+        if is_operator(key) {
+            return self;
+        }
+        let mut who: Vec<(String, String)> = self
+            .installed
+            .iter()
+            .map(|v| (v.installed_by.clone(), installer_kind(&v.installed_by)))
+            .collect();
+        // The longest first: one name may begin another.
+        who.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+        for v in &mut self.installed {
+            v.installed_by = installer_kind(&v.installed_by);
+            if let Some(result) = &mut v.canary_result {
+                for (name, kind) in &who {
+                    *result = result.replace(name.as_str(), kind);
+                }
+            }
+        }
+        self
+    }
+
     /// What serves each slug in `registry`, and the installed `versions`.
     pub fn of(registry: &Registry, versions: Vec<crate::store::PluginVersion>) -> Self {
         let canaries = registry.canaries();
@@ -253,6 +281,14 @@ impl PluginListing {
             })
             .collect();
         PluginListing { loaded, installed }
+    }
+}
+
+/// How a version was installed (`cli`, `api`, `dir`), without who did it.
+fn installer_kind(installed_by: &str) -> String {
+    match installed_by.split_once(':') {
+        Some((kind, _)) => kind.to_string(),
+        None => "operator".to_string(),
     }
 }
 
@@ -471,4 +507,73 @@ pub async fn rollback(
         slug,
         detail,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(slug: &str, by: &str, result: Option<&str>) -> InstalledVersion {
+        InstalledVersion {
+            slug: slug.into(),
+            version: "1.0.0".into(),
+            digest: "d".into(),
+            kind: "wasm".into(),
+            state: "active".into(),
+            canary_percent: None,
+            canary_since: None,
+            canary_result: result.map(str::to_string),
+            installed_by: by.into(),
+            installed_at: "2026-12-03T00:00:00.000Z".into(),
+            outbound_hosts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_tenant_admin_sees_how_a_version_was_installed_not_who_did_it() {
+        let listing = PluginListing {
+            loaded: Vec::new(),
+            installed: vec![
+                version("provc", "cli:alice", None),
+                version(
+                    "provc",
+                    "api:key_1",
+                    Some("promoted: promoted by cli:alice before its trial ended"),
+                ),
+                version("provd", "dir:/srv/plugins/provd.wasm", None),
+                version("prove", "unnamed", None),
+            ],
+        };
+        let key = |scope: &str| ApiKeyRecord {
+            id: crate::ids::ApiKeyId::generate(),
+            workspace: crate::ids::WorkspaceId::generate(),
+            tier: crate::model::Tier::Paid,
+            mode: crate::model::KeyMode::Live,
+            hint: "sb_live_…".into(),
+            created_at: chrono::Utc::now(),
+            revoked_at: None,
+            scopes: vec![scope.into()],
+        };
+        let (admin, operator) = (
+            key(crate::auth::SCOPE_ADMIN),
+            key(crate::auth::SCOPE_OPERATOR),
+        );
+
+        let seen = listing.clone().seen_by(&admin);
+        let by: Vec<&str> = seen
+            .installed
+            .iter()
+            .map(|v| v.installed_by.as_str())
+            .collect();
+        assert_eq!(by, ["cli", "api", "dir", "operator"]);
+        assert_eq!(
+            seen.installed[1].canary_result.as_deref(),
+            Some("promoted: promoted by cli before its trial ended")
+        );
+        let text = serde_json::to_string(&seen).unwrap();
+        for name in ["alice", "key_1", "/srv"] {
+            assert!(!text.contains(name), "{name}: {text}");
+        }
+        assert_eq!(listing.clone().seen_by(&operator), listing);
+    }
 }

@@ -23,7 +23,7 @@ use axum::extract::rejection::{FormRejection, PathRejection};
 use axum::extract::{Form, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use minijinja::{Environment, Value, context};
 use serde::Deserialize;
 use std::sync::OnceLock;
@@ -60,6 +60,10 @@ pub fn router() -> Router<AppState> {
             "/console/endpoints/{id}/deliveries/{delivery}/retry",
             post(endpoints::retry),
         )
+        // Errors are console answers too, with its headers: a path under `/console` no
+        // page has, and a method a page does not take (set here, so the layer wraps it).
+        .route("/console/{*rest}", any(|| async { ApiError::NotFound }))
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::map_response(page_headers))
 }
 

@@ -29,7 +29,9 @@ pub(super) async fn plugins(
         return Ok(to_sign_in());
     };
     require_admin(&key, "the plugin registry")?;
-    let listing = crate::api::admin::plugin_listing(&state).await?;
+    let listing = crate::api::admin::plugin_listing(&state)
+        .await?
+        .seen_by(&key);
     // A rollback is offered where an installed version is active or a canary (which
     // is what a rollback of its slug ends); the form names it, so a stale page (or a
     // reload) cannot roll back something else.

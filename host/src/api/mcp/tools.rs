@@ -318,12 +318,13 @@ fn delivery_stats<'a>(
 
 fn list_plugins<'a>(
     state: &'a AppState,
-    _key: &'a ApiKeyRecord,
+    key: &'a ApiKeyRecord,
     args: JsonObject,
 ) -> BoxFuture<'a, Result<Value, ToolError>> {
     Box::pin(async move {
         let NoArguments {} = arguments(args)?;
-        to_value(plugin_listing(state).await.map_err(from_api)?)
+        let listing = plugin_listing(state).await.map_err(from_api)?;
+        to_value(listing.seen_by(key))
     })
 }
 
