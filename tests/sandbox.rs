@@ -144,6 +144,27 @@ async fn memory_hog_is_stopped_at_the_limit() {
     assert_eq!(bad.verify_signature("fine", &[], b"", 0).await, Ok(Ok(())));
 }
 
+/// Data a plugin hands the host is copied out of its memory: strings that name the same
+/// bytes many times cannot have the host allocate more than the instance's memory limit
+/// in one call (the log call below asks for 40 MiB out of 1 MiB).
+#[tokio::test]
+async fn a_call_copies_no_more_out_of_a_plugin_than_its_memory_limit() {
+    let rt = runtime(Duration::from_secs(5));
+    let bad = hostile(&rt, Grants::Declared).await;
+    assert_eq!(rt.config().memory_limit_bytes, 32 << 20);
+    // 16 MiB: under the limit, copied and logged.
+    assert_eq!(
+        bad.verify_signature("alias:8", &[], b"", 0).await,
+        Ok(Ok(()))
+    );
+    match bad.verify_signature("alias:20", &[], b"", 0).await {
+        Err(PluginError::Trap(msg)) => assert!(msg.contains("too much data"), "{msg}"),
+        other => panic!("expected the copy to be refused, got {other:?}"),
+    }
+    assert_eq!(bad.verify_signature("fine", &[], b"", 0).await, Ok(Ok(())));
+    healthy_call(&provc(&rt).await).await;
+}
+
 #[tokio::test]
 async fn traps_are_reported_as_failed_calls() {
     let rt = runtime(Duration::from_secs(2));

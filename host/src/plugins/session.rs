@@ -59,6 +59,11 @@ impl Plugin {
         let state = HostState::new(grants, budget, shared.config.memory_limit_bytes);
         let mut store = Store::new(&shared.engine, state);
         store.limiter(|s| s);
+        // What one call may copy out of the guest (an import's arguments, an export's
+        // results): no more than its memory holds. Without it, strings and lists that
+        // name the same bytes many times would have the host allocate many times the
+        // instance's memory (wasmtime's own default is 128 MiB a call).
+        store.set_hostcall_fuel(shared.config.memory_limit_bytes);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut ctx| {
             let state = ctx.data_mut();
@@ -281,9 +286,11 @@ impl Session<'_> {
         } else if state.memory_limit_hit {
             PluginError::MemoryLimit(state.memory_limit)
         } else {
+            // The root cause says what went wrong ("too much data is being copied");
+            // the layers above it are where (a wasm backtrace).
             let text = match error.downcast_ref::<wasmtime::Trap>() {
                 Some(trap) => trap.to_string(),
-                None => error.to_string(),
+                None => error.root_cause().to_string(),
             };
             PluginError::Trap(text)
         };
