@@ -249,6 +249,7 @@ async fn the_console_shows_a_workspace_its_own_messages_only(b: Backends) {
     // Its errors too: a path no page has, and a method a page does not take.
     for (method, path, status) in [
         (reqwest::Method::GET, "/console/no-such-page", 404),
+        (reqwest::Method::GET, "/console/", 404),
         (reqwest::Method::DELETE, "/console/keys", 405),
     ] {
         let resp = client()

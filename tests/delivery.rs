@@ -452,14 +452,31 @@ async fn failover_across_providers_then_channels(b: Backends) {
 
 /// A send that gets no answer may have been taken: it is made again under the same key
 /// (a provider that de-duplicates answers the repeat), and the next provider gets the
-/// message only once the resends went unanswered too.
+/// message only once the resend went unanswered too.
 async fn an_unanswered_send_is_resent_under_its_key_before_any_fallback(b: Backends) {
     // Longer than the send timeout (1.5 s: half the 3 s lease).
     let hang = Reply::Delay(Duration::from_secs(6));
     let slow = CaptureServer::start().await.unwrap();
     slow.reply_with(hang.clone());
     let good = provider(201, ACCEPT).await;
-    let gw = Gateway::start(b, &[slow.host_port(), good.host_port()]).await;
+    // A provider that reads each request and cuts the connection without an answer:
+    // the plugin's own `transport` rejection.
+    let cutting = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cut = cutting.local_addr().unwrap();
+    let cuts = std::sync::Arc::new(AtomicUsize::new(0));
+    let cutter = {
+        let cuts = cuts.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            while let Ok((mut stream, _)) = cutting.accept().await {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                cuts.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let grants = [slow.host_port(), good.host_port(), cut.to_string()];
+    let gw = Gateway::start(b, &grants).await;
     gw.workflows().await;
     let key = gw.key(KeyMode::Live).await;
     gw.route("sms", &[("provc", &slow.url()), ("provd", &good.url())])
@@ -497,15 +514,15 @@ async fn an_unanswered_send_is_resent_under_its_key_before_any_fallback(b: Backe
     assert_eq!(statuses(&dto), ["queued:-", "sent:provc"], "{dto}");
     assert_eq!(dto["events"][1]["detail"]["resends"], 1, "{dto}");
 
-    // No call is answered: after the resends, the next provider, under its own key.
+    // No call is answered: after the resend, the next provider, under its own key.
     slow.reply_with(hang);
-    let event = gw.trigger(&key, otp, "HIGH").await;
+    let event = gw.trigger(&key, otp.clone(), "HIGH").await;
     let m = gw.settled(&event).await;
     assert_eq!(
         (m.status, m.provider.as_deref(), m.attempts),
         (MessageStatus::Sent, Some("provd"), 2)
     );
-    assert_eq!(keys(&slow.take_requests()), vec![format!("{event}.1"); 3]);
+    assert_eq!(keys(&slow.take_requests()), vec![format!("{event}.1"); 2]);
     let to_good = good.take_requests();
     assert_eq!(to_good.len(), 1);
     let body: Value = serde_json::from_slice(&to_good[0].body).unwrap();
@@ -519,7 +536,26 @@ async fn an_unanswered_send_is_resent_under_its_key_before_any_fallback(b: Backe
     let failed = dto["events"][1]["detail"]["detail"]
         .as_str()
         .unwrap_or_default();
-    assert!(failed.contains("sent 3 times"), "{dto}");
+    assert!(failed.contains("sent 2 times"), "{dto}");
+
+    // The plugin's own word for no answer (the connection was cut) is resent too.
+    let cutting = format!("http://{cut}");
+    gw.route("sms", &[("provc", &cutting), ("provd", &good.url())])
+        .await;
+    let event = gw.trigger(&key, otp, "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.provider.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("provd"), 2)
+    );
+    let dto = gw.dto(&key, &event).await;
+    let failed = &dto["events"][1]["detail"];
+    assert_eq!(failed["code"], "transport", "{dto}");
+    let detail = failed["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("sent 2 times"), "{dto}");
+    assert_eq!(cuts.load(Ordering::SeqCst), 2);
+    assert_eq!(good.take_requests().len(), 1);
+    cutter.abort();
 }
 
 /// A provider stand-in that holds every request until the test lets one go, then

@@ -69,9 +69,9 @@ pub struct InstalledVersion {
     pub canary_since: Option<String>,
     /// How its last canary trial ended (`promoted: ...`, `rolled back: ...`).
     pub canary_result: Option<String>,
-    /// Who installed it: `cli:<user>`, `api:<key id>`, `dir:<file>`; a tenant's admin
-    /// sees only the part before the colon (the operator's names and keys are not
-    /// theirs to see).
+    /// Who installed it: `cli:<user>`, `api:<key id>`, `console:<key id>` or
+    /// `dir:<file>`; a tenant's admin sees only the part before the colon (the
+    /// operator's names and keys are not theirs to see).
     pub installed_by: String,
     /// When (RFC 3339).
     pub installed_at: String,
@@ -216,9 +216,12 @@ impl PluginListing {
         for v in &mut self.installed {
             v.installed_by = installer_kind(&v.installed_by);
             if let Some(result) = &mut v.canary_result {
+                // The names listed (a file's may hold a space), then any other
+                // `<way>:<who>` word: who promoted a canary need not be listed.
                 for (name, kind) in &who {
                     *result = result.replace(name.as_str(), kind);
                 }
+                *result = without_installers(result);
             }
         }
         self
@@ -284,12 +287,26 @@ impl PluginListing {
     }
 }
 
-/// How a version was installed (`cli`, `api`, `dir`), without who did it.
+/// The ways a version is installed, as `installed_by` begins (`<way>:<who>`).
+const INSTALLERS: [&str; 4] = ["cli", "api", "console", "dir"];
+
+/// How a version was installed (`cli`, `api`, `console`, `dir`), without who did it.
 fn installer_kind(installed_by: &str) -> String {
     match installed_by.split_once(':') {
-        Some((kind, _)) => kind.to_string(),
-        None => "operator".to_string(),
+        Some((kind, _)) if INSTALLERS.contains(&kind) => kind.to_string(),
+        _ => "operator".to_string(),
     }
+}
+
+/// `text` with each `<way>:<who>` word cut to its way.
+fn without_installers(text: &str) -> String {
+    text.split(' ')
+        .map(|word| match word.split_once(':') {
+            Some((kind, _)) if INSTALLERS.contains(&kind) => kind,
+            _ => word,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Installs (or upgrades to) the component in the body and activates it once it
@@ -540,7 +557,11 @@ mod tests {
                     "api:key_1",
                     Some("promoted: promoted by cli:alice before its trial ended"),
                 ),
-                version("provd", "dir:/srv/plugins/provd.wasm", None),
+                version(
+                    "provd",
+                    "dir:/srv/my plugins/provd.wasm",
+                    Some("promoted: promoted by console:key_9 before its trial ended"),
+                ),
                 version("prove", "unnamed", None),
             ],
         };
@@ -570,8 +591,13 @@ mod tests {
             seen.installed[1].canary_result.as_deref(),
             Some("promoted: promoted by cli before its trial ended")
         );
+        // A promoter no listed version names is cut too.
+        assert_eq!(
+            seen.installed[2].canary_result.as_deref(),
+            Some("promoted: promoted by console before its trial ended")
+        );
         let text = serde_json::to_string(&seen).unwrap();
-        for name in ["alice", "key_1", "/srv"] {
+        for name in ["alice", "key_1", "key_9", "/srv", "plugins"] {
             assert!(!text.contains(name), "{name}: {text}");
         }
         assert_eq!(listing.clone().seen_by(&operator), listing);

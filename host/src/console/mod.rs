@@ -62,6 +62,7 @@ pub fn router() -> Router<AppState> {
         )
         // Errors are console answers too, with its headers: a path under `/console` no
         // page has, and a method a page does not take (set here, so the layer wraps it).
+        .route("/console/", any(|| async { ApiError::NotFound }))
         .route("/console/{*rest}", any(|| async { ApiError::NotFound }))
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::map_response(page_headers))

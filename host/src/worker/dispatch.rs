@@ -407,6 +407,8 @@ impl Run<'_> {
             match called {
                 Err(failure) if failure.resend(resends) => {
                     resends += 1;
+                    // Each unanswered call counts towards the provider's circuit.
+                    self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
                     tracing::info!(
                         provider = slug,
                         channel = ch,
@@ -415,10 +417,10 @@ impl Run<'_> {
                         resends,
                         "no answer from the provider; sending again under the same key"
                     );
-                    tokio::time::sleep(plan::RESEND_PAUSE).await;
                     // The lease must outlast the next call too; a worker that lost it
                     // stops here, and the holder resumes the attempt under its key.
                     self.renew_lease().await?;
+                    tokio::time::sleep(plan::RESEND_PAUSE).await;
                 }
                 called => break called,
             }
@@ -524,7 +526,7 @@ impl Run<'_> {
     }
 
     /// The call to `plugin` (the version [`Registry::pick`] chose for the event; `None`:
-    /// nothing serves the slug): the provider's answer, or `(code, detail)`.
+    /// nothing serves the slug): the provider's answer, or why there is none.
     ///
     /// [`Registry::pick`]: crate::plugins::registry::Registry::pick
     async fn call(

@@ -139,8 +139,9 @@ pub(super) struct Answer {
 /// key, before its attempt counts as failed and the next provider is tried. Without an
 /// answer the provider may have taken the message: a provider that de-duplicates
 /// answers the resend with its first answer, where a fallback (another provider, or
-/// another attempt's key) would send the person a second message.
-pub(super) const RESENDS: u32 = 2;
+/// another attempt's key) would send the person a second message. Once: a provider
+/// that does not de-duplicate gets at most one copy more than before.
+pub(super) const RESENDS: u32 = 1;
 
 /// The pause before a resend.
 pub(super) const RESEND_PAUSE: Duration = Duration::from_millis(500);
