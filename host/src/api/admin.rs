@@ -201,7 +201,7 @@ pub async fn plugin_listing(state: &AppState) -> Result<PluginListing, ApiError>
 impl PluginListing {
     /// The listing as `key` may see it: the operator's names, key ids and files (who
     /// installed or promoted a version) only for the operator's key; a tenant's admin
-    /// sees how (`cli`, `api`, `dir`), not who.
+    /// sees how (`cli`, `api`, `console`, `dir`), not who.
     pub fn seen_by(mut self, key: &ApiKeyRecord) -> Self {
         if is_operator(key) {
             return self;
