@@ -556,6 +556,7 @@ async fn an_unanswered_send_is_resent_under_its_key_before_any_fallback(b: Backe
     assert_eq!(cuts.load(Ordering::SeqCst), 2);
     assert_eq!(good.take_requests().len(), 1);
     cutter.abort();
+    gw.cleanup().await;
 }
 
 /// A provider stand-in that holds every request until the test lets one go, then

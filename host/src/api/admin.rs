@@ -206,21 +206,11 @@ impl PluginListing {
         if is_operator(key) {
             return self;
         }
-        let mut who: Vec<(String, String)> = self
-            .installed
-            .iter()
-            .map(|v| (v.installed_by.clone(), installer_kind(&v.installed_by)))
-            .collect();
-        // The longest first: one name may begin another.
-        who.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
         for v in &mut self.installed {
             v.installed_by = installer_kind(&v.installed_by);
+            // Word by word: who promoted a canary need not be a listed installer, and
+            // one name may begin another.
             if let Some(result) = &mut v.canary_result {
-                // The names listed (a file's may hold a space), then any other
-                // `<way>:<who>` word: who promoted a canary need not be listed.
-                for (name, kind) in &who {
-                    *result = result.replace(name.as_str(), kind);
-                }
                 *result = without_installers(result);
             }
         }
@@ -551,11 +541,11 @@ mod tests {
         let listing = PluginListing {
             loaded: Vec::new(),
             installed: vec![
-                version("provc", "cli:alice", None),
+                version("provc", "cli:ann", None),
                 version(
                     "provc",
                     "api:key_1",
-                    Some("promoted: promoted by cli:alice before its trial ended"),
+                    Some("promoted: promoted by cli:anna.smith before its trial ended"),
                 ),
                 version(
                     "provd",
@@ -597,7 +587,7 @@ mod tests {
             Some("promoted: promoted by console before its trial ended")
         );
         let text = serde_json::to_string(&seen).unwrap();
-        for name in ["alice", "key_1", "key_9", "/srv", "plugins"] {
+        for name in ["ann", "smith", "key_1", "key_9", "/srv", "plugins"] {
             assert!(!text.contains(name), "{name}: {text}");
         }
         assert_eq!(listing.clone().seen_by(&operator), listing);
