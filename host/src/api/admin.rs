@@ -280,21 +280,21 @@ impl PluginListing {
 /// The ways a version is installed, as `installed_by` begins (`<way>:<who>`).
 const INSTALLERS: [&str; 4] = ["cli", "api", "console", "dir"];
 
+/// The way of a `<way>:<who>` word, if it names one of [`INSTALLERS`].
+fn way_of(word: &str) -> Option<&str> {
+    let (way, _) = word.split_once(':')?;
+    INSTALLERS.contains(&way).then_some(way)
+}
+
 /// How a version was installed (`cli`, `api`, `console`, `dir`), without who did it.
 fn installer_kind(installed_by: &str) -> String {
-    match installed_by.split_once(':') {
-        Some((kind, _)) if INSTALLERS.contains(&kind) => kind.to_string(),
-        _ => "operator".to_string(),
-    }
+    way_of(installed_by).unwrap_or("operator").to_string()
 }
 
 /// `text` with each `<way>:<who>` word cut to its way.
 fn without_installers(text: &str) -> String {
     text.split(' ')
-        .map(|word| match word.split_once(':') {
-            Some((kind, _)) if INSTALLERS.contains(&kind) => kind,
-            _ => word,
-        })
+        .map(|word| way_of(word).unwrap_or(word))
         .collect::<Vec<_>>()
         .join(" ")
 }
