@@ -186,8 +186,17 @@ async fn the_console_works_in_a_real_browser() {
         .goto(&format!("{url}/console/sign-in"))
         .await
         .unwrap();
-    let field = client.active_element().await.unwrap();
-    assert_eq!(field.attr("name").await.unwrap().as_deref(), Some("key"));
+    // Chromium applies `autofocus` after the load: wait for it, briefly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let field = loop {
+        let field = client.active_element().await.unwrap();
+        let name = field.attr("name").await.unwrap();
+        if name.as_deref() == Some("key") || std::time::Instant::now() > deadline {
+            assert_eq!(name.as_deref(), Some("key"), "the key field has the focus");
+            break field;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     field.send_keys(&keys[0]).await.unwrap();
     let press = |key: Key| {
         KeyActions::new("keyboard".into())
