@@ -20,6 +20,7 @@ both!(
     workflows_subscribers_and_the_overview_show_one_workspace,
     operators_install_and_roll_back_plugins_from_the_console,
     webhook_endpoints_and_their_delivery_log_show_one_workspace,
+    wrong_keys_from_one_address_are_refused_for_the_rest_of_the_minute,
 );
 
 fn client() -> reqwest::Client {
@@ -58,6 +59,78 @@ async fn gateway(
     config.worker.enabled = false;
     config.console.session_secret = Some(SESSION_SECRET.into());
     common::serve(config).await
+}
+
+/// Posts the sign-in form from `from`: status, Retry-After, whether a cookie was set,
+/// and the page.
+async fn sign_in_from(url: &str, key: &str, from: &str) -> (u16, Option<u64>, bool, String) {
+    let resp = reqwest::Client::builder()
+        .redirect(Policy::none())
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+        .post(format!("{url}/console/sign-in"))
+        .form(&[("key", key)])
+        .send()
+        .await
+        .unwrap();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let cookie = resp.headers().get("set-cookie").is_some();
+    (
+        resp.status().as_u16(),
+        retry,
+        cookie,
+        resp.text().await.unwrap(),
+    )
+}
+
+async fn wrong_keys_from_one_address_are_refused_for_the_rest_of_the_minute(b: Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, b, "console_limit").await;
+    config.worker.enabled = false;
+    config.console.session_secret = Some(SESSION_SECRET.into());
+    config.console.max_failed_sign_ins_per_minute = 3;
+    let (url, state) = common::serve(config).await;
+    let keys = two_workspaces(&*state.ingest.store).await;
+    let key = keys[0].0.as_str();
+    let wrong = "svc_sk_test_0000000000000000000000000000000000000000";
+
+    // Sign-ins that work count for nothing.
+    for _ in 0..5 {
+        let (status, _, cookie, _) = sign_in_from(&url, key, "127.0.0.3").await;
+        assert_eq!((status, cookie), (303, true));
+    }
+    // Three wrong keys are each told so; the fourth, and then even the right key, are
+    // refused without a look, with how long to wait.
+    for _ in 0..3 {
+        let (status, retry, _, page) = sign_in_from(&url, wrong, "127.0.0.1").await;
+        assert_eq!((status, retry), (200, None));
+        assert!(page.contains("That key was not accepted"), "{page}");
+    }
+    for attempt in [wrong, key] {
+        let (status, retry, cookie, page) = sign_in_from(&url, attempt, "127.0.0.1").await;
+        assert_eq!((status, cookie), (429, false), "{page}");
+        let retry = retry.expect("Retry-After");
+        assert!((1..=60).contains(&retry), "{retry}");
+        assert!(
+            page.contains(&format!("Try again in {retry} seconds")),
+            "{page}"
+        );
+        assert!(
+            page.contains("name=\"key\""),
+            "the form is still there: {page}"
+        );
+    }
+    // Another address signs in as before.
+    let (status, _, cookie, _) = sign_in_from(&url, key, "127.0.0.2").await;
+    assert_eq!((status, cookie), (303, true));
 }
 
 /// The console's signing secret in these tests, so that a test can make a cookie.

@@ -17,6 +17,7 @@ pub mod config_cache;
 pub mod console;
 pub mod crypto;
 pub mod events;
+pub mod failure_limit;
 pub mod idempotency;
 pub mod ids;
 pub mod ingest;
@@ -87,6 +88,8 @@ pub struct AppStateInner {
     pub config_cache: Arc<config_cache::ConfigCache>,
     /// The database's secret the delivery log's cursors are sealed with, once read.
     pub log_cursor_secret: tokio::sync::OnceCell<[u8; 32]>,
+    /// Console sign-ins with a key that was not accepted, per source address.
+    pub sign_in_failures: failure_limit::FailureLimit,
 }
 
 /// Checks what [`Config::validate`] leaves to the parts the settings belong to: each
@@ -299,6 +302,8 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let canaries =
         canary::Canaries::start(config.canary.clone(), breakers.clone(), plugins.clone());
     let circuits = circuits::Circuits::start(config.circuits.clone(), breakers);
+    let sign_in_failures =
+        failure_limit::FailureLimit::new(config.console.max_failed_sign_ins_per_minute);
     Ok(AppState(Arc::new(AppStateInner {
         plugins,
         circuits,
@@ -315,6 +320,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         config_changes,
         config_cache,
         log_cursor_secret: tokio::sync::OnceCell::new(),
+        sign_in_failures,
     })))
 }
 

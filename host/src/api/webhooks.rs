@@ -4,7 +4,7 @@
 
 use super::ApiError;
 use crate::AppState;
-use crate::webhooks::{FailureLimit, WebhookError};
+use crate::webhooks::{WebhookError, failure_path};
 use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
@@ -112,7 +112,7 @@ pub async fn receive(
         _ => return Err(ApiError::NotFound),
     };
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
-    let failures_path = FailureLimit::path(&provider, workspace.as_deref());
+    let failures_path = failure_path(&provider, workspace.as_deref());
     if let Some(left) = source.and_then(|ip| state.webhooks.failures.blocked(ip, &failures_path)) {
         return Err(ApiError::RateLimited(
             "too many callbacks with bad signatures from this address: retry later".into(),

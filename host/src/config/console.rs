@@ -19,6 +19,10 @@ pub struct ConsoleConfig {
     pub session_secret: Option<String>,
     /// How long a session lasts, minutes (1 to [`MAX_SESSION_MINUTES`]).
     pub session_minutes: u32,
+    /// Keys not accepted from one address per minute before that address's sign-ins
+    /// are refused (429) until the minute ends, without looking the key up; 0: no
+    /// limit. Behind a proxy every sign-in comes from the proxy's address: raise it.
+    pub max_failed_sign_ins_per_minute: u32,
 }
 
 impl Default for ConsoleConfig {
@@ -26,6 +30,7 @@ impl Default for ConsoleConfig {
         Self {
             session_secret: None,
             session_minutes: 480,
+            max_failed_sign_ins_per_minute: 10,
         }
     }
 }

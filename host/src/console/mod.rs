@@ -18,14 +18,16 @@ mod workflows;
 use crate::AppState;
 use crate::api::ApiError;
 use crate::model::ApiKeyRecord;
+use axum::Extension;
 use axum::Router;
 use axum::extract::rejection::{FormRejection, PathRejection};
-use axum::extract::{Form, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::extract::{ConnectInfo, Form, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use minijinja::{Environment, Value, context};
 use serde::Deserialize;
+use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 pub use crate::config::ConsoleConfig;
@@ -270,8 +272,14 @@ struct SignIn {
     key: String,
 }
 
+/// What sign-in failures count under ([`crate::failure_limit::FailureLimit`]): the
+/// console has one form.
+const SIGN_IN_PATH: &str = "console/sign-in";
+
 async fn sign_in(
     State(state): State<AppState>,
+    // Absent when the router is driven without a socket (in-process tests).
+    source: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     form: Result<Form<SignIn>, FormRejection>,
 ) -> Result<Response, ApiError> {
@@ -282,6 +290,22 @@ async fn sign_in(
         return Err(ApiError::Forbidden(
             "sign in from the console's own page: this form came from another site".into(),
         ));
+    }
+    let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
+    let failures = &state.sign_in_failures;
+    if let Some(left) = source.and_then(|ip| failures.blocked(ip, SIGN_IN_PATH)) {
+        // Refused before the key is looked up, whatever it is: guessing costs a
+        // minute per few tries, and the page says when to try again.
+        let seconds = left.as_secs().max(1);
+        let error = format!(
+            "Too many keys were not accepted from your address. Try again in {seconds} seconds."
+        );
+        let page = render("sign_in.html", context! { error })?;
+        let mut response = (StatusCode::TOO_MANY_REQUESTS, page).into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        return Ok(response);
     }
     let key = form.key.trim();
     let header = format!("Bearer {key}");
@@ -295,6 +319,9 @@ async fn sign_in(
         Err(_) => None,
     };
     let Some(_) = record else {
+        if let Some(ip) = source {
+            failures.failed(ip, SIGN_IN_PATH);
+        }
         // The same words for a malformed, unknown or revoked key: nothing revealed.
         let page = render(
             "sign_in.html",

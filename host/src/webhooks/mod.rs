@@ -24,6 +24,7 @@
 
 use crate::broker::{Broker, Publish, StreamClass, StreamNames};
 use crate::config::WebhooksConfig;
+pub use crate::failure_limit::FailureLimit;
 use crate::ids::{ReceiptId, WorkspaceId};
 use crate::metrics::Metrics;
 use crate::model::MessageStatus;
@@ -99,93 +100,16 @@ pub struct Webhooks {
     pub failures: FailureLimit,
 }
 
-/// Failed signature checks per source address and callback path (provider and
-/// workspace), in fixed one-minute windows: a source past `limit` on a path is refused
-/// there before any verification, so a flood of bad callbacks cannot keep the plugin
-/// sandboxes busy. Counted by path because a provider calls back for every tenant from
-/// the same addresses: one tenant's missing or stale secret must not block the others'
-/// receipts. A source is refused on every path past [`Self::PATHS`] times `limit` in
-/// all, so new paths (made-up workspace names) buy a flood little.
-pub struct FailureLimit {
-    limit: u32,
-    windows: std::sync::Mutex<std::collections::HashMap<FailureKey, (std::time::Instant, u32)>>,
-    /// Paths are kept as a keyed hash: a URL's workspace part is the caller's to choose
-    /// and may be long, and a window per path must cost the same whatever it is.
-    paths: std::collections::hash_map::RandomState,
-}
-
-/// A source and the (hashed) callback path its failures count under; `None` for all
-/// of them.
-type FailureKey = (std::net::IpAddr, Option<u64>);
-
-impl FailureLimit {
-    const WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-    /// A source's failures on all paths together may reach this many times the limit.
-    pub const PATHS: u32 = 10;
-    /// Windows kept before finished ones are forgotten; past it even after that, the
-    /// per-path windows go (the per-source ones still hold a flood back).
-    const TRACKED: usize = 10_000;
-
-    /// At most `limit` failures per source, path and minute.
-    pub fn new(limit: u32) -> Self {
-        Self {
-            limit,
-            windows: Default::default(),
-            paths: Default::default(),
-        }
-    }
-
-    fn key(&self, source: std::net::IpAddr, path: &str) -> FailureKey {
-        use std::hash::BuildHasher;
-        (source, Some(self.paths.hash_one(path)))
-    }
-
-    /// The path a callback's failures count under: its provider (without case) and
-    /// the workspace its URL names.
-    pub fn path(provider: &str, workspace: Option<&str>) -> String {
-        format!(
-            "{}/{}",
-            provider.to_ascii_lowercase(),
-            workspace.unwrap_or("")
-        )
-    }
-
-    /// While `source` is over its limit on `path`, or over all of its paths: how long
-    /// until the window that blocks it ends (never with a limit of 0: off).
-    pub fn blocked(&self, source: std::net::IpAddr, path: &str) -> Option<std::time::Duration> {
-        if self.limit == 0 {
-            return None;
-        }
-        let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        let left = |key: &FailureKey, limit: u32| {
-            windows
-                .get(key)
-                .filter(|(start, n)| start.elapsed() < Self::WINDOW && *n >= limit)
-                .map(|(start, _)| Self::WINDOW.saturating_sub(start.elapsed()))
-        };
-        left(&self.key(source, path), self.limit).max(left(
-            &(source, None),
-            self.limit.saturating_mul(Self::PATHS),
-        ))
-    }
-
-    /// Counts one failed check by `source` on `path`.
-    pub fn failed(&self, source: std::net::IpAddr, path: &str) {
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        if windows.len() >= Self::TRACKED {
-            windows.retain(|_, (start, _)| start.elapsed() < Self::WINDOW);
-            if windows.len() >= Self::TRACKED {
-                windows.retain(|(_, path), _| path.is_none());
-            }
-        }
-        for key in [self.key(source, path), (source, None)] {
-            let entry = windows.entry(key).or_insert((std::time::Instant::now(), 0));
-            if entry.0.elapsed() >= Self::WINDOW {
-                *entry = (std::time::Instant::now(), 0);
-            }
-            entry.1 += 1;
-        }
-    }
+/// The path a callback's failures count under ([`FailureLimit`]): its provider
+/// (without case) and the workspace its URL names. Counted by path because a provider
+/// calls back for every tenant from the same addresses: one tenant's missing or stale
+/// secret must not block the others' receipts.
+pub fn failure_path(provider: &str, workspace: Option<&str>) -> String {
+    format!(
+        "{}/{}",
+        provider.to_ascii_lowercase(),
+        workspace.unwrap_or("")
+    )
 }
 
 /// How a callback was authenticated.
@@ -603,37 +527,9 @@ pub fn to_event(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_source_past_its_failures_is_blocked_on_that_path_then_on_all() {
-        use super::FailureLimit;
-        let limit = FailureLimit::new(3);
-        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let (bare, acme) = (
-            FailureLimit::path("ProvC", None),
-            FailureLimit::path("provc", Some("acme")),
-        );
-        assert_eq!(bare, "provc/");
-        for _ in 0..3 {
-            assert!(limit.blocked(a, &bare).is_none());
-            limit.failed(a, &bare);
-        }
-        let left = limit.blocked(a, &bare).expect("blocked");
-        // The window ends a minute after its first failure.
-        let minute = std::time::Duration::from_secs(60);
-        assert!(
-            left > minute - std::time::Duration::from_secs(5) && left <= minute,
-            "{left:?}"
-        );
-        assert!(limit.blocked(a, &acme).is_none(), "another tenant's path");
-        assert!(limit.blocked(b, &bare).is_none(), "another source");
-        // 30 in all (ten paths' worth) blocks every path of the source.
-        for i in 0..27 {
-            limit.failed(a, &FailureLimit::path("provc", Some(&format!("ws{i}"))));
-        }
-        assert!(limit.blocked(a, &acme).is_some());
-        assert!(limit.blocked(b, &acme).is_none());
-        let off = FailureLimit::new(0);
-        off.failed(a, &bare);
-        assert!(off.blocked(a, &bare).is_none());
+    fn a_callback_path_is_its_provider_without_case_and_its_workspace() {
+        assert_eq!(super::failure_path("ProvC", None), "provc/");
+        assert_eq!(super::failure_path("provC", Some("acme")), "provc/acme");
     }
 
     use super::*;
