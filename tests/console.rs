@@ -131,6 +131,13 @@ async fn wrong_keys_from_one_address_are_refused_for_the_rest_of_the_minute(b: B
     // Another address signs in as before.
     let (status, _, cookie, _) = sign_in_from(&url, key, "127.0.0.2").await;
     assert_eq!((status, cookie), (303, true));
+    // Twenty wrong keys posted at once from one more address: three are looked up.
+    let answers =
+        futures::future::join_all((0..20).map(|_| sign_in_from(&url, wrong, "127.0.0.4"))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|(status, ..)| *status).collect();
+    statuses.sort();
+    assert_eq!(statuses[..4], [200, 200, 200, 429], "{statuses:?}");
+    assert!(statuses[3..].iter().all(|s| *s == 429), "{statuses:?}");
 }
 
 /// The console's signing secret in these tests, so that a test can make a cookie.

@@ -296,7 +296,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         metrics: metrics.clone(),
         // Half the plugin instances at most, so deliveries always have the rest.
         limit: webhooks::Limit::new(config.plugins.max_instances as usize / 2),
-        failures: webhooks::FailureLimit::new(config.webhooks.max_failures_per_minute),
+        failures: failure_limit::FailureLimit::new(config.webhooks.max_failures_per_minute),
     });
     let ingest = ingest::Ingest::new(store, counters, idempotency, broker, streams, metrics);
     let canaries =
@@ -565,7 +565,7 @@ pub async fn serve(
         }
         None => None,
     };
-    // The peer address limits failed webhook signatures per source.
+    // The peer address limits failed webhook signatures and console sign-ins per source.
     let app = api::router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -170,14 +170,19 @@ impl IntoResponse for ApiError {
         };
         let mut response = (status, Json(body)).into_response();
         if let ApiError::RateLimited(_, after) = &self {
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(secs.max(1)),
+                axum::http::HeaderValue::from(retry_after_secs(*after)),
             );
         }
         response
     }
+}
+
+/// `Retry-After` for a wait of `after`: whole seconds, rounded up (a client that waits
+/// that long is not refused again), at least one.
+pub fn retry_after_secs(after: std::time::Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
 }
 
 impl ApiError {

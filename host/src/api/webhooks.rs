@@ -113,12 +113,18 @@ pub async fn receive(
     };
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
     let failures_path = failure_path(&provider, workspace.as_deref());
-    if let Some(left) = source.and_then(|ip| state.webhooks.failures.blocked(ip, &failures_path)) {
-        return Err(ApiError::RateLimited(
-            "too many callbacks with bad signatures from this address: retry later".into(),
-            left,
-        ));
-    }
+    // Counted as a failure until the signature checks out (or the callback is refused
+    // for another reason), so callbacks sent at once cannot all pass the limit.
+    let attempt = state
+        .webhooks
+        .failures
+        .attempt(source, &failures_path)
+        .map_err(|left| {
+            ApiError::RateLimited(
+                "too many callbacks with bad signatures from this address: retry later".into(),
+                left,
+            )
+        })?;
     let body = body.map_err(|e| {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(state.config.webhooks.max_body_bytes)
@@ -144,8 +150,8 @@ pub async fn receive(
     let accepted = tracing::Instrument::instrument(received, span)
         .await
         .inspect_err(|e| {
-            if let (WebhookError::InvalidSignature(_), Some(ip)) = (e, source) {
-                state.webhooks.failures.failed(ip, &failures_path);
+            if let WebhookError::InvalidSignature(_) = e {
+                attempt.failed();
             }
         })
         .map_err(|e| match e {

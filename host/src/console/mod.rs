@@ -292,21 +292,26 @@ async fn sign_in(
         ));
     }
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
-    let failures = &state.sign_in_failures;
-    if let Some(left) = source.and_then(|ip| failures.blocked(ip, SIGN_IN_PATH)) {
-        // Refused before the key is looked up, whatever it is: guessing costs a
-        // minute per few tries, and the page says when to try again.
-        let seconds = left.as_secs().max(1);
-        let error = format!(
-            "Too many keys were not accepted from your address. Try again in {seconds} seconds."
-        );
-        let page = render("sign_in.html", context! { error })?;
-        let mut response = (StatusCode::TOO_MANY_REQUESTS, page).into_response();
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        return Ok(response);
-    }
+    // Counted as a failure until the key is accepted, so sign-ins sent at once cannot
+    // all pass the limit before any is counted.
+    let attempt = match state.sign_in_failures.attempt(source, SIGN_IN_PATH) {
+        Ok(attempt) => attempt,
+        Err(left) => {
+            // Refused before the key is looked up, whatever it is: guessing costs a
+            // minute per few tries, and the page says when to try again.
+            let seconds = crate::api::error::retry_after_secs(left);
+            let unit = if seconds == 1 { "second" } else { "seconds" };
+            let error = format!(
+                "Too many keys were not accepted from your address. Try again in {seconds} {unit}."
+            );
+            let page = render("sign_in.html", context! { error })?;
+            let mut response = (StatusCode::TOO_MANY_REQUESTS, page).into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            return Ok(response);
+        }
+    };
     let key = form.key.trim();
     let header = format!("Bearer {key}");
     let record = match crate::auth::parse_bearer(Some(&header)) {
@@ -319,9 +324,7 @@ async fn sign_in(
         Err(_) => None,
     };
     let Some(_) = record else {
-        if let Some(ip) = source {
-            failures.failed(ip, SIGN_IN_PATH);
-        }
+        attempt.failed();
         // The same words for a malformed, unknown or revoked key: nothing revealed.
         let page = render(
             "sign_in.html",

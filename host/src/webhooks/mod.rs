@@ -24,7 +24,6 @@
 
 use crate::broker::{Broker, Publish, StreamClass, StreamNames};
 use crate::config::WebhooksConfig;
-pub use crate::failure_limit::FailureLimit;
 use crate::ids::{ReceiptId, WorkspaceId};
 use crate::metrics::Metrics;
 use crate::model::MessageStatus;
@@ -97,10 +96,10 @@ pub struct Webhooks {
     /// past the waiting bound, callbacks are refused rather than kept open.
     pub limit: Limit,
     /// Failed signature checks per source.
-    pub failures: FailureLimit,
+    pub failures: crate::failure_limit::FailureLimit,
 }
 
-/// The path a callback's failures count under ([`FailureLimit`]): its provider
+/// The path a callback's failures count under ([`crate::failure_limit::FailureLimit`]): its provider
 /// (without case) and the workspace its URL names. Counted by path because a provider
 /// calls back for every tenant from the same addresses: one tenant's missing or stale
 /// secret must not block the others' receipts.
