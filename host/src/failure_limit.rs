@@ -26,20 +26,27 @@ pub struct FailureLimit {
 /// of them.
 type FailureKey = (IpAddr, Option<u64>);
 
-/// A check under way, counted as a failure from its start: checks made at once cannot
-/// all pass the limit before any of them is counted. Dropped without
-/// [`Attempt::failed`], it is taken back.
-#[must_use = "an attempt dropped at once is taken back: call `failed` when the check fails"]
+/// A check under way that passed the limit. Reserved ([`FailureLimit::reserve`]), it
+/// counts as a failure from its start and is taken back when dropped without
+/// [`Attempt::failed`]; otherwise ([`FailureLimit::check`]) it counts only once it
+/// has failed.
+#[must_use = "call `failed` when the check fails"]
 pub struct Attempt<'a> {
     limit: &'a FailureLimit,
-    /// The windows it was counted in, with their starts; none when nothing is counted.
+    /// The windows it was counted in, with their starts (reserved).
     counted: Vec<(FailureKey, Instant)>,
+    /// The windows it counts in once it fails (not reserved).
+    uncounted: Vec<FailureKey>,
 }
 
 impl Attempt<'_> {
-    /// The check failed: the attempt stays counted.
+    /// The check failed: the attempt is (or stays) counted.
     pub fn failed(mut self) {
         self.counted.clear();
+        if !self.uncounted.is_empty() {
+            let mut windows = self.limit.lock();
+            self.limit.count(&mut windows, &self.uncounted);
+        }
     }
 }
 
@@ -82,12 +89,31 @@ impl FailureLimit {
     }
 
     /// Starts a check by `source` (if known) on `path`, counted as failed until it
-    /// succeeds; refused while the source is at its limit on `path` or on all of its
-    /// paths, with how long until the window that blocks it ends.
-    pub fn attempt(&self, source: Option<IpAddr>, path: &str) -> Result<Attempt<'_>, Duration> {
+    /// succeeds: checks made at once cannot all pass the limit before any of them is
+    /// counted, but no more than the limit may be under way at once. Refused while the
+    /// source is at its limit on `path` or on all of its paths, with how long until the
+    /// window that blocks it ends.
+    pub fn reserve(&self, source: Option<IpAddr>, path: &str) -> Result<Attempt<'_>, Duration> {
+        self.attempt(source, path, true)
+    }
+
+    /// [`Self::reserve`], but counted only once it fails: any number may be under way
+    /// at once (for callers whose good checks come in bursts), and checks made at once
+    /// may pass a limit their failures then exceed.
+    pub fn check(&self, source: Option<IpAddr>, path: &str) -> Result<Attempt<'_>, Duration> {
+        self.attempt(source, path, false)
+    }
+
+    fn attempt(
+        &self,
+        source: Option<IpAddr>,
+        path: &str,
+        reserve: bool,
+    ) -> Result<Attempt<'_>, Duration> {
         let mut attempt = Attempt {
             limit: self,
             counted: Vec::new(),
+            uncounted: Vec::new(),
         };
         let Some(source) = source.filter(|_| self.limit > 0) else {
             return Ok(attempt);
@@ -110,21 +136,37 @@ impl FailureLimit {
         if let Some(left) = left {
             return Err(left);
         }
+        let keys = keys.map(|(key, _)| key);
+        if reserve {
+            attempt.counted = self.count(&mut windows, &keys);
+        } else {
+            attempt.uncounted = keys.to_vec();
+        }
+        Ok(attempt)
+    }
+
+    /// Counts one failure in each of `keys`' windows: the windows with their starts.
+    fn count(
+        &self,
+        windows: &mut HashMap<FailureKey, (Instant, u32)>,
+        keys: &[FailureKey],
+    ) -> Vec<(FailureKey, Instant)> {
         if windows.len() >= Self::TRACKED {
             windows.retain(|_, (start, _)| start.elapsed() < Self::WINDOW);
             if windows.len() >= Self::TRACKED {
                 windows.retain(|(_, path), _| path.is_none());
             }
         }
-        for (key, _) in keys {
-            let entry = windows.entry(key).or_insert((Instant::now(), 0));
-            if entry.0.elapsed() >= Self::WINDOW {
-                *entry = (Instant::now(), 0);
-            }
-            entry.1 += 1;
-            attempt.counted.push((key, entry.0));
-        }
-        Ok(attempt)
+        keys.iter()
+            .map(|&key| {
+                let entry = windows.entry(key).or_insert((Instant::now(), 0));
+                if entry.0.elapsed() >= Self::WINDOW {
+                    *entry = (Instant::now(), 0);
+                }
+                entry.1 += 1;
+                (key, entry.0)
+            })
+            .collect()
     }
 
     fn hash(&self, path: &str) -> u64 {
@@ -152,13 +194,13 @@ mod tests {
 
     fn fail(limit: &FailureLimit, source: &str, path: &str) {
         limit
-            .attempt(Some(source.parse().unwrap()), path)
+            .check(Some(source.parse().unwrap()), path)
             .expect("not blocked")
             .failed();
     }
 
     fn blocked(limit: &FailureLimit, source: &str, path: &str) -> Option<Duration> {
-        limit.attempt(Some(source.parse().unwrap()), path).err()
+        limit.reserve(Some(source.parse().unwrap()), path).err()
     }
 
     #[test]
@@ -191,23 +233,31 @@ mod tests {
         assert!(blocked(&off, a, bare).is_none());
         // A source not known (no socket) is never counted nor refused.
         for _ in 0..5 {
-            limit.attempt(None, bare).expect("not counted").failed();
+            limit.reserve(None, bare).expect("not counted").failed();
         }
     }
 
     #[test]
-    fn checks_under_way_count_until_they_succeed() {
+    fn reserved_checks_count_until_they_succeed_others_once_they_fail() {
         let limit = FailureLimit::new(2);
         let a = Some("10.0.0.1".parse().unwrap());
-        // Two at once take the limit: a third, started beside them, is refused.
-        let first = limit.attempt(a, "p").unwrap();
-        let second = limit.attempt(a, "p").unwrap();
-        assert!(limit.attempt(a, "p").is_err());
+        // Two reserved at once take the limit: a third, started beside them, is refused.
+        let first = limit.reserve(a, "p").unwrap();
+        let second = limit.reserve(a, "p").unwrap();
+        assert!(limit.reserve(a, "p").is_err());
         // One succeeds (dropped): its place is free again; the other failed.
         drop(first);
         second.failed();
-        limit.attempt(a, "p").unwrap().failed();
-        assert!(limit.attempt(a, "p").is_err(), "two failures");
+        limit.reserve(a, "p").unwrap().failed();
+        assert!(limit.reserve(a, "p").is_err(), "two failures");
+        // Unreserved checks: any number at once, counted as they fail.
+        let b = Some("10.0.0.2".parse().unwrap());
+        let checks: Vec<_> = (0..5).map(|_| limit.check(b, "p").unwrap()).collect();
+        assert!(limit.reserve(b, "p").is_ok(), "nothing counted yet");
+        for check in checks {
+            check.failed();
+        }
+        assert!(limit.check(b, "p").is_err(), "five failures");
     }
 
     #[test]

@@ -113,12 +113,12 @@ pub async fn receive(
     };
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
     let failures_path = failure_path(&provider, workspace.as_deref());
-    // Counted as a failure until the signature checks out (or the callback is refused
-    // for another reason), so callbacks sent at once cannot all pass the limit.
+    // Counted once its signature fails, not from the start: a provider's good
+    // callbacks come in bursts from few addresses, and must not count while checked.
     let attempt = state
         .webhooks
         .failures
-        .attempt(source, &failures_path)
+        .check(source, &failures_path)
         .map_err(|left| {
             ApiError::RateLimited(
                 "too many callbacks with bad signatures from this address: retry later".into(),

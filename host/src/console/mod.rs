@@ -294,7 +294,7 @@ async fn sign_in(
     let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
     // Counted as a failure until the key is accepted, so sign-ins sent at once cannot
     // all pass the limit before any is counted.
-    let attempt = match state.sign_in_failures.attempt(source, SIGN_IN_PATH) {
+    let attempt = match state.sign_in_failures.reserve(source, SIGN_IN_PATH) {
         Ok(attempt) => attempt,
         Err(left) => {
             // Refused before the key is looked up, whatever it is: guessing costs a
