@@ -120,7 +120,7 @@ async fn wrong_keys_from_one_address_are_refused_for_the_rest_of_the_minute(b: B
         let retry = retry.expect("Retry-After");
         assert!((1..=60).contains(&retry), "{retry}");
         assert!(
-            page.contains(&format!("Try again in {retry} seconds")),
+            page.contains(&format!("Try again in {retry} second")),
             "{page}"
         );
         assert!(
