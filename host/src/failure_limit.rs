@@ -34,29 +34,28 @@ type FailureKey = (IpAddr, Option<u64>);
 pub struct Attempt<'a> {
     limit: &'a FailureLimit,
     /// The windows it was counted in, with their starts (reserved).
-    counted: Vec<(FailureKey, Instant)>,
+    counted: Option<[(FailureKey, Instant); 2]>,
     /// The windows it counts in once it fails (not reserved).
-    uncounted: Vec<FailureKey>,
+    uncounted: Option<[FailureKey; 2]>,
 }
 
 impl Attempt<'_> {
     /// The check failed: the attempt is (or stays) counted.
     pub fn failed(mut self) {
-        self.counted.clear();
-        if !self.uncounted.is_empty() {
-            let mut windows = self.limit.lock();
-            self.limit.count(&mut windows, &self.uncounted);
+        self.counted = None;
+        if let Some(keys) = self.uncounted {
+            self.limit.count(&mut self.limit.lock(), keys);
         }
     }
 }
 
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
-        if self.counted.is_empty() {
+        let Some(counted) = self.counted else {
             return;
-        }
+        };
         let mut windows = self.limit.lock();
-        for (key, start) in &self.counted {
+        for (key, start) in &counted {
             // Only in the window it was counted in; a window begun since owes it nothing.
             if let Some((now_start, n)) = windows.get_mut(key)
                 && now_start == start
@@ -112,8 +111,8 @@ impl FailureLimit {
     ) -> Result<Attempt<'_>, Duration> {
         let mut attempt = Attempt {
             limit: self,
-            counted: Vec::new(),
-            uncounted: Vec::new(),
+            counted: None,
+            uncounted: None,
         };
         let Some(source) = source.filter(|_| self.limit > 0) else {
             return Ok(attempt);
@@ -138,9 +137,9 @@ impl FailureLimit {
         }
         let keys = keys.map(|(key, _)| key);
         if reserve {
-            attempt.counted = self.count(&mut windows, &keys);
+            attempt.counted = Some(self.count(&mut windows, keys));
         } else {
-            attempt.uncounted = keys.to_vec();
+            attempt.uncounted = Some(keys);
         }
         Ok(attempt)
     }
@@ -149,24 +148,22 @@ impl FailureLimit {
     fn count(
         &self,
         windows: &mut HashMap<FailureKey, (Instant, u32)>,
-        keys: &[FailureKey],
-    ) -> Vec<(FailureKey, Instant)> {
+        keys: [FailureKey; 2],
+    ) -> [(FailureKey, Instant); 2] {
         if windows.len() >= Self::TRACKED {
             windows.retain(|_, (start, _)| start.elapsed() < Self::WINDOW);
             if windows.len() >= Self::TRACKED {
                 windows.retain(|(_, path), _| path.is_none());
             }
         }
-        keys.iter()
-            .map(|&key| {
-                let entry = windows.entry(key).or_insert((Instant::now(), 0));
-                if entry.0.elapsed() >= Self::WINDOW {
-                    *entry = (Instant::now(), 0);
-                }
-                entry.1 += 1;
-                (key, entry.0)
-            })
-            .collect()
+        keys.map(|key| {
+            let entry = windows.entry(key).or_insert((Instant::now(), 0));
+            if entry.0.elapsed() >= Self::WINDOW {
+                *entry = (Instant::now(), 0);
+            }
+            entry.1 += 1;
+            (key, entry.0)
+        })
     }
 
     fn hash(&self, path: &str) -> u64 {
