@@ -296,6 +296,7 @@ fn statuses(dto: &Value) -> Vec<String> {
 both!(
     failover_across_providers_then_channels,
     an_unanswered_send_is_resent_under_its_key_before_any_fallback,
+    a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere,
     everything_failing_ends_dispatch_failed,
     preferences_and_category_rules_decide_channels,
     erasure_suppresses_queued_and_later_deliveries,
@@ -621,6 +622,177 @@ impl Drop for GatedProvider {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A provider that de-duplicates on the `Idempotency-Key` header as providers commonly
+/// do: a key's first request is held until the test lets it go, then accepted; a
+/// request under a key whose first request is still under way is answered 409 (key in
+/// use), one under a key already accepted gets the first answer again.
+struct KeyedProvider {
+    addr: std::net::SocketAddr,
+    /// Every request's key, in order of arrival.
+    keys: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Sends accepted as new messages (not answers repeated for a key).
+    accepted: std::sync::Arc<AtomicUsize>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KeyedProvider {
+    async fn start() -> Self {
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
+        // A key's state: under way (`None`) or accepted with this id.
+        let table: Arc<Mutex<HashMap<String, Option<String>>>> = Arc::default();
+        let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (k, a, g) = (keys.clone(), accepted.clone(), gate.clone());
+        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let (table, keys, accepted, gate) = (table.clone(), k.clone(), a.clone(), g.clone());
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let answer = |status: u16, body: String| {
+                    (
+                        axum::http::StatusCode::from_u16(status).unwrap(),
+                        [("content-type", "application/json")],
+                        body,
+                    )
+                };
+                // Decided, then counted as arrived: a test that saw a request arrive
+                // may let the first one go without changing that request's answer.
+                let known = {
+                    let mut table = table.lock().unwrap();
+                    let known = table.get(&key).cloned();
+                    if known.is_none() {
+                        table.insert(key.clone(), None);
+                    }
+                    keys.lock().unwrap().push(key.clone());
+                    known
+                };
+                match known {
+                    Some(Some(id)) => return answer(201, format!(r#"{{"sid":"{id}"}}"#)),
+                    Some(None) => {
+                        return answer(409, r#"{"error":"idempotency key in use"}"#.into());
+                    }
+                    None => {}
+                }
+                // Taken: it completes even when the client has stopped waiting.
+                let id = format!("SM{}", accepted.fetch_add(1, Ordering::SeqCst) + 1);
+                let done = tokio::spawn(async move {
+                    gate.acquire().await.ok()?.forget();
+                    table.lock().unwrap().insert(key, Some(id.clone()));
+                    Some(id)
+                });
+                let Ok(Some(id)) = done.await else {
+                    return answer(503, r#"{"error":"stopping"}"#.into());
+                };
+                answer(201, format!(r#"{{"sid":"{id}"}}"#))
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            addr,
+            keys,
+            accepted,
+            gate,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
+    }
+
+    /// Waits for the `n`-th request to arrive.
+    async fn arrived(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.keys().len() < n {
+            assert!(Instant::now() < deadline, "request {n} never arrived");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for KeyedProvider {
+    fn drop(&mut self) {
+        self.gate.close();
+        self.task.abort();
+    }
+}
+
+/// A provider that answers a resend (or a resumed attempt) 409, "a request under this
+/// key is under way", has the message: a fallback would send the person a second one.
+/// The attempt stays open and is asked again under its key after a backoff, which
+/// gets the first request's answer once it is done; a provider that never lets go
+/// ends the message FAILED after the bounded failed deliveries, nothing sent elsewhere.
+async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: Backends) {
+    let keyed = KeyedProvider::start().await;
+    let good = provider(201, ACCEPT).await;
+    let grants = [keyed.addr.to_string(), good.host_port()];
+    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &keyed.url()), ("provd", &good.url())])
+        .await;
+    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+
+    // The first call times out while the provider holds it; the resend is answered
+    // 409 (the first failed delivery), the resumed attempt 409 again (the second);
+    // then the first request is done and the next resumption gets its answer.
+    let event = gw.trigger(&key, otp.clone(), "HIGH").await;
+    keyed.arrived(3).await;
+    keyed.gate.add_permits(1);
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.provider.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("provc"), 1),
+        "{:?}",
+        m.error_detail
+    );
+    assert_eq!(m.provider_message_id.as_deref(), Some("SM1"));
+    assert_eq!(keyed.keys(), vec![format!("{event}.1"); 4]);
+    assert_eq!(keyed.accepted.load(Ordering::SeqCst), 1);
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(statuses(&dto), ["queued:-", "sent:provc"], "{dto}");
+    assert_eq!(dto["events"][1]["detail"]["resumed"], true, "{dto}");
+
+    // Never let go: given up after three failed deliveries, FAILED, nothing elsewhere.
+    let event = gw.trigger(&key, otp, "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
+        "{:?}",
+        m.error_detail
+    );
+    let detail = m.error_detail.unwrap_or_default();
+    assert!(
+        detail.contains("gave up after 3 failed deliveries"),
+        "{detail}"
+    );
+    assert!(detail.contains("(409)"), "{detail}");
+    let keys = keyed.keys();
+    assert_eq!(keys.len(), 4 + 4, "{keys:?}");
+    assert!(
+        keys[4..].iter().all(|k| *k == format!("{event}.1")),
+        "{keys:?}"
+    );
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    gw.cleanup().await;
 }
 
 /// A fallback is a dispatch of its own: a channel the subscriber opted out of while the

@@ -10,7 +10,9 @@
 //! provider de-duplicates on), so the provider sees one message. A call that got no
 //! answer (a timeout, a cut connection) is made again under that key a bounded number
 //! of times ([`plan::RESENDS`]) before the attempt counts as failed: the provider may
-//! have taken the message, and a fallback would send it again.
+//! have taken the message, and a fallback would send it again. A provider that answers
+//! such a repeat "key in use" (409) has it: the attempt stays open and the event comes
+//! back later to ask again ([`Outcome::Held`]), never to send elsewhere.
 //!
 //! What to do next is decided by [`plan::next`] from what is known; this module carries
 //! it out. A fresh message's first step (its first attempt `started`, or its end when
@@ -46,6 +48,10 @@ pub enum Outcome {
     /// Another worker holds its lease, or no room at its provider or plugin instance
     /// slot came free in time (nothing sent); try again later.
     Busy,
+    /// The provider answered a call under a key used before that it still holds a
+    /// request under that key ([`plan::Failure::held`]): the attempt stays `started`,
+    /// to be resumed under the same key later; a failed delivery for the retry count.
+    Held,
 }
 
 /// The failure code of a route naming a slug no plugin has.
@@ -421,6 +427,20 @@ impl Run<'_> {
                     // stops here, and the holder resumes the attempt under its key.
                     self.renew_lease().await?;
                     tokio::time::sleep(plan::RESEND_PAUSE).await;
+                }
+                Err(failure) if failure.held(resumed || resends > 0) => {
+                    // The provider has a request under the key, taken or being taken:
+                    // a fallback would send a second message. Asked again later.
+                    tracing::info!(
+                        provider = slug,
+                        channel = ch,
+                        attempt_no,
+                        code = failure.code,
+                        resends,
+                        "the provider holds a request under the attempt's key; asking again later"
+                    );
+                    self.release_lease().await?;
+                    return Ok(Some(Outcome::Held));
                 }
                 called => break called,
             }

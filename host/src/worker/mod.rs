@@ -335,54 +335,74 @@ impl Worker {
                 let _settling = self.release(slot).await;
                 delivery.settle.nak(self.config.ack_wait() / 4).await
             }
+            Ok(Outcome::Held) => {
+                let failed = Some(self.failures.failed(&envelope.event_id));
+                let why = "the provider still answered that it holds a request under the \
+                           attempt's idempotency key (409), so the message was not sent \
+                           elsewhere (a second copy); the provider may deliver it";
+                let error = "the provider holds a request under the attempt's key";
+                self.failed(&envelope, &token, class, &delivery, failed, why, &error)
+                    .await
+            }
             Err(e) => {
-                let delivered = delivery.delivered;
                 // An unreachable database is no failure of the event: it never gives
                 // the event up, and its backoff follows the broker's count.
                 let failed = (!matches!(e, StoreError::Unavailable(_)))
                     .then(|| self.failures.failed(&envelope.event_id));
-                match failed {
-                    Some(count)
-                        if failures::gives_up(
-                            count.unwrap_or(1),
-                            delivered,
-                            self.config.max_deliveries,
-                        ) =>
-                    {
-                        // The store's own words stay in the log: they may quote stored
-                        // values.
-                        tracing::error!(event_id = %envelope.event_id, error = %e, "giving up on an event");
-                        let tries = match count {
-                            Some(n) => format!("{n} failed deliveries ({delivered} in all)"),
-                            None => format!("{delivered} deliveries"),
-                        };
-                        let detail = format!(
-                            "gave up after {tries}: the store refused to record this event's \
-                             progress in the last one (the gateway log has the store's error)"
-                        );
-                        let held = Some(token.as_str());
-                        self.give_up(
-                            &envelope.event_id,
-                            held,
-                            "max_deliveries",
-                            &detail,
-                            &delivery,
-                        )
-                        .await
-                    }
-                    _ => {
-                        let delay = backoff(failed.flatten().unwrap_or(delivered));
-                        tracing::warn!(event_id = %envelope.event_id, ?class, error = %e, ?delay, "dispatch failed; will retry");
-                        self.count("retry");
-                        delivery.settle.nak(delay).await
-                    }
-                }
+                let why = "the store refused to record this event's progress in the last \
+                           one (the gateway log has the store's error)";
+                self.failed(&envelope, &token, class, &delivery, failed, why, &e)
+                    .await
             }
         };
         if let Err(e) = settled {
             // Unsettled deliveries come back after the ack wait; the lease and the
             // recorded attempts make that harmless.
             tracing::warn!(event_id = %envelope.event_id, error = %e, "could not settle delivery");
+        }
+    }
+
+    /// Settles a delivery that failed (`failed`: the event's failures counted here, as
+    /// [`failures::Failures::failed`] gives them; `None`: not a failure of the event): given up once
+    /// they reach the limit, with `why` the last one failed in its message's detail (the
+    /// `error` only in the log: a store's words may quote stored values); handed back
+    /// after a backoff otherwise.
+    #[allow(clippy::too_many_arguments)]
+    async fn failed(
+        &self,
+        envelope: &Envelope,
+        token: &str,
+        class: StreamClass,
+        delivery: &Delivery,
+        failed: Option<Option<u64>>,
+        why: &str,
+        error: &(dyn std::fmt::Display + Sync),
+    ) -> Result<(), crate::broker::BrokerError> {
+        let delivered = delivery.delivered;
+        match failed {
+            Some(count)
+                if failures::gives_up(
+                    count.unwrap_or(1),
+                    delivered,
+                    self.config.max_deliveries,
+                ) =>
+            {
+                tracing::error!(event_id = %envelope.event_id, %error, "giving up on an event");
+                let tries = match count {
+                    Some(n) => format!("{n} failed deliveries ({delivered} in all)"),
+                    None => format!("{delivered} deliveries"),
+                };
+                let detail = format!("gave up after {tries}: {why}");
+                let (event, held) = (&envelope.event_id, Some(token));
+                self.give_up(event, held, "max_deliveries", &detail, delivery)
+                    .await
+            }
+            _ => {
+                let delay = backoff(failed.flatten().unwrap_or(delivered));
+                tracing::warn!(event_id = %envelope.event_id, ?class, %error, ?delay, "dispatch failed; will retry");
+                self.count("retry");
+                delivery.settle.nak(delay).await
+            }
         }
     }
 

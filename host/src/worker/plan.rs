@@ -150,6 +150,11 @@ pub(super) const RESEND_PAUSE: Duration = Duration::from_millis(500);
 /// SDK's, for a timeout and a cut or refused connection.
 const UNANSWERED: [&str; 2] = ["timeout", "transport"];
 
+/// The rejection code of a provider's 409: to a call under a key used before (a resend,
+/// or a resumed attempt), "a request under this key is in progress", as idempotency
+/// keys are commonly answered. The provider has the message, taken or being taken.
+const HELD: &str = "http-409";
+
 /// A provider call that did not end in an acceptance.
 #[derive(Debug)]
 pub(super) struct Failure {
@@ -192,6 +197,14 @@ impl Failure {
     /// Whether the call is made again under the same key, after `resends` so far.
     pub fn resend(&self, resends: u32) -> bool {
         self.unanswered && resends < RESENDS
+    }
+
+    /// Whether the provider says it holds a request under the attempt's key, for a call
+    /// under a key `used_before` (a resend or a resumed attempt): then the attempt is
+    /// neither failed nor followed by a fallback, but asked again later under the key
+    /// (a fresh key cannot be in use: a 409 to it is an ordinary refusal).
+    pub fn held(&self, used_before: bool) -> bool {
+        used_before && self.code == HELD
     }
 }
 
@@ -734,6 +747,22 @@ mod tests {
         assert!(!rejected("http-400", false).resend(0));
         assert!(Failure::timed_out(Duration::from_secs(1)).resend(0));
         assert!(!Failure::answered("plugin-error", "trap").resend(0));
+    }
+
+    #[test]
+    fn a_409_holds_the_attempt_only_under_a_key_used_before() {
+        let rejected = |code: &str| {
+            Failure::rejected(types::Rejection {
+                code: code.into(),
+                detail: "key in use".into(),
+                retryable: false,
+            })
+        };
+        assert!(rejected("http-409").held(true));
+        assert!(!rejected("http-409").held(false), "a fresh key: a refusal");
+        assert!(!rejected("http-409").resend(0), "an answer: not resent");
+        assert!(!rejected("http-400").held(true));
+        assert!(!rejected("timeout").held(true));
     }
     #[test]
     fn a_fresh_message_starts_its_first_provider_then_falls_back_in_order() {
