@@ -236,7 +236,8 @@ fn invalid_configuration_is_a_one_line_error_naming_the_setting() {
 }
 
 /// Settings whose rules belong to a part of the gateway (a plugin's host grant, the
-/// simulator's providers) are checked at start too, naming the setting.
+/// simulator's providers, the trusted proxies) are checked at start too, naming the
+/// setting.
 #[test]
 fn a_bad_grant_or_simulator_setting_is_named_at_start() {
     for (var, value, named) in [
@@ -246,6 +247,11 @@ fn a_bad_grant_or_simulator_setting_is_named_at_start() {
             "plugins.grants.provc",
         ),
         ("SWITCHBOARD_SIM__CALLBACK_TRIES", "0", "sim.callback_tries"),
+        (
+            "SWITCHBOARD_TRUSTED_PROXIES",
+            "[\"10.0.0.0/8\", \"proxy.local\"]",
+            "trusted_proxies: \"proxy.local\"",
+        ),
     ] {
         let out = switchboard()
             .args(["plugin", "list"])

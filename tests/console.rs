@@ -140,6 +140,62 @@ async fn wrong_keys_from_one_address_are_refused_for_the_rest_of_the_minute(b: B
     assert!(statuses[3..].iter().all(|s| *s == 429), "{statuses:?}");
 }
 
+/// Behind a trusted proxy a sign-in counts under the address the proxy forwarded for:
+/// one client's wrong keys do not lock out the others behind the same proxy, and a
+/// client that is not a trusted proxy gains nothing by sending the header itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_sign_ins_count_under_the_forwarded_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    common::isolate(&mut config, Backends::Embedded, "console_proxy").await;
+    config.worker.enabled = false;
+    config.console.session_secret = Some(SESSION_SECRET.into());
+    config.console.max_failed_sign_ins_per_minute = 2;
+    config.trusted_proxies = vec!["127.0.0.1".into()];
+    let (url, state) = common::serve(config).await;
+    let keys = two_workspaces(&*state.ingest.store).await;
+    let key = keys[0].0.as_str();
+    let wrong = "svc_sk_test_0000000000000000000000000000000000000000";
+    let sign_in = |from: &'static str, forwarded: &'static str, key: &str| {
+        let (url, key) = (url.clone(), key.to_string());
+        async move {
+            let resp = reqwest::Client::builder()
+                .redirect(Policy::none())
+                .local_address(from.parse::<std::net::IpAddr>().unwrap())
+                .build()
+                .unwrap()
+                .post(format!("{url}/console/sign-in"))
+                .header("x-forwarded-for", forwarded)
+                .form(&[("key", key.as_str())])
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        }
+    };
+    // Through the proxy (127.0.0.1): the client's own claim on the left is not believed.
+    for _ in 0..2 {
+        assert_eq!(
+            sign_in("127.0.0.1", "10.9.9.9, 203.0.113.5", wrong).await,
+            200
+        );
+    }
+    assert_eq!(sign_in("127.0.0.1", "203.0.113.5", key).await, 429);
+    assert_eq!(
+        sign_in("127.0.0.1", "10.9.9.9, 203.0.113.5", key).await,
+        429
+    );
+    // Another client behind the same proxy is not affected.
+    assert_eq!(sign_in("127.0.0.1", "203.0.113.6", key).await, 303);
+    // Not a trusted proxy: counted under its own address whatever it forwards.
+    assert_eq!(sign_in("127.0.0.2", "198.51.100.1", wrong).await, 200);
+    assert_eq!(sign_in("127.0.0.2", "198.51.100.2", wrong).await, 200);
+    assert_eq!(sign_in("127.0.0.2", "198.51.100.3", key).await, 429);
+}
+
 /// The console's signing secret in these tests, so that a test can make a cookie.
 const SESSION_SECRET: &str = "the console tests' session secret, 32 bytes or more";
 

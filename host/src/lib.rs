@@ -29,6 +29,7 @@ pub mod ratelimit;
 pub mod receipts;
 pub mod routing;
 pub mod sim;
+pub mod source_address;
 pub mod store;
 pub mod template;
 pub mod tls;
@@ -90,12 +91,15 @@ pub struct AppStateInner {
     pub log_cursor_secret: tokio::sync::OnceCell<[u8; 32]>,
     /// Console sign-ins with a key that was not accepted, per source address.
     pub sign_in_failures: failure_limit::FailureLimit,
+    /// The proxies whose forwarded addresses are believed (`trusted_proxies`).
+    pub trusted_proxies: source_address::TrustedProxies,
 }
 
 /// Checks what [`Config::validate`] leaves to the parts the settings belong to: each
-/// plugin host grant's syntax and the simulator's settings. Every command runs it on
-/// the configuration it loaded; errors name the setting.
+/// plugin host grant's syntax, the trusted proxies and the simulator's settings. Every
+/// command runs it on the configuration it loaded; errors name the setting.
 pub fn check_config(config: &Config) -> anyhow::Result<()> {
+    trusted_proxies(config)?;
     for (slug, hosts) in &config.plugins.grants {
         plugins::egress::AllowList::new(hosts)
             .map_err(|e| anyhow::anyhow!("invalid configuration: plugins.grants.{slug}: {e}"))?;
@@ -104,6 +108,12 @@ pub fn check_config(config: &Config) -> anyhow::Result<()> {
         .sim
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
+}
+
+/// `trusted_proxies`, parsed; the error names the setting.
+fn trusted_proxies(config: &Config) -> anyhow::Result<source_address::TrustedProxies> {
+    source_address::TrustedProxies::parse(&config.trusted_proxies)
+        .map_err(|e| anyhow::anyhow!("invalid configuration: trusted_proxies: {e}"))
 }
 
 /// The database, opened as configured. SQLite lives in `<data_dir>/switchboard.db`.
@@ -304,6 +314,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let circuits = circuits::Circuits::start(config.circuits.clone(), breakers);
     let sign_in_failures =
         failure_limit::FailureLimit::new(config.console.max_failed_sign_ins_per_minute);
+    let trusted_proxies = trusted_proxies(&config)?;
     Ok(AppState(Arc::new(AppStateInner {
         plugins,
         circuits,
@@ -321,6 +332,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         config_cache,
         log_cursor_secret: tokio::sync::OnceCell::new(),
         sign_in_failures,
+        trusted_proxies,
     })))
 }
 

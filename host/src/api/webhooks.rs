@@ -4,16 +4,15 @@
 
 use super::ApiError;
 use crate::AppState;
+use crate::source_address::SourceAddress;
 use crate::webhooks::{WebhookError, failure_path};
-use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
 
 /// The spec's WebhookResponse.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -99,8 +98,7 @@ pub fn router(max_body_bytes: usize) -> Router<AppState> {
 pub async fn receive(
     State(state): State<AppState>,
     path: Result<Path<Vec<String>>, PathRejection>,
-    // Absent when the router is driven without a socket (in-process tests).
-    source: Option<Extension<ConnectInfo<SocketAddr>>>,
+    SourceAddress(source): SourceAddress,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<WebhookResponse>, ApiError> {
@@ -111,7 +109,6 @@ pub async fn receive(
         [provider, workspace] => (provider.clone(), Some(workspace.clone())),
         _ => return Err(ApiError::NotFound),
     };
-    let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
     let failures_path = failure_path(&provider, workspace.as_deref());
     // Counted once its signature fails, not from the start: a provider's good
     // callbacks come in bursts from few addresses, and must not count while checked.

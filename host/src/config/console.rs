@@ -21,8 +21,8 @@ pub struct ConsoleConfig {
     pub session_minutes: u32,
     /// Keys not accepted from one address per minute before that address's sign-ins
     /// are refused (429) until the minute ends, without looking the key up; 0: no
-    /// limit. Behind a proxy every sign-in comes from the proxy's address: set 0 there
-    /// and limit sign-ins at the proxy.
+    /// limit. Behind a proxy, list it in `trusted_proxies`, or every sign-in comes from
+    /// the proxy's address.
     pub max_failed_sign_ins_per_minute: u32,
 }
 

@@ -19,6 +19,7 @@ pub(super) const TOP_LEVEL: &[&str] = &[
     "broker",
     "counters",
     "max_body_bytes",
+    "trusted_proxies",
     "metrics_listen",
     "worker",
     "erasure",

@@ -47,6 +47,12 @@ pub struct Config {
     pub counters: CountersConfig,
     /// Largest request body accepted, bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Proxies in front of the gateway whose `X-Forwarded-For` is believed, addresses or
+    /// CIDR ranges: from them, a request's source address (what the per-address limits
+    /// count under) is the rightmost forwarded address that is not itself one of them.
+    /// Empty (the default): every request's source is its connection's peer.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
     /// Where `/metrics` is served (`SWITCHBOARD_METRICS_LISTEN`): a listener of its own,
     /// `127.0.0.1:9464` by default, because the counts cover every tenant's traffic.
     /// `None` (only programmatically) serves it on the API's port.
@@ -149,8 +155,8 @@ pub struct WebhooksConfig {
     /// signature is checked over the whole body in a sandbox, perhaps once per secret.
     pub max_body_bytes: usize,
     /// Failed signature checks one source address may cause per minute; past that its
-    /// callbacks get 429 without being verified. 0 turns it off. Behind a proxy every
-    /// callback comes from the proxy's address: raise it, or turn it off there.
+    /// callbacks get 429 without being verified. 0 turns it off. Behind a proxy, list it
+    /// in `trusted_proxies`, or every callback comes from the proxy's address.
     pub max_failures_per_minute: u32,
 }
 
@@ -432,6 +438,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".parse().unwrap(),
             environment: Environment::Development,
             data_dir: PathBuf::from(".switchboard"),
+            trusted_proxies: Vec::new(),
             plugins: PluginsConfig {
                 dir: None,
                 cache_dir: None,

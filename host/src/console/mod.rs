@@ -18,16 +18,15 @@ mod workflows;
 use crate::AppState;
 use crate::api::ApiError;
 use crate::model::ApiKeyRecord;
-use axum::Extension;
+use crate::source_address::SourceAddress;
 use axum::Router;
 use axum::extract::rejection::{FormRejection, PathRejection};
-use axum::extract::{ConnectInfo, Form, State};
+use axum::extract::{Form, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use minijinja::{Environment, Value, context};
 use serde::Deserialize;
-use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 pub use crate::config::ConsoleConfig;
@@ -278,8 +277,7 @@ const SIGN_IN_PATH: &str = "console/sign-in";
 
 async fn sign_in(
     State(state): State<AppState>,
-    // Absent when the router is driven without a socket (in-process tests).
-    source: Option<Extension<ConnectInfo<SocketAddr>>>,
+    SourceAddress(source): SourceAddress,
     headers: HeaderMap,
     form: Result<Form<SignIn>, FormRejection>,
 ) -> Result<Response, ApiError> {
@@ -291,7 +289,6 @@ async fn sign_in(
             "sign in from the console's own page: this form came from another site".into(),
         ));
     }
-    let source = source.map(|Extension(ConnectInfo(addr))| addr.ip());
     // Counted as a failure until the key is accepted, so sign-ins sent at once cannot
     // all pass the limit before any is counted.
     let attempt = match state.sign_in_failures.reserve(source, SIGN_IN_PATH) {
