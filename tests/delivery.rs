@@ -792,6 +792,13 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
         "{keys:?}"
     );
     assert!(good.take_requests().is_empty(), "the fallback was called");
+    // Two held rounds of the first event, two of the second (the third gave it up).
+    let text = gw.state.ingest.metrics.render();
+    assert!(
+        text.lines()
+            .any(|l| l == "switchboard_deliveries_total{outcome=\"held\"} 4"),
+        "{text}"
+    );
     gw.cleanup().await;
 }
 

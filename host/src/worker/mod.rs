@@ -5,7 +5,8 @@
 //! while any critical delivery is waiting or in flight, bulk takes no new work (bulk
 //! already dispatching finishes): a bulk backlog cannot delay a critical event by more
 //! than the time to start it, and competes with it only through work already started.
-//! A delivery is acknowledged only after its outcome is recorded; a store failure
+//! A delivery is acknowledged only after its outcome is recorded; a store failure, or a
+//! provider answering that it holds the attempt's key ([`dispatch::Outcome::Held`]),
 //! leaves it for redelivery with backoff, and enough of them give the event up
 //! ([`failures`]: a delivery handed back busy is no failure, nor is an unreachable
 //! database). A delivery gives its slot back as soon as its outcome is durable and is
@@ -341,7 +342,8 @@ impl Worker {
                            attempt's idempotency key (409), so the message was not sent \
                            elsewhere (a second copy); the provider may deliver it";
                 let error = "the provider holds a request under the attempt's key";
-                self.failed(&envelope, &token, class, &delivery, failed, why, &error)
+                let settle = (failed, "held");
+                self.failed(&envelope, &token, class, &delivery, settle, why, &error)
                     .await
             }
             Err(e) => {
@@ -351,7 +353,8 @@ impl Worker {
                     .then(|| self.failures.failed(&envelope.event_id));
                 let why = "the store refused to record this event's progress in the last \
                            one (the gateway log has the store's error)";
-                self.failed(&envelope, &token, class, &delivery, failed, why, &e)
+                let settle = (failed, "retry");
+                self.failed(&envelope, &token, class, &delivery, settle, why, &e)
                     .await
             }
         };
@@ -363,10 +366,10 @@ impl Worker {
     }
 
     /// Settles a delivery that failed (`failed`: the event's failures counted here, as
-    /// [`failures::Failures::failed`] gives them; `None`: not a failure of the event): given up once
-    /// they reach the limit, with `why` the last one failed in its message's detail (the
-    /// `error` only in the log: a store's words may quote stored values); handed back
-    /// after a backoff otherwise.
+    /// [`failures::Failures::failed`] gives them; `None`: not a failure of the event):
+    /// given up once they reach the limit, with `why` the last one failed in its
+    /// message's detail (the `error` only in the log: a store's words may quote stored
+    /// values); otherwise handed back after a backoff, counted as `outcome`.
     #[allow(clippy::too_many_arguments)]
     async fn failed(
         &self,
@@ -374,7 +377,7 @@ impl Worker {
         token: &str,
         class: StreamClass,
         delivery: &Delivery,
-        failed: Option<Option<u64>>,
+        (failed, outcome): (Option<Option<u64>>, &'static str),
         why: &str,
         error: &(dyn std::fmt::Display + Sync),
     ) -> Result<(), crate::broker::BrokerError> {
@@ -400,7 +403,7 @@ impl Worker {
             _ => {
                 let delay = backoff(failed.flatten().unwrap_or(delivered));
                 tracing::warn!(event_id = %envelope.event_id, ?class, %error, ?delay, "dispatch failed; will retry");
-                self.count("retry");
+                self.count(outcome);
                 delivery.settle.nak(delay).await
             }
         }

@@ -202,7 +202,9 @@ impl Failure {
     /// Whether the provider says it holds a request under the attempt's key, for a call
     /// under a key `used_before` (a resend or a resumed attempt): then the attempt is
     /// neither failed nor followed by a fallback, but asked again later under the key
-    /// (a fresh key cannot be in use: a 409 to it is an ordinary refusal).
+    /// (a fresh key cannot be in use: a 409 to it is an ordinary refusal). A resumed
+    /// attempt counts as a repeat even if the worker before never made its call (no
+    /// slot came free, or it died first): nothing tells the two apart.
     pub fn held(&self, used_before: bool) -> bool {
         used_before && self.code == HELD
     }
@@ -470,15 +472,28 @@ impl Planner<'_, '_> {
     }
 
     /// `route` with the providers whose circuit says skip moved to its end (still tried
-    /// when everything before them failed), and why each was moved.
+    /// when everything before them failed), and why each was moved. A provider with an
+    /// attempt left `started` goes first, whatever its circuit says or wherever the
+    /// route puts it now: it may have the message (a worker died in the call, or it
+    /// answered that it holds the key), and any other provider would send a second one.
     fn by_circuits(
         &self,
         channel: Channel,
         route: Vec<ProviderRoute>,
     ) -> (Vec<ProviderRoute>, Vec<String>) {
         let ch = channel.as_str();
-        let (mut kept, mut moved, mut why) = (Vec::new(), Vec::new(), Vec::new());
+        let started = |slug: &str| {
+            self.attempts
+                .iter()
+                .any(|a| a.state == AttemptState::Started && a.channel == ch && a.provider == slug)
+        };
+        let (mut first, mut kept, mut moved, mut why) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in route {
+            if started(&r.provider) {
+                first.push(r);
+                continue;
+            }
             match self.ctx.circuits.get(&(r.provider.clone(), ch.to_string())) {
                 Some(Verdict::Skip(reason)) => {
                     why.push(format!("{} skipped: {reason}", r.provider));
@@ -487,8 +502,9 @@ impl Planner<'_, '_> {
                 _ => kept.push(r),
             }
         }
-        kept.append(&mut moved);
-        (kept, why)
+        first.append(&mut kept);
+        first.append(&mut moved);
+        (first, why)
     }
 
     /// Test keys: no plugin call, a synthetic id, zero cost, the same timeline shape.
@@ -747,6 +763,42 @@ mod tests {
         assert!(!rejected("http-400", false).resend(0));
         assert!(Failure::timed_out(Duration::from_secs(1)).resend(0));
         assert!(!Failure::answered("plugin-error", "trap").resend(0));
+    }
+
+    #[test]
+    fn an_attempt_left_started_is_resumed_first_whatever_circuits_or_route_say() {
+        let env = envelope(vec![Channel::Sms], KeyMode::Live);
+        let routes = BTreeMap::new();
+        let circuits: HashMap<(String, String), Verdict> = [(
+            ("provc".to_string(), "sms".to_string()),
+            Verdict::Skip("circuit open".into()),
+        )]
+        .into();
+        let mut ctx = context(&env, &routes);
+        ctx.circuits = &circuits;
+        // Nothing tried yet: provc's open circuit puts provd first.
+        assert_eq!(
+            call(&next(&ctx, false, &[])),
+            ("sms", "provd".into(), 1, false)
+        );
+        // provc may have the message: resumed, never provd started beside it.
+        let started = [record(1, "sms", "provc", AttemptState::Started)];
+        assert_eq!(
+            call(&next(&ctx, false, &started)),
+            ("sms", "provc".into(), 1, true)
+        );
+        // Nor when the route has put another provider first since.
+        let route = |slug: &str| ProviderRoute {
+            provider: slug.into(),
+            config: BTreeMap::new(),
+        };
+        let reordered: BTreeMap<String, Vec<ProviderRoute>> =
+            [("sms".to_string(), vec![route("provd"), route("provc")])].into();
+        let ctx = context(&env, &reordered);
+        assert_eq!(
+            call(&next(&ctx, false, &started)),
+            ("sms", "provc".into(), 1, true)
+        );
     }
 
     #[test]
