@@ -64,16 +64,27 @@ async fn gateway(
 /// Posts the sign-in form from `from`: status, Retry-After, whether a cookie was set,
 /// and the page.
 async fn sign_in_from(url: &str, key: &str, from: &str) -> (u16, Option<u64>, bool, String) {
-    let resp = reqwest::Client::builder()
+    sign_in_via(url, key, from, None).await
+}
+
+/// [`sign_in_from`], with an `X-Forwarded-For` header when `forwarded` is given.
+async fn sign_in_via(
+    url: &str,
+    key: &str,
+    from: &str,
+    forwarded: Option<&str>,
+) -> (u16, Option<u64>, bool, String) {
+    let mut request = reqwest::Client::builder()
         .redirect(Policy::none())
         .local_address(from.parse::<std::net::IpAddr>().unwrap())
         .build()
         .unwrap()
         .post(format!("{url}/console/sign-in"))
-        .form(&[("key", key)])
-        .send()
-        .await
-        .unwrap();
+        .form(&[("key", key)]);
+    if let Some(forwarded) = forwarded {
+        request = request.header("x-forwarded-for", forwarded);
+    }
+    let resp = request.send().await.unwrap();
     let retry = resp
         .headers()
         .get("retry-after")
@@ -159,41 +170,23 @@ async fn behind_a_trusted_proxy_sign_ins_count_under_the_forwarded_address() {
     let keys = two_workspaces(&*state.ingest.store).await;
     let key = keys[0].0.as_str();
     let wrong = "svc_sk_test_0000000000000000000000000000000000000000";
-    let sign_in = |from: &'static str, forwarded: &'static str, key: &str| {
+    let status = |from: &'static str, forwarded: &'static str, key: &str| {
         let (url, key) = (url.clone(), key.to_string());
-        async move {
-            let resp = reqwest::Client::builder()
-                .redirect(Policy::none())
-                .local_address(from.parse::<std::net::IpAddr>().unwrap())
-                .build()
-                .unwrap()
-                .post(format!("{url}/console/sign-in"))
-                .header("x-forwarded-for", forwarded)
-                .form(&[("key", key.as_str())])
-                .send()
-                .await
-                .unwrap();
-            resp.status().as_u16()
-        }
+        async move { sign_in_via(&url, &key, from, Some(forwarded)).await.0 }
     };
     // Through the proxy (127.0.0.1): the client's own claim on the left is not believed.
+    let proxied = "10.9.9.9, 203.0.113.5";
     for _ in 0..2 {
-        assert_eq!(
-            sign_in("127.0.0.1", "10.9.9.9, 203.0.113.5", wrong).await,
-            200
-        );
+        assert_eq!(status("127.0.0.1", proxied, wrong).await, 200);
     }
-    assert_eq!(sign_in("127.0.0.1", "203.0.113.5", key).await, 429);
-    assert_eq!(
-        sign_in("127.0.0.1", "10.9.9.9, 203.0.113.5", key).await,
-        429
-    );
+    assert_eq!(status("127.0.0.1", "203.0.113.5", key).await, 429);
+    assert_eq!(status("127.0.0.1", proxied, key).await, 429);
     // Another client behind the same proxy is not affected.
-    assert_eq!(sign_in("127.0.0.1", "203.0.113.6", key).await, 303);
+    assert_eq!(status("127.0.0.1", "203.0.113.6", key).await, 303);
     // Not a trusted proxy: counted under its own address whatever it forwards.
-    assert_eq!(sign_in("127.0.0.2", "198.51.100.1", wrong).await, 200);
-    assert_eq!(sign_in("127.0.0.2", "198.51.100.2", wrong).await, 200);
-    assert_eq!(sign_in("127.0.0.2", "198.51.100.3", key).await, 429);
+    assert_eq!(status("127.0.0.2", "198.51.100.1", wrong).await, 200);
+    assert_eq!(status("127.0.0.2", "198.51.100.2", wrong).await, 200);
+    assert_eq!(status("127.0.0.2", "198.51.100.3", key).await, 429);
 }
 
 /// The console's signing secret in these tests, so that a test can make a cookie.

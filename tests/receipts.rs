@@ -730,7 +730,13 @@ async fn the_spec_provider_names_reach_their_plugins_in_any_case(b: Backends) {
 /// while its callbacks for another workspace still verify, and on every path once past
 /// ten budgets in all.
 async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: Backends) {
-    let lp = Loop::start_with(b, &[], |c| c.webhooks.max_failures_per_minute = 3, |_| {}).await;
+    // The test's own address is a trusted proxy: without a forwarded address, a callback
+    // counts under it all the same.
+    let limited = |c: &mut Config| {
+        c.webhooks.max_failures_per_minute = 3;
+        c.trusted_proxies = vec!["127.0.0.1".into()];
+    };
+    let lp = Loop::start_with(b, &[], limited, |_| {}).await;
     let store = &lp.state.ingest.store;
     let globex = store
         .ensure_workspace("globex", Some(Tier::Paid))
@@ -794,6 +800,16 @@ async fn callbacks_are_bounded_cheap_to_refuse_and_can_name_their_workspace(b: B
     assert!(
         (50..=60).contains(&retry_after),
         "Retry-After: {retry_after}"
+    );
+    // Forwarded by the proxy for another address, a callback is verified (and counted)
+    // as that address's.
+    let mut forwarded = bad.clone();
+    forwarded.push(("X-Forwarded-For".to_string(), "203.0.113.9".to_string()));
+    let (s, e) = lp.post("provc", &forwarded, body).await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (401, Some("INVALID_SIGNATURE")),
+        "{e}"
     );
     // The same address calling back for globex (a provider serves every tenant from
     // its own addresses) is still heard: another tenant's bad secret blocks it not.

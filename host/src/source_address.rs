@@ -25,19 +25,28 @@ pub struct TrustedProxies(Vec<IpNet>);
 
 impl TrustedProxies {
     /// Parses `entries`, each an address (`10.0.0.7`, `::1`) or a range in CIDR
-    /// notation (`10.0.0.0/8`, `fd00::/8`); the error names the entry.
+    /// notation (`10.0.0.0/24`, `fd00::/64`); the error names the entry. A range's host
+    /// bits are dropped (`10.1.2.3/16` is `10.1.0.0/16`), and an IPv4-mapped entry is
+    /// its IPv4 address or range, as the addresses it is compared with are.
     pub fn parse(entries: &[String]) -> Result<Self, String> {
         entries
             .iter()
             .map(|entry| {
                 let entry = entry.trim();
-                entry
+                let net = entry
                     .parse::<IpNet>()
                     .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-                    .map(|net| net.trunc())
                     .map_err(|_| {
-                        format!("{entry:?} is not an address or a range (10.0.0.0/8, fd00::/8)")
-                    })
+                        format!("{entry:?} is not an address or a range (10.0.0.0/24, fd00::/64)")
+                    })?;
+                // Every host in a range may name any source address: a prefix of 0
+                // would let every client choose its own.
+                if net.prefix_len() == 0 {
+                    return Err(format!(
+                        "{entry:?} matches every address: list the proxies' own addresses"
+                    ));
+                }
+                Ok(canonical(net.trunc()))
             })
             .collect::<Result<_, _>>()
             .map(Self)
@@ -55,15 +64,20 @@ impl TrustedProxies {
         if !self.contains(source) {
             return source;
         }
-        // Every line of the header, in order, as one list; read from its end.
-        let lines: Vec<&str> = headers
+        // Each proxy appends the hop it heard from, some as a line of their own: every
+        // line, in order, is one list, read from its end. Split as bytes, so that a
+        // client's unreadable bytes spoil its own entry only, not the proxies' after it.
+        let entries = headers
             .get_all(FORWARDED_FOR)
             .iter()
-            .map(|v| v.to_str().unwrap_or(""))
-            .collect();
-        for entry in lines.iter().rev().flat_map(|line| line.rsplit(',')) {
+            .rev()
+            .flat_map(|line| line.as_bytes().rsplit(|b| *b == b','));
+        for entry in entries {
             // Something unreadable ends the chain: the last hop read is what is known.
-            let Some(hop) = parse_hop(entry.trim()) else {
+            let Some(hop) = std::str::from_utf8(entry)
+                .ok()
+                .and_then(|e| parse_hop(e.trim()))
+            else {
                 break;
             };
             source = hop;
@@ -72,6 +86,19 @@ impl TrustedProxies {
             }
         }
         source
+    }
+}
+
+/// `net` with an IPv4-mapped IPv6 range (`::ffff:10.0.0.0/120`) as its IPv4 range.
+fn canonical(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(net),
+            None => net,
+        },
+        other => other,
     }
 }
 
@@ -135,6 +162,14 @@ mod tests {
         let err = TrustedProxies::parse(&["10.0.0.0/8".into(), "proxy.local".into()]);
         assert!(err.unwrap_err().contains("\"proxy.local\""));
         assert!(TrustedProxies::parse(&["10.0.0.0/33".into()]).is_err());
+        for everyone in ["0.0.0.0/0", "::/0"] {
+            let err = TrustedProxies::parse(&[everyone.into()]).unwrap_err();
+            assert!(err.contains("matches every address"), "{err}");
+        }
+        let mapped = trusted(&["::ffff:10.0.0.1", "::ffff:192.0.2.0/120"]);
+        assert!(mapped.contains(ip("10.0.0.1")));
+        assert!(mapped.contains(ip("192.0.2.77")));
+        assert!(!mapped.contains(ip("192.0.3.1")));
         assert_eq!(
             TrustedProxies::parse(&[]).unwrap(),
             TrustedProxies::default()
@@ -177,5 +212,13 @@ mod tests {
         assert_eq!(t.source(peer, &garbage), ip("10.3.3.3"));
         let empty = forwarded(&[""]);
         assert_eq!(t.source(peer, &empty), peer);
+        // A client's bytes that are not text spoil its own entry only.
+        let mut binary = HeaderMap::new();
+        let line = axum::http::HeaderValue::from_bytes(b"\xff, 203.0.113.5").unwrap();
+        binary.append(FORWARDED_FOR, line);
+        assert_eq!(t.source(peer, &binary), ip("203.0.113.5"));
+        // A peer that is a trusted proxy's IPv4-mapped address.
+        let mapped = ip("::ffff:10.0.0.2");
+        assert_eq!(t.source(mapped, &chain), ip("203.0.113.5"));
     }
 }

@@ -47,10 +47,12 @@ pub struct Config {
     pub counters: CountersConfig,
     /// Largest request body accepted, bytes (413 beyond).
     pub max_body_bytes: usize,
-    /// Proxies in front of the gateway whose `X-Forwarded-For` is believed, addresses or
-    /// CIDR ranges: from them, a request's source address (what the per-address limits
-    /// count under) is the rightmost forwarded address that is not itself one of them.
-    /// Empty (the default): every request's source is its connection's peer.
+    /// The proxies in front of the gateway whose `X-Forwarded-For` is believed, addresses
+    /// or CIDR ranges (every host in one can name any source address: list only the
+    /// proxies). From them, a request's source address (what the per-address limits
+    /// count under) is the rightmost forwarded address that is not itself one of them:
+    /// the leftmost when all are, the proxy itself without the header. Empty (the
+    /// default): every request's source is its connection's peer.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     /// Where `/metrics` is served (`SWITCHBOARD_METRICS_LISTEN`): a listener of its own,
