@@ -560,6 +560,16 @@ async fn an_unanswered_send_is_resent_under_its_key_before_any_fallback(b: Backe
     gw.cleanup().await;
 }
 
+/// Serves `app` on a port of its own: the stand-in provider's address and task.
+async fn serve_provider(app: axum::Router) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
+}
+
 /// A provider stand-in that holds every request until the test lets one go, then
 /// refuses it (503): a test can change things while an attempt is under way.
 struct GatedProvider {
@@ -586,11 +596,7 @@ impl GatedProvider {
                 )
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, task) = serve_provider(app).await;
         Self {
             addr,
             arrived,
@@ -694,11 +700,7 @@ impl KeyedProvider {
                 answer(201, format!(r#"{{"sid":"{id}"}}"#))
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, task) = serve_provider(app).await;
         Self {
             addr,
             keys,
@@ -1570,11 +1572,7 @@ impl IdempotentProvider {
                 )
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, task) = serve_provider(app).await;
         Self {
             addr,
             seen,

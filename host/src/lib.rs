@@ -151,6 +151,8 @@ pub async fn open_store(
 
 /// Builds the shared state: backends, the plugin runtime and every plugin.
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
+    // Checked before anything is opened or started.
+    let trusted_proxies = trusted_proxies(&config)?;
     let (store, sqlite) = open_store(&config).await?;
     let streams = config.broker.streams.clone();
     let (broker, queue, announcer, revocations, config_changes): (
@@ -314,7 +316,6 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let circuits = circuits::Circuits::start(config.circuits.clone(), breakers);
     let sign_in_failures =
         failure_limit::FailureLimit::new(config.console.max_failed_sign_ins_per_minute);
-    let trusted_proxies = trusted_proxies(&config)?;
     Ok(AppState(Arc::new(AppStateInner {
         plugins,
         circuits,

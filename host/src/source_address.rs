@@ -39,6 +39,7 @@ impl TrustedProxies {
                     .map_err(|_| {
                         format!("{entry:?} is not an address or a range (10.0.0.0/24, fd00::/64)")
                     })?;
+                let net = canonical(net.trunc());
                 // Every host in a range may name any source address: a prefix of 0
                 // would let every client choose its own.
                 if net.prefix_len() == 0 {
@@ -46,7 +47,7 @@ impl TrustedProxies {
                         "{entry:?} matches every address: list the proxies' own addresses"
                     ));
                 }
-                Ok(canonical(net.trunc()))
+                Ok(net)
             })
             .collect::<Result<_, _>>()
             .map(Self)
@@ -162,7 +163,7 @@ mod tests {
         let err = TrustedProxies::parse(&["10.0.0.0/8".into(), "proxy.local".into()]);
         assert!(err.unwrap_err().contains("\"proxy.local\""));
         assert!(TrustedProxies::parse(&["10.0.0.0/33".into()]).is_err());
-        for everyone in ["0.0.0.0/0", "::/0"] {
+        for everyone in ["0.0.0.0/0", "::/0", "::ffff:0.0.0.0/96"] {
             let err = TrustedProxies::parse(&[everyone.into()]).unwrap_err();
             assert!(err.contains("matches every address"), "{err}");
         }
