@@ -256,7 +256,7 @@ pub struct Metrics {
     /// `switchboard_outbox_depth`.
     pub outbox_depth: Gauge,
     /// `switchboard_deliveries_total{outcome}`: the final status (SENT, DELIVERED,
-    /// FAILED, SUPPRESSED), redelivered_done, busy, retry, held, undecodable.
+    /// FAILED, SUPPRESSED), redelivered_done, busy, retry, held, undecodable, gave_up.
     pub deliveries: Family<OutcomeLabels, Counter>,
     /// `switchboard_delivery_queue_wait_seconds{class}`: acceptance to a worker starting
     /// the event (first deliveries only), i.e. time spent queued.

@@ -4,8 +4,8 @@
 //! start; errors name the setting.
 //!
 //! Plain data: the rules here are ranges and combinations of settings. Rules that
-//! belong to a part of the gateway (the syntax of a plugin's host grant, the
-//! simulator's providers) are that part's, checked by [`crate::check_config`] over
+//! belong to a part of the gateway (the syntax of a plugin's host grant, the trusted
+//! proxies, the simulator's providers) are that part's, checked by [`crate::check_config`] over
 //! the whole configuration.
 
 mod canary;

@@ -391,7 +391,9 @@ impl Run<'_> {
     }
 
     /// Makes one provider call and records its outcome: `Some(outcome)` when the message
-    /// is now sent; after a failure, the attempt is recorded failed and `None` returned.
+    /// is now sent, or when the attempt stays `started` for a later delivery (`Busy`:
+    /// nothing sent; `Held`: the provider holds its key); after any other failure, the
+    /// attempt is recorded failed and `None` returned.
     async fn attempt(&mut self, call: &Call, resumed: bool) -> Result<Option<Outcome>, StoreError> {
         let slug = call.route.provider.as_str();
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);

@@ -341,10 +341,14 @@ impl Planner<'_, '_> {
     fn plan(&mut self) -> Action {
         let env = self.ctx.envelope;
         let category = env.category();
-        let (channels, opted_out): (Vec<Channel>, Vec<Channel>) = env
+        let (mut channels, opted_out): (Vec<Channel>, Vec<Channel>) = env
             .channels
             .iter()
             .partition(|c| allowed(&self.ctx.prefs, category, **c));
+        // The channel of an attempt left `started` goes first (its provider first in
+        // it: `by_circuits`): a channel before it that has gained a provider, or been
+        // allowed again, would otherwise send a second message beside it.
+        channels.sort_by_key(|c| !self.started(c.as_str(), None));
         if channels.is_empty() {
             let names: Vec<_> = opted_out.iter().map(|c| c.as_str()).collect();
             return self.suppress(format!(
@@ -471,6 +475,15 @@ impl Planner<'_, '_> {
         route
     }
 
+    /// Whether an attempt on channel `ch` (by `provider`, if given) is left `started`.
+    fn started(&self, ch: &str, provider: Option<&str>) -> bool {
+        self.attempts.iter().any(|a| {
+            a.state == AttemptState::Started
+                && a.channel == ch
+                && provider.is_none_or(|p| a.provider == p)
+        })
+    }
+
     /// `route` with the providers whose circuit says skip moved to its end (still tried
     /// when everything before them failed), and why each was moved. A provider with an
     /// attempt left `started` goes first, whatever its circuit says or wherever the
@@ -482,15 +495,10 @@ impl Planner<'_, '_> {
         route: Vec<ProviderRoute>,
     ) -> (Vec<ProviderRoute>, Vec<String>) {
         let ch = channel.as_str();
-        let started = |slug: &str| {
-            self.attempts
-                .iter()
-                .any(|a| a.state == AttemptState::Started && a.channel == ch && a.provider == slug)
-        };
         let (mut first, mut kept, mut moved, mut why) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in route {
-            if started(&r.provider) {
+            if self.started(ch, Some(&r.provider)) {
                 first.push(r);
                 continue;
             }
@@ -798,6 +806,17 @@ mod tests {
         assert_eq!(
             call(&next(&ctx, false, &started)),
             ("sms", "provc".into(), 1, true)
+        );
+        // Nor when a channel before it has gained a provider since its own failed.
+        let env = envelope(vec![Channel::Email, Channel::Sms], KeyMode::Live);
+        let ctx = context(&env, &routes);
+        let second = [
+            record(1, "email", "prova", AttemptState::Failed),
+            record(2, "sms", "provc", AttemptState::Started),
+        ];
+        assert_eq!(
+            call(&next(&ctx, false, &second)),
+            ("sms", "provc".into(), 2, true)
         );
     }
 
