@@ -297,6 +297,7 @@ both!(
     failover_across_providers_then_channels,
     an_unanswered_send_is_resent_under_its_key_before_any_fallback,
     a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere,
+    a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere,
     everything_failing_ends_dispatch_failed,
     preferences_and_category_rules_decide_channels,
     erasure_suppresses_queued_and_later_deliveries,
@@ -769,8 +770,14 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
     assert_eq!(keyed.accepted.load(Ordering::SeqCst), 1);
     assert!(good.take_requests().is_empty(), "the fallback was called");
     let dto = gw.dto(&key, &event).await;
-    assert_eq!(statuses(&dto), ["queued:-", "sent:provc"], "{dto}");
-    assert_eq!(dto["events"][1]["detail"]["resumed"], true, "{dto}");
+    // Each held round says so on the timeline.
+    assert_eq!(
+        statuses(&dto),
+        ["queued:-", "queued:provc", "queued:provc", "sent:provc"],
+        "{dto}"
+    );
+    assert_eq!(dto["events"][1]["detail"]["held"], "http-409", "{dto}");
+    assert_eq!(dto["events"][3]["detail"]["resumed"], true, "{dto}");
 
     // Never let go: given up after three failed deliveries, FAILED, nothing elsewhere.
     let event = gw.trigger(&key, otp, "HIGH").await;
@@ -801,6 +808,173 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
             .any(|l| l == "switchboard_deliveries_total{outcome=\"held\"} 4"),
         "{text}"
     );
+    gw.cleanup().await;
+}
+
+/// A provider that answers a key's first `garbled` requests 200 with a body no plugin can
+/// read (HTML, or over the host's 1 MiB cap, alternately), then 201 with the id it gave
+/// the key: it took the message on the first request and de-duplicates on the key.
+struct GarblingProvider {
+    addr: std::net::SocketAddr,
+    keys: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    garbled: std::sync::Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GarblingProvider {
+    async fn start(garbled: usize) -> Self {
+        use std::sync::{Arc, Mutex};
+        let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+        let garbled = Arc::new(AtomicUsize::new(garbled));
+        let (k, g) = (keys.clone(), garbled.clone());
+        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let (keys, garbled) = (k.clone(), g.clone());
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let (first, n) = {
+                    let mut keys = keys.lock().unwrap();
+                    keys.push(key.clone());
+                    (keys.iter().position(|k| *k == key).unwrap(), keys.len())
+                };
+                let garble = garbled
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| g.checked_sub(1))
+                    .is_ok();
+                let body = match (garble, n % 2) {
+                    (true, 1) => "<html><body>Thanks!</body></html>".to_string(),
+                    (true, _) => {
+                        format!(r#"{{"sid":"SM{first}","pad":"{}"}}"#, "x".repeat(2 << 20))
+                    }
+                    (false, _) => format!(r#"{{"sid":"SM{first}"}}"#),
+                };
+                let status = if garble { 200 } else { 201 };
+                (
+                    axum::http::StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "application/json")],
+                    body,
+                )
+            }
+        });
+        let (addr, task) = serve_provider(app).await;
+        Self {
+            addr,
+            keys,
+            garbled,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
+    }
+}
+
+impl Drop for GarblingProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A provider that answered 2xx took the message, even when the plugin cannot read the
+/// answer (nor learn its id): the call is made again under the attempt's key, and the
+/// attempt is held and asked again later, never sent elsewhere. A provider that never
+/// answers readably ends the message FAILED after the bounded failed deliveries. A
+/// refusal with a body over the cap is still a refusal: failed over, not resent.
+async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Backends) {
+    let garbling = GarblingProvider::start(4).await;
+    let good = provider(201, ACCEPT).await;
+    let refusing = provider(503, &format!(r#"{{"error":"{}"}}"#, "x".repeat(2 << 20))).await;
+    let grants = [
+        garbling.addr.to_string(),
+        good.host_port(),
+        refusing.host_port(),
+    ];
+    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &garbling.url()), ("provd", &good.url())])
+        .await;
+    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+
+    // Unreadable on the call and its resend (held), again on the resumed call and its
+    // resend (held again), then the first answer, readable.
+    let event = gw.trigger(&key, otp.clone(), "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.provider.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("provc"), 1),
+        "{:?}",
+        m.error_detail
+    );
+    assert_eq!(m.provider_message_id.as_deref(), Some("SM0"));
+    assert_eq!(garbling.keys(), vec![format!("{event}.1"); 5]);
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(
+        statuses(&dto),
+        ["queued:-", "queued:provc", "queued:provc", "sent:provc"],
+        "{dto}"
+    );
+    assert_eq!(
+        dto["events"][1]["detail"]["held"], "invalid-response",
+        "{dto}"
+    );
+    assert_eq!(dto["events"][1]["detail"]["attempt"], 1, "{dto}");
+    assert_eq!(dto["events"][3]["detail"]["resumed"], true, "{dto}");
+
+    // Never readable: given up after three failed deliveries, nothing sent elsewhere.
+    garbling.garbled.store(usize::MAX, Ordering::SeqCst);
+    let event = gw.trigger(&key, otp.clone(), "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
+        "{:?}",
+        m.error_detail
+    );
+    let detail = m.error_detail.unwrap_or_default();
+    assert!(
+        detail.contains("gave up after 3 failed deliveries"),
+        "{detail}"
+    );
+    assert!(detail.contains("could not read"), "{detail}");
+    let keys = garbling.keys();
+    assert_eq!(keys.len(), 5 + 6, "{keys:?}");
+    assert!(
+        keys[5..].iter().all(|k| *k == format!("{event}.1")),
+        "{keys:?}"
+    );
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    let text = gw.state.ingest.metrics.render();
+    assert!(
+        text.lines()
+            .any(|l| l == "switchboard_deliveries_total{outcome=\"held\"} 4"),
+        "{text}"
+    );
+
+    // A 503 whose body is over the cap: the status still tells, so a refusal (failed
+    // over at once, not resent as if unanswered).
+    gw.route("sms", &[("provc", &refusing.url()), ("provd", &good.url())])
+        .await;
+    let event = gw.trigger(&key, otp, "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert_eq!(
+        (m.status, m.provider.as_deref()),
+        (MessageStatus::Sent, Some("provd")),
+        "{:?}",
+        m.error_detail
+    );
+    assert_eq!(refusing.take_requests().len(), 1, "resent");
+    assert_eq!(good.take_requests().len(), 1);
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(dto["events"][1]["detail"]["code"], "http-503", "{dto}");
     gw.cleanup().await;
 }
 
@@ -1920,7 +2094,11 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
     let slow = CaptureServer::start().await.unwrap();
-    slow.reply_with(Reply::Delay(Duration::from_millis(400)));
+    slow.reply_with(Reply::RespondAfter {
+        delay: Duration::from_millis(400),
+        status: 201,
+        body: ACCEPT.into(),
+    });
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(Backends::Embedded, dir.path(), &[slow.host_port()]).await;
     config.worker.enabled = false;
@@ -1956,9 +2134,7 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
         dispatcher.dispatch(&envelope).await
     });
     use switchboard::worker::dispatch::Outcome;
-    // provC reads `sid` from the reply; the delayed 200 `{}` has none, so the first
-    // dispatch records a failed attempt; what matters is that there is one.
-    assert!(matches!(a.unwrap(), Outcome::Done(_)));
+    assert_eq!(a.unwrap(), Outcome::Done(MessageStatus::Sent));
     assert_eq!(b.unwrap(), Outcome::Busy);
     assert_eq!(slow.take_requests().len(), 1);
     // Once the first has finished, another copy finds it done and sends nothing.

@@ -94,8 +94,9 @@ pub fn join_url(base: &str, path: &str) -> String {
 /// Sends `request` and, on a 2xx answer, decodes its JSON body as `T`.
 ///
 /// Failures become [`Rejection`]s: see [`rejection_for_error`], [`rejection_for_status`];
-/// a 2xx body that does not decode is a non-retryable `invalid-response` (the provider
-/// may have accepted the message, so a blind retry could send it twice).
+/// a 2xx body that does not decode is a non-retryable `invalid-response`: the provider
+/// took the message, so the gateway asks again only under the attempt's idempotency
+/// key (which gets the first answer again) and never sends it elsewhere.
 pub fn send_json<T: DeserializeOwned>(request: &OutboundRequest) -> Result<T, Rejection> {
     let response = crate::host::http_request(request).map_err(|e| rejection_for_error(&e))?;
     if !(200..300).contains(&response.status) {

@@ -45,6 +45,15 @@ pub enum Reply {
     },
     /// Wait this long before answering 200 `{}`, to provoke client timeouts.
     Delay(Duration),
+    /// Wait this long, then answer with this status and JSON body.
+    RespondAfter {
+        /// How long to wait.
+        delay: Duration,
+        /// HTTP status.
+        status: u16,
+        /// Response body.
+        body: String,
+    },
 }
 
 #[derive(Default)]
@@ -133,6 +142,19 @@ async fn capture(
         Some(Reply::Delay(delay)) => {
             tokio::time::sleep(delay).await;
             (StatusCode::OK, "{}").into_response()
+        }
+        Some(Reply::RespondAfter {
+            delay,
+            status,
+            body,
+        }) => {
+            tokio::time::sleep(delay).await;
+            (
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                [("content-type", "application/json")],
+                body,
+            )
+                .into_response()
         }
         None => (StatusCode::OK, "{}").into_response(),
     }

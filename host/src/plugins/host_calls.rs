@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Largest response body handed back to a plugin.
+/// Largest response body handed back to a plugin; a larger one is handed back empty,
+/// with its status and headers.
 pub(super) const MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// Log lines kept from one call; a chatty plugin cannot flood the host's logs.
 pub(super) const MAX_LOG_LINES_PER_CALL: u32 = 64;
@@ -239,9 +240,16 @@ pub(super) async fn perform_http(
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(classify)? {
             if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
-                return Err(HttpError::Transport(format!(
-                    "response larger than {MAX_RESPONSE_BYTES} bytes"
-                )));
+                // The provider answered: its status still decides (a 2xx took the
+                // message, which a transport error would have the gateway send again
+                // elsewhere). Half a body would be misread, so none is handed over.
+                tracing::warn!(
+                    host = %permit.shown(),
+                    status,
+                    "provider response body over {MAX_RESPONSE_BYTES} bytes; handed to the plugin empty"
+                );
+                body.clear();
+                break;
             }
             body.extend_from_slice(&chunk);
         }

@@ -8,11 +8,12 @@
 //! attempt left `started` by a worker that died during the call is re-sent to the same
 //! provider under the same idempotency key (the attempt's key, which every bundled
 //! provider de-duplicates on), so the provider sees one message. A call that got no
-//! answer (a timeout, a cut connection) is made again under that key a bounded number
-//! of times ([`plan::RESENDS`]) before the attempt counts as failed: the provider may
+//! answer (a timeout, a cut connection), or with a 2xx the plugin could not read, is made
+//! again under that key a bounded number of times ([`plan::RESENDS`]): the provider may
 //! have taken the message, and a fallback would send it again. A provider that answers
-//! such a repeat "key in use" (409) has it: the attempt stays open and the event comes
-//! back later to ask again ([`Outcome::Held`]), never to send elsewhere.
+//! such a repeat "key in use" (409), or that took the message unreadably, has it: the
+//! attempt stays open and the event comes back later to ask again ([`Outcome::Held`]),
+//! never to send elsewhere.
 //!
 //! What to do next is decided by [`plan::next`] from what is known; this module carries
 //! it out. A fresh message's first step (its first attempt `started`, or its end when
@@ -48,10 +49,10 @@ pub enum Outcome {
     /// Another worker holds its lease, or no room at its provider or plugin instance
     /// slot came free in time (nothing sent); try again later.
     Busy,
-    /// The provider answered a call under a key used before that it still holds a
-    /// request under that key ([`plan::Failure::held`]): the attempt stays `started`,
-    /// to be resumed under the same key later; a failed delivery for the retry count.
-    Held,
+    /// The provider has the message ([`plan::Hold`]: it holds a request under the
+    /// attempt's key, or answered 2xx unreadably): the attempt stays `started`, to be
+    /// resumed under the same key later; a failed delivery for the retry count.
+    Held(plan::Hold),
 }
 
 /// The failure code of a route naming a slug no plugin has.
@@ -392,13 +393,15 @@ impl Run<'_> {
 
     /// Makes one provider call and records its outcome: `Some(outcome)` when the message
     /// is now sent, or when the attempt stays `started` for a later delivery (`Busy`:
-    /// nothing sent; `Held`: the provider holds its key); after any other failure, the
+    /// nothing sent; `Held`: the provider has the message); after any other failure, the
     /// attempt is recorded failed and `None` returned.
     async fn attempt(&mut self, call: &Call, resumed: bool) -> Result<Option<Outcome>, StoreError> {
         let slug = call.route.provider.as_str();
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
         let (plugin, trial) = self.pick(slug, ch);
         let mut resends = 0;
+        // An earlier call of the attempt was answered 2xx, unreadably ([`plan::Hold`]).
+        let mut taken = false;
         let called = loop {
             let Ok(called) = self.call(call, plugin.clone()).await else {
                 // Not sent: the attempt stays `started`, to be resumed (under the same
@@ -412,39 +415,52 @@ impl Run<'_> {
                 self.release_lease().await?;
                 return Ok(Some(Outcome::Busy));
             };
-            match called {
-                Err(failure) if failure.resend(resends) => {
+            let then = match &called {
+                Err(failure) => failure.then(resends, resumed || resends > 0, taken),
+                Ok(_) => plan::Then::Fail,
+            };
+            if let Err(failure) = &called {
+                taken |= failure.taken();
+            }
+            match then {
+                plan::Then::Resend => {
+                    let code = called.err().map(|f| f.code).unwrap_or_default();
                     resends += 1;
-                    // Each unanswered call counts towards the provider's circuit.
+                    // Each such call counts towards the provider's circuit.
                     self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
                     tracing::info!(
                         provider = slug,
                         channel = ch,
                         attempt_no,
-                        code = failure.code,
+                        code,
                         resends,
-                        "no answer from the provider; sending again under the same key"
+                        "no readable answer from the provider; sending again under the same key"
                     );
                     // The lease must outlast the next call too; a worker that lost it
                     // stops here, and the holder resumes the attempt under its key.
                     self.renew_lease().await?;
                     tokio::time::sleep(plan::RESEND_PAUSE).await;
+                    continue;
                 }
-                Err(failure) if failure.held(resumed || resends > 0) => {
-                    // The provider has a request under the key, taken or being taken:
-                    // a fallback would send a second message. Asked again later.
+                plan::Then::Hold(hold) => {
+                    // The provider has the message, taken or being taken: a fallback
+                    // would send a second one. Asked again later.
+                    if hold == plan::Hold::Unreadable {
+                        self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
+                    }
                     tracing::info!(
                         provider = slug,
                         channel = ch,
                         attempt_no,
-                        code = failure.code,
+                        code = hold.code(),
                         resends,
-                        "the provider holds a request under the attempt's key; asking again later"
+                        "the provider has the message; asking again later under the attempt's key"
                     );
-                    self.release_lease().await?;
-                    return Ok(Some(Outcome::Held));
+                    self.step(&plan::held_step(call.channel, slug, attempt_no, hold))
+                        .await?;
+                    return Ok(Some(Outcome::Held(hold)));
                 }
-                called => break called,
+                plan::Then::Fail => break called,
             }
         };
         match called {

@@ -6,7 +6,7 @@
 //! already dispatching finishes): a bulk backlog cannot delay a critical event by more
 //! than the time to start it, and competes with it only through work already started.
 //! A delivery is acknowledged only after its outcome is recorded; a store failure, or a
-//! provider answering that it holds the attempt's key ([`dispatch::Outcome::Held`]),
+//! provider that has the message under the attempt's key ([`dispatch::Outcome::Held`]),
 //! leaves it for redelivery with backoff, and enough of them give the event up
 //! ([`failures`]: a delivery handed back busy is no failure, nor is an unreachable
 //! database). A delivery gives its slot back as soon as its outcome is durable and is
@@ -336,15 +336,20 @@ impl Worker {
                 let _settling = self.release(slot).await;
                 delivery.settle.nak(self.config.ack_wait() / 4).await
             }
-            Ok(Outcome::Held) => {
+            Ok(Outcome::Held(hold)) => {
                 let failed = Some(self.failures.failed(&envelope.event_id));
-                let why = "the provider still answered that it holds a request under the \
-                           attempt's idempotency key (409), so the message was not sent \
-                           elsewhere (a second copy); the provider may deliver it";
-                let error = "the provider holds a request under the attempt's key";
+                let error = "the provider has the message under the attempt's key";
                 let settle = (failed, "held");
-                self.failed(&envelope, &token, class, &delivery, settle, why, &error)
-                    .await
+                self.failed(
+                    &envelope,
+                    &token,
+                    class,
+                    &delivery,
+                    settle,
+                    hold.why(),
+                    &error,
+                )
+                .await
             }
             Err(e) => {
                 // An unreachable database is no failure of the event: it never gives

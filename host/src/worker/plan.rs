@@ -155,6 +155,11 @@ const UNANSWERED: [&str; 2] = ["timeout", "transport"];
 /// keys are commonly answered. The provider has the message, taken or being taken.
 const HELD: &str = "http-409";
 
+/// The SDK's rejection code for a 2xx answer whose body the plugin could not read (a
+/// body over the host's cap reaches the plugin empty, so it ends here too): the
+/// provider took the message, but its id is unknown.
+const UNREADABLE: &str = "invalid-response";
+
 /// A provider call that did not end in an acceptance.
 #[derive(Debug)]
 pub(super) struct Failure {
@@ -162,6 +167,54 @@ pub(super) struct Failure {
     pub detail: String,
     /// No answer came: the provider may have taken the message ([`RESENDS`]).
     pub unanswered: bool,
+}
+
+/// What follows a failed call of an attempt ([`Failure::then`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Then {
+    /// Call again under the same key, after [`RESEND_PAUSE`].
+    Resend,
+    /// Leave the attempt `started`, to be asked again under its key later.
+    Hold(Hold),
+    /// The attempt failed: the next provider or channel may be tried.
+    Fail,
+}
+
+/// Why an attempt is held rather than failed: the provider has the message, so a
+/// fallback would send the person a second one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// It answered a call under a key used before with 409: a request under the key
+    /// is under way.
+    KeyInUse,
+    /// It answered 2xx, but with a body the plugin could not read.
+    Unreadable,
+}
+
+impl Hold {
+    /// The code shown on the held round's timeline entry.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::KeyInUse => HELD,
+            Self::Unreadable => UNREADABLE,
+        }
+    }
+
+    /// What the provider said, for the detail of a message given up while held.
+    pub fn why(self) -> &'static str {
+        match self {
+            Self::KeyInUse => {
+                "the provider still answered that it holds a request under the attempt's \
+                 idempotency key (409), so the message was not sent elsewhere (a second \
+                 copy); the provider may deliver it"
+            }
+            Self::Unreadable => {
+                "the provider still answered that it took the message (2xx) in a form the \
+                 plugin could not read, so the message was not sent elsewhere (a second \
+                 copy); the provider may deliver it"
+            }
+        }
+    }
 }
 
 impl Failure {
@@ -194,19 +247,48 @@ impl Failure {
         }
     }
 
-    /// Whether the call is made again under the same key, after `resends` so far.
-    pub fn resend(&self, resends: u32) -> bool {
-        self.unanswered && resends < RESENDS
+    /// Whether the provider answered that it took the message, unreadably.
+    pub fn taken(&self) -> bool {
+        self.code == UNREADABLE
     }
 
-    /// Whether the provider says it holds a request under the attempt's key, for a call
-    /// under a key `used_before` (a resend or a resumed attempt): then the attempt is
-    /// neither failed nor followed by a fallback, but asked again later under the key
-    /// (a fresh key cannot be in use: a 409 to it is an ordinary refusal). A resumed
-    /// attempt counts as a repeat even if the worker before never made its call (no
-    /// slot came free, or it died first): nothing tells the two apart.
-    pub fn held(&self, used_before: bool) -> bool {
-        used_before && self.code == HELD
+    /// What follows this failure of a call made after `resends` resends, under a key
+    /// `used_before` this call (a resend, or a resumed attempt), when an earlier call of
+    /// the attempt was answered 2xx unreadably (`taken`).
+    ///
+    /// A call without an answer, or with an unreadable 2xx, is made again under the
+    /// same key (a provider that de-duplicates answers with its first answer). A
+    /// provider that says it holds a request under a key used before (409; a fresh key
+    /// cannot be in use, so a 409 to it is an ordinary refusal), or that took the
+    /// message, is not followed by a fallback: the attempt is asked again later. A
+    /// resumed attempt counts as a repeat even if the worker before never made its call
+    /// (no slot came free, or it died first): nothing tells the two apart.
+    pub fn then(&self, resends: u32, used_before: bool, taken: bool) -> Then {
+        if (self.unanswered || self.taken()) && resends < RESENDS {
+            Then::Resend
+        } else if used_before && self.code == HELD {
+            Then::Hold(Hold::KeyInUse)
+        } else if taken || self.taken() {
+            Then::Hold(Hold::Unreadable)
+        } else {
+            Then::Fail
+        }
+    }
+}
+
+/// The step that hands a held attempt back ([`Hold`]): the lease released, the
+/// attempt left `started`, and a `queued` entry saying why the message waits.
+pub(super) fn held_step(channel: Channel, slug: &str, attempt_no: i32, hold: Hold) -> Step {
+    let detail = json!({"channel": channel.as_str(), "attempt": attempt_no,
+        "held": hold.code(),
+        "reason": "the provider has the message: asked again later under the attempt's key, not sent elsewhere"});
+    Step {
+        attempt: None,
+        message: MessageUpdate {
+            release_lease: true,
+            ..Default::default()
+        },
+        timeline: vec![entry(StepStatus::Queued, Some(slug), detail)],
     }
 }
 

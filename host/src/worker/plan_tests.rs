@@ -120,7 +120,7 @@ fn call(action: &Action) -> (&'static str, String, i32, bool) {
 }
 
 #[test]
-fn only_an_unanswered_call_is_resent_and_only_so_often() {
+fn only_a_call_without_a_readable_answer_is_resent_and_only_so_often() {
     let rejected = |code: &str, retryable| {
         Failure::rejected(types::Rejection {
             code: code.into(),
@@ -128,16 +128,36 @@ fn only_an_unanswered_call_is_resent_and_only_so_often() {
             retryable,
         })
     };
-    assert!(rejected("timeout", true).resend(0));
-    assert!(rejected("transport", true).resend(RESENDS - 1));
-    assert!(!rejected("transport", true).resend(RESENDS), "bounded");
-    assert!(
-        !rejected("http-503", true).resend(0),
+    let fresh = |f: Failure, resends| f.then(resends, resends > 0, false);
+    assert_eq!(fresh(rejected("timeout", true), 0), Then::Resend);
+    assert_eq!(
+        fresh(rejected("transport", true), RESENDS - 1),
+        Then::Resend
+    );
+    assert_eq!(
+        fresh(rejected("transport", true), RESENDS),
+        Then::Fail,
+        "bounded"
+    );
+    assert_eq!(
+        fresh(rejected("http-503", true), 0),
+        Then::Fail,
         "an answer, if retryable"
     );
-    assert!(!rejected("http-400", false).resend(0));
-    assert!(Failure::timed_out(Duration::from_secs(1)).resend(0));
-    assert!(!Failure::answered("plugin-error", "trap").resend(0));
+    assert_eq!(fresh(rejected("http-400", false), 0), Then::Fail);
+    assert_eq!(
+        fresh(Failure::timed_out(Duration::from_secs(1)), 0),
+        Then::Resend
+    );
+    assert_eq!(
+        fresh(Failure::answered("plugin-error", "trap"), 0),
+        Then::Fail
+    );
+    assert_eq!(
+        fresh(rejected("invalid-response", false), 0),
+        Then::Resend,
+        "taken: its first answer is asked for again"
+    );
 }
 
 #[test]
@@ -196,12 +216,50 @@ fn a_409_holds_the_attempt_only_under_a_key_used_before() {
             retryable: false,
         })
     };
-    assert!(rejected("http-409").held(true));
-    assert!(!rejected("http-409").held(false), "a fresh key: a refusal");
-    assert!(!rejected("http-409").resend(0), "an answer: not resent");
-    assert!(!rejected("http-400").held(true));
-    assert!(!rejected("timeout").held(true));
+    let key_in_use = Then::Hold(Hold::KeyInUse);
+    assert_eq!(rejected("http-409").then(0, true, false), key_in_use);
+    assert_eq!(rejected("http-409").then(1, true, false), key_in_use);
+    assert_eq!(
+        rejected("http-409").then(0, false, false),
+        Then::Fail,
+        "a fresh key: a refusal"
+    );
+    assert_eq!(rejected("http-400").then(0, true, false), Then::Fail);
+    assert_eq!(rejected("timeout").then(RESENDS, true, false), Then::Fail);
 }
+
+#[test]
+fn a_2xx_read_as_nothing_is_asked_again_then_held_never_failed_over() {
+    let rejected = |code: &str| {
+        Failure::rejected(types::Rejection {
+            code: code.into(),
+            detail: "provider answered 200 with an unreadable body".into(),
+            retryable: false,
+        })
+    };
+    let unreadable = Then::Hold(Hold::Unreadable);
+    assert!(rejected("invalid-response").taken());
+    assert!(!rejected("http-503").taken());
+    // Resent once, then held: however the resend fails, the provider took it before.
+    assert_eq!(
+        rejected("invalid-response").then(RESENDS, true, true),
+        unreadable
+    );
+    assert_eq!(rejected("timeout").then(RESENDS, true, true), unreadable);
+    assert_eq!(rejected("http-503").then(RESENDS, true, true), unreadable);
+    assert_eq!(
+        rejected("http-409").then(RESENDS, true, true),
+        Then::Hold(Hold::KeyInUse)
+    );
+    // A resumed attempt answered unreadably is asked again at once too.
+    assert_eq!(
+        rejected("invalid-response").then(0, true, false),
+        Then::Resend
+    );
+    assert_ne!(Hold::Unreadable.why(), Hold::KeyInUse.why());
+    assert_eq!(Hold::Unreadable.code(), "invalid-response");
+}
+
 #[test]
 fn a_fresh_message_starts_its_first_provider_then_falls_back_in_order() {
     let routes = BTreeMap::new();
