@@ -331,6 +331,9 @@ async fn endpoints_are_managed_per_workspace(b: Backends) {
         (json!({"event_types": []}), "leave it out"),
         (json!({"description": "d".repeat(501)}), "longer than 500"),
         (json!({"disabled": "yes"}), "disabled"),
+        // Nothing to clear: refused, never taken for "unchanged".
+        (json!({"url": null}), "url"),
+        (json!({"disabled": null}), "disabled"),
     ] {
         let (status, answer) = api.call("PATCH", &path, acme, Some(body)).await;
         bad_request(status, &answer, mentions);

@@ -130,14 +130,28 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
+/// A field that may be left out but not given as null (it has nothing to clear): a null
+/// is refused as any other value of the wrong type, not taken for "unchanged".
+fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 /// `PATCH /v1/webhook-endpoints/{endpointId}`: the fields to change; null clears
 /// `description`, and sets `event_types` back to every type. `{}` changes nothing.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateEndpointRequest {
-    /// New URL (the create's rules).
-    #[serde(default)]
-    #[schema(max_length = 2048, pattern = r"^https?://[^\s\u0000-\u001F\u007F]+$")]
+    /// New URL (the create's rules); it cannot be null.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(
+        nullable = false,
+        max_length = 2048,
+        pattern = r"^https?://[^\s\u0000-\u001F\u007F]+$"
+    )]
     pub url: Option<String>,
     /// New description; null clears it.
     #[serde(default, deserialize_with = "present")]
@@ -147,8 +161,10 @@ pub struct UpdateEndpointRequest {
     #[serde(default, deserialize_with = "present")]
     #[schema(min_items = 1, max_items = 9, value_type = Option<Vec<EventType>>)]
     pub event_types: Option<Option<Vec<String>>>,
-    /// Disable (true) or enable (false); enabling clears the gateway's reason.
-    #[serde(default)]
+    /// Disable (true) or enable (false); enabling clears the gateway's reason. It
+    /// cannot be null.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub disabled: Option<bool>,
 }
 
