@@ -811,13 +811,15 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
     gw.cleanup().await;
 }
 
-/// A provider that answers a key's first `garbled` requests 200 with a body no plugin can
-/// read (HTML, or over the host's 1 MiB cap, alternately), then 201 with the id it gave
-/// the key: it took the message on the first request and de-duplicates on the key.
+/// A provider that answers its next `garbled` requests 200 with a body no plugin can
+/// read (HTML, or over the host's 1 MiB cap, alternately), then `status`: 201 with the
+/// id it gave the key (it took the message on the key's first request and
+/// de-duplicates on the key), or a refusal.
 struct GarblingProvider {
     addr: std::net::SocketAddr,
     keys: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     garbled: std::sync::Arc<AtomicUsize>,
+    status: std::sync::Arc<std::sync::atomic::AtomicU16>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -826,9 +828,10 @@ impl GarblingProvider {
         use std::sync::{Arc, Mutex};
         let keys: Arc<Mutex<Vec<String>>> = Arc::default();
         let garbled = Arc::new(AtomicUsize::new(garbled));
-        let (k, g) = (keys.clone(), garbled.clone());
+        let status = Arc::new(std::sync::atomic::AtomicU16::new(201));
+        let (k, g, st) = (keys.clone(), garbled.clone(), status.clone());
         let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-            let (keys, garbled) = (k.clone(), g.clone());
+            let (keys, garbled, status) = (k.clone(), g.clone(), st.clone());
             async move {
                 let key = headers
                     .get("idempotency-key")
@@ -843,14 +846,19 @@ impl GarblingProvider {
                 let garble = garbled
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| g.checked_sub(1))
                     .is_ok();
+                let status = if garble {
+                    200
+                } else {
+                    status.load(Ordering::SeqCst)
+                };
                 let body = match (garble, n % 2) {
                     (true, 1) => "<html><body>Thanks!</body></html>".to_string(),
                     (true, _) => {
                         format!(r#"{{"sid":"SM{first}","pad":"{}"}}"#, "x".repeat(2 << 20))
                     }
-                    (false, _) => format!(r#"{{"sid":"SM{first}"}}"#),
+                    (false, _) if status == 201 => format!(r#"{{"sid":"SM{first}"}}"#),
+                    (false, _) => r#"{"error":"unavailable"}"#.to_string(),
                 };
-                let status = if garble { 200 } else { 201 };
                 (
                     axum::http::StatusCode::from_u16(status).unwrap(),
                     [("content-type", "application/json")],
@@ -863,6 +871,7 @@ impl GarblingProvider {
             addr,
             keys,
             garbled,
+            status,
             task,
         }
     }
@@ -884,11 +893,12 @@ impl Drop for GarblingProvider {
 
 /// A provider that answered 2xx took the message, even when the plugin cannot read the
 /// answer (nor learn its id): the call is made again under the attempt's key, and the
-/// attempt is held and asked again later, never sent elsewhere. A provider that never
-/// answers readably ends the message FAILED after the bounded failed deliveries. A
-/// refusal with a body over the cap is still a refusal: failed over, not resent.
+/// attempt is held and asked again later (one call a delivery), never sent elsewhere,
+/// however a later call fails. A provider that never answers readably ends the message
+/// FAILED after the bounded failed deliveries. A refusal with a body over the cap is
+/// still a refusal: failed over, not resent.
 async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Backends) {
-    let garbling = GarblingProvider::start(4).await;
+    let garbling = GarblingProvider::start(3).await;
     let good = provider(201, ACCEPT).await;
     let refusing = provider(503, &format!(r#"{{"error":"{}"}}"#, "x".repeat(2 << 20))).await;
     let grants = [
@@ -903,8 +913,8 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
         .await;
     let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
 
-    // Unreadable on the call and its resend (held), again on the resumed call and its
-    // resend (held again), then the first answer, readable.
+    // Unreadable on the call and its resend (held), again on the resumed call (held
+    // again, no resend), then the first answer, readable.
     let event = gw.trigger(&key, otp.clone(), "HIGH").await;
     let m = gw.settled(&event).await;
     assert_eq!(
@@ -914,7 +924,7 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
         m.error_detail
     );
     assert_eq!(m.provider_message_id.as_deref(), Some("SM0"));
-    assert_eq!(garbling.keys(), vec![format!("{event}.1"); 5]);
+    assert_eq!(garbling.keys(), vec![format!("{event}.1"); 4]);
     assert!(good.take_requests().is_empty(), "the fallback was called");
     let dto = gw.dto(&key, &event).await;
     assert_eq!(
@@ -929,8 +939,11 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     assert_eq!(dto["events"][1]["detail"]["attempt"], 1, "{dto}");
     assert_eq!(dto["events"][3]["detail"]["resumed"], true, "{dto}");
 
-    // Never readable: given up after three failed deliveries, nothing sent elsewhere.
-    garbling.garbled.store(usize::MAX, Ordering::SeqCst);
+    // Unreadable twice (held), then refused: the provider took it the first time, so
+    // the refusals hold it too; given up after three failed deliveries, FAILED, and
+    // nothing sent elsewhere.
+    garbling.garbled.store(2, Ordering::SeqCst);
+    garbling.status.store(503, Ordering::SeqCst);
     let event = gw.trigger(&key, otp.clone(), "HIGH").await;
     let m = gw.settled(&event).await;
     assert_eq!(
@@ -946,9 +959,9 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     );
     assert!(detail.contains("could not read"), "{detail}");
     let keys = garbling.keys();
-    assert_eq!(keys.len(), 5 + 6, "{keys:?}");
+    assert_eq!(keys.len(), 4 + 2 + 1 + 1, "{keys:?}");
     assert!(
-        keys[5..].iter().all(|k| *k == format!("{event}.1")),
+        keys[4..].iter().all(|k| *k == format!("{event}.1")),
         "{keys:?}"
     );
     assert!(good.take_requests().is_empty(), "the fallback was called");

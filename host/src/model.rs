@@ -397,7 +397,8 @@ pub enum AttemptWrite {
     Finish {
         /// Which attempt.
         attempt_no: i32,
-        /// `Sent` or `Failed`.
+        /// `Sent` or `Failed`; `Started` keeps a held attempt open, its detail saying
+        /// why (its `finished_at` is then when it was last held).
         state: AttemptState,
         /// Provider id when sent.
         provider_message_id: Option<String>,

@@ -237,21 +237,28 @@ pub(super) async fn perform_http(
             .iter()
             .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
             .collect();
+        // Once the status has come, the provider has answered and its status decides
+        // (a 2xx took the message, which a transport error would have the gateway send
+        // again elsewhere): a body over the cap, or cut off or late, reaches the plugin
+        // empty, as half a body would be misread.
         let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(classify)? {
-            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
-                // The provider answered: its status still decides (a 2xx took the
-                // message, which a transport error would have the gateway send again
-                // elsewhere). Half a body would be misread, so none is handed over.
-                tracing::warn!(
-                    host = %permit.shown(),
-                    status,
-                    "provider response body over {MAX_RESPONSE_BYTES} bytes; handed to the plugin empty"
-                );
-                body.clear();
-                break;
-            }
-            body.extend_from_slice(&chunk);
+        loop {
+            let dropped = match response.chunk().await {
+                Ok(None) => break,
+                Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_RESPONSE_BYTES => {
+                    body.extend_from_slice(&chunk);
+                    continue;
+                }
+                Ok(Some(_)) => format!("over {MAX_RESPONSE_BYTES} bytes"),
+                Err(e) => format!("not read: {}", e.without_url()),
+            };
+            tracing::warn!(
+                host = %permit.shown(),
+                status,
+                "provider response body {dropped}; handed to the plugin empty"
+            );
+            body.clear();
+            break;
         }
         Ok(types::OutboundResponse {
             status,

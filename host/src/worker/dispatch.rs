@@ -400,10 +400,23 @@ impl Run<'_> {
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
         let (plugin, trial) = self.pick(slug, ch);
         let mut resends = 0;
-        // An earlier call of the attempt was answered 2xx, unreadably ([`plan::Hold`]).
-        let mut taken = false;
+        // Whether the provider took the message, answering 2xx unreadably, in an earlier
+        // call of the attempt ([`plan::Hold::Unreadable`]); if so in an earlier
+        // delivery, that delivery's resend was made too.
+        let taken_before = resumed
+            && self
+                .attempts
+                .iter()
+                .any(|a| a.attempt_no == attempt_no && plan::Hold::taken(a));
+        let spent = if taken_before { plan::RESENDS } else { 0 };
+        let mut taken = taken_before;
         let called = loop {
             let Ok(called) = self.call(call, plugin.clone()).await else {
+                if taken {
+                    // The provider has the message: held, so the next delivery knows.
+                    let held = plan::Hold::Unreadable;
+                    return self.hold(call, trial.as_ref(), held, resends).await;
+                }
                 // Not sent: the attempt stays `started`, to be resumed (under the same
                 // idempotency key) by the redelivery, which need not wait out the lease.
                 tracing::info!(
@@ -416,7 +429,7 @@ impl Run<'_> {
                 return Ok(Some(Outcome::Busy));
             };
             let then = match &called {
-                Err(failure) => failure.then(resends, resumed || resends > 0, taken),
+                Err(failure) => failure.then(resends + spent, resumed || resends > 0, taken),
                 Ok(_) => plan::Then::Fail,
             };
             if let Err(failure) = &called {
@@ -443,22 +456,7 @@ impl Run<'_> {
                     continue;
                 }
                 plan::Then::Hold(hold) => {
-                    // The provider has the message, taken or being taken: a fallback
-                    // would send a second one. Asked again later.
-                    if hold == plan::Hold::Unreadable {
-                        self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
-                    }
-                    tracing::info!(
-                        provider = slug,
-                        channel = ch,
-                        attempt_no,
-                        code = hold.code(),
-                        resends,
-                        "the provider has the message; asking again later under the attempt's key"
-                    );
-                    self.step(&plan::held_step(call.channel, slug, attempt_no, hold))
-                        .await?;
-                    return Ok(Some(Outcome::Held(hold)));
+                    return self.hold(call, trial.as_ref(), hold, resends).await;
                 }
                 plan::Then::Fail => break called,
             }
@@ -535,6 +533,37 @@ impl Run<'_> {
                 Ok(None)
             }
         }
+    }
+
+    /// Hands the attempt of `call` back held ([`plan::Hold`]): the provider has the
+    /// message, taken or being taken, and a fallback would send a second one. It stays
+    /// `started`, to be asked again under its key by a later delivery.
+    async fn hold(
+        &self,
+        call: &Call,
+        trial: Option<&Trial>,
+        hold: plan::Hold,
+        resends: u32,
+    ) -> Result<Option<Outcome>, StoreError> {
+        let (slug, ch) = (call.route.provider.as_str(), call.channel.as_str());
+        if hold == plan::Hold::Unreadable {
+            // An answer nobody can read is the provider's (or the plugin's) fault.
+            self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
+            if let (Some(trial), Some(canaries)) = (trial, &self.d.canaries) {
+                canaries.record(trial, CircuitOutcome::SendFailed);
+            }
+        }
+        tracing::info!(
+            provider = slug,
+            channel = ch,
+            attempt_no = call.attempt_no,
+            code = hold.code(),
+            resends,
+            "the provider has the message; asking again later under the attempt's key"
+        );
+        let held = plan::held_step(call.channel, slug, call.attempt_no, hold);
+        self.step(&held).await?;
+        Ok(Some(Outcome::Held(hold)))
     }
 
     /// The version of `slug` that serves this event on channel `ch`, and the trial arm

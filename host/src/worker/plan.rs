@@ -135,12 +135,13 @@ pub(super) struct Answer {
     pub resends: u32,
 }
 
-/// How many times a call that got no answer is made again, under the same idempotency
-/// key, before its attempt counts as failed and the next provider is tried. Without an
-/// answer the provider may have taken the message: a provider that de-duplicates
-/// answers the resend with its first answer, where a fallback (another provider, or
-/// another attempt's key) would send the person a second message. Once: a provider
-/// that does not de-duplicate gets at most one copy more than before.
+/// How many times a call that got no answer (or an unreadable 2xx) is made again, under
+/// the same idempotency key, in one delivery of its attempt, before the attempt counts
+/// as failed (or, after a 2xx, is held; [`Failure::then`]). Without an answer the
+/// provider may have taken the message: a provider that de-duplicates answers the
+/// resend with its first answer, where a fallback (another provider, or another
+/// attempt's key) would send the person a second message. Once: a provider that does
+/// not de-duplicate gets at most one copy more than before.
 pub(super) const RESENDS: u32 = 1;
 
 /// The pause before a resend.
@@ -192,6 +193,19 @@ pub enum Hold {
 }
 
 impl Hold {
+    /// The detail a held attempt keeps while it stays `started` ([`held_step`]).
+    fn attempt_detail(self) -> String {
+        format!("held: {}", self.code())
+    }
+
+    /// Whether `attempt` was held because its provider took the message unreadably:
+    /// however a later call of it fails, the provider has the message, and its resend
+    /// was made ([`Failure::then`]).
+    pub(super) fn taken(attempt: &AttemptRecord) -> bool {
+        attempt.state == AttemptState::Started
+            && attempt.detail.as_deref() == Some(Self::Unreadable.attempt_detail().as_str())
+    }
+
     /// The code shown on the held round's timeline entry.
     pub fn code(self) -> &'static str {
         match self {
@@ -209,9 +223,10 @@ impl Hold {
                  copy); the provider may deliver it"
             }
             Self::Unreadable => {
-                "the provider still answered that it took the message (2xx) in a form the \
-                 plugin could not read, so the message was not sent elsewhere (a second \
-                 copy); the provider may deliver it"
+                "the provider answered that it took the message (2xx) in a form the plugin \
+                 could not read, and no later call under the attempt's idempotency key got \
+                 a readable answer, so the message was not sent elsewhere (a second copy); \
+                 the provider may deliver it"
             }
         }
     }
@@ -237,7 +252,8 @@ impl Failure {
     }
 
     /// A plugin's rejection: unanswered when its code says the provider never answered
-    /// (a provider's own refusal, such as a 503, is an answer; a fallback is safe).
+    /// (a provider's own refusal, such as a 503, is an answer: a fallback is safe,
+    /// unless an earlier call of the attempt was taken, [`Self::then`]).
     pub fn rejected(r: types::Rejection) -> Self {
         let unanswered = UNANSWERED.contains(&r.code.as_str());
         Self {
@@ -277,13 +293,20 @@ impl Failure {
 }
 
 /// The step that hands a held attempt back ([`Hold`]): the lease released, the
-/// attempt left `started`, and a `queued` entry saying why the message waits.
+/// attempt left `started` with why in its detail (so the next delivery knows;
+/// [`Hold::taken`]), and a `queued` entry saying why the message waits.
 pub(super) fn held_step(channel: Channel, slug: &str, attempt_no: i32, hold: Hold) -> Step {
     let detail = json!({"channel": channel.as_str(), "attempt": attempt_no,
         "held": hold.code(),
-        "reason": "the provider has the message: asked again later under the attempt's key, not sent elsewhere"});
+        "reason": "the provider has the message under the attempt's key: not sent elsewhere"});
     Step {
-        attempt: None,
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no,
+            state: AttemptState::Started,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: Some(hold.attempt_detail()),
+        }),
         message: MessageUpdate {
             release_lease: true,
             ..Default::default()

@@ -261,6 +261,40 @@ fn a_2xx_read_as_nothing_is_asked_again_then_held_never_failed_over() {
 }
 
 #[test]
+fn a_held_attempt_stays_started_and_remembers_a_taken_message() {
+    let held = |hold| {
+        let step = held_step(Channel::Sms, "provc", 2, hold);
+        let Some(AttemptWrite::Finish { state, detail, .. }) = step.attempt else {
+            panic!("no attempt write: {step:?}");
+        };
+        assert!(step.message.release_lease && step.message.status.is_none());
+        assert_eq!(step.timeline[0].status, StepStatus::Queued);
+        assert_eq!(
+            step.timeline[0].detail.as_ref().unwrap()["held"],
+            hold.code()
+        );
+        let mut attempt = record(2, "sms", "provc", AttemptState::Started);
+        assert_eq!(state, attempt.state);
+        attempt.detail = detail;
+        attempt
+    };
+    assert!(Hold::taken(&held(Hold::Unreadable)));
+    assert!(
+        !Hold::taken(&held(Hold::KeyInUse)),
+        "a 409: a refusal may follow"
+    );
+    assert!(!Hold::taken(&record(
+        2,
+        "sms",
+        "provc",
+        AttemptState::Started
+    )));
+    let mut failed = held(Hold::Unreadable);
+    failed.state = AttemptState::Failed;
+    assert!(!Hold::taken(&failed));
+}
+
+#[test]
 fn a_fresh_message_starts_its_first_provider_then_falls_back_in_order() {
     let routes = BTreeMap::new();
     let env = envelope(vec![Channel::Email, Channel::Sms], KeyMode::Live);

@@ -317,6 +317,24 @@ impl Kit<'_> {
                 format!("expected a retryable rejection, got {other:?}"),
             ),
         }
+        // A 2xx that is no provider answer (a maintenance page, say): the gateway takes
+        // `invalid-response` for "the provider took it" and never sends it elsewhere,
+        // so that code must come, not acceptance nor another refusal.
+        capture.reply_with(Reply::Respond {
+            status: 200,
+            body: "<html><body>Service notice</body></html>".into(),
+        });
+        match self.plugin.send(&config, &message).await {
+            Ok(SendOutcome::Rejected(r)) if r.code == "invalid-response" => self.pass(
+                &format!("send.{ch}.unreadable-2xx"),
+                "rejected \"invalid-response\"",
+            ),
+            other => self.record(
+                &format!("send.{ch}.unreadable-2xx"),
+                false,
+                format!("expected a rejection coded \"invalid-response\", got {other:?}"),
+            ),
+        }
         capture.reply_with(Reply::Respond {
             status: success_status,
             body: success_body.clone(),
