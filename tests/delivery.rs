@@ -811,27 +811,28 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
     gw.cleanup().await;
 }
 
-/// A provider that answers its next `garbled` requests 200 with a body no plugin can
-/// read (HTML, or over the host's 1 MiB cap, alternately), then `status`: 201 with the
-/// id it gave the key (it took the message on the key's first request and
-/// de-duplicates on the key), or a refusal.
+/// A provider that answers its requests with the statuses of `script`, one each, then
+/// with `status`: a 200 with a body no plugin can read (HTML, or over the host's 1 MiB
+/// cap, alternately), a 201 with the id it gave the key (it took the message on the
+/// key's first request and de-duplicates on the key), or a refusal.
 struct GarblingProvider {
     addr: std::net::SocketAddr,
     keys: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    garbled: std::sync::Arc<AtomicUsize>,
+    script: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u16>>>,
     status: std::sync::Arc<std::sync::atomic::AtomicU16>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl GarblingProvider {
-    async fn start(garbled: usize) -> Self {
+    async fn start(script: &[u16]) -> Self {
         use std::sync::{Arc, Mutex};
         let keys: Arc<Mutex<Vec<String>>> = Arc::default();
-        let garbled = Arc::new(AtomicUsize::new(garbled));
+        let script: Arc<Mutex<std::collections::VecDeque<u16>>> =
+            Arc::new(Mutex::new(script.iter().copied().collect()));
         let status = Arc::new(std::sync::atomic::AtomicU16::new(201));
-        let (k, g, st) = (keys.clone(), garbled.clone(), status.clone());
+        let (k, sc, st) = (keys.clone(), script.clone(), status.clone());
         let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-            let (keys, garbled, status) = (k.clone(), g.clone(), st.clone());
+            let (keys, script, status) = (k.clone(), sc.clone(), st.clone());
             async move {
                 let key = headers
                     .get("idempotency-key")
@@ -843,21 +844,15 @@ impl GarblingProvider {
                     keys.push(key.clone());
                     (keys.iter().position(|k| *k == key).unwrap(), keys.len())
                 };
-                let garble = garbled
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| g.checked_sub(1))
-                    .is_ok();
-                let status = if garble {
-                    200
-                } else {
-                    status.load(Ordering::SeqCst)
-                };
-                let body = match (garble, n % 2) {
-                    (true, 1) => "<html><body>Thanks!</body></html>".to_string(),
-                    (true, _) => {
+                let next = script.lock().unwrap().pop_front();
+                let status = next.unwrap_or_else(|| status.load(Ordering::SeqCst));
+                let body = match (status, n % 2) {
+                    (200, 1) => "<html><body>Thanks!</body></html>".to_string(),
+                    (200, _) => {
                         format!(r#"{{"sid":"SM{first}","pad":"{}"}}"#, "x".repeat(2 << 20))
                     }
-                    (false, _) if status == 201 => format!(r#"{{"sid":"SM{first}"}}"#),
-                    (false, _) => r#"{"error":"unavailable"}"#.to_string(),
+                    (201, _) => format!(r#"{{"sid":"SM{first}"}}"#),
+                    _ => r#"{"error":"no"}"#.to_string(),
                 };
                 (
                     axum::http::StatusCode::from_u16(status).unwrap(),
@@ -870,7 +865,7 @@ impl GarblingProvider {
         Self {
             addr,
             keys,
-            garbled,
+            script,
             status,
             task,
         }
@@ -898,7 +893,7 @@ impl Drop for GarblingProvider {
 /// FAILED after the bounded failed deliveries. A refusal with a body over the cap is
 /// still a refusal: failed over, not resent.
 async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Backends) {
-    let garbling = GarblingProvider::start(3).await;
+    let garbling = GarblingProvider::start(&[200, 200, 200]).await;
     let good = provider(201, ACCEPT).await;
     let refusing = provider(503, &format!(r#"{{"error":"{}"}}"#, "x".repeat(2 << 20))).await;
     let grants = [
@@ -939,10 +934,10 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     assert_eq!(dto["events"][1]["detail"]["attempt"], 1, "{dto}");
     assert_eq!(dto["events"][3]["detail"]["resumed"], true, "{dto}");
 
-    // Unreadable twice (held), then refused: the provider took it the first time, so
-    // the refusals hold it too; given up after three failed deliveries, FAILED, and
-    // nothing sent elsewhere.
-    garbling.garbled.store(2, Ordering::SeqCst);
+    // Unreadable, then 409 to the resend (held: taken, whatever came after), then
+    // refused: the provider took it the first time, so the refusals hold it too; given
+    // up after three failed deliveries, FAILED, and nothing sent elsewhere.
+    garbling.script.lock().unwrap().extend([200, 409]);
     garbling.status.store(503, Ordering::SeqCst);
     let event = gw.trigger(&key, otp.clone(), "HIGH").await;
     let m = gw.settled(&event).await;
@@ -958,6 +953,14 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
         "{detail}"
     );
     assert!(detail.contains("could not read"), "{detail}");
+    let dto = gw.dto(&key, &event).await;
+    let held: Vec<&Value> = dto["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["detail"].get("held"))
+        .collect();
+    assert_eq!(held, [&json!("invalid-response"); 3], "{dto}");
     let keys = garbling.keys();
     assert_eq!(keys.len(), 4 + 2 + 1 + 1, "{keys:?}");
     assert!(

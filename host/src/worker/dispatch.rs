@@ -9,7 +9,7 @@
 //! provider under the same idempotency key (the attempt's key, which every bundled
 //! provider de-duplicates on), so the provider sees one message. A call that got no
 //! answer (a timeout, a cut connection), or with a 2xx the plugin could not read, is made
-//! again under that key a bounded number of times ([`plan::RESENDS`]): the provider may
+//! again under that key a bounded number of times ([`attempt::RESENDS`]): the provider may
 //! have taken the message, and a fallback would send it again. A provider that answers
 //! such a repeat "key in use" (409), or that took the message unreadably, has it: the
 //! attempt stays open and the event comes back later to ask again ([`Outcome::Held`]),
@@ -20,7 +20,8 @@
 //! nothing is to be sent) is decided before the claim and written in the claim's own
 //! transaction, so the usual delivery costs one write before the provider call.
 
-use super::plan::{self, Action, Answer, Call, Context};
+use super::attempt::{self, Answer};
+use super::plan::{self, Action, Call, Context};
 use crate::circuits::{Circuits, Outcome as CircuitOutcome, Verdict};
 use crate::ids::WorkspaceId;
 use crate::ingest::Envelope;
@@ -49,10 +50,10 @@ pub enum Outcome {
     /// Another worker holds its lease, or no room at its provider or plugin instance
     /// slot came free in time (nothing sent); try again later.
     Busy,
-    /// The provider has the message ([`plan::Hold`]: it holds a request under the
+    /// The provider has the message ([`attempt::Hold`]: it holds a request under the
     /// attempt's key, or answered 2xx unreadably): the attempt stays `started`, to be
     /// resumed under the same key later; a failed delivery for the retry count.
-    Held(plan::Hold),
+    Held(attempt::Hold),
 }
 
 /// The failure code of a route naming a slug no plugin has.
@@ -401,21 +402,22 @@ impl Run<'_> {
         let (plugin, trial) = self.pick(slug, ch);
         let mut resends = 0;
         // Whether the provider took the message, answering 2xx unreadably, in an earlier
-        // call of the attempt ([`plan::Hold::Unreadable`]); if so in an earlier
+        // call of the attempt ([`attempt::Hold::Unreadable`]); if so in an earlier
         // delivery, that delivery's resend was made too.
         let taken_before = resumed
             && self
                 .attempts
                 .iter()
-                .any(|a| a.attempt_no == attempt_no && plan::Hold::taken(a));
-        let spent = if taken_before { plan::RESENDS } else { 0 };
+                .any(|a| a.attempt_no == attempt_no && attempt::Hold::taken(a));
+        let spent = if taken_before { attempt::RESENDS } else { 0 };
         let mut taken = taken_before;
         let called = loop {
             let Ok(called) = self.call(call, plugin.clone()).await else {
-                if taken {
-                    // The provider has the message: held, so the next delivery knows.
-                    let held = plan::Hold::Unreadable;
-                    return self.hold(call, trial.as_ref(), held, resends).await;
+                if taken && !taken_before {
+                    // Taken in this delivery: held (no call failed now, so nothing is
+                    // counted), so the attempt keeps that the provider has the message.
+                    let held = attempt::Hold::Unreadable;
+                    return self.hold(call, None, held, resends).await;
                 }
                 // Not sent: the attempt stays `started`, to be resumed (under the same
                 // idempotency key) by the redelivery, which need not wait out the lease.
@@ -430,13 +432,13 @@ impl Run<'_> {
             };
             let then = match &called {
                 Err(failure) => failure.then(resends + spent, resumed || resends > 0, taken),
-                Ok(_) => plan::Then::Fail,
+                Ok(_) => attempt::Then::Fail,
             };
             if let Err(failure) = &called {
                 taken |= failure.taken();
             }
             match then {
-                plan::Then::Resend => {
+                attempt::Then::Resend => {
                     let code = called.err().map(|f| f.code).unwrap_or_default();
                     resends += 1;
                     // Each such call counts towards the provider's circuit.
@@ -452,13 +454,16 @@ impl Run<'_> {
                     // The lease must outlast the next call too; a worker that lost it
                     // stops here, and the holder resumes the attempt under its key.
                     self.renew_lease().await?;
-                    tokio::time::sleep(plan::RESEND_PAUSE).await;
+                    tokio::time::sleep(attempt::RESEND_PAUSE).await;
                     continue;
                 }
-                plan::Then::Hold(hold) => {
-                    return self.hold(call, trial.as_ref(), hold, resends).await;
+                attempt::Then::Hold(hold) => {
+                    // A call nobody can read, or any failure after one, is the provider's
+                    // (or the plugin's) failure.
+                    let failed = (hold == attempt::Hold::Unreadable).then_some(trial.as_ref());
+                    return self.hold(call, failed, hold, resends).await;
                 }
-                plan::Then::Fail => break called,
+                attempt::Then::Fail => break called,
             }
         };
         match called {
@@ -468,7 +473,7 @@ impl Run<'_> {
                 if let (Some(trial), Some(canaries)) = (&trial, &self.d.canaries) {
                     canaries.record(trial, CircuitOutcome::Accepted);
                 }
-                self.step(&plan::sent_step(
+                self.step(&attempt::sent_step(
                     call.channel,
                     slug,
                     attempt_no,
@@ -480,7 +485,7 @@ impl Run<'_> {
                 tracing::info!(provider = slug, channel = ch, attempt_no, "sent");
                 Ok(Some(Outcome::Done(MessageStatus::Sent)))
             }
-            Err(plan::Failure { code, detail, .. }) => {
+            Err(attempt::Failure { code, detail, .. }) => {
                 let detail = match resends {
                     0 => detail,
                     n => format!("{detail} (sent {} times under the attempt's key)", n + 1),
@@ -504,7 +509,7 @@ impl Run<'_> {
                     code,
                     "attempt failed"
                 );
-                self.step(&plan::failed_step(
+                self.step(&attempt::failed_step(
                     call.channel,
                     slug,
                     attempt_no,
@@ -535,19 +540,22 @@ impl Run<'_> {
         }
     }
 
-    /// Hands the attempt of `call` back held ([`plan::Hold`]): the provider has the
+    /// Hands the attempt of `call` back held ([`attempt::Hold`]): the provider has the
     /// message, taken or being taken, and a fallback would send a second one. It stays
-    /// `started`, to be asked again under its key by a later delivery.
+    /// `started`, to be asked again under its key by a later delivery. `failed`: the
+    /// last call failed, counted against the provider (and the trial arm it was in).
+    ///
+    /// Should the step be refused (the lease lost, the store down), the attempt does not
+    /// keep why it was held: the next delivery resumes it as any attempt left started.
     async fn hold(
         &self,
         call: &Call,
-        trial: Option<&Trial>,
-        hold: plan::Hold,
+        failed: Option<Option<&Trial>>,
+        hold: attempt::Hold,
         resends: u32,
     ) -> Result<Option<Outcome>, StoreError> {
         let (slug, ch) = (call.route.provider.as_str(), call.channel.as_str());
-        if hold == plan::Hold::Unreadable {
-            // An answer nobody can read is the provider's (or the plugin's) fault.
+        if let Some(trial) = failed {
             self.d.circuits.record(slug, ch, CircuitOutcome::SendFailed);
             if let (Some(trial), Some(canaries)) = (trial, &self.d.canaries) {
                 canaries.record(trial, CircuitOutcome::SendFailed);
@@ -561,7 +569,7 @@ impl Run<'_> {
             resends,
             "the provider has the message; asking again later under the attempt's key"
         );
-        let held = plan::held_step(call.channel, slug, call.attempt_no, hold);
+        let held = attempt::held_step(call.channel, slug, call.attempt_no, hold);
         self.step(&held).await?;
         Ok(Some(Outcome::Held(hold)))
     }
@@ -600,17 +608,17 @@ impl Run<'_> {
         &self,
         call: &Call,
         plugin: Option<crate::plugins::Plugin>,
-    ) -> Result<Result<Answer, plan::Failure>, NoSlot> {
+    ) -> Result<Result<Answer, attempt::Failure>, NoSlot> {
         let (channel, route) = (call.channel, &call.route);
         let slug = route.provider.as_str();
         let Some(plugin) = plugin else {
-            return Ok(Err(plan::Failure::answered(
+            return Ok(Err(attempt::Failure::answered(
                 NOT_LOADED,
                 format!("no plugin {slug:?} is loaded"),
             )));
         };
         if !plugin.serves(channel.as_str()) {
-            return Ok(Err(plan::Failure::answered(
+            return Ok(Err(attempt::Failure::answered(
                 NOT_SERVED,
                 format!("{slug} does not serve {}", channel.as_str()),
             )));
@@ -651,7 +659,10 @@ impl Run<'_> {
         let (_in_flight, slot) = match tokio::time::timeout(self.d.slot_wait(), room).await {
             Ok((in_flight, Ok(slot))) => (in_flight, slot),
             Ok((_, Err(e))) => {
-                return Ok(Err(plan::Failure::answered("plugin-error", e.to_string())));
+                return Ok(Err(attempt::Failure::answered(
+                    "plugin-error",
+                    e.to_string(),
+                )));
             }
             Err(_) => return Err(NoSlot),
         };
@@ -662,10 +673,10 @@ impl Run<'_> {
                 .await;
         self.d.stage("send", started);
         Ok(match sent {
-            Err(_) => Err(plan::Failure::timed_out(self.d.send_timeout)),
+            Err(_) => Err(attempt::Failure::timed_out(self.d.send_timeout)),
             // A plugin that trapped or erred is broken, not unanswered: not called again.
-            Ok(Err(e)) => Err(plan::Failure::answered("plugin-error", e.to_string())),
-            Ok(Ok(types::SendOutcome::Rejected(r))) => Err(plan::Failure::rejected(r)),
+            Ok(Err(e)) => Err(attempt::Failure::answered("plugin-error", e.to_string())),
+            Ok(Ok(types::SendOutcome::Rejected(r))) => Err(attempt::Failure::rejected(r)),
             Ok(Ok(types::SendOutcome::Accepted(a))) => {
                 // Spec voice rule 6: a call is billed at 15000 micro-USD.
                 let cost = if channel == crate::routing::Channel::Voice {

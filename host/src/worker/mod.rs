@@ -14,6 +14,7 @@
 //! queue, a commit) is not part of every delivery's time in a slot. An ack that is
 //! lost only means a redelivery, which finds the message done.
 
+pub mod attempt;
 pub mod dispatch;
 pub mod erasure;
 pub mod failures;

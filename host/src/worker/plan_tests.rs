@@ -3,6 +3,7 @@
 use super::*;
 use crate::ids::{EventId, WorkspaceId};
 use crate::routing::Priority;
+use chrono::Utc;
 
 fn envelope(channels: Vec<Channel>, key_mode: KeyMode) -> Envelope {
     let request = serde_json::from_value(json!({
@@ -120,47 +121,6 @@ fn call(action: &Action) -> (&'static str, String, i32, bool) {
 }
 
 #[test]
-fn only_a_call_without_a_readable_answer_is_resent_and_only_so_often() {
-    let rejected = |code: &str, retryable| {
-        Failure::rejected(types::Rejection {
-            code: code.into(),
-            detail: "d".into(),
-            retryable,
-        })
-    };
-    let fresh = |f: Failure, resends| f.then(resends, resends > 0, false);
-    assert_eq!(fresh(rejected("timeout", true), 0), Then::Resend);
-    assert_eq!(
-        fresh(rejected("transport", true), RESENDS - 1),
-        Then::Resend
-    );
-    assert_eq!(
-        fresh(rejected("transport", true), RESENDS),
-        Then::Fail,
-        "bounded"
-    );
-    assert_eq!(
-        fresh(rejected("http-503", true), 0),
-        Then::Fail,
-        "an answer, if retryable"
-    );
-    assert_eq!(fresh(rejected("http-400", false), 0), Then::Fail);
-    assert_eq!(
-        fresh(Failure::timed_out(Duration::from_secs(1)), 0),
-        Then::Resend
-    );
-    assert_eq!(
-        fresh(Failure::answered("plugin-error", "trap"), 0),
-        Then::Fail
-    );
-    assert_eq!(
-        fresh(rejected("invalid-response", false), 0),
-        Then::Resend,
-        "taken: its first answer is asked for again"
-    );
-}
-
-#[test]
 fn an_attempt_left_started_is_resumed_first_whatever_circuits_or_route_say() {
     let env = envelope(vec![Channel::Sms], KeyMode::Live);
     let routes = BTreeMap::new();
@@ -205,93 +165,6 @@ fn an_attempt_left_started_is_resumed_first_whatever_circuits_or_route_say() {
         call(&next(&ctx, false, &second)),
         ("sms", "provc".into(), 2, true)
     );
-}
-
-#[test]
-fn a_409_holds_the_attempt_only_under_a_key_used_before() {
-    let rejected = |code: &str| {
-        Failure::rejected(types::Rejection {
-            code: code.into(),
-            detail: "key in use".into(),
-            retryable: false,
-        })
-    };
-    let key_in_use = Then::Hold(Hold::KeyInUse);
-    assert_eq!(rejected("http-409").then(0, true, false), key_in_use);
-    assert_eq!(rejected("http-409").then(1, true, false), key_in_use);
-    assert_eq!(
-        rejected("http-409").then(0, false, false),
-        Then::Fail,
-        "a fresh key: a refusal"
-    );
-    assert_eq!(rejected("http-400").then(0, true, false), Then::Fail);
-    assert_eq!(rejected("timeout").then(RESENDS, true, false), Then::Fail);
-}
-
-#[test]
-fn a_2xx_read_as_nothing_is_asked_again_then_held_never_failed_over() {
-    let rejected = |code: &str| {
-        Failure::rejected(types::Rejection {
-            code: code.into(),
-            detail: "provider answered 200 with an unreadable body".into(),
-            retryable: false,
-        })
-    };
-    let unreadable = Then::Hold(Hold::Unreadable);
-    assert!(rejected("invalid-response").taken());
-    assert!(!rejected("http-503").taken());
-    // Resent once, then held: however the resend fails, the provider took it before.
-    assert_eq!(
-        rejected("invalid-response").then(RESENDS, true, true),
-        unreadable
-    );
-    assert_eq!(rejected("timeout").then(RESENDS, true, true), unreadable);
-    assert_eq!(rejected("http-503").then(RESENDS, true, true), unreadable);
-    assert_eq!(
-        rejected("http-409").then(RESENDS, true, true),
-        Then::Hold(Hold::KeyInUse)
-    );
-    // A resumed attempt answered unreadably is asked again at once too.
-    assert_eq!(
-        rejected("invalid-response").then(0, true, false),
-        Then::Resend
-    );
-    assert_ne!(Hold::Unreadable.why(), Hold::KeyInUse.why());
-    assert_eq!(Hold::Unreadable.code(), "invalid-response");
-}
-
-#[test]
-fn a_held_attempt_stays_started_and_remembers_a_taken_message() {
-    let held = |hold| {
-        let step = held_step(Channel::Sms, "provc", 2, hold);
-        let Some(AttemptWrite::Finish { state, detail, .. }) = step.attempt else {
-            panic!("no attempt write: {step:?}");
-        };
-        assert!(step.message.release_lease && step.message.status.is_none());
-        assert_eq!(step.timeline[0].status, StepStatus::Queued);
-        assert_eq!(
-            step.timeline[0].detail.as_ref().unwrap()["held"],
-            hold.code()
-        );
-        let mut attempt = record(2, "sms", "provc", AttemptState::Started);
-        assert_eq!(state, attempt.state);
-        attempt.detail = detail;
-        attempt
-    };
-    assert!(Hold::taken(&held(Hold::Unreadable)));
-    assert!(
-        !Hold::taken(&held(Hold::KeyInUse)),
-        "a 409: a refusal may follow"
-    );
-    assert!(!Hold::taken(&record(
-        2,
-        "sms",
-        "provc",
-        AttemptState::Started
-    )));
-    let mut failed = held(Hold::Unreadable);
-    failed.state = AttemptState::Failed;
-    assert!(!Hold::taken(&failed));
 }
 
 #[test]

@@ -1,0 +1,440 @@
+//! One attempt's provider call, as a plain function of its answers: what a failed call
+//! is followed by (the same call again under the attempt's key, the attempt held, or
+//! failed so the next provider may be tried), and the steps that record the outcome.
+//!
+//! The dispatcher makes the calls ([`super::dispatch`]); what a delivery does next,
+//! once an attempt has ended, is [`super::plan`]'s.
+
+use crate::model::{
+    AttemptRecord, AttemptState, AttemptWrite, MessageStatus, MessageUpdate, NewTimelineEntry,
+    Step, StepStatus,
+};
+use crate::plugins::types;
+use crate::routing::Channel;
+use chrono::Utc;
+use serde_json::json;
+use std::time::Duration;
+
+/// A timeline entry now.
+pub(super) fn entry(
+    status: StepStatus,
+    provider: Option<&str>,
+    detail: serde_json::Value,
+) -> NewTimelineEntry {
+    NewTimelineEntry {
+        status,
+        occurred_at: Utc::now(),
+        provider: provider.map(str::to_string),
+        detail: Some(detail),
+    }
+}
+
+/// A provider's acceptance of an attempt.
+pub(super) struct Answer {
+    pub provider_message_id: String,
+    pub cost: i64,
+    /// `(version, first 16 hex digits of the digest)` of the plugin that sent it;
+    /// `None` when it was recorded before (a redelivery finishing the message).
+    pub plugin: Option<(String, String)>,
+    /// Calls made again under the attempt's key before this answer came ([`RESENDS`]).
+    pub resends: u32,
+}
+
+/// How many times a call that got no answer (or an unreadable 2xx) is made again, under
+/// the same idempotency key, in one delivery of its attempt, before the attempt counts
+/// as failed (or, after a 2xx, is held; [`Failure::then`]). Without an answer the
+/// provider may have taken the message: a provider that de-duplicates answers the
+/// resend with its first answer, where a fallback (another provider, or another
+/// attempt's key) would send the person a second message. Once: a provider that does
+/// not de-duplicate gets at most one copy more than before.
+pub(super) const RESENDS: u32 = 1;
+
+/// The pause before a resend.
+pub(super) const RESEND_PAUSE: Duration = Duration::from_millis(500);
+
+/// Rejection codes of a plugin whose request got no answer from the provider: the
+/// SDK's, for a timeout and a cut or refused connection.
+const UNANSWERED: [&str; 2] = ["timeout", "transport"];
+
+/// The rejection code of a provider's 409: to a call under a key used before (a resend,
+/// or a resumed attempt), "a request under this key is in progress", as idempotency
+/// keys are commonly answered. The provider has the message, taken or being taken.
+const HELD: &str = "http-409";
+
+/// The SDK's rejection code for a 2xx answer whose body the plugin could not read (a
+/// body over the host's cap reaches the plugin empty, so it ends here too): the
+/// provider took the message, but its id is unknown.
+const UNREADABLE: &str = "invalid-response";
+
+/// A provider call that did not end in an acceptance.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub code: String,
+    pub detail: String,
+    /// No answer came: the provider may have taken the message ([`RESENDS`]).
+    pub unanswered: bool,
+}
+
+/// What follows a failed call of an attempt ([`Failure::then`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Then {
+    /// Call again under the same key, after [`RESEND_PAUSE`].
+    Resend,
+    /// Leave the attempt `started`, to be asked again under its key later.
+    Hold(Hold),
+    /// The attempt failed: the next provider or channel may be tried.
+    Fail,
+}
+
+/// Why an attempt is held rather than failed: the provider has the message, so a
+/// fallback would send the person a second one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// It answered a call under a key used before with 409: a request under the key
+    /// is under way.
+    KeyInUse,
+    /// It answered 2xx, but with a body the plugin could not read.
+    Unreadable,
+}
+
+impl Hold {
+    /// The detail a held attempt keeps while it stays `started` ([`held_step`]).
+    fn attempt_detail(self) -> String {
+        format!("held: {}", self.code())
+    }
+
+    /// Whether `attempt` was held because its provider took the message unreadably:
+    /// however a later call of it fails, the provider has the message, and its resend
+    /// was made ([`Failure::then`]).
+    pub(super) fn taken(attempt: &AttemptRecord) -> bool {
+        attempt.state == AttemptState::Started
+            && attempt.detail.as_deref() == Some(Self::Unreadable.attempt_detail().as_str())
+    }
+
+    /// The code shown on the held round's timeline entry.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::KeyInUse => HELD,
+            Self::Unreadable => UNREADABLE,
+        }
+    }
+
+    /// What the provider said, for the detail of a message given up while held.
+    pub fn why(self) -> &'static str {
+        match self {
+            Self::KeyInUse => {
+                "the provider still answered that it holds a request under the attempt's \
+                 idempotency key (409), so the message was not sent elsewhere (a second \
+                 copy); the provider may deliver it"
+            }
+            Self::Unreadable => {
+                "the provider answered that it took the message (2xx) in a form the plugin \
+                 could not read, and no later call under the attempt's idempotency key was \
+                 answered with its id, so the message was not sent elsewhere (a second \
+                 copy); the provider may deliver it"
+            }
+        }
+    }
+}
+
+impl Failure {
+    /// A failure with an answer, or with nothing sent: never resent.
+    pub fn answered(code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            detail: detail.into(),
+            unanswered: false,
+        }
+    }
+
+    /// The gateway's own timeout of a call: no answer.
+    pub fn timed_out(after: Duration) -> Self {
+        Self {
+            code: "timeout".into(),
+            detail: format!("no answer within {after:?}"),
+            unanswered: true,
+        }
+    }
+
+    /// A plugin's rejection: unanswered when its code says the provider never answered
+    /// (a provider's own refusal, such as a 503, is an answer: a fallback is safe,
+    /// unless an earlier call of the attempt was taken, [`Self::then`]).
+    pub fn rejected(r: types::Rejection) -> Self {
+        let unanswered = UNANSWERED.contains(&r.code.as_str());
+        Self {
+            code: r.code,
+            detail: r.detail,
+            unanswered,
+        }
+    }
+
+    /// Whether the provider answered that it took the message, unreadably.
+    pub fn taken(&self) -> bool {
+        self.code == UNREADABLE
+    }
+
+    /// What follows this failure of a call made after `resends` resends, under a key
+    /// `used_before` this call (a resend, or a resumed attempt), when an earlier call of
+    /// the attempt was answered 2xx unreadably (`taken`).
+    ///
+    /// A call without an answer, or with an unreadable 2xx, is made again under the
+    /// same key (a provider that de-duplicates answers with its first answer). A
+    /// provider that says it holds a request under a key used before (409; a fresh key
+    /// cannot be in use, so a 409 to it is an ordinary refusal), or that took the
+    /// message, is not followed by a fallback: the attempt is asked again later. A
+    /// resumed attempt counts as a repeat even if the worker before never made its call
+    /// (no slot came free, or it died first): nothing tells the two apart.
+    pub fn then(&self, resends: u32, used_before: bool, taken: bool) -> Then {
+        if (self.unanswered || self.taken()) && resends < RESENDS {
+            Then::Resend
+        } else if taken || self.taken() {
+            // Before a 409: what the attempt keeps must say the provider took it.
+            Then::Hold(Hold::Unreadable)
+        } else if used_before && self.code == HELD {
+            Then::Hold(Hold::KeyInUse)
+        } else {
+            Then::Fail
+        }
+    }
+}
+
+/// The step that hands a held attempt back ([`Hold`]): the lease released, the
+/// attempt left `started` with why in its detail (so the next delivery knows;
+/// [`Hold::taken`]), and a `queued` entry saying why the message waits.
+pub(super) fn held_step(channel: Channel, slug: &str, attempt_no: i32, hold: Hold) -> Step {
+    let detail = json!({"channel": channel.as_str(), "attempt": attempt_no,
+        "held": hold.code(),
+        "reason": "the provider has the message under the attempt's key: not sent elsewhere"});
+    Step {
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no,
+            state: AttemptState::Started,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: Some(hold.attempt_detail()),
+        }),
+        message: MessageUpdate {
+            release_lease: true,
+            ..Default::default()
+        },
+        timeline: vec![entry(StepStatus::Queued, Some(slug), detail)],
+    }
+}
+
+/// The step that records attempt `attempt_no` as sent and ends the message `SENT`.
+pub(super) fn sent_step(
+    channel: Channel,
+    slug: &str,
+    attempt_no: i32,
+    answer: Answer,
+    resumed: bool,
+    skipped: &[String],
+) -> Step {
+    let ch = channel.as_str();
+    let (version, digest) = answer.plugin.unzip();
+    let mut detail = json!({"channel": ch, "attempt": attempt_no,
+        "provider_message_id": answer.provider_message_id, "cost_micro_usd": answer.cost,
+        "plugin_version": version, "plugin_digest": digest});
+    if resumed {
+        detail["resumed"] = json!(true);
+    }
+    if answer.resends > 0 {
+        detail["resends"] = json!(answer.resends);
+    }
+    if !skipped.is_empty() {
+        detail["skipped"] = json!(skipped);
+    }
+    Step {
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no,
+            state: AttemptState::Sent,
+            provider_message_id: Some(answer.provider_message_id.clone()),
+            cost_micro_usd: answer.cost,
+            detail: None,
+        }),
+        message: MessageUpdate {
+            status: Some(MessageStatus::Sent),
+            channel: Some(ch.into()),
+            provider: Some(slug.into()),
+            provider_message_id: Some(answer.provider_message_id),
+            cost_add_micro_usd: answer.cost,
+            release_lease: true,
+            ..Default::default()
+        },
+        timeline: vec![entry(StepStatus::Sent, Some(slug), detail)],
+    }
+}
+
+/// The step that records a failed attempt (`code` and `detail` already scrubbed).
+pub(super) fn failed_step(
+    channel: Channel,
+    slug: &str,
+    attempt_no: i32,
+    code: &str,
+    detail: &str,
+    skipped: &[String],
+) -> Step {
+    let ch = channel.as_str();
+    let mut entry_detail =
+        json!({"channel": ch, "attempt": attempt_no, "code": code, "detail": detail});
+    if !skipped.is_empty() {
+        entry_detail["skipped"] = json!(skipped);
+    }
+    Step {
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no,
+            state: AttemptState::Failed,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: Some(format!("{code}: {detail}")),
+        }),
+        message: MessageUpdate::default(),
+        timeline: vec![entry(StepStatus::Failed, Some(slug), entry_detail)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(no: i32, channel: &str, provider: &str, state: AttemptState) -> AttemptRecord {
+        AttemptRecord {
+            attempt_no: no,
+            channel: channel.into(),
+            provider: provider.into(),
+            state,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn only_a_call_without_a_readable_answer_is_resent_and_only_so_often() {
+        let rejected = |code: &str, retryable| {
+            Failure::rejected(types::Rejection {
+                code: code.into(),
+                detail: "d".into(),
+                retryable,
+            })
+        };
+        let fresh = |f: Failure, resends| f.then(resends, resends > 0, false);
+        assert_eq!(fresh(rejected("timeout", true), 0), Then::Resend);
+        assert_eq!(
+            fresh(rejected("transport", true), RESENDS - 1),
+            Then::Resend
+        );
+        assert_eq!(
+            fresh(rejected("transport", true), RESENDS),
+            Then::Fail,
+            "bounded"
+        );
+        assert_eq!(
+            fresh(rejected("http-503", true), 0),
+            Then::Fail,
+            "an answer, if retryable"
+        );
+        assert_eq!(fresh(rejected("http-400", false), 0), Then::Fail);
+        assert_eq!(
+            fresh(Failure::timed_out(Duration::from_secs(1)), 0),
+            Then::Resend
+        );
+        assert_eq!(
+            fresh(Failure::answered("plugin-error", "trap"), 0),
+            Then::Fail
+        );
+        assert_eq!(
+            fresh(rejected("invalid-response", false), 0),
+            Then::Resend,
+            "taken: its first answer is asked for again"
+        );
+    }
+
+    #[test]
+    fn a_409_holds_the_attempt_only_under_a_key_used_before() {
+        let rejected = |code: &str| {
+            Failure::rejected(types::Rejection {
+                code: code.into(),
+                detail: "key in use".into(),
+                retryable: false,
+            })
+        };
+        let key_in_use = Then::Hold(Hold::KeyInUse);
+        assert_eq!(rejected("http-409").then(0, true, false), key_in_use);
+        assert_eq!(rejected("http-409").then(1, true, false), key_in_use);
+        assert_eq!(
+            rejected("http-409").then(0, false, false),
+            Then::Fail,
+            "a fresh key: a refusal"
+        );
+        assert_eq!(rejected("http-400").then(0, true, false), Then::Fail);
+        assert_eq!(rejected("timeout").then(RESENDS, true, false), Then::Fail);
+    }
+
+    #[test]
+    fn a_2xx_read_as_nothing_is_asked_again_then_held_never_failed_over() {
+        let rejected = |code: &str| {
+            Failure::rejected(types::Rejection {
+                code: code.into(),
+                detail: "provider answered 200 with an unreadable body".into(),
+                retryable: false,
+            })
+        };
+        let unreadable = Then::Hold(Hold::Unreadable);
+        assert!(rejected("invalid-response").taken());
+        assert!(!rejected("http-503").taken());
+        // Resent once, then held: however the resend fails, the provider took it before.
+        assert_eq!(
+            rejected("invalid-response").then(RESENDS, true, true),
+            unreadable
+        );
+        assert_eq!(rejected("timeout").then(RESENDS, true, true), unreadable);
+        assert_eq!(rejected("http-503").then(RESENDS, true, true), unreadable);
+        assert_eq!(
+            rejected("http-409").then(RESENDS, true, true),
+            unreadable,
+            "kept as taken, whatever answers later"
+        );
+        // A resumed attempt answered unreadably is asked again at once too.
+        assert_eq!(
+            rejected("invalid-response").then(0, true, false),
+            Then::Resend
+        );
+        assert_ne!(Hold::Unreadable.why(), Hold::KeyInUse.why());
+        assert_eq!(Hold::Unreadable.code(), "invalid-response");
+    }
+
+    #[test]
+    fn a_held_attempt_stays_started_and_remembers_a_taken_message() {
+        let held = |hold| {
+            let step = held_step(Channel::Sms, "provc", 2, hold);
+            let Some(AttemptWrite::Finish { state, detail, .. }) = step.attempt else {
+                panic!("no attempt write: {step:?}");
+            };
+            assert!(step.message.release_lease && step.message.status.is_none());
+            assert_eq!(step.timeline[0].status, StepStatus::Queued);
+            assert_eq!(
+                step.timeline[0].detail.as_ref().unwrap()["held"],
+                hold.code()
+            );
+            let mut attempt = record(2, "sms", "provc", AttemptState::Started);
+            assert_eq!(state, attempt.state);
+            attempt.detail = detail;
+            attempt
+        };
+        assert!(Hold::taken(&held(Hold::Unreadable)));
+        assert!(
+            !Hold::taken(&held(Hold::KeyInUse)),
+            "a 409: a refusal may follow"
+        );
+        assert!(!Hold::taken(&record(
+            2,
+            "sms",
+            "provc",
+            AttemptState::Started
+        )));
+        let mut failed = held(Hold::Unreadable);
+        failed.state = AttemptState::Failed;
+        assert!(!Hold::taken(&failed));
+    }
+}
