@@ -387,7 +387,7 @@ pub async fn read(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The endpoint as it is now", body = EndpointDto),
-        (status = 400, description = "Invalid endpointId, URL, description or event type", body = ErrorBody),
+        (status = 400, description = "Invalid endpointId, URL, description or event type, or a null url or disabled", body = ErrorBody),
         (status = 401, description = "Missing, malformed or unrecognised key", body = ErrorBody),
         (status = 404, description = "No such endpoint in this workspace", body = ErrorBody),
         (status = 409, description = "Concurrent changes kept winning; nothing was changed", body = ErrorBody),

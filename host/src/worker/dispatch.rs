@@ -403,7 +403,8 @@ impl Run<'_> {
         let mut resends = 0;
         // Whether the provider took the message, answering 2xx unreadably, in an earlier
         // call of the attempt ([`attempt::Hold::Unreadable`]); if so in an earlier
-        // delivery, that delivery's resend was made too.
+        // delivery, that delivery had its resend (or found no room for it): a later one
+        // makes one call.
         let taken_before = resumed
             && self
                 .attempts
