@@ -333,6 +333,84 @@ async fn a_granted_name_resolving_to_loopback_is_denied_unless_opted_in() {
     assert_eq!(opted_in.stats().egress_denied.load(Ordering::Relaxed), 0);
 }
 
+/// A provider stand-in speaking raw HTTP/1.1: every request gets `status` with a body
+/// that says it is 1,000 bytes long; it sends 10 of them, then (after `stall`, if any)
+/// closes the connection.
+async fn cut_off_server(status: u16, stall: Option<Duration>) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // The whole request (headers, then the body they announce) first.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n @ 1..) = conn.read(&mut buf).await else {
+                        return;
+                    };
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length: usize = text[..end]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if request.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
+                     content-length: 1000\r\n\r\n{{\"sid\":\"SM"
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.flush().await;
+                if let Some(stall) = stall {
+                    tokio::time::sleep(stall).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Once a provider's status has come, it has answered: a body cut off or too slow
+/// after it reaches the plugin empty, so the status still decides (a 2xx took the
+/// message: `invalid-response`, which the gateway never fails over; a 503 is a
+/// refusal), where a transport error would have read as no answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_off_after_its_status_is_judged_by_its_status() {
+    let rt = runtime(Duration::from_secs(2));
+    for (status, stall, code) in [
+        (200, None, "invalid-response"),
+        (200, Some(Duration::from_secs(2)), "invalid-response"),
+        (503, None, "http-503"),
+    ] {
+        let addr = cut_off_server(status, stall).await;
+        let grant = vec![addr.to_string()];
+        let plugin = rt
+            .load(
+                bundled::find("provc").unwrap().wasm,
+                Grants::Exactly(&grant),
+            )
+            .await
+            .unwrap();
+        let config = vec![
+            ("base_url".to_string(), format!("http://{addr}")),
+            ("account_sid".to_string(), "AC1".to_string()),
+            ("auth_token".to_string(), "t".to_string()),
+        ];
+        let outcome = plugin.send(&config, &sms("evt_cut")).await.unwrap();
+        assert!(
+            matches!(&outcome, SendOutcome::Rejected(r) if r.code == code),
+            "{status} {stall:?}: {outcome:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_explicitly_granted_private_address_is_reached_and_no_other() {
     let rt = runtime(Duration::from_secs(2));
