@@ -278,6 +278,23 @@ async fn provider(status: u16, body: &str) -> CaptureServer {
     server
 }
 
+/// Asserts that `m` ended FAILED/DISPATCH_FAILED, given up after three failed
+/// deliveries; its detail, returned.
+fn given_up_after_three(m: MessageRecord) -> String {
+    assert_eq!(
+        (m.status, m.error_code.as_deref()),
+        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
+        "{:?}",
+        m.error_detail
+    );
+    let detail = m.error_detail.unwrap_or_default();
+    assert!(
+        detail.contains("gave up after 3 failed deliveries"),
+        "{detail}"
+    );
+    detail
+}
+
 fn statuses(dto: &Value) -> Vec<String> {
     dto["events"]
         .as_array()
@@ -631,84 +648,38 @@ impl Drop for GatedProvider {
     }
 }
 
-/// A provider that de-duplicates on the `Idempotency-Key` header as providers commonly
-/// do: a key's first request is held until the test lets it go, then accepted; a
-/// request under a key whose first request is still under way is answered 409 (key in
-/// use), one under a key already accepted gets the first answer again.
-struct KeyedProvider {
+/// A stand-in provider on a port of its own that notes the `Idempotency-Key` of every
+/// request it gets, in order of arrival; stopped when dropped.
+struct StandIn {
     addr: std::net::SocketAddr,
-    /// Every request's key, in order of arrival.
     keys: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    /// Sends accepted as new messages (not answers repeated for a key).
-    accepted: std::sync::Arc<AtomicUsize>,
-    gate: std::sync::Arc<tokio::sync::Semaphore>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl KeyedProvider {
-    async fn start() -> Self {
-        use std::collections::HashMap;
-        use std::sync::{Arc, Mutex};
-        // A key's state: under way (`None`) or accepted with this id.
-        let table: Arc<Mutex<HashMap<String, Option<String>>>> = Arc::default();
-        let keys: Arc<Mutex<Vec<String>>> = Arc::default();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let (k, a, g) = (keys.clone(), accepted.clone(), gate.clone());
-        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-            let (table, keys, accepted, gate) = (table.clone(), k.clone(), a.clone(), g.clone());
-            async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
-                let answer = |status: u16, body: String| {
-                    (
-                        axum::http::StatusCode::from_u16(status).unwrap(),
-                        [("content-type", "application/json")],
-                        body,
-                    )
-                };
-                // Decided, then counted as arrived: a test that saw a request arrive
-                // may let the first one go without changing that request's answer.
-                let known = {
-                    let mut table = table.lock().unwrap();
-                    let known = table.get(&key).cloned();
-                    if known.is_none() {
-                        table.insert(key.clone(), None);
-                    }
-                    keys.lock().unwrap().push(key.clone());
-                    known
-                };
-                match known {
-                    Some(Some(id)) => return answer(201, format!(r#"{{"sid":"{id}"}}"#)),
-                    Some(None) => {
-                        return answer(409, r#"{"error":"idempotency key in use"}"#.into());
-                    }
-                    None => {}
-                }
-                // Taken: it completes even when the client has stopped waiting.
-                let id = format!("SM{}", accepted.fetch_add(1, Ordering::SeqCst) + 1);
-                let done = tokio::spawn(async move {
-                    gate.acquire().await.ok()?.forget();
-                    table.lock().unwrap().insert(key, Some(id.clone()));
-                    Some(id)
-                });
-                let Ok(Some(id)) = done.await else {
-                    return answer(503, r#"{"error":"stopping"}"#.into());
-                };
-                answer(201, format!(r#"{{"sid":"{id}"}}"#))
-            }
-        });
-        let (addr, task) = serve_provider(app).await;
-        Self {
-            addr,
-            keys,
-            accepted,
-            gate,
-            task,
-        }
+impl StandIn {
+    /// Serves what `app` makes of the list the keys go in ([`Self::note`]).
+    async fn start(
+        app: impl FnOnce(std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> axum::Router,
+    ) -> Self {
+        let keys = std::sync::Arc::default();
+        let (addr, task) = serve_provider(app(std::sync::Arc::clone(&keys))).await;
+        Self { addr, keys, task }
+    }
+
+    /// A request's key, noted in `keys`: the key and where it was first noted.
+    fn note(
+        keys: &std::sync::Mutex<Vec<String>>,
+        headers: &axum::http::HeaderMap,
+    ) -> (String, usize) {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let mut keys = keys.lock().unwrap();
+        keys.push(key.clone());
+        let first = keys.iter().position(|k| *k == key).unwrap();
+        (key, first)
     }
 
     fn url(&self) -> String {
@@ -717,6 +688,85 @@ impl KeyedProvider {
 
     fn keys(&self) -> Vec<String> {
         self.keys.lock().unwrap().clone()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A provider that de-duplicates on the `Idempotency-Key` header as providers commonly
+/// do: a key's first request is held until the test lets it go, then accepted; a
+/// request under a key whose first request is still under way is answered 409 (key in
+/// use), one under a key already accepted gets the first answer again.
+struct KeyedProvider {
+    server: StandIn,
+    /// Sends accepted as new messages (not answers repeated for a key).
+    accepted: std::sync::Arc<AtomicUsize>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl KeyedProvider {
+    async fn start() -> Self {
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
+        // A key's state: under way (`None`) or accepted with this id.
+        let table: Arc<Mutex<HashMap<String, Option<String>>>> = Arc::default();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (a, g) = (accepted.clone(), gate.clone());
+        let server = StandIn::start(move |keys| {
+            axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+                let (table, keys, accepted, gate) =
+                    (table.clone(), keys.clone(), a.clone(), g.clone());
+                async move {
+                    let answer = |status: u16, body: String| {
+                        (
+                            axum::http::StatusCode::from_u16(status).unwrap(),
+                            [("content-type", "application/json")],
+                            body,
+                        )
+                    };
+                    // Decided, then counted as arrived: a test that saw a request arrive
+                    // may let the first one go without changing that request's answer.
+                    let (key, known) = {
+                        let mut table = table.lock().unwrap();
+                        let (key, _) = StandIn::note(&keys, &headers);
+                        let known = table.get(&key).cloned();
+                        if known.is_none() {
+                            table.insert(key.clone(), None);
+                        }
+                        (key, known)
+                    };
+                    match known {
+                        Some(Some(id)) => return answer(201, format!(r#"{{"sid":"{id}"}}"#)),
+                        Some(None) => {
+                            return answer(409, r#"{"error":"idempotency key in use"}"#.into());
+                        }
+                        None => {}
+                    }
+                    // Taken: it completes even when the client has stopped waiting.
+                    let id = format!("SM{}", accepted.fetch_add(1, Ordering::SeqCst) + 1);
+                    let done = tokio::spawn(async move {
+                        gate.acquire().await.ok()?.forget();
+                        table.lock().unwrap().insert(key, Some(id.clone()));
+                        Some(id)
+                    });
+                    let Ok(Some(id)) = done.await else {
+                        return answer(503, r#"{"error":"stopping"}"#.into());
+                    };
+                    answer(201, format!(r#"{{"sid":"{id}"}}"#))
+                }
+            })
+        })
+        .await;
+        Self {
+            server,
+            accepted,
+            gate,
+        }
     }
 
     /// Waits for the `n`-th request to arrive.
@@ -729,10 +779,18 @@ impl KeyedProvider {
     }
 }
 
+impl std::ops::Deref for KeyedProvider {
+    type Target = StandIn;
+
+    fn deref(&self) -> &StandIn {
+        &self.server
+    }
+}
+
 impl Drop for KeyedProvider {
     fn drop(&mut self) {
+        // Its held requests end (503); the server stops with `server`.
         self.gate.close();
-        self.task.abort();
     }
 }
 
@@ -782,17 +840,7 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
     // Never let go: given up after three failed deliveries, FAILED, nothing elsewhere.
     let event = gw.trigger(&key, otp, "HIGH").await;
     let m = gw.settled(&event).await;
-    assert_eq!(
-        (m.status, m.error_code.as_deref()),
-        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
-        "{:?}",
-        m.error_detail
-    );
-    let detail = m.error_detail.unwrap_or_default();
-    assert!(
-        detail.contains("gave up after 3 failed deliveries"),
-        "{detail}"
-    );
+    let detail = given_up_after_three(m);
     assert!(detail.contains("(409)"), "{detail}");
     let keys = keyed.keys();
     assert_eq!(keys.len(), 4 + 4, "{keys:?}");
@@ -816,73 +864,56 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
 /// cap, alternately), a 201 with the id it gave the key (it took the message on the
 /// key's first request and de-duplicates on the key), or a refusal.
 struct GarblingProvider {
-    addr: std::net::SocketAddr,
-    keys: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    server: StandIn,
     script: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u16>>>,
     status: std::sync::Arc<std::sync::atomic::AtomicU16>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl GarblingProvider {
     async fn start(script: &[u16]) -> Self {
         use std::sync::{Arc, Mutex};
-        let keys: Arc<Mutex<Vec<String>>> = Arc::default();
         let script: Arc<Mutex<std::collections::VecDeque<u16>>> =
             Arc::new(Mutex::new(script.iter().copied().collect()));
         let status = Arc::new(std::sync::atomic::AtomicU16::new(201));
-        let (k, sc, st) = (keys.clone(), script.clone(), status.clone());
-        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-            let (keys, script, status) = (k.clone(), sc.clone(), st.clone());
-            async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
-                let (first, n) = {
-                    let mut keys = keys.lock().unwrap();
-                    keys.push(key.clone());
-                    (keys.iter().position(|k| *k == key).unwrap(), keys.len())
-                };
-                let next = script.lock().unwrap().pop_front();
-                let status = next.unwrap_or_else(|| status.load(Ordering::SeqCst));
-                let body = match (status, n % 2) {
-                    (200, 1) => "<html><body>Thanks!</body></html>".to_string(),
-                    (200, _) => {
-                        format!(r#"{{"sid":"SM{first}","pad":"{}"}}"#, "x".repeat(2 << 20))
-                    }
-                    (201, _) => format!(r#"{{"sid":"SM{first}"}}"#),
-                    _ => r#"{"error":"no"}"#.to_string(),
-                };
-                (
-                    axum::http::StatusCode::from_u16(status).unwrap(),
-                    [("content-type", "application/json")],
-                    body,
-                )
-            }
-        });
-        let (addr, task) = serve_provider(app).await;
+        let (sc, st) = (script.clone(), status.clone());
+        let server = StandIn::start(move |keys| {
+            axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+                let (keys, script, status) = (keys.clone(), sc.clone(), st.clone());
+                async move {
+                    let (_, first) = StandIn::note(&keys, &headers);
+                    let n = keys.lock().unwrap().len();
+                    let next = script.lock().unwrap().pop_front();
+                    let status = next.unwrap_or_else(|| status.load(Ordering::SeqCst));
+                    let body = match (status, n % 2) {
+                        (200, 1) => "<html><body>Thanks!</body></html>".to_string(),
+                        (200, _) => {
+                            format!(r#"{{"sid":"SM{first}","pad":"{}"}}"#, "x".repeat(2 << 20))
+                        }
+                        (201, _) => format!(r#"{{"sid":"SM{first}"}}"#),
+                        _ => r#"{"error":"no"}"#.to_string(),
+                    };
+                    (
+                        axum::http::StatusCode::from_u16(status).unwrap(),
+                        [("content-type", "application/json")],
+                        body,
+                    )
+                }
+            })
+        })
+        .await;
         Self {
-            addr,
-            keys,
+            server,
             script,
             status,
-            task,
         }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn keys(&self) -> Vec<String> {
-        self.keys.lock().unwrap().clone()
     }
 }
 
-impl Drop for GarblingProvider {
-    fn drop(&mut self) {
-        self.task.abort();
+impl std::ops::Deref for GarblingProvider {
+    type Target = StandIn;
+
+    fn deref(&self) -> &StandIn {
+        &self.server
     }
 }
 
@@ -941,17 +972,7 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     garbling.status.store(503, Ordering::SeqCst);
     let event = gw.trigger(&key, otp.clone(), "HIGH").await;
     let m = gw.settled(&event).await;
-    assert_eq!(
-        (m.status, m.error_code.as_deref()),
-        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
-        "{:?}",
-        m.error_detail
-    );
-    let detail = m.error_detail.unwrap_or_default();
-    assert!(
-        detail.contains("gave up after 3 failed deliveries"),
-        "{detail}"
-    );
+    let detail = given_up_after_three(m);
     assert!(detail.contains("could not read"), "{detail}");
     let dto = gw.dto(&key, &event).await;
     let held: Vec<&Value> = dto["events"]
@@ -2265,17 +2286,7 @@ async fn deliveries_handed_back_busy_are_not_failures(b: Backends) {
         )
         .await;
     let m = gw.settled(&event).await;
-    assert_eq!(
-        (m.status, m.error_code.as_deref()),
-        (MessageStatus::Failed, Some("DISPATCH_FAILED")),
-        "{:?}",
-        m.error_detail
-    );
-    let detail = m.error_detail.unwrap();
-    assert!(
-        detail.contains("gave up after 3 failed deliveries"),
-        "{detail}"
-    );
+    let detail = given_up_after_three(m);
     // Each failed delivery reached the provider (the attempt resumed under its key);
     // counting the busy rounds gave up after the first.
     assert_eq!(good.take_requests().len(), 3, "{detail}");

@@ -296,18 +296,7 @@ pub(super) fn failed_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(no: i32, channel: &str, provider: &str, state: AttemptState) -> AttemptRecord {
-        AttemptRecord {
-            attempt_no: no,
-            channel: channel.into(),
-            provider: provider.into(),
-            state,
-            provider_message_id: None,
-            cost_micro_usd: 0,
-            detail: None,
-        }
-    }
+    use crate::worker::plan::tests::record;
 
     #[test]
     fn only_a_call_without_a_readable_answer_is_resent_and_only_so_often() {

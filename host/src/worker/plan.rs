@@ -460,4 +460,4 @@ impl Planner<'_, '_> {
 
 #[cfg(test)]
 #[path = "plan_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -73,7 +73,13 @@ fn context<'a>(
     }
 }
 
-fn record(no: i32, channel: &str, provider: &str, state: AttemptState) -> AttemptRecord {
+/// An attempt as the store gives it back.
+pub(in crate::worker) fn record(
+    no: i32,
+    channel: &str,
+    provider: &str,
+    state: AttemptState,
+) -> AttemptRecord {
     AttemptRecord {
         attempt_no: no,
         channel: channel.into(),
