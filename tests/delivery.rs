@@ -295,6 +295,13 @@ fn given_up_after_three(m: MessageRecord) -> String {
     detail
 }
 
+/// Asserts that the gateway counted `n` held rounds.
+fn assert_held_rounds(gw: &Gateway, n: usize) {
+    let text = gw.state.ingest.metrics.render();
+    let line = format!("switchboard_deliveries_total{{outcome=\"held\"}} {n}");
+    assert!(text.lines().any(|l| l == line), "{text}");
+}
+
 fn statuses(dto: &Value) -> Vec<String> {
     dto["events"]
         .as_array()
@@ -850,12 +857,7 @@ async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: B
     );
     assert!(good.take_requests().is_empty(), "the fallback was called");
     // Two held rounds of the first event, two of the second (the third gave it up).
-    let text = gw.state.ingest.metrics.render();
-    assert!(
-        text.lines()
-            .any(|l| l == "switchboard_deliveries_total{outcome=\"held\"} 4"),
-        "{text}"
-    );
+    assert_held_rounds(&gw, 4);
     gw.cleanup().await;
 }
 
@@ -989,12 +991,7 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
         "{keys:?}"
     );
     assert!(good.take_requests().is_empty(), "the fallback was called");
-    let text = gw.state.ingest.metrics.render();
-    assert!(
-        text.lines()
-            .any(|l| l == "switchboard_deliveries_total{outcome=\"held\"} 4"),
-        "{text}"
-    );
+    assert_held_rounds(&gw, 4);
 
     // A 503 whose body is over the cap: the status still tells, so a refusal (failed
     // over at once, not resent as if unanswered).

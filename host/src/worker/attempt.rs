@@ -99,8 +99,11 @@ pub enum Hold {
 
 impl Hold {
     /// The detail a held attempt keeps while it stays `started` ([`held_step`]).
-    fn attempt_detail(self) -> String {
-        format!("held: {}", self.code())
+    fn attempt_detail(self) -> &'static str {
+        match self {
+            Self::KeyInUse => "held: http-409",
+            Self::Unreadable => "held: invalid-response",
+        }
     }
 
     /// Whether `attempt` was held because its provider took the message unreadably:
@@ -108,7 +111,7 @@ impl Hold {
     /// was made ([`Failure::then`]).
     pub(super) fn taken(attempt: &AttemptRecord) -> bool {
         attempt.state == AttemptState::Started
-            && attempt.detail.as_deref() == Some(Self::Unreadable.attempt_detail().as_str())
+            && attempt.detail.as_deref() == Some(Self::Unreadable.attempt_detail())
     }
 
     /// The code shown on the held round's timeline entry.
@@ -211,7 +214,7 @@ pub(super) fn held_step(channel: Channel, slug: &str, attempt_no: i32, hold: Hol
             state: AttemptState::Started,
             provider_message_id: None,
             cost_micro_usd: 0,
-            detail: Some(hold.attempt_detail()),
+            detail: Some(hold.attempt_detail().into()),
         }),
         message: MessageUpdate {
             release_lease: true,

@@ -432,12 +432,13 @@ impl Run<'_> {
                 return Ok(Some(Outcome::Busy));
             };
             let then = match &called {
-                Err(failure) => failure.then(resends + spent, resumed || resends > 0, taken),
+                Err(failure) => {
+                    let then = failure.then(resends + spent, resumed || resends > 0, taken);
+                    taken |= failure.taken();
+                    then
+                }
                 Ok(_) => attempt::Then::Fail,
             };
-            if let Err(failure) = &called {
-                taken |= failure.taken();
-            }
             match then {
                 attempt::Then::Resend => {
                     let code = called.err().map(|f| f.code).unwrap_or_default();
