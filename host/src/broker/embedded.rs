@@ -140,12 +140,25 @@ impl EmbeddedBroker {
     /// `read` work even before [`Broker::setup`]).
     pub async fn open(pool: SqlitePool, names: StreamNames) -> Result<Self, BrokerError> {
         let writer = crate::store::sqlite::writer(&pool);
-        Self::open_sharing(pool, writer, names).await
+        Self::open_on(pool, writer, names).await
     }
 
     /// [`Self::open`] writing through `writer`, the group commit the file's other
-    /// writers use (see [`crate::store::sqlite::SqliteStore::writer`]).
+    /// writers use (see [`crate::store::sqlite::SqliteStore::writer`]). Their delivery
+    /// progress is then followed by this queue's acks in the same file, so a power loss
+    /// cannot keep an ack and lose the progress before it: the writer may commit that
+    /// progress without a flush ([`GroupCommit::relax_progress`]). Not in [`Self::open`]:
+    /// that writer's connection goes back to a pool other writers share.
     pub(crate) async fn open_sharing(
+        pool: SqlitePool,
+        writer: Arc<GroupCommit<Sqlite>>,
+        names: StreamNames,
+    ) -> Result<Self, BrokerError> {
+        writer.relax_progress();
+        Self::open_on(pool, writer, names).await
+    }
+
+    async fn open_on(
         pool: SqlitePool,
         writer: Arc<GroupCommit<Sqlite>>,
         names: StreamNames,

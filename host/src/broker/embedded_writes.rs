@@ -4,7 +4,7 @@
 use super::{NOW, prune_seen_sql, window_start_sql};
 use crate::store::StoreError;
 use crate::store::coalesce::{BatchFn, Coalescer};
-use crate::store::group::GroupCommit;
+use crate::store::group::{Durability, GroupCommit};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use sqlx::Sqlite;
@@ -48,7 +48,15 @@ pub(super) fn publishes(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<Batch, ()
             Ok(batches.iter().map(|_| Ok(())).collect())
         })
     }
-    Coalescer::set_based(writer, PUBLISH_BATCHES, 1, |b| b.number, all)
+    // A publish is what its caller is told is kept (an accepted message, a receipt).
+    Coalescer::set_based(
+        writer,
+        |_| Durability::Full,
+        PUBLISH_BATCHES,
+        1,
+        |b| b.number,
+        all,
+    )
 }
 
 /// Inserts `rows` in order (so their seqs follow it), skipping any whose message id is
@@ -121,10 +129,13 @@ pub(super) fn acks(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<i64, ()> {
             // No delivery waits on its ack to go on: the ack joins the next batch of
             // claims or steps rather than making a commit of its own between theirs.
             let done = writer
-                .ride(Box::new(move |conn| {
-                    let seqs = seqs.clone();
-                    Box::pin(async move { delete_rows(conn, &seqs, prune).await })
-                }))
+                .ride(
+                    Durability::Progress,
+                    Box::new(move |conn| {
+                        let seqs = seqs.clone();
+                        Box::pin(async move { delete_rows(conn, &seqs, prune).await })
+                    }),
+                )
                 .await;
             vec![done; count]
         })

@@ -14,7 +14,7 @@
 //! caller's task, so their write keeps its place ahead of the others.
 
 use super::StoreError;
-use super::group::GroupCommit;
+use super::group::{Durability, GroupCommit};
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,9 +48,11 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
     }
 
     /// Gathers requests into batches of at most `max`, each written through `all` as
-    /// one write of `group` ([`set_based`]), `in_flight` at a time.
+    /// one write of `group` ([`set_based`], what each request's commit must survive
+    /// saying what the batch's must), `in_flight` at a time.
     pub(crate) fn set_based<DB, K>(
         group: Arc<GroupCommit<DB>>,
+        durability: fn(&Req) -> Durability,
         max: usize,
         in_flight: usize,
         key: fn(&Req) -> K,
@@ -63,7 +65,7 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
     {
         let run: BatchFn<Req, Resp> = Arc::new(move |batch: Vec<Req>| {
             let group = group.clone();
-            Box::pin(async move { set_based(&group, batch, key, all).await })
+            Box::pin(async move { set_based(&group, durability, batch, key, all).await })
         });
         Self::start(max, in_flight, run)
     }
@@ -100,13 +102,15 @@ pub(crate) type SetFn<DB, Req, Resp> =
         &'c [Req],
     ) -> BoxFuture<'c, Result<Vec<Result<Resp, StoreError>>, StoreError>>;
 
-/// Runs `batch` through `all` as one write of `group`. A request whose `key` came
+/// Runs `batch` through `all` as one write of `group`, flushed when any request's
+/// `durability` asks for it. A request whose `key` came
 /// earlier in the batch (the same message twice) waits for the batch and runs alone
 /// after it. When the batch's write fails, each request runs alone, each its own
 /// group-commit write, so a failure is only its own; when the transaction around it
 /// fails (begin, commit), every request gets that error, as it would have alone.
 pub(crate) async fn set_based<DB, Req, Resp, K>(
     group: &GroupCommit<DB>,
+    durability: fn(&Req) -> Durability,
     batch: Vec<Req>,
     key: fn(&Req) -> K,
     all: SetFn<DB, Req, Resp>,
@@ -125,6 +129,11 @@ where
         .partition(|(_, r)| seen.insert(key(r)));
     let mut answers: Vec<Option<Result<Resp, StoreError>>> = (0..count).map(|_| None).collect();
     let (order, first): (Vec<usize>, Vec<Req>) = first.into_iter().unzip();
+    let needs = if first.iter().any(|r| durability(r) == Durability::Full) {
+        Durability::Full
+    } else {
+        Durability::Progress
+    };
     let first = Arc::new(first);
     let shared = first.clone();
     // Whether the write itself failed (its last run), as opposed to the transaction
@@ -132,14 +141,17 @@ where
     let refused = Arc::new(AtomicBool::new(false));
     let flag = refused.clone();
     let written = group
-        .run(Box::new(move |conn| {
-            let (shared, flag) = (shared.clone(), flag.clone());
-            Box::pin(async move {
-                let result = all(conn, &shared).await;
-                flag.store(result.is_err(), Ordering::SeqCst);
-                result
-            })
-        }))
+        .run_as(
+            needs,
+            Box::new(move |conn| {
+                let (shared, flag) = (shared.clone(), flag.clone());
+                Box::pin(async move {
+                    let result = all(conn, &shared).await;
+                    flag.store(result.is_err(), Ordering::SeqCst);
+                    result
+                })
+            }),
+        )
         .await;
     let alone: Vec<(usize, Arc<Vec<Req>>, usize)> = match written {
         Ok(results) => {
@@ -177,13 +189,16 @@ where
         .map(|(i, r)| (i, Arc::new(vec![r]), 0))
         .collect();
     let one_by_one = alone.into_iter().chain(again).map(|(i, requests, j)| {
-        let written = group.run(Box::new(move |conn| {
-            let requests = requests.clone();
-            Box::pin(async move {
-                let mut results = all(conn, std::slice::from_ref(&requests[j])).await?;
-                results.pop().ok_or_else(unanswered)?
-            })
-        }));
+        let written = group.run_as(
+            durability(&requests[j]),
+            Box::new(move |conn| {
+                let requests = requests.clone();
+                Box::pin(async move {
+                    let mut results = all(conn, std::slice::from_ref(&requests[j])).await?;
+                    results.pop().ok_or_else(unanswered)?
+                })
+            }),
+        );
         async move { (i, written.await) }
     });
     for (i, answer) in futures::future::join_all(one_by_one).await {
@@ -309,7 +324,14 @@ mod tests {
             })
         }
         // -1 breaks the CHECK; the second 2 is a duplicate of the first.
-        let answers = set_based(&group, vec![1, -1, 2, 3, 2], |k| *k, all).await;
+        let answers = set_based(
+            &group,
+            |_| Durability::Full,
+            vec![1, -1, 2, 3, 2],
+            |k| *k,
+            all,
+        )
+        .await;
         assert!(matches!(answers[0], Ok(1)), "{:?}", answers[0]);
         assert!(
             matches!(answers[1], Err(StoreError::Other(_))),
@@ -360,7 +382,14 @@ mod tests {
             })
         }
         // Row 2 names no parent: accepted by the statement, refused at commit.
-        let answers = set_based(&group, vec![(1, 1), (2, 9), (3, 1)], |r| r.0, all).await;
+        let answers = set_based(
+            &group,
+            |_| Durability::Full,
+            vec![(1, 1), (2, 9), (3, 1)],
+            |r| r.0,
+            all,
+        )
+        .await;
         assert!(answers.iter().all(Result::is_err), "{answers:?}");
         let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM child")
             .fetch_one(store.pool())
@@ -391,5 +420,44 @@ mod tests {
         assert_eq!(a.unwrap(), 1, "the first of the batch is answered");
         assert!(matches!(b, Err(StoreError::Other(_))), "{b:?}");
         assert_eq!(sizes.lock().unwrap().as_slice(), &[1, 1, 2]);
+    }
+
+    /// Once progress may go unflushed, a set-based batch is flushed when any of its
+    /// requests asks for it (here: `true`), and so is a request written again alone.
+    #[tokio::test]
+    async fn a_batch_is_flushed_when_any_request_asks() {
+        let (_dir, store) = scratch("SELECT 1").await;
+        let group = store.writer();
+        group.relax_progress();
+        fn all<'c>(
+            conn: &'c mut sqlx::SqliteConnection,
+            requests: &'c [bool],
+        ) -> BoxFuture<'c, Result<Vec<Result<i64, StoreError>>, StoreError>> {
+            Box::pin(async move {
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(crate::store::sqlite::map_err)?;
+                Ok(requests.iter().map(|_| Ok(level)).collect())
+            })
+        }
+        let flushed = |r: &bool| {
+            if *r {
+                Durability::Full
+            } else {
+                Durability::Progress
+            }
+        };
+        let levels = |answers: Vec<Result<i64, StoreError>>| -> Vec<i64> {
+            answers.into_iter().map(|a| a.unwrap()).collect()
+        };
+        // SQLite's levels: 1 NORMAL (no flush at commit), 2 FULL.
+        let progress = set_based(&group, flushed, vec![false, false], |r| *r, all).await;
+        assert_eq!(levels(progress), [1, 1]);
+        let mixed = set_based(&group, flushed, vec![false, true], |r| *r, all).await;
+        assert_eq!(levels(mixed), [2, 2]);
+        // The repeated key runs alone, after the batch, at its own level.
+        let repeated = set_based(&group, flushed, vec![true, false, false], |r| *r, all).await;
+        assert_eq!(levels(repeated), [2, 2, 1]);
     }
 }

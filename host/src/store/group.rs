@@ -10,8 +10,9 @@
 //! are queued to a few lanes; a lane takes every write waiting, runs them in one
 //! transaction and commits once. A write that fails is undone alone: the batch runs
 //! again with a savepoint per write (see [`commit`]). Nobody hears back before the
-//! commit that makes their write durable, so "recorded before the provider is called"
-//! and "acknowledged after the outcome is durable" still hold. When the commit itself
+//! commit that makes their write as durable as it asks ([`Durability`]), so "recorded
+//! before the provider is called" and "acknowledged after the outcome is durable"
+//! still hold. When the commit itself
 //! fails, every write in it gets that error, exactly as a lone transaction would.
 
 use super::StoreError;
@@ -20,7 +21,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
@@ -44,6 +45,20 @@ pub(crate) type Work<DB, T> = Box<
         + Send,
 >;
 
+/// What a write's commit must survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// Power loss: what a caller is told is kept (an accepted message, a receipt on its
+    /// queue, a setting).
+    Full,
+    /// A crash of the gateway; a power loss too, unless the group commit is told that
+    /// a queue in the same file follows its progress ([`GroupCommit::relax_progress`]).
+    /// For delivery progress: claims, steps, receipts applied, callbacks' replay keys
+    /// and queue acks. What such a loss undoes, the queue delivers again and the
+    /// redelivery repeats, under the same idempotency keys.
+    Progress,
+}
+
 /// One queued write with its caller's answer channel.
 trait Job<DB: Database>: Send {
     /// Runs the write (again, if it ran before); true when it succeeded.
@@ -52,11 +67,14 @@ trait Job<DB: Database>: Send {
     fn answer(self: Box<Self>, failed: Option<&StoreError>);
     /// Committed in a batch of its own ([`GroupCommit::run_alone`]).
     fn alone(&self) -> bool;
+    /// What its commit must survive.
+    fn durability(&self) -> Durability;
 }
 
 struct Pending<DB: Database, T> {
     work: Work<DB, T>,
     alone: bool,
+    durability: Durability,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
@@ -86,6 +104,10 @@ impl<DB: Database, T: Send + 'static> Job<DB> for Pending<DB, T> {
 
     fn alone(&self) -> bool {
         self.alone
+    }
+
+    fn durability(&self) -> Durability {
+        self.durability
     }
 }
 
@@ -145,6 +167,9 @@ pub(crate) struct GroupCommit<DB: Database> {
     riders: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
     counters: Arc<LaneCounters>,
     lanes: u64,
+    /// Whether batches of progress alone may commit without a flush (see
+    /// [`Self::relax_progress`]).
+    relaxed: Arc<AtomicBool>,
 }
 
 /// What the lanes take jobs from: urgent ones first, riders last.
@@ -237,6 +262,31 @@ pub(crate) struct Lanes {
     pub alone_begin: Option<&'static str>,
     /// The backend's mapping of driver errors.
     pub map_err: fn(sqlx::Error) -> StoreError,
+    /// The statements that open a batch once progress is relaxed
+    /// ([`GroupCommit::relax_progress`]), on a backend that can set per batch what its
+    /// commit survives; `None` where it cannot.
+    pub flush: Option<Flush>,
+}
+
+/// The statements that open a batch and set what its commit survives, in place of
+/// [`Lanes::begin`] and [`Lanes::alone_begin`] (one statement on SQLite, the only
+/// backend with them).
+#[derive(Clone, Copy)]
+pub(crate) struct Flush {
+    /// For a batch that holds any [`Durability::Full`] write: its commit survives
+    /// power loss.
+    pub full: &'static str,
+    /// For a batch of [`Durability::Progress`] writes alone.
+    pub progress: &'static str,
+}
+
+impl Flush {
+    fn opening(&self, durability: Durability) -> &'static str {
+        match durability {
+            Durability::Full => self.full,
+            Durability::Progress => self.progress,
+        }
+    }
 }
 
 impl<DB: Database> GroupCommit<DB> {
@@ -249,6 +299,7 @@ impl<DB: Database> GroupCommit<DB> {
                 queues.clone(),
                 lanes,
                 this.counters.clone(),
+                this.relaxed.clone(),
             ));
         }
         this
@@ -272,6 +323,7 @@ impl<DB: Database> GroupCommit<DB> {
             riders,
             counters: Arc::new(LaneCounters::default()),
             lanes: lanes.count.max(1) as u64,
+            relaxed: Arc::new(AtomicBool::new(false)),
         };
         (this, queues)
     }
@@ -293,6 +345,7 @@ impl<DB: Database> GroupCommit<DB> {
             .enable_all()
             .build()?;
         let counters = this.counters.clone();
+        let relaxed = this.relaxed.clone();
         std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
@@ -301,12 +354,31 @@ impl<DB: Database> GroupCommit<DB> {
                 {
                     tracing::warn!(cpu = cpu.id, "cannot pin the store's writer to its CPU");
                 }
-                let all = (0..lanes.count.max(1))
-                    .map(|_| lane(pool.clone(), queues.clone(), lanes, counters.clone()));
+                let all = (0..lanes.count.max(1)).map(|_| {
+                    lane(
+                        pool.clone(),
+                        queues.clone(),
+                        lanes,
+                        counters.clone(),
+                        relaxed.clone(),
+                    )
+                });
                 // The lanes end once every sender is gone (the store dropped).
                 runtime.block_on(futures::future::join_all(all));
             })?;
         Ok(this)
+    }
+
+    /// Lets a batch whose writes are all [`Durability::Progress`] commit without a
+    /// flush, on a backend that can say so per batch ([`Lanes::flush`]). For a store
+    /// whose file also holds the queue that delivery progress follows (the embedded
+    /// queue): a power loss keeps a prefix of the file's commits, and every commit a
+    /// caller is told of (a publish, an acceptance) is flushed, with all before it. So
+    /// progress lost to a power loss is only what came after the last flush (a
+    /// checkpoint copies the log back every few milliseconds, flushing it first), and
+    /// its messages are still on the queue, unacknowledged, to be delivered again.
+    pub(crate) fn relax_progress(&self) {
+        self.relaxed.store(true, Ordering::Relaxed);
     }
 
     /// What the lanes have done so far.
@@ -326,7 +398,16 @@ impl<DB: Database> GroupCommit<DB> {
     /// Runs `work` in the next batch (ahead of the others inside [`urgent`]) and returns
     /// its result once the batch committed.
     pub(crate) async fn run<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
-        self.queue_job(work, Kind::Shared).await
+        self.queue_job(work, Kind::Shared, Durability::Full).await
+    }
+
+    /// [`Self::run`] for a write that needs only `durability`.
+    pub(crate) async fn run_as<T: Send + 'static>(
+        &self,
+        durability: Durability,
+        work: Work<DB, T>,
+    ) -> Result<T, StoreError> {
+        self.queue_job(work, Kind::Shared, durability).await
     }
 
     /// Runs `work` in the next batch of other writes, or in one of its own when no
@@ -334,8 +415,12 @@ impl<DB: Database> GroupCommit<DB> {
     /// on (the embedded queue's acks). Alone, each of them was a commit of its own
     /// between the others' (see "Acks ride with the next batch" in
     /// `docs/benchmarks.md`).
-    pub(crate) async fn ride<T: Send + 'static>(&self, work: Work<DB, T>) -> Result<T, StoreError> {
-        self.queue_job(work, Kind::Rider).await
+    pub(crate) async fn ride<T: Send + 'static>(
+        &self,
+        durability: Durability,
+        work: Work<DB, T>,
+    ) -> Result<T, StoreError> {
+        self.queue_job(work, Kind::Rider, durability).await
     }
 
     /// Runs `work` in a batch of its own (ahead of the others inside [`urgent`]), opened
@@ -346,18 +431,20 @@ impl<DB: Database> GroupCommit<DB> {
         &self,
         work: Work<DB, T>,
     ) -> Result<T, StoreError> {
-        self.queue_job(work, Kind::Alone).await
+        self.queue_job(work, Kind::Alone, Durability::Full).await
     }
 
     async fn queue_job<T: Send + 'static>(
         &self,
         work: Work<DB, T>,
         kind: Kind,
+        durability: Durability,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn Job<DB>> = Box::new(Pending {
             work,
             alone: kind == Kind::Alone,
+            durability,
             result: None,
             reply,
         });
@@ -399,6 +486,7 @@ async fn lane<DB: Database>(
     queues: Arc<Mutex<Queues<DB>>>,
     lanes: Lanes,
     counters: Arc<LaneCounters>,
+    relaxed: Arc<AtomicBool>,
 ) {
     let mut conn: Option<PoolConnection<DB>> = None;
     loop {
@@ -440,7 +528,8 @@ async fn lane<DB: Database>(
                 }
             }
         }
-        let failed = match commit(&pool, &mut conn, &mut jobs, lanes, &counters).await {
+        let opening = opening(&jobs, lanes, relaxed.load(Ordering::Relaxed));
+        let failed = match commit(&pool, &mut conn, &mut jobs, lanes, &counters, opening).await {
             Ok(()) => None,
             Err(e) => {
                 // The transaction itself failed: the connection may be what is broken.
@@ -460,6 +549,27 @@ async fn lane<DB: Database>(
     }
 }
 
+/// The statement that opens the batch of `jobs`: once progress is relaxed, one that
+/// sets what the commit survives (every batch, as the last one may have set the other).
+fn opening<DB: Database>(
+    jobs: &[Box<dyn Job<DB>>],
+    lanes: Lanes,
+    relaxed: bool,
+) -> Option<&'static str> {
+    match (lanes.flush, jobs) {
+        (Some(flush), _) if relaxed => {
+            let progress = jobs.iter().all(|j| j.durability() == Durability::Progress);
+            Some(flush.opening(if progress {
+                Durability::Progress
+            } else {
+                Durability::Full
+            }))
+        }
+        (_, [job]) if job.alone() => lanes.alone_begin,
+        _ => lanes.begin,
+    }
+}
+
 /// Runs `jobs` in one transaction. First plainly, one after the other: a savepoint
 /// costs two more statements per write, and writes rarely fail. If one fails, the
 /// transaction is rolled back and every write runs again, each in a savepoint, so the
@@ -470,12 +580,9 @@ async fn commit<DB: Database>(
     jobs: &mut [Box<dyn Job<DB>>],
     lanes: Lanes,
     counters: &LaneCounters,
+    opening: Option<&'static str>,
 ) -> Result<(), StoreError> {
     let map_err = lanes.map_err;
-    let opening = match jobs {
-        [job] if job.alone() => lanes.alone_begin,
-        _ => lanes.begin,
-    };
     let conn = match conn {
         Some(conn) => conn,
         None => conn.insert(pool.acquire().await.map_err(map_err)?),
@@ -734,7 +841,7 @@ pub(crate) mod tests {
             let (group, w) = (group.clone(), write(tag, hold));
             tokio::spawn(async move {
                 if rides {
-                    group.ride(w).await
+                    group.ride(Durability::Progress, w).await
                 } else {
                     group.run(w).await
                 }

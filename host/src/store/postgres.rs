@@ -76,6 +76,8 @@ const LANES: Lanes = Lanes {
     begin: Some(LANE_BEGIN),
     alone_begin: None,
     map_err,
+    // Its queues are elsewhere (JetStream): an ack could outlive the progress it follows.
+    flush: None,
 };
 
 /// The PostgreSQL store: a connection pool, and the group commit of the delivery path.

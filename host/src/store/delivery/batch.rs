@@ -5,16 +5,31 @@
 
 use super::{ClaimRequest, Delivery, DeliveryBatch, StepRequest};
 use crate::ids::EventId;
-use crate::model::{Claim, NewMessage, Step, SubscriberContacts};
+use crate::model::{AttemptState, AttemptWrite, Claim, NewMessage, Step, SubscriberContacts};
 use crate::store::StoreError;
 use crate::store::coalesce::Coalescer;
-use crate::store::group::{Conn, GroupCommit, Grouped};
+use crate::store::group::{Conn, Durability, GroupCommit, Grouped};
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Most claims, or steps, written in one batch.
 const BATCH: usize = 64;
+
+/// What a step's commit must survive. An attempt started, or held because its provider
+/// has the message, is what makes a later delivery resume it under the same key rather
+/// than send the message elsewhere: it is flushed before the provider is called. The
+/// rest (an outcome, a status) a redelivery finds undone and repeats.
+pub(crate) fn durability(step: &Step) -> Durability {
+    match &step.attempt {
+        Some(AttemptWrite::Start { .. })
+        | Some(AttemptWrite::Finish {
+            state: AttemptState::Started,
+            ..
+        }) => Durability::Full,
+        _ => Durability::Progress,
+    }
+}
 
 /// A store whose claims and steps are gathered into set-based batches.
 pub(crate) trait Batches: Grouped {
@@ -49,6 +64,11 @@ where
     }
     Coalescer::set_based(
         group,
+        |r| {
+            r.first_step
+                .as_ref()
+                .map_or(Durability::Progress, durability)
+        },
         BATCH,
         in_flight,
         |r| r.message.event_id.clone(),
@@ -72,6 +92,7 @@ where
     }
     Coalescer::set_based(
         group,
+        |r| durability(&r.step),
         BATCH,
         in_flight,
         |r| r.event.clone(),
@@ -120,5 +141,53 @@ where
                 take: false,
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::durability;
+    use crate::model::{AttemptState, AttemptWrite, Step};
+    use crate::store::group::Durability;
+
+    fn step(attempt: Option<AttemptWrite>) -> Step {
+        Step {
+            attempt,
+            ..Step::default()
+        }
+    }
+
+    fn finish(state: AttemptState) -> AttemptWrite {
+        AttemptWrite::Finish {
+            attempt_no: 1,
+            state,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn an_attempt_started_or_held_is_flushed_the_rest_is_progress() {
+        let start = AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "email".into(),
+            provider: "prova".into(),
+        };
+        assert_eq!(durability(&step(Some(start))), Durability::Full);
+        assert_eq!(
+            durability(&step(Some(finish(AttemptState::Started)))),
+            Durability::Full,
+            "a held attempt keeps its taken mark"
+        );
+        assert_eq!(
+            durability(&step(Some(finish(AttemptState::Sent)))),
+            Durability::Progress
+        );
+        assert_eq!(
+            durability(&step(Some(finish(AttemptState::Failed)))),
+            Durability::Progress
+        );
+        assert_eq!(durability(&step(None)), Durability::Progress);
     }
 }

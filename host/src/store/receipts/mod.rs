@@ -9,7 +9,7 @@
 //! `sqlite.rs`).
 
 use super::coalesce::Coalescer;
-use super::group::{Conn, GroupCommit, Grouped};
+use super::group::{Conn, Durability, GroupCommit, Grouped};
 use super::messages::TimelineSql;
 use super::{StoreError, decode_json, decode_status};
 use crate::ids::{EventId, WorkspaceId};
@@ -446,8 +446,11 @@ where
                 .collect())
         })
     }
+    // Reserved after its callback's publish: one lost only lets a replay be published
+    // again, which the queue's message ids and the receipt's key still de-duplicate.
     Coalescer::set_based(
         group,
+        |_| Durability::Progress,
         BATCH,
         in_flight,
         |r| (r.provider.clone(), r.key.clone()),
@@ -477,8 +480,10 @@ where
                 .collect())
         })
     }
+    // Applied from the telemetry queue, which delivers it again until acknowledged.
     Coalescer::set_based(
         group,
+        |_| Durability::Progress,
         BATCH,
         in_flight,
         |r| r.receipt_key.clone(),

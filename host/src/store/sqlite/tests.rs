@@ -3,9 +3,11 @@ use crate::model::*;
 use crate::store::Configuration as _;
 use crate::store::SubscriberPreferences as _;
 use crate::store::Tenancy as _;
+use crate::store::group::Durability;
 use crate::store::{Delivery as _, Erasure as _, Messages as _};
 use chrono::{DateTime, Utc};
 use sqlx::Row;
+use tokio::sync::Notify;
 
 async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -81,6 +83,103 @@ async fn group_commit_riders_join_the_next_batch() {
     let (_dir, store) = open_temp().await;
     crate::store::group::tests::riders_join_the_next_batch(store.pool().clone(), WRITER_LANES)
         .await;
+}
+
+/// The `synchronous` level a write of `durability` runs under (2: FULL, 1: NORMAL).
+async fn level(group: &GroupCommit<Sqlite>, durability: Durability) -> i64 {
+    group
+        .run_as(durability, Box::new(|conn| Box::pin(synchronous(conn))))
+        .await
+        .expect("write")
+}
+
+async fn synchronous(conn: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
+    sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(conn)
+        .await
+        .map_err(map_err)
+}
+
+/// Only once the group commit is told its progress is followed by a queue in the same
+/// file does a batch of progress alone commit without a flush; a batch holding any
+/// write that needs one (or one alone) is flushed, and so is the next batch after one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_alone_skips_the_flush_only_once_relaxed() {
+    use crate::store::group::Durability::{Full, Progress};
+    let (_dir, store) = open_temp().await;
+    let group = Arc::new(GroupCommit::start(store.pool().clone(), WRITER_LANES));
+    assert_eq!(level(&group, Progress).await, 2, "not relaxed: flushed");
+    group.relax_progress();
+    assert_eq!(level(&group, Progress).await, 1);
+    assert_eq!(level(&group, Full).await, 2);
+    assert_eq!(
+        level(&group, Progress).await,
+        1,
+        "set again after a full batch"
+    );
+    let alone = group
+        .run_alone(Box::new(|conn| Box::pin(synchronous(conn))))
+        .await
+        .expect("write");
+    assert_eq!(alone, 2, "a write alone is flushed");
+
+    // A progress write and a full one queued behind a running batch share the next,
+    // whichever came first.
+    assert_eq!(behind_a_batch(&group, [Progress, Full]).await, [2, 2]);
+    assert_eq!(behind_a_batch(&group, [Full, Progress]).await, [2, 2]);
+    assert_eq!(behind_a_batch(&group, [Progress, Progress]).await, [1, 1]);
+}
+
+/// The levels two writes queued while a batch runs commit under: together, in the
+/// batch after it.
+async fn behind_a_batch(group: &Arc<GroupCommit<Sqlite>>, writes: [Durability; 2]) -> [i64; 2] {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (s, r) = (started.clone(), release.clone());
+    let blocker = tokio::spawn({
+        let group = group.clone();
+        async move {
+            group
+                .run_as(
+                    Durability::Progress,
+                    Box::new(move |_| {
+                        let (s, r) = (s.clone(), r.clone());
+                        Box::pin(async move {
+                            s.notify_one();
+                            r.notified().await;
+                            Ok(())
+                        })
+                    }),
+                )
+                .await
+        }
+    });
+    started.notified().await;
+    let mut first = Box::pin(level(group, writes[0]));
+    let mut second = Box::pin(level(group, writes[1]));
+    // One poll each queues the write (and finds it not yet answered).
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    assert!(futures::poll!(second.as_mut()).is_pending());
+    release.notify_one();
+    blocker.await.unwrap().expect("blocker");
+    [first.await, second.await]
+}
+
+/// The embedded queue, opened on the store's file, relaxes its progress; the store
+/// alone (with its queue elsewhere) never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_queue_in_the_same_file_relaxes_progress() {
+    use crate::store::group::Durability::Progress;
+    let (_dir, store) = open_temp().await;
+    let writer = store.writer();
+    assert_eq!(level(&writer, Progress).await, 2);
+    crate::broker::embedded::EmbeddedBroker::open_sharing(
+        store.pool().clone(),
+        writer.clone(),
+        crate::broker::StreamNames::default(),
+    )
+    .await
+    .expect("embedded queue");
+    assert_eq!(level(&writer, Progress).await, 1);
 }
 
 /// Taking a connection's handle over and over, with no statement through sqlx in
