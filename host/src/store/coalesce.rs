@@ -48,8 +48,8 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
     }
 
     /// Gathers requests into batches of at most `max`, each written through `all` as
-    /// one write of `group` ([`set_based`], what each request's commit must survive
-    /// saying what the batch's must), `in_flight` at a time.
+    /// one write of `group` ([`set_based`]; flushed when any request's `durability`
+    /// asks), `in_flight` at a time.
     pub(crate) fn set_based<DB, K>(
         group: Arc<GroupCommit<DB>>,
         durability: fn(&Req) -> Durability,
@@ -129,11 +129,7 @@ where
         .partition(|(_, r)| seen.insert(key(r)));
     let mut answers: Vec<Option<Result<Resp, StoreError>>> = (0..count).map(|_| None).collect();
     let (order, first): (Vec<usize>, Vec<Req>) = first.into_iter().unzip();
-    let needs = if first.iter().any(|r| durability(r) == Durability::Full) {
-        Durability::Full
-    } else {
-        Durability::Progress
-    };
+    let needs = Durability::of(first.iter().map(durability));
     let first = Arc::new(first);
     let shared = first.clone();
     // Whether the write itself failed (its last run), as opposed to the transaction

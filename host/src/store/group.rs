@@ -12,8 +12,8 @@
 //! again with a savepoint per write (see [`commit`]). Nobody hears back before the
 //! commit that makes their write as durable as it asks ([`Durability`]), so "recorded
 //! before the provider is called" and "acknowledged after the outcome is durable"
-//! still hold. When the commit itself
-//! fails, every write in it gets that error, exactly as a lone transaction would.
+//! still hold. When the commit itself fails, every write in it gets that error,
+//! exactly as a lone transaction would.
 
 use super::StoreError;
 use futures::future::BoxFuture;
@@ -57,6 +57,17 @@ pub(crate) enum Durability {
     /// and queue acks. What such a loss undoes, the queue delivers again and the
     /// redelivery repeats, under the same idempotency keys.
     Progress,
+}
+
+impl Durability {
+    /// What a commit of writes needing `each` must survive: power loss if any needs it.
+    pub(crate) fn of(mut each: impl Iterator<Item = Durability>) -> Durability {
+        if each.any(|d| d == Durability::Full) {
+            Durability::Full
+        } else {
+            Durability::Progress
+        }
+    }
 }
 
 /// One queued write with its caller's answer channel.
@@ -558,12 +569,7 @@ fn opening<DB: Database>(
 ) -> Option<&'static str> {
     match (lanes.flush, jobs) {
         (Some(flush), _) if relaxed => {
-            let progress = jobs.iter().all(|j| j.durability() == Durability::Progress);
-            Some(flush.opening(if progress {
-                Durability::Progress
-            } else {
-                Durability::Full
-            }))
+            Some(flush.opening(Durability::of(jobs.iter().map(|j| j.durability()))))
         }
         (_, [job]) if job.alone() => lanes.alone_begin,
         _ => lanes.begin,

@@ -18,7 +18,7 @@ const BATCH: usize = 64;
 
 /// What a step's commit must survive. An attempt started, or held because its provider
 /// has the message, is what makes a later delivery resume it under the same key rather
-/// than send the message elsewhere: it is flushed before the provider is called. The
+/// than send the message elsewhere: it is flushed before any call that follows it. The
 /// rest (an outcome, a status) a redelivery finds undone and repeats.
 pub(crate) fn durability(step: &Step) -> Durability {
     match &step.attempt {
