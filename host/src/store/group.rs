@@ -10,22 +10,30 @@
 //! are queued to a few lanes; a lane takes every write waiting, runs them in one
 //! transaction and commits once. A write that fails is undone alone: the batch runs
 //! again with a savepoint per write (see [`commit`]). Nobody hears back before the
-//! commit that makes their write as durable as it asks ([`Durability`]), so "recorded
-//! before the provider is called" and "acknowledged after the outcome is durable"
-//! still hold. When the commit itself fails, every write in it gets that error,
-//! exactly as a lone transaction would.
+//! commit that makes their write as durable as it asks ([`Durability`]; on SQLite, the
+//! flush of its log beside the lane that covers it, see [`log`]), so "recorded before
+//! the provider is called" and "acknowledged after the outcome is durable" still hold.
+//! When the commit itself fails, every write in it gets that error, exactly as a lone
+//! transaction would.
 
 use super::StoreError;
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::urgency::is_urgent;
+
+mod log;
+mod totals;
+pub(crate) use log::FlushFn;
+use log::{Answer, LogFlush};
+use totals::LaneCounters;
+pub use totals::LaneTotals;
 
 /// Writes one lane commits together at most: bounds how long a write waits behind
 /// others and how long the batch holds its locks.
@@ -134,42 +142,6 @@ pub(crate) trait Grouped: Send + Sync + 'static {
 /// The connection a [`Grouped`] store's writes run on.
 pub(crate) type Conn<T> = <<T as Grouped>::Db as Database>::Connection;
 
-/// What a store's group commit has done since it started: how many batches its lanes
-/// ran and how long they spent on each part of them. A lane busy nearly all the time
-/// bounds every write behind it (see `docs/benchmarks.md`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LaneTotals {
-    /// Lanes committing in parallel.
-    pub lanes: u64,
-    /// Batches ended (committed or not), counted once they have.
-    pub batches: u64,
-    /// Writes in those batches (a set-based write of many rows counts once).
-    pub writes: u64,
-    /// Time spent opening batches' transactions.
-    pub begin: Duration,
-    /// Time spent running the writes.
-    pub writing: Duration,
-    /// Time spent committing (or rolling back) them.
-    pub commit: Duration,
-}
-
-/// The running counts behind [`LaneTotals`], in nanoseconds.
-#[derive(Debug, Default)]
-struct LaneCounters {
-    batches: AtomicU64,
-    writes: AtomicU64,
-    begin: AtomicU64,
-    writing: AtomicU64,
-    commit: AtomicU64,
-}
-
-impl LaneCounters {
-    fn add(counter: &AtomicU64, since: Instant) {
-        let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        counter.fetch_add(nanos, Ordering::Relaxed);
-    }
-}
-
 /// Queues writes to lanes that commit them in batches. Dropping it stops the lanes
 /// once the writes already queued are answered.
 pub(crate) struct GroupCommit<DB: Database> {
@@ -178,9 +150,18 @@ pub(crate) struct GroupCommit<DB: Database> {
     riders: mpsc::UnboundedSender<Box<dyn Job<DB>>>,
     counters: Arc<LaneCounters>,
     lanes: u64,
+    durable: Arc<Durable>,
+}
+
+/// How the lanes make commits durable, as set after they started.
+#[derive(Default)]
+struct Durable {
     /// Whether batches of progress alone may commit without a flush (see
-    /// [`Self::relax_progress`]).
-    relaxed: Arc<AtomicBool>,
+    /// [`GroupCommit::relax_progress`]).
+    relaxed: AtomicBool,
+    /// The thread that flushes the log, if the lanes leave it that
+    /// ([`GroupCommit::flush_beside`]).
+    log: OnceLock<LogFlush>,
 }
 
 /// What the lanes take jobs from: urgent ones first, riders last.
@@ -310,7 +291,7 @@ impl<DB: Database> GroupCommit<DB> {
                 queues.clone(),
                 lanes,
                 this.counters.clone(),
-                this.relaxed.clone(),
+                this.durable.clone(),
             ));
         }
         this
@@ -334,7 +315,7 @@ impl<DB: Database> GroupCommit<DB> {
             riders,
             counters: Arc::new(LaneCounters::default()),
             lanes: lanes.count.max(1) as u64,
-            relaxed: Arc::new(AtomicBool::new(false)),
+            durable: Arc::default(),
         };
         (this, queues)
     }
@@ -356,7 +337,7 @@ impl<DB: Database> GroupCommit<DB> {
             .enable_all()
             .build()?;
         let counters = this.counters.clone();
-        let relaxed = this.relaxed.clone();
+        let durable = this.durable.clone();
         std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
@@ -371,7 +352,7 @@ impl<DB: Database> GroupCommit<DB> {
                         queues.clone(),
                         lanes,
                         counters.clone(),
-                        relaxed.clone(),
+                        durable.clone(),
                     )
                 });
                 // The lanes end once every sender is gone (the store dropped).
@@ -389,7 +370,24 @@ impl<DB: Database> GroupCommit<DB> {
     /// checkpoint copies the log back every few milliseconds, flushing it first), and
     /// its messages are still on the queue, unacknowledged, to be delivered again.
     pub(crate) fn relax_progress(&self) {
-        self.relaxed.store(true, Ordering::Relaxed);
+        self.durable.relaxed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Self::relax_progress`] was called.
+    #[cfg(test)]
+    pub(crate) fn progress_relaxed(&self) -> bool {
+        self.durable.relaxed.load(Ordering::Relaxed)
+    }
+
+    /// Leaves the flush of the log to a thread of its own named `name`, running `flush`
+    /// ([`log`]), on a backend that can commit without one ([`Lanes::flush`]): from
+    /// then on every batch commits without a flush, and a batch that needs one is
+    /// answered after the next `flush` has returned. Set once; later calls are ignored.
+    pub(crate) fn flush_beside(&self, name: &str, flush: FlushFn) -> std::io::Result<()> {
+        if self.durable.log.get().is_none() {
+            let _ = self.durable.log.set(LogFlush::start(name, flush)?);
+        }
+        Ok(())
     }
 
     /// What the lanes have done so far.
@@ -497,7 +495,7 @@ async fn lane<DB: Database>(
     queues: Arc<Mutex<Queues<DB>>>,
     lanes: Lanes,
     counters: Arc<LaneCounters>,
-    relaxed: Arc<AtomicBool>,
+    durable: Arc<Durable>,
 ) {
     let mut conn: Option<PoolConnection<DB>> = None;
     loop {
@@ -539,7 +537,19 @@ async fn lane<DB: Database>(
                 }
             }
         }
-        let opening = opening(&jobs, lanes, relaxed.load(Ordering::Relaxed));
+        let log = durable.log.get();
+        if let Some(refused) = log.and_then(LogFlush::refused) {
+            for job in jobs {
+                job.answer(Some(&refused));
+            }
+            continue;
+        }
+        let relaxed = durable.relaxed.load(Ordering::Relaxed);
+        let durability = match relaxed {
+            true => Durability::of(jobs.iter().map(|j| j.durability())),
+            false => Durability::Full,
+        };
+        let opening = opening(&jobs, lanes, relaxed, durability, log.is_some());
         let failed = match commit(&pool, &mut conn, &mut jobs, lanes, &counters, opening).await {
             Ok(()) => None,
             Err(e) => {
@@ -554,23 +564,37 @@ async fn lane<DB: Database>(
         counters
             .writes
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-        for job in jobs {
-            job.answer(failed.as_ref());
+        match log {
+            Some(log) if failed.is_none() && durability == Durability::Full => {
+                log.answer_after_flush(jobs.into_iter().map(answer_of).collect());
+            }
+            _ => {
+                for job in jobs {
+                    job.answer(failed.as_ref());
+                }
+            }
         }
     }
 }
 
-/// The statement that opens the batch of `jobs`: once progress is relaxed, one that
-/// sets what the commit survives (every batch, as the last one may have set the other).
+fn answer_of<DB: Database>(job: Box<dyn Job<DB>>) -> Answer {
+    Box::new(move |failed| job.answer(failed))
+}
+
+/// The statement that opens the batch of `jobs`, which needs `durability`: with the
+/// log flushed beside the lane (`logged`), one that commits without a flush; once
+/// progress is relaxed, one that sets what the commit survives (every batch, as the
+/// last one may have set the other).
 fn opening<DB: Database>(
     jobs: &[Box<dyn Job<DB>>],
     lanes: Lanes,
     relaxed: bool,
+    durability: Durability,
+    logged: bool,
 ) -> Option<&'static str> {
     match (lanes.flush, jobs) {
-        (Some(flush), _) if relaxed => {
-            Some(flush.opening(Durability::of(jobs.iter().map(|j| j.durability()))))
-        }
+        (Some(flush), _) if logged => Some(flush.progress),
+        (Some(flush), _) if relaxed => Some(flush.opening(durability)),
         (_, [job]) if job.alone() => lanes.alone_begin,
         _ => lanes.begin,
     }

@@ -9,7 +9,7 @@
 use super::checkpoint::{self, Checkpointer};
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
-use super::group::{Flush, GroupCommit, Grouped, Lanes};
+use super::group::{Flush, FlushFn, GroupCommit, Grouped, Lanes};
 use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
@@ -19,7 +19,7 @@ use sqlx::Sqlite;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,6 +80,28 @@ pub(crate) fn writer(pool: &SqlitePool) -> Arc<GroupCommit<Sqlite>> {
 /// The name of the writer's thread (see [`SqliteStore::open_with`]).
 pub(crate) const WRITER_THREAD: &str = "sqlite-writer";
 
+/// The name of the thread that flushes the write-ahead log ([`wal_flush`]).
+const WAL_FLUSH_THREAD: &str = "sqlite-wal-flush";
+
+/// Flushes the write-ahead log of the database at `path` (its `-wal` file): the
+/// writer commits without a flush and leaves it to this
+/// ([`GroupCommit::flush_beside`]). The file is opened for each flush, so it is always
+/// the one SQLite writes; a flush of any descriptor of a file flushes all its writes.
+fn wal_flush(path: &Path) -> FlushFn {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = PathBuf::from(wal);
+    Box::new(
+        move || match std::fs::OpenOptions::new().write(true).open(&wal) {
+            Ok(file) => file.sync_data(),
+            // SQLite removes the log only when its last connection closes, once it has
+            // copied the log into the database file and flushed that.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        },
+    )
+}
+
 /// The lanes of [`writer`].
 const WRITER_LANES: Lanes = Lanes {
     count: 1,
@@ -88,7 +110,9 @@ const WRITER_LANES: Lanes = Lanes {
     map_err,
     // `synchronous` cannot change inside a transaction: set before each one. In WAL
     // mode, NORMAL commits without an `fsync`; a crash of the process loses nothing, a
-    // power loss the commits since the last flush.
+    // power loss the commits since the last flush. The store's own writer commits every
+    // batch NORMAL and flushes the log beside it ([`wal_flush`]); FULL is for group
+    // commits on a pool ([`writer`]).
     flush: Some(Flush {
         full: "PRAGMA synchronous = FULL; BEGIN IMMEDIATE",
         progress: "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE",
@@ -181,6 +205,12 @@ impl SqliteStore {
             GroupCommit::start_on_thread(writer_pool.clone(), WRITER_LANES, WRITER_THREAD, cpu)
                 .map_err(|e| StoreError::Other(format!("starting the writer's thread: {e}")))?,
         );
+        // SQLite names the log after the file's full path (the pool has created it).
+        let file = std::fs::canonicalize(path)
+            .map_err(|e| StoreError::Other(format!("resolving {}: {e}", path.display())))?;
+        group
+            .flush_beside(WAL_FLUSH_THREAD, wal_flush(&file))
+            .map_err(|e| StoreError::Other(format!("starting the log's flush thread: {e}")))?;
         let lane = group.clone();
         let checkpointer = Arc::new(Checkpointer::start(pool.clone(), move || {
             lane.totals().batches
