@@ -373,10 +373,15 @@ impl<DB: Database> GroupCommit<DB> {
         self.durable.relaxed.store(true, Ordering::Relaxed);
     }
 
-    /// Whether [`Self::relax_progress`] was called.
+    /// Flushes of the log beside the lanes that succeeded so far.
     #[cfg(test)]
-    pub(crate) fn progress_relaxed(&self) -> bool {
-        self.durable.relaxed.load(Ordering::Relaxed)
+    pub(crate) fn log_flushes(&self) -> u64 {
+        self.durable.log.get().map_or(0, LogFlush::flushes)
+    }
+
+    /// Why every write is refused, once a flush of the log beside the lanes failed.
+    pub(crate) fn refused(&self) -> Option<StoreError> {
+        self.durable.log.get().and_then(LogFlush::refused)
     }
 
     /// Leaves the flush of the log to a thread of its own named `name`, running `flush`

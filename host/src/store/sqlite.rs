@@ -9,7 +9,7 @@
 use super::checkpoint::{self, Checkpointer};
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
-use super::group::{Flush, FlushFn, GroupCommit, Grouped, Lanes};
+use super::group::{Flush, GroupCommit, Grouped, Lanes};
 use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
@@ -19,7 +19,7 @@ use sqlx::Sqlite;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,27 +80,8 @@ pub(crate) fn writer(pool: &SqlitePool) -> Arc<GroupCommit<Sqlite>> {
 /// The name of the writer's thread (see [`SqliteStore::open_with`]).
 pub(crate) const WRITER_THREAD: &str = "sqlite-writer";
 
-/// The name of the thread that flushes the write-ahead log ([`wal_flush`]).
+/// The name of the thread that flushes the write-ahead log ([`wal::WalFile`]).
 const WAL_FLUSH_THREAD: &str = "sqlite-wal-flush";
-
-/// Flushes the write-ahead log of the database at `path` (its `-wal` file): the
-/// writer commits without a flush and leaves it to this
-/// ([`GroupCommit::flush_beside`]). The file is opened for each flush, so it is always
-/// the one SQLite writes; a flush of any descriptor of a file flushes all its writes.
-fn wal_flush(path: &Path) -> FlushFn {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    let wal = PathBuf::from(wal);
-    Box::new(
-        move || match std::fs::OpenOptions::new().write(true).open(&wal) {
-            Ok(file) => file.sync_data(),
-            // SQLite removes the log only when its last connection closes, once it has
-            // copied the log into the database file and flushed that.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        },
-    )
-}
 
 /// The lanes of [`writer`].
 const WRITER_LANES: Lanes = Lanes {
@@ -111,7 +92,7 @@ const WRITER_LANES: Lanes = Lanes {
     // `synchronous` cannot change inside a transaction: set before each one. In WAL
     // mode, NORMAL commits without an `fsync`; a crash of the process loses nothing, a
     // power loss the commits since the last flush. The store's own writer commits every
-    // batch NORMAL and flushes the log beside it ([`wal_flush`]); FULL is for group
+    // batch NORMAL and flushes the log beside it ([`wal::WalFile`]); FULL is for group
     // commits on a pool ([`writer`]).
     flush: Some(Flush {
         full: "PRAGMA synchronous = FULL; BEGIN IMMEDIATE",
@@ -205,12 +186,14 @@ impl SqliteStore {
             GroupCommit::start_on_thread(writer_pool.clone(), WRITER_LANES, WRITER_THREAD, cpu)
                 .map_err(|e| StoreError::Other(format!("starting the writer's thread: {e}")))?,
         );
-        // SQLite names the log after the file's full path (the pool has created it).
-        let file = std::fs::canonicalize(path)
-            .map_err(|e| StoreError::Other(format!("resolving {}: {e}", path.display())))?;
-        group
-            .flush_beside(WAL_FLUSH_THREAD, wal_flush(&file))
-            .map_err(|e| StoreError::Other(format!("starting the log's flush thread: {e}")))?;
+        // Outside WAL mode (a file system without shared memory), SQLite flushes inside
+        // each commit that needs it, as it did before.
+        if let Some(db) = wal::wal_database(&pool).await? {
+            let mut wal = wal::WalFile::new(db);
+            group
+                .flush_beside(WAL_FLUSH_THREAD, Box::new(move || wal.flush()))
+                .map_err(|e| StoreError::Other(format!("starting the log's flush thread: {e}")))?;
+        }
         let lane = group.clone();
         let checkpointer = Arc::new(Checkpointer::start(pool.clone(), move || {
             lane.totals().batches
@@ -260,6 +243,10 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
+        // A failed flush of the log refuses every write: not ready until restarted.
+        if let Some(refused) = self.group.refused() {
+            return Err(refused);
+        }
         sqlx::query("SELECT 1")
             .execute(&self.pool)
             .await
@@ -335,5 +322,9 @@ fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
     }
 }
 
+mod wal;
+
+#[cfg(test)]
+mod flush_tests;
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,7 @@
 //! recovers the log from what is on disk), as PostgreSQL stops on a failed flush.
 
 use super::super::StoreError;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, OnceLock};
 
@@ -35,6 +36,9 @@ pub(crate) type FlushFn = Box<dyn FnMut() -> std::io::Result<()> + Send>;
 pub(super) struct LogFlush {
     waiting: Sender<Vec<Answer>>,
     failed: Arc<OnceLock<String>>,
+    /// Flushes that succeeded (read by tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    flushes: Arc<AtomicU64>,
 }
 
 impl LogFlush {
@@ -42,23 +46,35 @@ impl LogFlush {
     pub(super) fn start(name: &str, flush: FlushFn) -> std::io::Result<Self> {
         let (waiting, rx) = channel();
         let failed = Arc::new(OnceLock::new());
-        let broken = failed.clone();
+        let flushes = Arc::new(AtomicU64::new(0));
+        let (broken, count) = (failed.clone(), flushes.clone());
         std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || flushing(rx, flush, broken))?;
-        Ok(Self { waiting, failed })
+            .spawn(move || flushing(rx, flush, broken, count))?;
+        Ok(Self {
+            waiting,
+            failed,
+            flushes,
+        })
     }
 
     /// Answers `answers` once a flush that began after this call has ended.
     pub(super) fn answer_after_flush(&self, answers: Vec<Answer>) {
         if let Err(back) = self.waiting.send(answers) {
-            // The thread is gone (it never panics, so only at shutdown): nothing can
-            // say these commits are durable.
-            let e = StoreError::Unavailable("the store's log is no longer flushed".into());
+            // The thread is gone (a panic in a flush): nothing says these commits, or
+            // any after them, are durable.
+            let _ = self.failed.set("the thread flushing it stopped".into());
+            let e = self.refused().expect("just set");
             for answer in back.0 {
                 answer(Some(&e));
             }
         }
+    }
+
+    /// Flushes that succeeded so far.
+    #[cfg(test)]
+    pub(super) fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
     }
 
     /// Why every write is refused, once a flush has failed.
@@ -75,7 +91,12 @@ fn refusal(e: &str) -> StoreError {
 
 /// The flushing thread: takes every batch of answers waiting, flushes once, answers
 /// them; ends when the lane is gone and every answer given.
-fn flushing(rx: Receiver<Vec<Answer>>, mut flush: FlushFn, failed: Arc<OnceLock<String>>) {
+fn flushing(
+    rx: Receiver<Vec<Answer>>,
+    mut flush: FlushFn,
+    failed: Arc<OnceLock<String>>,
+    flushes: Arc<AtomicU64>,
+) {
     while let Ok(mut answers) = rx.recv() {
         while let Ok(more) = rx.try_recv() {
             answers.extend(more);
@@ -92,6 +113,9 @@ fn flushing(rx: Receiver<Vec<Answer>>, mut flush: FlushFn, failed: Arc<OnceLock<
                 refusal(&e.to_string())
             }),
         };
+        if error.is_none() {
+            flushes.fetch_add(1, Ordering::Relaxed);
+        }
         for answer in answers {
             answer(error.as_ref());
         }

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use tokio::sync::Notify;
 
-async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
+pub(super) async fn open_temp() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open(&dir.path().join("switchboard.db"))
         .await
@@ -86,14 +86,14 @@ async fn group_commit_riders_join_the_next_batch() {
 }
 
 /// The `synchronous` level a write of `durability` runs under (2: FULL, 1: NORMAL).
-async fn level(group: &GroupCommit<Sqlite>, durability: Durability) -> i64 {
+pub(super) async fn level(group: &GroupCommit<Sqlite>, durability: Durability) -> i64 {
     group
         .run_as(durability, Box::new(|conn| Box::pin(synchronous(conn))))
         .await
         .expect("write")
 }
 
-async fn synchronous(conn: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
+pub(super) async fn synchronous(conn: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
     sqlx::query_scalar("PRAGMA synchronous")
         .fetch_one(conn)
         .await
@@ -162,148 +162,6 @@ async fn behind_a_batch(group: &Arc<GroupCommit<Sqlite>>, writes: [Durability; 2
     release.notify_one();
     blocker.await.unwrap().expect("blocker");
     [first.await, second.await]
-}
-
-/// The embedded queue, opened on the store's file, relaxes its progress; the store
-/// alone (with its queue elsewhere) never does.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_embedded_queue_in_the_same_file_relaxes_progress() {
-    let (_dir, store) = open_temp().await;
-    let writer = store.writer();
-    assert!(!writer.progress_relaxed());
-    crate::broker::embedded::EmbeddedBroker::open_sharing(
-        store.pool().clone(),
-        writer.clone(),
-        crate::broker::StreamNames::default(),
-    )
-    .await
-    .expect("embedded queue");
-    assert!(writer.progress_relaxed());
-}
-
-/// A group commit on a fresh table `flush_rows`, its log flushed beside it by a flush
-/// that waits for a token from the returned sender each time and then gives `result`.
-async fn flushed_beside(
-    store: &SqliteStore,
-    result: fn() -> std::io::Result<()>,
-) -> (Arc<GroupCommit<Sqlite>>, std::sync::mpsc::Sender<()>) {
-    sqlx::query("CREATE TABLE flush_rows (k INTEGER NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let group = Arc::new(GroupCommit::start(store.pool().clone(), WRITER_LANES));
-    let (tokens, gate) = std::sync::mpsc::channel::<()>();
-    let flush = move || {
-        gate.recv().map_err(std::io::Error::other)?;
-        result()
-    };
-    group.flush_beside("test-flush", Box::new(flush)).unwrap();
-    (group, tokens)
-}
-
-/// Inserts `k` into `flush_rows` as a write of `durability`; answers the batch's
-/// `synchronous` level.
-async fn insert(
-    group: &GroupCommit<Sqlite>,
-    durability: Durability,
-    k: i64,
-) -> Result<i64, StoreError> {
-    let work: crate::store::group::Work<Sqlite, i64> = Box::new(move |conn| {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO flush_rows (k) VALUES (?)")
-                .bind(k)
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?;
-            synchronous(conn).await
-        })
-    });
-    group.run_as(durability, work).await
-}
-
-async fn stored(store: &SqliteStore, k: i64) -> bool {
-    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM flush_rows WHERE k = ?")
-        .bind(k)
-        .fetch_one(store.pool())
-        .await
-        .unwrap()
-        == 1
-}
-
-/// With the log flushed beside the lane, every batch commits without a flush
-/// (`synchronous` NORMAL), and a write that needs one is answered only after the next
-/// flush has ended, though others may read it before; once progress is relaxed, a
-/// batch of progress alone is answered without waiting for one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_needing_a_flush_is_answered_after_the_flush_beside_the_lane() {
-    use crate::store::group::Durability::{Full, Progress};
-    let (_dir, store) = open_temp().await;
-    let (group, tokens) = flushed_beside(&store, || Ok(())).await;
-
-    for (k, durability) in [(1, Full), (2, Progress)] {
-        let mut write = Box::pin(insert(&group, durability, k));
-        for _ in 0..500 {
-            if stored(&store, k).await {
-                break;
-            }
-            assert!(futures::poll!(write.as_mut()).is_pending());
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert!(stored(&store, k).await, "write {k} committed");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(
-            futures::poll!(write.as_mut()).is_pending(),
-            "{durability:?} before the flush, not relaxed"
-        );
-        tokens.send(()).unwrap();
-        assert_eq!(write.await.expect("write"), 1, "committed without a flush");
-    }
-
-    group.relax_progress();
-    let progress = insert(&group, Progress, 3);
-    let answered = tokio::time::timeout(std::time::Duration::from_secs(10), progress).await;
-    assert_eq!(answered.expect("no flush waited for").expect("write"), 1);
-    let mut full = Box::pin(insert(&group, Full, 4));
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert!(futures::poll!(full.as_mut()).is_pending());
-    tokens.send(()).unwrap();
-    assert_eq!(full.await.expect("write"), 1);
-}
-
-/// A failed flush fails the writes waiting for it, and every write after it is refused
-/// before it runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_flush_refuses_every_write_after_it() {
-    use crate::store::group::Durability::{Full, Progress};
-    let (_dir, store) = open_temp().await;
-    let (group, tokens) = flushed_beside(&store, || Err(std::io::Error::other("disk gone"))).await;
-    group.relax_progress();
-    tokens.send(()).unwrap();
-    let failed = insert(&group, Full, 1).await.expect_err("not flushed");
-    assert!(
-        matches!(&failed, StoreError::Unavailable(m) if m.contains("disk gone")),
-        "{failed:?}"
-    );
-    for (k, durability) in [(2, Progress), (3, Full)] {
-        let refused = insert(&group, durability, k).await.expect_err("refused");
-        assert!(
-            matches!(&refused, StoreError::Unavailable(m) if m.contains("restart")),
-            "{refused:?}"
-        );
-        assert!(!stored(&store, k).await, "write {k} never ran");
-    }
-}
-
-/// The store's own writer commits without a flush and flushes its log file beside it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_flushes_its_log_file_beside_the_writer() {
-    let (dir, store) = open_temp().await;
-    assert_eq!(level(&store.writer(), Durability::Full).await, 1);
-    let file = std::fs::canonicalize(dir.path().join("switchboard.db")).unwrap();
-    let wal = dir.path().join("switchboard.db-wal");
-    assert!(wal.exists(), "the log is where the flush looks for it");
-    wal_flush(&file)().expect("flushed");
-    wal_flush(&dir.path().join("none.db"))().expect("no log: nothing to flush");
 }
 
 /// Taking a connection's handle over and over, with no statement through sqlx in
