@@ -125,6 +125,22 @@ async fn committed_unanswered<F: std::future::Future + Unpin>(
     panic!("write {k} never committed");
 }
 
+/// Waits for the next flush to begin, checks that `write` is still not answered, lets
+/// the flush end and returns the write's answer.
+async fn answered_after_the_next_flush<F>(gate: &mut Gate, mut write: F) -> i64
+where
+    F: std::future::Future<Output = Result<i64, StoreError>> + Unpin,
+{
+    gate.began().await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        futures::poll!(&mut write).is_pending(),
+        "answered before its flush"
+    );
+    gate.tokens.send(()).unwrap();
+    write.await.expect("write")
+}
+
 /// With the log flushed beside the lane, every batch commits without a flush
 /// (`synchronous` NORMAL), and a write that needs one is answered only after a flush
 /// that began after its commit has ended, though others may read it before; once
@@ -134,20 +150,13 @@ async fn a_write_needing_a_flush_is_answered_after_a_flush_begun_after_its_commi
     use crate::store::group::Durability::{Full, Progress};
     let (_dir, store) = open_temp().await;
     let (group, mut gate) = flushed_beside(&store, || Ok(())).await;
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(100));
 
     // Not relaxed: progress too waits for the flush.
     for (k, durability) in [(1, Full), (2, Progress)] {
         let mut write = Box::pin(insert(&group, durability, k));
         committed_unanswered(&store, k, &mut write).await;
-        gate.began().await;
-        pause().await;
-        assert!(
-            futures::poll!(write.as_mut()).is_pending(),
-            "{durability:?}"
-        );
-        gate.tokens.send(()).unwrap();
-        assert_eq!(write.await.expect("write"), 1, "committed without a flush");
+        let level = answered_after_the_next_flush(&mut gate, write).await;
+        assert_eq!(level, 1, "committed without a flush");
     }
 
     // A write committed while a flush runs waits for the next one.
@@ -158,14 +167,7 @@ async fn a_write_needing_a_flush_is_answered_after_a_flush_begun_after_its_commi
     committed_unanswered(&store, 4, &mut second).await;
     gate.tokens.send(()).unwrap();
     assert_eq!(first.await.expect("first"), 1);
-    gate.began().await;
-    pause().await;
-    assert!(
-        futures::poll!(second.as_mut()).is_pending(),
-        "flushed before"
-    );
-    gate.tokens.send(()).unwrap();
-    assert_eq!(second.await.expect("second"), 1);
+    assert_eq!(answered_after_the_next_flush(&mut gate, second).await, 1);
 
     group.relax_progress();
     let progress = insert(&group, Progress, 5);
