@@ -62,6 +62,15 @@ impl OutboundStatus {
     }
 }
 
+/// Whether a retry by hand of a delivery whose stored status is `status` reopens it:
+/// `None` when there is no such delivery, `Some(false)` while it is pending (its
+/// schedule tries it), `Some(true)` once it has finished either way.
+fn requeue_decision(status: Option<&str>) -> Result<Option<bool>, StoreError> {
+    status
+        .map(|s| OutboundStatus::parse(s).map(|s| s != OutboundStatus::Pending))
+        .transpose()
+}
+
 /// One event for one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboundDelivery {
@@ -418,15 +427,16 @@ pub(crate) trait OutboundSql: Send {
         endpoint: &str,
         reason: &str,
     ) -> Result<Option<(String, String)>, StoreError>;
-    /// A finished delivery of `workspace`'s `endpoint` back to pending in a new
-    /// round, unpublished and due now; `None` when there is no such delivery, `Some(false)` when
-    /// it is pending.
-    async fn requeue(
+    /// The status of delivery `id` of `workspace`'s `endpoint`, if there is one; on a
+    /// backend with row locks the row stays locked to the end of the transaction.
+    async fn delivery_status_locked(
         &mut self,
         workspace: &str,
         endpoint: &str,
         id: &str,
-    ) -> Result<Option<bool>, StoreError>;
+    ) -> Result<Option<String>, StoreError>;
+    /// Delivery `id` back to pending in a new round, unpublished and due now.
+    async fn reopen_delivery(&mut self, id: &str) -> Result<(), StoreError>;
     /// Deletes the deliveries (and their tries) of messages `ids`: their bodies name
     /// the subscriber, and go when the messages are scrubbed.
     async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError>;

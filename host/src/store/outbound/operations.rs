@@ -355,7 +355,12 @@ where
                 let args = args.clone();
                 Box::pin(async move {
                     let (workspace, endpoint, id) = &*args;
-                    conn.requeue(workspace, endpoint, id).await
+                    let status = conn.delivery_status_locked(workspace, endpoint, id).await?;
+                    let reopen = super::requeue_decision(status.as_deref())?;
+                    if reopen == Some(true) {
+                        conn.reopen_delivery(id).await?;
+                    }
+                    Ok(reopen)
                 })
             }))
             .await?;

@@ -286,38 +286,35 @@ impl OutboundSql for PgConnection {
         .map_err(map_err)
     }
 
-    async fn requeue(
+    async fn delivery_status_locked(
         &mut self,
         workspace: &str,
         endpoint: &str,
         id: &str,
-    ) -> Result<Option<bool>, StoreError> {
-        let status: Option<String> = sqlx::query_scalar(
+    ) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar(
             "SELECT status FROM webhook_deliveries \
              WHERE id = $1 AND endpoint_id = $2 AND workspace_id = $3 FOR UPDATE",
         )
         .bind(id)
         .bind(endpoint)
         .bind(workspace)
-        .fetch_optional(&mut *self)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn reopen_delivery(&mut self, id: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
+             round_start = attempts, published = FALSE, next_attempt_at = now(), updated_at = now() \
+             WHERE id = $1",
+        )
+        .bind(id)
+        .execute(self)
         .await
         .map_err(map_err)?;
-        match status.as_deref() {
-            None => Ok(None),
-            Some("PENDING") => Ok(Some(false)),
-            Some(_) => {
-                sqlx::query(
-                    "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
-                     round_start = attempts, published = FALSE, next_attempt_at = now(), updated_at = now() \
-                     WHERE id = $1",
-                )
-                .bind(id)
-                .execute(self)
-                .await
-                .map_err(map_err)?;
-                Ok(Some(true))
-            }
-        }
+        Ok(())
     }
 
     async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError> {

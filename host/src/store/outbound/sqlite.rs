@@ -174,13 +174,19 @@ impl OutboundSql for Direct<'_> {
         self.sqlx().disable_endpoint_row(endpoint, reason).await
     }
 
-    async fn requeue(
+    async fn delivery_status_locked(
         &mut self,
         workspace: &str,
         endpoint: &str,
         id: &str,
-    ) -> Result<Option<bool>, StoreError> {
-        self.sqlx().requeue(workspace, endpoint, id).await
+    ) -> Result<Option<String>, StoreError> {
+        self.sqlx()
+            .delivery_status_locked(workspace, endpoint, id)
+            .await
+    }
+
+    async fn reopen_delivery(&mut self, id: &str) -> Result<(), StoreError> {
+        self.sqlx().reopen_delivery(id).await
     }
 
     async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError> {
@@ -443,38 +449,36 @@ impl OutboundSql for SqliteConnection {
         .map_err(map_err)
     }
 
-    async fn requeue(
+    async fn delivery_status_locked(
         &mut self,
         workspace: &str,
         endpoint: &str,
         id: &str,
-    ) -> Result<Option<bool>, StoreError> {
-        let status: Option<String> = sqlx::query_scalar(
+    ) -> Result<Option<String>, StoreError> {
+        // The batch's transaction holds SQLite's one write lock: no row lock needed.
+        sqlx::query_scalar(
             "SELECT status FROM webhook_deliveries \
              WHERE id = ? AND endpoint_id = ? AND workspace_id = ?",
         )
         .bind(id)
         .bind(endpoint)
         .bind(workspace)
-        .fetch_optional(&mut *self)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn reopen_delivery(&mut self, id: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
+             round_start = attempts, published = 0, next_attempt_at = ?1, updated_at = ?1 WHERE id = ?2",
+        )
+        .bind(now_text())
+        .bind(id)
+        .execute(self)
         .await
         .map_err(map_err)?;
-        match status.as_deref() {
-            None => Ok(None),
-            Some("PENDING") => Ok(Some(false)),
-            Some(_) => {
-                sqlx::query(
-                    "UPDATE webhook_deliveries SET status = 'PENDING', round = round + 1, \
-                     round_start = attempts, published = 0, next_attempt_at = ?1, updated_at = ?1 WHERE id = ?2",
-                )
-                .bind(now_text())
-                .bind(id)
-                .execute(self)
-                .await
-                .map_err(map_err)?;
-                Ok(Some(true))
-            }
-        }
+        Ok(())
     }
 
     async fn delete_message_deliveries(&mut self, ids: &[String]) -> Result<(), StoreError> {

@@ -641,3 +641,13 @@ pub(crate) async fn disabling_and_abandoning(store: Arc<dyn Store>) {
     assert!(store.dispatch_target(&last.id).await.unwrap().is_none());
     assert!(store.dispatch_target(&d.id).await.unwrap().is_none());
 }
+
+#[test]
+fn a_retry_by_hand_reopens_only_a_finished_delivery() {
+    use super::requeue_decision;
+    assert_eq!(requeue_decision(None).unwrap(), None);
+    assert_eq!(requeue_decision(Some("PENDING")).unwrap(), Some(false));
+    assert_eq!(requeue_decision(Some("SUCCEEDED")).unwrap(), Some(true));
+    assert_eq!(requeue_decision(Some("FAILED")).unwrap(), Some(true));
+    assert!(requeue_decision(Some("LOST")).is_err());
+}

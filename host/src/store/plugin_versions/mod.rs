@@ -5,14 +5,19 @@
 //! nothing; activating the active one changes nothing, not even `activated_at`; a
 //! canary starts only from standby and only while its slug has none, and ends
 //! promoted or rolled back exactly once) and the
-//! decoding of rows are written once here, over [`PluginVersionsSql`], which each
-//! backend implements with SQL and bindings only. How activation is made atomic is the
-//! one thing that truly differs: PostgreSQL locks the slug's rows, SQLite's single
-//! writer runs conditional updates one transaction at a time.
+//! decoding of rows are written once here, over [`PluginVersionsSql`] and [`SlugSql`],
+//! which each backend implements with SQL and bindings only. An activation or the end
+//! of a trial reads the slug's versions and changes them in one batch of its own of the
+//! store's group commit ([`GroupCommit::run_alone`](crate::store::group::GroupCommit::run_alone)):
+//! PostgreSQL locks the slug's rows as it reads them, SQLite's batch holds its one
+//! write lock from the start; either way such changes of one slug run one at a time,
+//! each on the states the one before it committed.
 
 use super::StoreError;
 use crate::plugins::PluginKind;
+use crate::store::group::{Conn, Grouped};
 use chrono::{DateTime, Utc};
+use std::sync::Arc;
 
 mod postgres;
 mod sqlite;
@@ -103,15 +108,6 @@ pub(crate) trait PluginVersionsSql: Send + Sync {
     async fn version_rows(&self, slug: Option<&str>) -> Result<Vec<PluginVersionRow>, StoreError>;
     /// The bytes of one version.
     async fn version_bytes(&self, slug: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Atomically: when the version is standby, demotes the slug's active version and
-    /// activates this one at `now`, returning `None`; otherwise changes nothing and
-    /// returns the version's stored state (`Some(None)` when there is no such version).
-    async fn activate_if_standby(
-        &self,
-        slug: &str,
-        digest: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Option<String>>, StoreError>;
     /// Demotes the slug's active version; whether there was one.
     async fn demote_active(&self, slug: &str) -> Result<bool, StoreError>;
     /// `(slug, digest)` of every active version, by slug.
@@ -125,20 +121,67 @@ pub(crate) trait PluginVersionsSql: Send + Sync {
         percent: u8,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
-    /// Atomically, when the version is the slug's canary in the trial that began at
-    /// `since`: promotes it (demoting the active version) or turns it standby, clearing
-    /// its trial and recording `result` (and `activated_at` = now when promoted).
-    /// Whether it was.
-    async fn finish_canary(
-        &self,
-        slug: &str,
-        digest: &str,
-        since: DateTime<Utc>,
-        promote: bool,
-        result: &str,
-    ) -> Result<bool, StoreError>;
     /// Every canary as a [`CanaryTrial`] (columns `slug, digest, percent, since`), by slug.
     async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError>;
+}
+
+/// What each backend says in SQL inside a batch of the group commit, for the changes
+/// that depend on the slug's other versions.
+#[async_trait::async_trait]
+pub(crate) trait SlugSql: Send {
+    /// Every version of `slug`, by digest; on PostgreSQL locked to the end of the batch
+    /// (in digest order, the same for every caller, so two changes cannot deadlock).
+    async fn slug_states(&mut self, slug: &str) -> Result<Vec<SlugState>, StoreError>;
+    /// Turns the slug's active version, if any, standby.
+    async fn demote_active_in(&mut self, slug: &str) -> Result<(), StoreError>;
+    /// Makes the version active, activated at `now`.
+    async fn set_active(
+        &mut self,
+        slug: &str,
+        digest: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+    /// Clears the version's trial, records `result`, and makes it active (activated at
+    /// `now`) when `promote`, else standby.
+    async fn end_trial(
+        &mut self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+}
+
+/// One version of a slug as [`SlugSql::slug_states`] reads it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SlugState {
+    digest: String,
+    state: String,
+    canary_since: Option<DateTime<Utc>>,
+}
+
+/// What activating `digest` does, given its slug's versions: `Ok(())` when it is
+/// standby (activate it); otherwise its stored state (`None` when there is no such
+/// version), and nothing changes.
+fn activation(states: Vec<SlugState>, digest: &str) -> Result<(), Option<String>> {
+    let state = states
+        .into_iter()
+        .find(|s| s.digest == digest)
+        .map(|s| s.state);
+    match state.as_deref() {
+        Some(s) if s == PluginState::Standby.as_str() => Ok(()),
+        _ => Err(state),
+    }
+}
+
+/// Whether `digest` is its slug's canary in the trial that began at `since`.
+fn trial_running(states: &[SlugState], digest: &str, since: DateTime<Utc>) -> bool {
+    states.iter().any(|s| {
+        s.digest == digest
+            && s.state == PluginState::Canary.as_str()
+            && s.canary_since == Some(since)
+    })
 }
 
 /// A `plugin_versions` row without its bytes, as [`VERSION_COLUMNS`] selects it.
@@ -170,7 +213,11 @@ pub(crate) fn version_columns(hosts: &str) -> String {
 }
 
 #[async_trait::async_trait]
-impl<T: PluginVersionsSql> PluginVersions for T {
+impl<T> PluginVersions for T
+where
+    T: PluginVersionsSql + Grouped,
+    Conn<T>: SlugSql,
+{
     async fn insert_plugin_version(&self, version: &NewPluginVersion) -> Result<bool, StoreError> {
         // Activation is `activate_plugin_version`'s (which demotes the slug's other
         // active version and sets `activated_at`).
@@ -199,7 +246,27 @@ impl<T: PluginVersionsSql> PluginVersions for T {
     }
 
     async fn activate_plugin_version(&self, slug: &str, digest: &str) -> Result<bool, StoreError> {
-        match self.activate_if_standby(slug, digest, Utc::now()).await? {
+        let args = Arc::new((slug.to_string(), digest.to_string()));
+        let now = Utc::now();
+        let refused = self
+            .group()
+            .run_alone(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (slug, digest) = &*args;
+                    let states = conn.slug_states(slug).await?;
+                    if let Err(state) = activation(states, digest) {
+                        return Ok(Some(state));
+                    }
+                    // The old active version first: the unique index on active rows
+                    // is checked row by row.
+                    conn.demote_active_in(slug).await?;
+                    conn.set_active(slug, digest, now).await?;
+                    Ok(None)
+                })
+            }))
+            .await?;
+        match refused {
             None => Ok(true),
             // Missing or rejected: nothing to activate. Already active: nothing to change.
             Some(None) => Ok(false),
@@ -253,7 +320,24 @@ impl<T: PluginVersionsSql> PluginVersions for T {
         promote: bool,
         result: &str,
     ) -> Result<bool, StoreError> {
-        self.finish_canary(slug, digest, since, promote, result)
+        let args = Arc::new((slug.to_string(), digest.to_string(), result.to_string()));
+        let now = Utc::now();
+        self.group()
+            .run_alone(Box::new(move |conn| {
+                let args = args.clone();
+                Box::pin(async move {
+                    let (slug, digest, result) = &*args;
+                    let states = conn.slug_states(slug).await?;
+                    if !trial_running(&states, digest, since) {
+                        return Ok(false);
+                    }
+                    if promote {
+                        conn.demote_active_in(slug).await?;
+                    }
+                    conn.end_trial(slug, digest, promote, result, now).await?;
+                    Ok(true)
+                })
+            }))
             .await
     }
 

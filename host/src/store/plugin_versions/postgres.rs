@@ -1,9 +1,13 @@
 //! [`PluginVersionsSql`] on PostgreSQL.
 
-use super::{CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
+use super::{
+    CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, SlugSql, SlugState,
+    version_columns,
+};
 use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
 use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
 
 /// Turns the slug's active version standby (activation, promotion, `demote_active`).
 const DEMOTE_ACTIVE: &str =
@@ -67,53 +71,6 @@ impl PluginVersionsSql for PgStore {
             .map_err(map_err)
     }
 
-    async fn activate_if_standby(
-        &self,
-        slug: &str,
-        digest: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Option<String>>, StoreError> {
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
-        // Every version of the slug, locked (in digest order, the same for every caller,
-        // so two activations cannot deadlock): activations and deactivations of one slug
-        // run one at a time, and each reads the states the one before it committed.
-        let states: Vec<(String, String)> = sqlx::query_as(
-            "SELECT digest, state FROM plugin_versions WHERE slug = $1 \
-             ORDER BY digest FOR UPDATE",
-        )
-        .bind(slug)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let state = states
-            .into_iter()
-            .find(|(d, _)| d == digest)
-            .map(|(_, state)| state);
-        if state.as_deref() != Some(super::PluginState::Standby.as_str()) {
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(Some(state));
-        }
-        // The old active version first: the unique index on active rows is checked row
-        // by row.
-        sqlx::query(DEMOTE_ACTIVE)
-            .bind(slug)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        sqlx::query(
-            "UPDATE plugin_versions SET state = 'active', activated_at = $3 \
-             WHERE slug = $1 AND digest = $2",
-        )
-        .bind(slug)
-        .bind(digest)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(None)
-    }
-
     async fn demote_active(&self, slug: &str) -> Result<bool, StoreError> {
         let changed = sqlx::query(DEMOTE_ACTIVE)
             .bind(slug)
@@ -160,40 +117,67 @@ impl PluginVersionsSql for PgStore {
         Ok(changed == 1)
     }
 
-    async fn finish_canary(
-        &self,
-        slug: &str,
-        digest: &str,
-        since: DateTime<Utc>,
-        promote: bool,
-        result: &str,
-    ) -> Result<bool, StoreError> {
-        let now = Utc::now();
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
-        // Locked as activation locks them (digest order): a promotion and an
-        // activation of the same slug run one at a time.
-        let states: Vec<(String, String, Option<DateTime<Utc>>)> = sqlx::query_as(
+    async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError> {
+        // Served by the partial index `plugin_versions_canary` (0012_plugin_canary.sql).
+        sqlx::query_as(
+            "SELECT slug, digest, canary_percent AS percent, canary_since AS since \
+             FROM plugin_versions WHERE state = 'canary' ORDER BY slug",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(map_err)
+    }
+}
+
+#[async_trait::async_trait]
+impl SlugSql for PgConnection {
+    async fn slug_states(&mut self, slug: &str) -> Result<Vec<SlugState>, StoreError> {
+        sqlx::query_as(
             "SELECT digest, state, canary_since FROM plugin_versions WHERE slug = $1 \
              ORDER BY digest FOR UPDATE",
         )
         .bind(slug)
-        .fetch_all(&mut *tx)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn demote_active_in(&mut self, slug: &str) -> Result<(), StoreError> {
+        sqlx::query(DEMOTE_ACTIVE)
+            .bind(slug)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_active(
+        &mut self,
+        slug: &str,
+        digest: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE plugin_versions SET state = 'active', activated_at = $3 \
+             WHERE slug = $1 AND digest = $2",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(now)
+        .execute(self)
         .await
         .map_err(map_err)?;
-        let running = states.iter().any(|(d, s, began)| {
-            d == digest && s == super::PluginState::Canary.as_str() && *began == Some(since)
-        });
-        if !running {
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(false);
-        }
-        if promote {
-            sqlx::query(DEMOTE_ACTIVE)
-                .bind(slug)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
+        Ok(())
+    }
+
+    async fn end_trial(
+        &mut self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE plugin_versions SET state = $3, canary_percent = NULL, canary_since = NULL, \
              canary_result = $4, activated_at = CASE WHEN $3 = 'active' THEN $5 ELSE activated_at END \
@@ -204,21 +188,9 @@ impl PluginVersionsSql for PgStore {
         .bind(if promote { "active" } else { "standby" })
         .bind(result)
         .bind(now)
-        .execute(&mut *tx)
+        .execute(self)
         .await
         .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(true)
-    }
-
-    async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError> {
-        // Served by the partial index `plugin_versions_canary` (0012_plugin_canary.sql).
-        sqlx::query_as(
-            "SELECT slug, digest, canary_percent AS percent, canary_since AS since \
-             FROM plugin_versions WHERE state = 'canary' ORDER BY slug",
-        )
-        .fetch_all(self.pool())
-        .await
-        .map_err(map_err)
+        Ok(())
     }
 }

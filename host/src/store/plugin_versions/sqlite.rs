@@ -1,9 +1,17 @@
 //! [`PluginVersionsSql`] on SQLite. Timestamps are bound in the stored text form.
 
-use super::{CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, version_columns};
+use super::{
+    CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, SlugSql, SlugState,
+    version_columns,
+};
 use crate::store::StoreError;
 use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
 use chrono::{DateTime, Utc};
+use sqlx::SqliteConnection;
+
+/// Turns the slug's active version standby (`demote_active`, activation, promotion).
+const DEMOTE_ACTIVE: &str =
+    "UPDATE plugin_versions SET state = 'standby' WHERE slug = ? AND state = 'active'";
 
 #[async_trait::async_trait]
 impl PluginVersionsSql for SqliteStore {
@@ -58,59 +66,9 @@ impl PluginVersionsSql for SqliteStore {
             .map_err(map_err)
     }
 
-    async fn activate_if_standby(
-        &self,
-        slug: &str,
-        digest: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Option<String>>, StoreError> {
-        // The first statement writes, so BEGIN (deferred) takes the write lock through
-        // the busy handler and activations run one at a time. The slug's other active
-        // version goes standby first (the unique index on active rows is checked row
-        // by row), and only when this version is standby, i.e. can be activated.
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
-        sqlx::query(
-            "UPDATE plugin_versions SET state = 'standby' \
-             WHERE slug = ?1 AND state = 'active' AND digest <> ?2 AND EXISTS ( \
-             SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 AND state = 'standby')",
-        )
-        .bind(slug)
-        .bind(digest)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let activated = sqlx::query(
-            "UPDATE plugin_versions SET state = 'active', activated_at = ?3 \
-             WHERE slug = ?1 AND digest = ?2 AND state = 'standby'",
-        )
-        .bind(slug)
-        .bind(digest)
-        .bind(encode_timestamp(&now))
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        if activated == 1 {
-            tx.commit().await.map_err(map_err)?;
-            return Ok(None);
-        }
-        // Nothing was written: say why.
-        let state: Option<String> =
-            sqlx::query_scalar("SELECT state FROM plugin_versions WHERE slug = ? AND digest = ?")
-                .bind(slug)
-                .bind(digest)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        tx.rollback().await.map_err(map_err)?;
-        Ok(Some(state))
-    }
-
     async fn demote_active(&self, slug: &str) -> Result<bool, StoreError> {
-        let changed = sqlx::query(
-            "UPDATE plugin_versions SET state = 'standby' WHERE slug = ? AND state = 'active'",
-        )
-        .bind(slug)
+        let changed = sqlx::query(DEMOTE_ACTIVE)
+            .bind(slug)
         .execute(self.pool())
         .await
         .map_err(map_err)?
@@ -153,51 +111,6 @@ impl PluginVersionsSql for SqliteStore {
         Ok(changed == 1)
     }
 
-    async fn finish_canary(
-        &self,
-        slug: &str,
-        digest: &str,
-        since: DateTime<Utc>,
-        promote: bool,
-        result: &str,
-    ) -> Result<bool, StoreError> {
-        let (now, since) = (encode_timestamp(&Utc::now()), encode_timestamp(&since));
-        // The first statement writes, so the transaction holds the write lock from it
-        // on. The active version is demoted only when this trial is running.
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
-        if promote {
-            sqlx::query(
-                "UPDATE plugin_versions SET state = 'standby' \
-                 WHERE slug = ?1 AND state = 'active' AND EXISTS ( \
-                 SELECT 1 FROM plugin_versions WHERE slug = ?1 AND digest = ?2 \
-                 AND state = 'canary' AND canary_since = ?3)",
-            )
-            .bind(slug)
-            .bind(digest)
-            .bind(since.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        let changed = sqlx::query(
-            "UPDATE plugin_versions SET state = ?3, canary_percent = NULL, canary_since = NULL, \
-             canary_result = ?4, activated_at = CASE WHEN ?3 = 'active' THEN ?5 ELSE activated_at END \
-             WHERE slug = ?1 AND digest = ?2 AND state = 'canary' AND canary_since = ?6",
-        )
-        .bind(slug)
-        .bind(digest)
-        .bind(if promote { "active" } else { "standby" })
-        .bind(result)
-        .bind(now.as_str())
-        .bind(since.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        tx.commit().await.map_err(map_err)?;
-        Ok(changed == 1)
-    }
-
     async fn canary_rows(&self) -> Result<Vec<CanaryTrial>, StoreError> {
         // Served by the partial index `plugin_versions_canary` (0012_plugin_canary.sql).
         sqlx::query_as(
@@ -207,5 +120,72 @@ impl PluginVersionsSql for SqliteStore {
         .fetch_all(self.pool())
         .await
         .map_err(map_err)
+    }
+}
+
+/// No row locks: the batch holds SQLite's one write lock from its start.
+#[async_trait::async_trait]
+impl SlugSql for SqliteConnection {
+    async fn slug_states(&mut self, slug: &str) -> Result<Vec<SlugState>, StoreError> {
+        sqlx::query_as(
+            "SELECT digest, state, canary_since FROM plugin_versions WHERE slug = ? \
+             ORDER BY digest",
+        )
+        .bind(slug)
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn demote_active_in(&mut self, slug: &str) -> Result<(), StoreError> {
+        sqlx::query(DEMOTE_ACTIVE)
+            .bind(slug)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_active(
+        &mut self,
+        slug: &str,
+        digest: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE plugin_versions SET state = 'active', activated_at = ?3 \
+             WHERE slug = ?1 AND digest = ?2",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(encode_timestamp(&now))
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn end_trial(
+        &mut self,
+        slug: &str,
+        digest: &str,
+        promote: bool,
+        result: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE plugin_versions SET state = ?3, canary_percent = NULL, canary_since = NULL, \
+             canary_result = ?4, activated_at = CASE WHEN ?3 = 'active' THEN ?5 ELSE activated_at END \
+             WHERE slug = ?1 AND digest = ?2",
+        )
+        .bind(slug)
+        .bind(digest)
+        .bind(if promote { "active" } else { "standby" })
+        .bind(result)
+        .bind(encode_timestamp(&now))
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
     }
 }

@@ -687,3 +687,35 @@ async fn trial_since(store: &dyn Store, slug: &str) -> DateTime<Utc> {
         .unwrap()
         .since
 }
+
+#[test]
+fn only_a_standby_version_is_activated_and_only_a_running_trial_ends() {
+    use super::{SlugState, activation, trial_running};
+    let since = chrono::Utc::now();
+    let states = || {
+        vec![
+            SlugState {
+                digest: "a".into(),
+                state: "active".into(),
+                canary_since: None,
+            },
+            SlugState {
+                digest: "b".into(),
+                state: "standby".into(),
+                canary_since: None,
+            },
+            SlugState {
+                digest: "c".into(),
+                state: "canary".into(),
+                canary_since: Some(since),
+            },
+        ]
+    };
+    assert_eq!(activation(states(), "b"), Ok(()));
+    assert_eq!(activation(states(), "a"), Err(Some("active".into())));
+    assert_eq!(activation(states(), "c"), Err(Some("canary".into())));
+    assert_eq!(activation(states(), "z"), Err(None));
+    assert!(trial_running(&states(), "c", since));
+    assert!(!trial_running(&states(), "c", since + chrono::Duration::seconds(1)));
+    assert!(!trial_running(&states(), "b", since));
+}
