@@ -16,7 +16,7 @@ use crate::announce::Announcer;
 use crate::crypto::constant_time_eq;
 use crate::ids::ApiKeyId;
 use crate::model::{ApiKeyRecord, KeyMode, NewApiKey};
-use crate::store::{Store, StoreError};
+use crate::store::{StoreError, Tenancy};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
@@ -109,7 +109,7 @@ pub fn parse_bearer(header: Option<&str>) -> Result<&str, AuthError> {
 
 /// Resolves bearer keys to their records, with a short-lived cache.
 pub struct Authenticator {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Tenancy>,
     cache: Mutex<HashMap<[u8; 32], (ApiKeyRecord, Instant)>>,
     revoked: Mutex<HashSet<[u8; 32]>>,
     revocation_cursor: Mutex<i64>,
@@ -117,7 +117,7 @@ pub struct Authenticator {
 
 impl Authenticator {
     /// An authenticator over `store`; call [`Authenticator::poll_revocations`] regularly.
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn Tenancy>) -> Self {
         Self {
             store,
             cache: Mutex::new(HashMap::new()),
@@ -255,7 +255,7 @@ impl Authenticator {
 /// no such active key. A serving process revokes through
 /// [`Authenticator::revoke`], which also refuses the key itself at once.
 pub async fn revoke(
-    store: &dyn Store,
+    store: &dyn Tenancy,
     id: &ApiKeyId,
     announcer: Option<&Announcer>,
 ) -> Result<bool, StoreError> {

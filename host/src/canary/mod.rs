@@ -29,7 +29,7 @@ use crate::circuits::{CircuitStore, Key, Outcome, Tally};
 use crate::config::CanaryConfig;
 use crate::plugins::registry::Registry;
 pub use crate::plugins::trial::{Arm, Trial, arm_of, takes_canary};
-use crate::store::{CanaryTrial, PluginVersions, Store};
+use crate::store::{CanaryTrial, PluginVersions};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -191,7 +191,7 @@ impl Canaries {
     /// trial this process ended.
     pub async fn judge_once(
         &self,
-        store: &dyn Store,
+        store: &dyn PluginVersions,
         announcer: &Announcer,
     ) -> Result<Vec<String>, String> {
         // The trials this process serves (its registry follows the store); ending one
@@ -236,7 +236,7 @@ impl Canaries {
     /// [`Self::judge_once`] every [`JUDGE_EVERY`] until `stop` turns true.
     pub async fn judge_forever(
         self: Arc<Self>,
-        store: Arc<dyn Store>,
+        store: Arc<dyn PluginVersions>,
         announcer: Announcer,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {

@@ -29,7 +29,7 @@ use crate::broker::{ConsumerSettings, Delivery, StreamClass, WorkQueue};
 use crate::config::WebhookEndpointsConfig;
 use crate::ids::{EndpointId, WebhookDeliveryId};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::Outbound;
 use crate::store::outbound::{EndpointHealth, OutboundAttempt, OutboundStatus, Publication};
 use chrono::Utc;
 use futures::StreamExt;
@@ -62,7 +62,7 @@ enum Next {
 
 /// Tries delivery events at their endpoints.
 pub struct Dispatcher {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Outbound>,
     queue: Arc<dyn WorkQueue>,
     settings: ConsumerSettings,
     sender: Sender,
@@ -112,7 +112,7 @@ struct Gate {
 impl Dispatcher {
     /// A dispatcher over these backends, posting with `sender`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Outbound>,
         queue: Arc<dyn WorkQueue>,
         settings: ConsumerSettings,
         sender: Sender,

@@ -13,7 +13,7 @@
 use crate::broker::{Broker, Publish, StreamClass, StreamNames};
 use crate::metrics::Metrics;
 use crate::store::outbound::Publication;
-use crate::store::{Store, StoreError};
+use crate::store::{Outbound, StoreError};
 use chrono::Utc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +35,7 @@ const STALE_EVERY: Duration = Duration::from_secs(30);
 /// Publishes due deliveries to the webhooks stream, and deletes finished ones once
 /// they are older than the retention.
 pub struct Relay {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Outbound>,
     broker: Arc<dyn Broker>,
     streams: StreamNames,
     metrics: Arc<Metrics>,
@@ -46,7 +46,7 @@ pub struct Relay {
 impl Relay {
     /// A relay over these backends, keeping finished deliveries for `retention`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Outbound>,
         broker: Arc<dyn Broker>,
         streams: StreamNames,
         metrics: Arc<Metrics>,

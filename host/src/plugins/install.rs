@@ -8,7 +8,7 @@
 
 use super::conformance::{self, KitOptions};
 use super::runtime::{Grants, PluginRuntime};
-use crate::store::{NewPluginVersion, PluginState, Store};
+use crate::store::{NewPluginVersion, PluginState, PluginVersions};
 use sha2::{Digest, Sha256};
 
 /// The runtime the conformance kit runs in before an install (and for `plugin
@@ -75,7 +75,7 @@ pub enum InstallOutcome {
 /// `canary`, starts its trial. Installing a running canary again without `canary`
 /// promotes it at once.
 pub async fn install(
-    store: &dyn Store,
+    store: &dyn PluginVersions,
     runtime: &PluginRuntime,
     wasm: &[u8],
     installed_by: &str,
@@ -215,7 +215,7 @@ pub async fn install(
 
 /// Makes the stored version a canary, or says why it cannot be one.
 async fn start_canary(
-    store: &dyn Store,
+    store: &dyn PluginVersions,
     slug: String,
     version: String,
     digest: String,
@@ -261,7 +261,7 @@ async fn start_canary(
 ///
 /// [`StoreError::Conflict`]: crate::store::StoreError::Conflict
 pub async fn rollback(
-    store: &dyn Store,
+    store: &dyn PluginVersions,
     slug: &str,
     expected: Option<&str>,
 ) -> anyhow::Result<String> {
@@ -373,7 +373,7 @@ pub fn render_versions(versions: &[crate::store::PluginVersion]) -> String {
 /// `<file>.rejected.txt` beside it with the reason.
 pub async fn watch_dir(
     dir: std::path::PathBuf,
-    store: std::sync::Arc<dyn Store>,
+    store: std::sync::Arc<dyn PluginVersions>,
     registry: std::sync::Arc<super::registry::Registry>,
     announcer: crate::announce::Announcer,
     runtime: PluginRuntime,

@@ -178,7 +178,7 @@ impl Registry {
     /// and swapped in; a slug whose installed version is no longer active goes back to
     /// its base plugin. Returns the slugs swapped. A version that fails to load is
     /// logged and skipped (the slug keeps what it had), and tried again next time.
-    pub async fn sync(&self, store: &dyn crate::store::Store) -> anyhow::Result<Vec<String>> {
+    pub async fn sync(&self, store: &dyn crate::store::PluginVersions) -> anyhow::Result<Vec<String>> {
         let _one_at_a_time = self.syncing.lock().await;
         let active: BTreeMap<String, String> =
             store.active_plugin_versions().await?.into_iter().collect();
@@ -229,7 +229,7 @@ impl Registry {
     /// Loads the running canaries that are new or changed, and drops the ended ones.
     async fn sync_canaries(
         &self,
-        store: &dyn crate::store::Store,
+        store: &dyn crate::store::PluginVersions,
         swapped: &mut Vec<String>,
     ) -> anyhow::Result<()> {
         let trials = store.canary_plugin_versions().await?;
@@ -275,7 +275,7 @@ impl Registry {
     /// this process does not trust, or one that fails to load (tried again next time).
     async fn load_version(
         &self,
-        store: &dyn crate::store::Store,
+        store: &dyn crate::store::PluginVersions,
         slug: &str,
         digest: &str,
     ) -> anyhow::Result<Option<(Plugin, String)>> {
@@ -356,7 +356,7 @@ impl Registry {
     /// effort; polling is the safety net).
     pub async fn follow(
         self: std::sync::Arc<Self>,
-        store: std::sync::Arc<dyn crate::store::Store>,
+        store: std::sync::Arc<dyn crate::store::PluginVersions>,
         announcer: crate::announce::Announcer,
         every: std::time::Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,

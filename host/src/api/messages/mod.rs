@@ -14,7 +14,7 @@ use crate::model::{
     MessageCursor, MessageFilter, MessageRecord, MessageStatus, StepStatus, TimelineEntry,
 };
 use crate::routing::Channel;
-use crate::store::Store;
+use crate::store::Queries;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::routing::get;
@@ -571,7 +571,7 @@ pub async fn get_event(
 /// the event id as given: 400 for a malformed id, 404 when the workspace has no such
 /// event.
 pub async fn message_with_timeline(
-    store: &dyn Store,
+    store: &dyn Queries,
     workspace: &WorkspaceId,
     raw_id: &str,
 ) -> Result<MessageDto, ApiError> {
@@ -620,7 +620,7 @@ pub async fn list_messages(
 /// One page of `workspace`'s messages for a validated query: 400 for a cursor that
 /// is malformed or was issued for other filters.
 pub async fn list_page(
-    store: &dyn Store,
+    store: &dyn Queries,
     workspace: &WorkspaceId,
     query: &ListQuery,
 ) -> Result<ListMessagesResponse, ApiError> {
