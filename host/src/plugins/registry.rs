@@ -178,7 +178,10 @@ impl Registry {
     /// and swapped in; a slug whose installed version is no longer active goes back to
     /// its base plugin. Returns the slugs swapped. A version that fails to load is
     /// logged and skipped (the slug keeps what it had), and tried again next time.
-    pub async fn sync(&self, store: &dyn crate::store::PluginVersions) -> anyhow::Result<Vec<String>> {
+    pub async fn sync(
+        &self,
+        store: &dyn crate::store::PluginVersions,
+    ) -> anyhow::Result<Vec<String>> {
         let _one_at_a_time = self.syncing.lock().await;
         let active: BTreeMap<String, String> =
             store.active_plugin_versions().await?.into_iter().collect();

@@ -258,23 +258,9 @@ impl Dispatcher {
         if open.is_empty() {
             return HashMap::new();
         }
-        let mut keys = Vec::new();
-        for channel in &envelope.channels {
-            let ch = channel.as_str();
-            let slugs: Vec<&str> = match routes.get(ch) {
-                Some(route) => route.iter().map(|r| r.provider.as_str()).collect(),
-                None => defaults
-                    .get(ch)
-                    .map(|d| d.iter().map(String::as_str).collect())
-                    .unwrap_or_default(),
-            };
-            for slug in slugs {
-                let key = (slug.to_string(), ch.to_string());
-                if open.contains_key(&key) {
-                    keys.push(key);
-                }
-            }
-        }
+        let keys = plan::open_circuits(&envelope.channels, routes, defaults, |key| {
+            open.contains_key(key)
+        });
         self.circuits.verdicts(&keys).await
     }
 

@@ -117,6 +117,34 @@ struct Planner<'c, 'a> {
     tried: Vec<String>,
 }
 
+/// The `(provider, channel)` pairs among the routes of `channels` (the workspace's,
+/// else the defaults) whose circuit `is_open`.
+pub(super) fn open_circuits(
+    channels: &[Channel],
+    routes: &BTreeMap<String, Vec<ProviderRoute>>,
+    defaults: &BTreeMap<String, Vec<String>>,
+    is_open: impl Fn(&(String, String)) -> bool,
+) -> Vec<(String, String)> {
+    let mut keys = Vec::new();
+    for channel in channels {
+        let ch = channel.as_str();
+        let slugs: Vec<&str> = match routes.get(ch) {
+            Some(route) => route.iter().map(|r| r.provider.as_str()).collect(),
+            None => defaults
+                .get(ch)
+                .map(|d| d.iter().map(String::as_str).collect())
+                .unwrap_or_default(),
+        };
+        for slug in slugs {
+            let key = (slug.to_string(), ch.to_string());
+            if is_open(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    keys
+}
+
 /// The next action of a delivery that is not dispatched yet, given the attempts
 /// recorded so far and whether its subscriber is erased.
 pub(super) fn next(ctx: &Context<'_>, erased: bool, attempts: &[AttemptRecord]) -> Action {

@@ -322,3 +322,27 @@ fn contacts_and_credentials_are_scrubbed_from_details() {
     assert_eq!(out, "bad key *** for AC1");
     assert_eq!(scrub("x", None, None, &[]), "x");
 }
+
+#[test]
+fn open_circuits_are_looked_up_on_the_routes_of_the_events_channels() {
+    let route = |slug: &str| ProviderRoute {
+        provider: slug.into(),
+        config: BTreeMap::new(),
+    };
+    let routes = BTreeMap::from([("email".to_string(), vec![route("a"), route("b")])]);
+    let defaults = BTreeMap::from([
+        ("email".to_string(), vec!["d".to_string()]),
+        ("sms".to_string(), vec!["s".to_string(), "b".to_string()]),
+    ]);
+    let open = |k: &(String, String)| k.0 != "a";
+    // The workspace's email route replaces the default one; sms has only the default.
+    assert_eq!(
+        open_circuits(&[Channel::Email, Channel::Sms], &routes, &defaults, open),
+        vec![
+            ("b".to_string(), "email".to_string()),
+            ("s".to_string(), "sms".to_string()),
+            ("b".to_string(), "sms".to_string()),
+        ]
+    );
+    assert!(open_circuits(&[Channel::Push], &routes, &defaults, open).is_empty());
+}

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 /// Reads the preferences of a gathering of deliveries in one statement; when that
 /// fails, each subscriber's alone, so one unreadable row fails only its own delivery.
-pub(super) fn reader(store: Arc<dyn SubscriberPreferences>) -> BatchFn<(WorkspaceId, String), Preferences> {
+pub(super) fn reader(
+    store: Arc<dyn SubscriberPreferences>,
+) -> BatchFn<(WorkspaceId, String), Preferences> {
     Arc::new(move |keys| {
         let store = store.clone();
         Box::pin(async move {

@@ -69,10 +69,10 @@ impl PluginVersionsSql for SqliteStore {
     async fn demote_active(&self, slug: &str) -> Result<bool, StoreError> {
         let changed = sqlx::query(DEMOTE_ACTIVE)
             .bind(slug)
-        .execute(self.pool())
-        .await
-        .map_err(map_err)?
-        .rows_affected();
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?
+            .rows_affected();
         Ok(changed > 0)
     }
 

@@ -716,6 +716,10 @@ fn only_a_standby_version_is_activated_and_only_a_running_trial_ends() {
     assert_eq!(activation(states(), "c"), Err(Some("canary".into())));
     assert_eq!(activation(states(), "z"), Err(None));
     assert!(trial_running(&states(), "c", since));
-    assert!(!trial_running(&states(), "c", since + chrono::Duration::seconds(1)));
+    assert!(!trial_running(
+        &states(),
+        "c",
+        since + chrono::Duration::seconds(1)
+    ));
     assert!(!trial_running(&states(), "b", since));
 }
