@@ -23,10 +23,6 @@ use std::time::Duration;
 /// database unavailable: short, so that health checks and requests fail fast.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How long a pooled connection may have been idle and still be handed out without a
-/// ping first (it was pinged when it was given back).
-const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
-
 /// Longest interval bound in SQL (1,000 years): a larger lease or audit window would
 /// push `now() ± interval` out of PostgreSQL's timestamp range.
 const MAX_INTERVAL_MICROS: i64 = 1_000 * 366 * 86_400 * 1_000_000;
@@ -125,19 +121,6 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            // sqlx pings a connection when it is given back; pinging it again when it
-            // is handed out is one more round trip per read on the delivery path (the
-            // preferences of each batch). Only a connection idle for a while, which a
-            // restart of the server may have cut since, is pinged first.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_BEFORE_PING {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
             .connect_with(options)
             .await
             .map_err(map_err)?;

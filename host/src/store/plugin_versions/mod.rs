@@ -9,9 +9,10 @@
 //! which each backend implements with SQL and bindings only. An activation or the end
 //! of a trial reads the slug's versions and changes them in one batch of its own of the
 //! store's group commit ([`GroupCommit::run_alone`](crate::store::group::GroupCommit::run_alone)):
-//! PostgreSQL locks the slug's rows as it reads them, SQLite's batch holds its one
-//! write lock from the start; either way such changes of one slug run one at a time,
-//! each on the states the one before it committed.
+//! PostgreSQL locks the slug's rows as it reads them (waiting at most 2 s for them),
+//! SQLite's batch holds its one write lock from the start; either way such changes of
+//! one slug run one at a time, each on the states the one before it committed. Once
+//! queued, such a change runs to its end even if its caller has stopped waiting.
 
 use super::StoreError;
 use crate::plugins::PluginKind;

@@ -132,6 +132,13 @@ impl PluginVersionsSql for PgStore {
 #[async_trait::async_trait]
 impl SlugSql for PgConnection {
     async fn slug_states(&mut self, slug: &str) -> Result<Vec<SlugState>, StoreError> {
+        // The batch runs on one of the group commit's lanes, which a lock held elsewhere
+        // (an operator's session, say) must not stop for long: past this the change
+        // fails as unavailable, to be tried again.
+        sqlx::query("SET LOCAL lock_timeout = '2s'")
+            .execute(&mut *self)
+            .await
+            .map_err(map_err)?;
         sqlx::query_as(
             "SELECT digest, state, canary_since FROM plugin_versions WHERE slug = $1 \
              ORDER BY digest FOR UPDATE",
