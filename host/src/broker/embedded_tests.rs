@@ -31,11 +31,8 @@ async fn setup_twice_is_fine_and_connected_is_true() {
     )
     .await
     .expect("open");
-    broker.setup().await.expect("first setup");
-    broker.setup().await.expect("second setup");
-    assert!(broker.connected());
+    shared::setup_twice_is_fine(&broker).await;
     assert_eq!(broker.len("NOTIFY_CRITICAL").await.expect("len"), 0);
-    assert!(broker.publish_batch(&[]).await.is_empty());
 }
 
 #[tokio::test]
@@ -667,4 +664,11 @@ async fn subscribers_on_one_durable_share_the_messages() {
     let (_dir, broker) = open_temp().await;
     let names = broker.names().clone();
     shared::subscribers_on_one_durable_share_the_messages(&broker, &names, 300).await;
+}
+
+#[tokio::test]
+async fn a_repeated_id_is_accepted_and_delivered_once() {
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    shared::a_repeated_id_is_accepted_and_delivered_once(&broker, &names).await;
 }

@@ -75,8 +75,7 @@ fn assert_all_ok(results: &[Result<(), BrokerError>]) {
 async fn connected_after_connect_and_setup_twice_is_fine() {
     isolated(|broker| async move {
         assert!(broker.connected());
-        broker.setup().await.expect("first setup");
-        broker.setup().await.expect("second setup");
+        shared::setup_twice_is_fine(&broker).await;
 
         let names = broker.names().clone();
         for (stream, class) in [(&names.critical, "critical"), (&names.bulk, "bulk")] {
@@ -726,4 +725,14 @@ fn acks_flushed_before_the_process_ends_all_reach_the_server() {
         let left = eventually_count(&broker.js, &broker.names().critical, 0).await;
         assert_eq!(left, 0, "acks queued at the end never reached the server");
     }));
+}
+
+#[tokio::test]
+async fn a_repeated_id_is_accepted_and_delivered_once() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        shared::a_repeated_id_is_accepted_and_delivered_once(&broker, &names).await;
+    })
+    .await;
 }

@@ -337,3 +337,56 @@ pub(crate) async fn subscribers_on_one_durable_share_the_messages<B: Broker + Wo
     let delivered: Vec<String> = seen.keys().cloned().collect();
     assert_eq!(delivered, payloads);
 }
+
+/// Setting up twice is harmless, the broker says it is connected, and an empty batch
+/// publishes nothing. Each backend then checks what setup made.
+pub(crate) async fn setup_twice_is_fine<B: Broker + WorkQueue>(broker: &B) {
+    broker.setup().await.expect("first setup");
+    broker.setup().await.expect("second setup");
+    assert!(broker.connected());
+    assert!(broker.publish_batch(&[]).await.is_empty());
+}
+
+/// A message id published again, in the same batch or a later one (a client's retry),
+/// is accepted and stored once: each stream delivers its first copy once, in the
+/// order published, and nothing after it.
+pub(crate) async fn a_repeated_id_is_accepted_and_delivered_once<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) {
+    let batch = vec![
+        message(names, StreamClass::Bulk, "email", "evt-1", "one"),
+        message(names, StreamClass::Critical, "sms", "evt-2", "two"),
+        message(names, StreamClass::Bulk, "sms", "evt-3", "three"),
+        message(names, StreamClass::Bulk, "email", "evt-1", "one again"),
+    ];
+    let results = broker.publish_batch(&batch).await;
+    assert_eq!(results.len(), 4);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let results = broker.publish_batch(&batch[..2]).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    let expected = [
+        (StreamClass::Bulk, vec![("email", "one"), ("sms", "three")]),
+        (StreamClass::Critical, vec![("sms", "two")]),
+    ];
+    for (class, messages) in expected {
+        let mut deliveries = broker
+            .subscribe(class, &settings("workers", Duration::from_secs(30)), 16)
+            .await
+            .expect("subscribe");
+        for (channel, payload) in messages {
+            let delivery = next_delivery(&mut deliveries).await;
+            assert_eq!(delivery.subject, names.subject(class, channel));
+            assert_eq!(delivery.payload, Bytes::from(payload));
+            assert_eq!(delivery.delivered, 1);
+            delivery.settle.ack().await.expect("ack");
+        }
+        assert!(
+            next_within(&mut deliveries, Duration::from_millis(300))
+                .await
+                .is_none(),
+            "{class:?}: a repeated id was delivered again"
+        );
+    }
+}
