@@ -8,6 +8,7 @@ use super::{DeliveryCount, MinuteCount, StoreError, decode_json};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageCursor, MessageFilter, MessageRecord, StepStatus, TimelineEntry};
 use chrono::{DateTime, Utc};
+use sqlx::QueryBuilder;
 
 mod postgres;
 mod sqlite;
@@ -131,6 +132,58 @@ pub(crate) trait QueriesSql: Send + Sync {
         workspace: &WorkspaceId,
         since: DateTime<Utc>,
     ) -> Result<Vec<MinuteRow>, StoreError>;
+}
+
+/// The query of a message page ([`QueriesSql::page_rows`]), written once: only the
+/// filters given go into the SQL, so that the planner can pick the matching
+/// (workspace, filter, created_at, event_id) index. A backend gives its form of a bound
+/// timestamp (`at`) and the condition "strictly before the cursor's (`created_at`,
+/// `event_id`)" (`before`), which it is given the cursor's two values to bind.
+pub(crate) fn page_query<'a, DB, T>(
+    columns: &str,
+    workspace: &'a WorkspaceId,
+    filter: &'a MessageFilter,
+    after: Option<&'a MessageCursor>,
+    limit: u32,
+    at: impl Fn(&DateTime<Utc>) -> T,
+    before: impl FnOnce(&mut QueryBuilder<'a, DB>, T, &'a str),
+) -> QueryBuilder<'a, DB>
+where
+    DB: sqlx::Database,
+    <DB as sqlx::Database>::Arguments<'a>: Default,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    T: 'a + sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    let mut query = QueryBuilder::new(format!(
+        "SELECT {columns} FROM messages WHERE workspace_id = "
+    ));
+    query.push_bind(workspace.as_str());
+    if let Some(status) = filter.status {
+        query.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(channel) = &filter.channel {
+        query.push(" AND channel = ").push_bind(channel.as_str());
+    }
+    if let Some(subscriber) = &filter.subscriber_id {
+        query
+            .push(" AND subscriber_id = ")
+            .push_bind(subscriber.as_str());
+    }
+    if let Some(from) = &filter.from {
+        query.push(" AND created_at >= ").push_bind(at(from));
+    }
+    if let Some(to) = &filter.to {
+        query.push(" AND created_at <= ").push_bind(at(to));
+    }
+    if let Some(cursor) = after {
+        query.push(" AND ");
+        before(&mut query, at(&cursor.created_at), cursor.event_id.as_str());
+    }
+    query
+        .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
+        .push_bind(i64::from(limit));
+    query
 }
 
 impl TryFrom<MessageRow> for MessageRecord {

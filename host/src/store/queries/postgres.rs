@@ -50,40 +50,22 @@ impl QueriesSql for PgStore {
         after: Option<&MessageCursor>,
         limit: u32,
     ) -> Result<Vec<MessageRow>, StoreError> {
-        // Only the filters given go into the SQL, so that the planner can pick the
-        // matching (workspace, filter, created_at, event_id) index.
-        let mut query: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = "
-        ));
-        query.push_bind(workspace.as_str());
-        if let Some(status) = filter.status {
-            query.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(channel) = &filter.channel {
-            query.push(" AND channel = ").push_bind(channel.as_str());
-        }
-        if let Some(subscriber) = &filter.subscriber_id {
-            query
-                .push(" AND subscriber_id = ")
-                .push_bind(subscriber.as_str());
-        }
-        if let Some(from) = filter.from {
-            query.push(" AND created_at >= ").push_bind(from);
-        }
-        if let Some(to) = filter.to {
-            query.push(" AND created_at <= ").push_bind(to);
-        }
-        if let Some(cursor) = after {
-            query
-                .push(" AND (created_at, event_id) < (")
-                .push_bind(cursor.created_at)
-                .push(", ")
-                .push_bind(cursor.event_id.as_str())
-                .push(")");
-        }
-        query
-            .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
-            .push_bind(i64::from(limit));
+        let mut query: QueryBuilder<Postgres> = super::page_query(
+            MESSAGE_COLUMNS,
+            workspace,
+            filter,
+            after,
+            limit,
+            |at| *at,
+            |query, at, event| {
+                query
+                    .push("(created_at, event_id) < (")
+                    .push_bind(at)
+                    .push(", ")
+                    .push_bind(event)
+                    .push(")");
+            },
+        );
         query
             .build_query_as()
             .fetch_all(self.pool())

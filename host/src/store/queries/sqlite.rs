@@ -54,45 +54,24 @@ impl QueriesSql for SqliteStore {
         after: Option<&MessageCursor>,
         limit: u32,
     ) -> Result<Vec<MessageRow>, StoreError> {
-        let mut query = QueryBuilder::<Sqlite>::new(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = "
-        ));
-        query.push_bind(workspace.as_str());
-        if let Some(status) = filter.status {
-            query.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(channel) = &filter.channel {
-            query.push(" AND channel = ").push_bind(channel.as_str());
-        }
-        if let Some(subscriber) = &filter.subscriber_id {
-            query
-                .push(" AND subscriber_id = ")
-                .push_bind(subscriber.as_str());
-        }
-        if let Some(from) = &filter.from {
-            query
-                .push(" AND created_at >= ")
-                .push_bind(encode_timestamp(from));
-        }
-        if let Some(to) = &filter.to {
-            query
-                .push(" AND created_at <= ")
-                .push_bind(encode_timestamp(to));
-        }
-        if let Some(cursor) = after {
-            let at = encode_timestamp(&cursor.created_at);
-            query
-                .push(" AND (created_at < ")
-                .push_bind(at.clone())
-                .push(" OR (created_at = ")
-                .push_bind(at)
-                .push(" AND event_id < ")
-                .push_bind(cursor.event_id.as_str())
-                .push("))");
-        }
-        query
-            .push(" ORDER BY created_at DESC, event_id DESC LIMIT ")
-            .push_bind(i64::from(limit));
+        let mut query: QueryBuilder<Sqlite> = super::page_query(
+            MESSAGE_COLUMNS,
+            workspace,
+            filter,
+            after,
+            limit,
+            encode_timestamp,
+            |query, at, event| {
+                query
+                    .push("(created_at < ")
+                    .push_bind(at.clone())
+                    .push(" OR (created_at = ")
+                    .push_bind(at)
+                    .push(" AND event_id < ")
+                    .push_bind(event)
+                    .push("))");
+            },
+        );
         // Not cached: the text varies with the filters given.
         query
             .build_query_as()
