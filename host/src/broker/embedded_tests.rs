@@ -80,43 +80,11 @@ async fn order_is_preserved_and_duplicates_ignored() {
     assert_eq!(critical[0].3, b"two");
 }
 
-/// Batches published at once are inserted together: each is stored whole, its rows
-/// in order, and an id another batch of the gathering also carries is stored once.
 #[tokio::test]
 async fn concurrent_batches_are_each_stored_whole_and_in_order() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let names = StreamNames::default();
-    let broker = EmbeddedBroker::open(pool(&dir.path().join("dev.db")).await, names.clone())
-        .await
-        .expect("open");
-    broker.setup().await.expect("setup");
-    let batches: Vec<Vec<Publish>> = (0..20)
-        .map(|b| {
-            (0..5)
-                .map(|i| {
-                    // Batch 19 repeats batch 0's ids.
-                    let id = format!("evt-{}-{i}", if b == 19 { 0 } else { b });
-                    message(&names, StreamClass::Bulk, "email", &id, &format!("{b}.{i}"))
-                })
-                .collect()
-        })
-        .collect();
-    let results =
-        futures::future::join_all(batches.iter().map(|batch| broker.publish_batch(batch))).await;
-    for r in results.iter().flatten() {
-        assert!(r.is_ok(), "{r:?}");
-    }
-    let stored = broker.read(&names.bulk, 0, 1000).await.expect("read");
-    assert_eq!(stored.len(), 19 * 5, "batch 19's ids are duplicates");
-    for b in 0..19 {
-        let seqs: Vec<i64> = stored
-            .iter()
-            .filter(|(_, _, id, _)| id.starts_with(&format!("evt-{b}-")))
-            .map(|(seq, ..)| *seq)
-            .collect();
-        assert_eq!(seqs.len(), 5, "batch {b}");
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "batch {b} in order");
-    }
+    let (_dir, broker) = open_temp().await;
+    let names = broker.names().clone();
+    shared::concurrent_batches_are_each_stored_whole_and_in_order(&broker, &names).await;
 }
 
 #[tokio::test]
@@ -439,44 +407,9 @@ async fn acked_rows_of_an_older_file_are_deleted_when_it_is_opened() {
 async fn a_stream_has_one_durable_consumer() {
     let (_dir, broker) = open_temp().await;
     let names = broker.names().clone();
-    let batch = [
-        message(&names, StreamClass::Critical, "sms", "evt-c", "critical"),
-        message(&names, StreamClass::Bulk, "email", "evt-b", "bulk"),
-    ];
-    assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
-    let workers = settings("workers", Duration::from_secs(30));
-    let mut critical = broker
-        .subscribe(StreamClass::Critical, &workers, 4)
-        .await
-        .expect("subscribe");
-    let delivery = next_delivery(&mut critical).await;
-    assert_eq!(delivery.payload, Bytes::from_static(b"critical"));
-    delivery.settle.ack().await.expect("ack");
-
-    // An ack deletes the message for everyone, so another name is refused.
-    let err = broker
-        .clone()
-        .subscribe(
-            StreamClass::Critical,
-            &settings("auditors", Duration::from_secs(30)),
-            4,
-        )
-        .await
-        .err()
-        .expect("a second consumer on the stream");
-    assert!(
-        err.to_string().contains("auditors") && err.to_string().contains("workers"),
-        "{err}"
-    );
-    // The same name on the other stream is its own consumer.
-    let mut bulk = broker
-        .subscribe(StreamClass::Bulk, &workers, 4)
-        .await
-        .expect("subscribe");
-    assert_eq!(
-        next_delivery(&mut bulk).await.payload,
-        Bytes::from_static(b"bulk")
-    );
+    let err = shared::a_stream_has_one_durable_consumer(&broker, &names).await;
+    // The embedded queue also names the consumer the stream has.
+    assert!(err.to_string().contains("workers"), "{err}");
 }
 
 #[tokio::test]

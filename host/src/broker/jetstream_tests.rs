@@ -502,29 +502,22 @@ async fn only_acknowledged_messages_leave_the_stream() {
 }
 
 #[tokio::test]
-async fn a_second_consumer_name_is_refused_with_a_hint() {
+async fn a_stream_has_one_durable_consumer() {
     isolated(|broker| async move {
         broker.setup().await.expect("setup");
-        let first = broker
-            .subscribe(
-                StreamClass::Bulk,
-                &settings("workers", Duration::from_secs(30)),
-                4,
-            )
-            .await
-            .expect("subscribe");
-        let err = broker
-            .subscribe(
-                StreamClass::Bulk,
-                &settings("others", Duration::from_secs(30)),
-                4,
-            )
-            .await
-            .err()
-            .expect("a work-queue stream has one consumer");
+        let names = broker.names().clone();
+        let err = shared::a_stream_has_one_durable_consumer(&broker, &names).await;
         println!("refused: {err}");
-        assert!(err.to_string().contains("worker.consumer"), "{err}");
-        drop(first);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_batches_are_each_stored_whole_and_in_order() {
+    isolated(|broker| async move {
+        broker.setup().await.expect("setup");
+        let names = broker.names().clone();
+        shared::concurrent_batches_are_each_stored_whole_and_in_order(&broker, &names).await;
     })
     .await;
 }

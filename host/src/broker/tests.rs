@@ -390,3 +390,108 @@ pub(crate) async fn a_repeated_id_is_accepted_and_delivered_once<B: Broker + Wor
         );
     }
 }
+
+/// Batches published at once are each stored whole and in their own order, and an id
+/// that another of them also carries is stored once: here batch 19 repeats batch 0's
+/// ids, so each of those five is delivered once, from whichever batch stored it first
+/// (still in the ids' order: each batch publishes them in that order).
+pub(crate) async fn concurrent_batches_are_each_stored_whole_and_in_order<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) {
+    let batches: Vec<Vec<Publish>> = (0..20)
+        .map(|b| {
+            (0..5)
+                .map(|i| {
+                    let id = format!("evt-{}-{i}", if b == 19 { 0 } else { b });
+                    message(names, StreamClass::Bulk, "email", &id, &format!("{b}.{i}"))
+                })
+                .collect()
+        })
+        .collect();
+    let results =
+        futures::future::join_all(batches.iter().map(|batch| broker.publish_batch(batch))).await;
+    for r in results.iter().flatten() {
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let mut deliveries = broker
+        .subscribe(
+            StreamClass::Bulk,
+            &settings("workers", Duration::from_secs(30)),
+            128,
+        )
+        .await
+        .expect("subscribe");
+    // (the batch whose ids it carries, its place in that batch), in delivery order.
+    let mut delivered: Vec<(u32, u32)> = Vec::new();
+    for _ in 0..19 * 5 {
+        let delivery = next_delivery(&mut deliveries).await;
+        let payload = String::from_utf8(delivery.payload.to_vec()).expect("text");
+        let (b, i) = payload.split_once('.').expect("b.i");
+        let (b, i): (u32, u32) = (b.parse().expect("b"), i.parse().expect("i"));
+        delivered.push((if b == 19 { 0 } else { b }, i));
+        delivery.settle.ack().await.expect("ack");
+    }
+    assert!(
+        next_within(&mut deliveries, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "batch 19's ids were stored again"
+    );
+    for b in 0..19 {
+        let places: Vec<u32> = delivered
+            .iter()
+            .filter(|(of, _)| *of == b)
+            .map(|(_, i)| *i)
+            .collect();
+        assert_eq!(places, [0, 1, 2, 3, 4], "batch {b}: {delivered:?}");
+    }
+}
+
+/// A stream has one durable consumer: an ack deletes the message for everyone, so a
+/// second name is refused, naming itself and the setting to agree on; the same name
+/// on another stream is that stream's own consumer. The refusal is returned for the
+/// backend to check further.
+pub(crate) async fn a_stream_has_one_durable_consumer<B: Broker + WorkQueue>(
+    broker: &B,
+    names: &StreamNames,
+) -> BrokerError {
+    let batch = [
+        message(names, StreamClass::Critical, "sms", "evt-c", "critical"),
+        message(names, StreamClass::Bulk, "email", "evt-b", "bulk"),
+    ];
+    assert!(broker.publish_batch(&batch).await.iter().all(Result::is_ok));
+    let workers = settings("workers", Duration::from_secs(30));
+    let mut critical = broker
+        .subscribe(StreamClass::Critical, &workers, 4)
+        .await
+        .expect("subscribe");
+    let delivery = next_delivery(&mut critical).await;
+    assert_eq!(delivery.payload, Bytes::from_static(b"critical"));
+    delivery.settle.ack().await.expect("ack");
+
+    let err = broker
+        .subscribe(
+            StreamClass::Critical,
+            &settings("auditors", Duration::from_secs(30)),
+            4,
+        )
+        .await
+        .err()
+        .expect("a second consumer on the stream");
+    let text = err.to_string();
+    assert!(
+        text.contains("auditors") && text.contains("worker.consumer"),
+        "{text}"
+    );
+    let mut bulk = broker
+        .subscribe(StreamClass::Bulk, &workers, 4)
+        .await
+        .expect("subscribe");
+    assert_eq!(
+        next_delivery(&mut bulk).await.payload,
+        Bytes::from_static(b"bulk")
+    );
+    drop(critical);
+    err
+}
