@@ -78,10 +78,10 @@ pub(crate) async fn alone_writes_get_a_batch_of_their_own<DB: Database>(
     assert_eq!(lanes.count, 1, "the order is only certain with one lane");
     let group = Arc::new(GroupCommit::start(pool, lanes));
     let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let write = |tag, hold, fail| recorded::<DB>(&runs, tag, hold, fail);
-    let spawn = |w: Work<DB, ()>, alone: bool| {
+    let write = |tag, gate, fail| recorded::<DB>(&runs, tag, gate, fail);
+    let queue = |w: Work<DB, ()>, alone: bool| {
         let group = group.clone();
-        tokio::spawn(async move {
+        queued(async move {
             if alone {
                 group.run_alone(w).await
             } else {
@@ -89,16 +89,13 @@ pub(crate) async fn alone_writes_get_a_batch_of_their_own<DB: Database>(
             }
         })
     };
-    let busy = spawn(
-        write("busy", std::time::Duration::from_millis(300), false),
-        false,
-    );
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let first = spawn(write("first", std::time::Duration::ZERO, false), false);
-    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    let alone = spawn(write("alone", std::time::Duration::ZERO, true), true);
-    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    let last = spawn(write("last", std::time::Duration::ZERO, false), false);
+    let gate = Gate::default();
+    let busy = queue(write("busy", Some(gate.clone()), false), false).await;
+    gate.started().await;
+    let first = queue(write("first", None, false), false).await;
+    let alone = queue(write("alone", None, true), true).await;
+    let last = queue(write("last", None, false), false).await;
+    gate.release();
     busy.await.unwrap().unwrap();
     first.await.unwrap().unwrap();
     assert!(matches!(alone.await.unwrap(), Err(StoreError::Other(_))));
@@ -109,9 +106,9 @@ pub(crate) async fn alone_writes_get_a_batch_of_their_own<DB: Database>(
     );
 }
 
-/// With one lane busy, a write, then a long write that runs alone (held while the
-/// write's batch fills), then an urgent write queued while that batch runs: the
-/// urgent write goes before the held one.
+/// With one lane busy, a write, then a write that runs alone (held while the write's
+/// batch runs), then an urgent write queued while that batch runs: the urgent write
+/// goes before the held one.
 pub(crate) async fn urgent_writes_go_before_a_held_alone_write<DB: Database>(
     pool: Pool<DB>,
     lanes: Lanes,
@@ -119,10 +116,9 @@ pub(crate) async fn urgent_writes_go_before_a_held_alone_write<DB: Database>(
     assert_eq!(lanes.count, 1, "the order is only certain with one lane");
     let group = Arc::new(GroupCommit::start(pool, lanes));
     let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let ms = std::time::Duration::from_millis;
-    let spawn = |tag, hold, alone: bool| {
-        let (group, w) = (group.clone(), recorded::<DB>(&runs, tag, hold, false));
-        tokio::spawn(async move {
+    let queue = |tag, gate, alone: bool| {
+        let (group, w) = (group.clone(), recorded::<DB>(&runs, tag, gate, false));
+        queued(async move {
             if alone {
                 group.run_alone(w).await
             } else {
@@ -130,15 +126,17 @@ pub(crate) async fn urgent_writes_go_before_a_held_alone_write<DB: Database>(
             }
         })
     };
-    let busy = spawn("busy", ms(300), false);
-    tokio::time::sleep(ms(100)).await;
-    let first = spawn("first", ms(300), false);
-    tokio::time::sleep(ms(10)).await;
-    let alone = spawn("alone", ms(300), true);
-    // `first` runs from about 300 ms to 600 ms, `alone` held behind it.
-    tokio::time::sleep(ms(340)).await;
-    let (g, w) = (group.clone(), recorded::<DB>(&runs, "urgent", ms(0), false));
-    let urgent = tokio::spawn(crate::urgency::urgent(async move { g.run(w).await }));
+    let (busy_gate, first_gate) = (Gate::default(), Gate::default());
+    let busy = queue("busy", Some(busy_gate.clone()), false).await;
+    busy_gate.started().await;
+    let first = queue("first", Some(first_gate.clone()), false).await;
+    let alone = queue("alone", None, true).await;
+    busy_gate.release();
+    // `first` runs in a batch of its own, `alone` held behind it.
+    first_gate.started().await;
+    let (g, w) = (group.clone(), recorded::<DB>(&runs, "urgent", None, false));
+    let urgent = queued(crate::urgency::urgent(async move { g.run(w).await })).await;
+    first_gate.release();
     for task in [busy, first, alone, urgent] {
         task.await.unwrap().unwrap();
     }
@@ -148,18 +146,55 @@ pub(crate) async fn urgent_writes_go_before_a_held_alone_write<DB: Database>(
     );
 }
 
-/// A write that waits `hold`, then adds `tag` to `order`, and fails if `fail`.
+/// A write's start, which the test waits for, and its end, which the test decides:
+/// so a lane is busy for as long as a test needs, however slow the machine.
+#[derive(Clone, Default)]
+struct Gate {
+    started: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl Gate {
+    async fn started(&self) {
+        self.started.notified().await;
+    }
+
+    fn release(&self) {
+        self.release.notify_one();
+    }
+}
+
+/// Runs `write` on a task of its own once it has been polled here: a group commit's
+/// write is queued at its first poll, so the writes a test queues one after another
+/// are queued in that order.
+async fn queued<F>(write: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut write = Box::pin(write);
+    match futures::poll!(write.as_mut()) {
+        std::task::Poll::Ready(out) => tokio::spawn(async move { out }),
+        std::task::Poll::Pending => tokio::spawn(write),
+    }
+}
+
+/// A write that waits for its `gate` (if any) to be released, then adds `tag` to
+/// `order`, and fails if `fail`.
 fn recorded<DB: Database>(
     order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
     tag: &'static str,
-    hold: std::time::Duration,
+    gate: Option<Gate>,
     fail: bool,
 ) -> Work<DB, ()> {
     let order = order.clone();
     Box::new(move |_conn| {
-        let order = order.clone();
+        let (order, gate) = (order.clone(), gate.clone());
         Box::pin(async move {
-            tokio::time::sleep(hold).await;
+            if let Some(gate) = gate {
+                gate.started.notify_one();
+                gate.release.notified().await;
+            }
             order.lock().unwrap().push(tag);
             if fail {
                 return Err(StoreError::Other("refused".into()));
@@ -176,10 +211,9 @@ pub(crate) async fn riders_join_the_next_batch<DB: Database>(pool: Pool<DB>, lan
     assert_eq!(lanes.count, 1, "the order is only certain with one lane");
     let group = Arc::new(GroupCommit::start(pool, lanes));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let write = |tag, hold| recorded::<DB>(&order, tag, hold, false);
-    let spawn = |tag: &'static str, hold: std::time::Duration, rides: bool| {
-        let (group, w) = (group.clone(), write(tag, hold));
-        tokio::spawn(async move {
+    let queue = |tag: &'static str, gate: Option<Gate>, rides: bool| {
+        let (group, w) = (group.clone(), recorded::<DB>(&order, tag, gate, false));
+        queued(async move {
             if rides {
                 group.ride(Durability::Progress, w).await
             } else {
@@ -187,11 +221,12 @@ pub(crate) async fn riders_join_the_next_batch<DB: Database>(pool: Pool<DB>, lan
             }
         })
     };
-    let busy = spawn("busy", std::time::Duration::from_millis(300), false);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let rider = spawn("rider", std::time::Duration::ZERO, true);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let other = spawn("other", std::time::Duration::ZERO, false);
+    let gate = Gate::default();
+    let busy = queue("busy", Some(gate.clone()), false).await;
+    gate.started().await;
+    let rider = queue("rider", None, true).await;
+    let other = queue("other", None, false).await;
+    gate.release();
     busy.await.unwrap().unwrap();
     other.await.unwrap().unwrap();
     rider.await.unwrap().unwrap();
@@ -203,16 +238,18 @@ pub(crate) async fn riders_join_the_next_batch<DB: Database>(pool: Pool<DB>, lan
     assert_eq!((totals.batches, totals.writes), (2, 3), "{totals:?}");
 
     // Alone, after the lane's busy batch and with the lane idle: each in time.
-    let busy = spawn("busy", std::time::Duration::from_millis(300), false);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let lonely = spawn("lonely", std::time::Duration::ZERO, true);
+    let gate = Gate::default();
+    let busy = queue("busy", Some(gate.clone()), false).await;
+    gate.started().await;
+    let lonely = queue("lonely", None, true).await;
+    gate.release();
     busy.await.unwrap().unwrap();
     tokio::time::timeout(std::time::Duration::from_secs(5), lonely)
         .await
         .expect("a rider with no company runs alone")
         .unwrap()
         .unwrap();
-    let idle = spawn("idle", std::time::Duration::ZERO, true);
+    let idle = queue("idle", None, true).await;
     tokio::time::timeout(std::time::Duration::from_secs(5), idle)
         .await
         .expect("a rider on an idle lane runs alone")
@@ -228,27 +265,25 @@ pub(crate) async fn urgent_writes_go_first<DB: Database>(pool: Pool<DB>, lanes: 
     assert_eq!(lanes.count, 1, "the order is only certain with one lane");
     let group = Arc::new(GroupCommit::start(pool, lanes));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let write = |tag, hold| recorded::<DB>(&order, tag, hold, false);
-    let busy = tokio::spawn({
-        let (group, w) = (
-            group.clone(),
-            write("busy", std::time::Duration::from_millis(300)),
-        );
-        async move { group.run(w).await }
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let mut queued = Vec::new();
+    let queue = |tag, gate| {
+        let (group, w) = (group.clone(), recorded::<DB>(&order, tag, gate, false));
+        queued(async move { group.run(w).await })
+    };
+    let gate = Gate::default();
+    let busy = queue("busy", Some(gate.clone())).await;
+    gate.started().await;
+    let mut bulk = Vec::new();
     for _ in 0..10 {
-        let (group, w) = (group.clone(), write("bulk", std::time::Duration::ZERO));
-        queued.push(tokio::spawn(async move { group.run(w).await }));
-        tokio::task::yield_now().await;
+        bulk.push(queue("bulk", None).await);
     }
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let (g, w) = (group.clone(), write("urgent", std::time::Duration::ZERO));
-    let urgent = tokio::spawn(crate::urgency::urgent(async move { g.run(w).await }));
+    let (g, w) = (group.clone(), recorded::<DB>(&order, "urgent", None, false));
+    let urgent = queued(crate::urgency::urgent(async move { g.run(w).await })).await;
+    // The busy write's time is counted as the lane's writing time.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    gate.release();
     busy.await.unwrap().unwrap();
     urgent.await.unwrap().unwrap();
-    for q in queued {
+    for q in bulk {
         q.await.unwrap().unwrap();
     }
     let order = order.lock().unwrap().clone();
