@@ -155,8 +155,12 @@ struct Gate {
 }
 
 impl Gate {
+    /// Waits for the gated write to start; fails the test (instead of hanging it) if
+    /// the lane never runs it, e.g. when its batch could not begin.
     async fn started(&self) {
-        self.started.notified().await;
+        tokio::time::timeout(std::time::Duration::from_secs(30), self.started.notified())
+            .await
+            .expect("the gated write started");
     }
 
     fn release(&self) {
