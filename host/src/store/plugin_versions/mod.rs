@@ -142,13 +142,13 @@ pub(crate) trait SlugSql: Send {
         digest: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError>;
-    /// Clears the version's trial, records `result`, and makes it active (activated at
-    /// `now`) when `promote`, else standby.
+    /// Clears the version's trial, records `result`, and puts it in `state` (activated
+    /// at `now` when that is [`PluginState::Active`]).
     async fn end_trial(
         &mut self,
         slug: &str,
         digest: &str,
-        promote: bool,
+        state: PluginState,
         result: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError>;
@@ -332,10 +332,13 @@ where
                     if !trial_running(&states, digest, since) {
                         return Ok(false);
                     }
-                    if promote {
+                    let state = if promote {
                         conn.demote_active_in(slug).await?;
-                    }
-                    conn.end_trial(slug, digest, promote, result, now).await?;
+                        PluginState::Active
+                    } else {
+                        PluginState::Standby
+                    };
+                    conn.end_trial(slug, digest, state, result, now).await?;
                     Ok(true)
                 })
             }))

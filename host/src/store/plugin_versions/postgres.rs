@@ -1,8 +1,8 @@
 //! [`PluginVersionsSql`] on PostgreSQL.
 
 use super::{
-    CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, SlugSql, SlugState,
-    version_columns,
+    CanaryTrial, NewPluginVersion, PluginState, PluginVersionRow, PluginVersionsSql, SlugSql,
+    SlugState, version_columns,
 };
 use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
@@ -181,7 +181,7 @@ impl SlugSql for PgConnection {
         &mut self,
         slug: &str,
         digest: &str,
-        promote: bool,
+        state: PluginState,
         result: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
@@ -192,7 +192,7 @@ impl SlugSql for PgConnection {
         )
         .bind(slug)
         .bind(digest)
-        .bind(if promote { "active" } else { "standby" })
+        .bind(state.as_str())
         .bind(result)
         .bind(now)
         .execute(self)

@@ -1,8 +1,8 @@
 //! [`PluginVersionsSql`] on SQLite. Timestamps are bound in the stored text form.
 
 use super::{
-    CanaryTrial, NewPluginVersion, PluginVersionRow, PluginVersionsSql, SlugSql, SlugState,
-    version_columns,
+    CanaryTrial, NewPluginVersion, PluginState, PluginVersionRow, PluginVersionsSql, SlugSql,
+    SlugState, version_columns,
 };
 use crate::store::StoreError;
 use crate::store::sqlite::{SqliteStore, encode_timestamp, map_err};
@@ -169,7 +169,7 @@ impl SlugSql for SqliteConnection {
         &mut self,
         slug: &str,
         digest: &str,
-        promote: bool,
+        state: PluginState,
         result: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
@@ -180,7 +180,7 @@ impl SlugSql for SqliteConnection {
         )
         .bind(slug)
         .bind(digest)
-        .bind(if promote { "active" } else { "standby" })
+        .bind(state.as_str())
         .bind(result)
         .bind(encode_timestamp(&now))
         .execute(self)
