@@ -322,6 +322,7 @@ both!(
     an_unanswered_send_is_resent_under_its_key_before_any_fallback,
     a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere,
     a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere,
+    a_taken_message_stays_taken_when_its_hold_is_refused,
     everything_failing_ends_dispatch_failed,
     preferences_and_category_rules_decide_channels,
     erasure_suppresses_queued_and_later_deliveries,
@@ -340,6 +341,7 @@ both!(
     a_slow_provider_has_at_most_its_bound_of_bulk_sends,
     a_delivery_whose_steps_are_refused_is_given_up_despite_its_own_lease,
     deliveries_handed_back_busy_are_not_failures,
+    busy_rounds_do_not_bring_the_broker_cap_closer,
 );
 
 async fn failover_across_providers_then_channels(b: Backends) {
@@ -1009,6 +1011,32 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     assert_eq!(good.take_requests().len(), 1);
     let dto = gw.dto(&key, &event).await;
     assert_eq!(dto["events"][1]["detail"]["code"], "http-503", "{dto}");
+    gw.cleanup().await;
+}
+
+/// The provider took the message (2xx, unreadably) and refused the resend (503); the
+/// step that holds the attempt is refused by the store, every time. What the attempt
+/// keeps was written before the resend, so each later delivery still knows the
+/// provider has the message: asked again under its key, never sent elsewhere, and
+/// given up after the bounded failed deliveries.
+async fn a_taken_message_stays_taken_when_its_hold_is_refused(b: Backends) {
+    let garbling = GarblingProvider::start(&[200, 503]).await;
+    garbling.status.store(503, Ordering::SeqCst);
+    let good = provider(201, ACCEPT).await;
+    let grants = [garbling.addr.to_string(), good.host_port()];
+    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &garbling.url()), ("provd", &good.url())])
+        .await;
+    common::refuse_held_rounds(&gw.config).await;
+    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    let event = gw.trigger(&key, otp, "HIGH").await;
+    let m = gw.settled(&event).await;
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    given_up_after_three(m);
+    // The call and its resend, then one call in each of the two later deliveries.
+    assert_eq!(garbling.keys(), vec![format!("{event}.1"); 4]);
     gw.cleanup().await;
 }
 
@@ -2178,6 +2206,117 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
     gw.cleanup().await;
 }
 
+/// A call that got no answer is resent once under the attempt's key; a delivery whose
+/// resend found no room (another delivery took the only instance slot meanwhile) keeps
+/// that the resend was spent, so the next delivery of the attempt makes one call, not a
+/// call and a resend of its own: the provider gets at most one copy more, then the
+/// fallback sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_that_found_no_room_is_not_made_again() {
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (other, released) = (EventId::generate(), release.clone());
+    let prefix = format!("{other}.");
+    let hanging = StandIn::start(move |keys| {
+        axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let (keys, released, prefix) = (keys.clone(), released.clone(), prefix.clone());
+            async move {
+                let (key, _) = StandIn::note(&keys, &headers);
+                if key.starts_with(&prefix) {
+                    released.notified().await;
+                } else {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                (
+                    axum::http::StatusCode::CREATED,
+                    [("content-type", "application/json")],
+                    r#"{"sid":"SM1"}"#,
+                )
+            }
+        })
+    })
+    .await;
+    let good = provider(201, ACCEPT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let grants = [hanging.addr.to_string(), good.host_port()];
+    let mut config = config_for(Backends::Embedded, dir.path(), &grants).await;
+    config.worker.enabled = false;
+    // One instance slot for every call; the plugin waits for an answer as long as the
+    // other event's dispatcher does, which is past the test's end.
+    config.plugins.max_instances = 1;
+    config.plugins.http_timeout_ms = 60_000;
+    let gw = Gateway::start_config(config, dir).await;
+    gw.workflows().await;
+    let ws = gw.workspace().await;
+    gw.route("sms", &[("provc", &hanging.url()), ("provd", &good.url())])
+        .await;
+    let envelope = |event_id: EventId| {
+        let request: switchboard::ingest::TriggerRequest = serde_json::from_value(json!({
+            "name": "otp", "to": {"subscriberId": event_id.to_string(), "phone": "+14155550123"},
+            "payload": {"code": "1"}
+        }))
+        .unwrap();
+        switchboard::ingest::Envelope {
+            v: 1,
+            event_id,
+            workspace_id: ws.clone(),
+            key_mode: KeyMode::Live,
+            priority: switchboard::routing::Priority::Normal,
+            channels: vec![switchboard::routing::Channel::Sms],
+            accepted_at: chrono::Utc::now(),
+            request,
+        }
+    };
+    let dispatcher = |lease: u64, send: u64| {
+        switchboard::worker::dispatch::Dispatcher::new(
+            gw.state.ingest.store.clone(),
+            gw.state.config_cache.clone(),
+            gw.state.plugins.clone(),
+            gw.state.circuits.clone(),
+            format!("wkr_{lease}"),
+            Duration::from_secs(lease),
+            Duration::from_secs(send),
+        )
+    };
+    // The event's calls time out after 1 s, and a call waits at most 1.5 s for a slot.
+    let (short, long) = (dispatcher(4, 1), dispatcher(60, 20));
+    let (event, other) = (envelope(EventId::generate()), envelope(other));
+    let first_key = format!("{}.1", event.event_id);
+    let calls = || hanging.keys().iter().filter(|k| **k == first_key).count();
+
+    use switchboard::worker::dispatch::Outcome;
+    // The other event waits for the slot, and takes it when the first call times out:
+    // the resend finds no room and the delivery is handed back.
+    let taken = tokio::spawn({
+        let (keys, first_key) = (hanging.keys.clone(), first_key.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !keys.lock().unwrap().contains(&first_key) {
+                assert!(Instant::now() < deadline, "the first call never arrived");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            long.dispatch(&other).await
+        }
+    });
+    let first = short.dispatch(&event).await;
+    assert_eq!(first.unwrap(), Outcome::Busy);
+    assert_eq!(calls(), 1);
+    release.notify_one();
+    assert_eq!(
+        taken.await.unwrap().unwrap(),
+        Outcome::Done(MessageStatus::Sent)
+    );
+
+    // The next delivery makes one call (no answer again), then the fallback sends.
+    let next = short.dispatch(&event).await.unwrap();
+    assert_eq!(next, Outcome::Done(MessageStatus::Sent));
+    assert_eq!(calls(), 2, "{:?}", hanging.keys());
+    let to_good = good.take_requests();
+    assert_eq!(to_good.len(), 1);
+    let body: Value = serde_json::from_slice(&to_good[0].body).unwrap();
+    assert_eq!(body["client_ref"], format!("{}.2", event.event_id));
+    gw.cleanup().await;
+}
+
 /// An event a worker cannot decode is not dropped silently: its message ends FAILED
 /// with a detail saying so, and the event is acknowledged.
 async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
@@ -2293,6 +2432,40 @@ async fn deliveries_handed_back_busy_are_not_failures(b: Backends) {
             .any(|l| l.starts_with("switchboard_deliveries_total{outcome=\"busy\"}")),
         "{text}"
     );
+    gw.cleanup().await;
+}
+
+/// The broker's cap on deliveries (ten times `worker.max_deliveries`) leaves out the
+/// rounds this process handed back busy: an event that waited through more of them than
+/// the cap still gets its full number of failed deliveries.
+async fn busy_rounds_do_not_bring_the_broker_cap_closer(b: Backends) {
+    let good = provider(201, ACCEPT).await;
+    let gw = Gateway::start_with(b, &[good.host_port()], |c| {
+        c.worker.max_deliveries = 2;
+        c.worker.ack_wait_ms = 1_000;
+    })
+    .await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("email", &[("prova", &good.url())]).await;
+    // Handed back every 0.25 s for 7 s: past the cap of 20 deliveries before the first
+    // claim.
+    common::lease_new_messages_to(&gw.config, "elsewhere", 7).await;
+    common::refuse_timeline_entries(&gw.config, "sent").await;
+    let event = gw
+        .trigger(
+            &key,
+            json!({"name": "welcome", "to": {"subscriberId": "waits", "email": "w@acme.test"}, "payload": {"name": "W"}}),
+            "NORMAL",
+        )
+        .await;
+    let m = gw.settled(&event).await;
+    let detail = m.error_detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("gave up after 2 failed deliveries"),
+        "{detail}"
+    );
+    assert_eq!(good.take_requests().len(), 2, "{detail}");
     gw.cleanup().await;
 }
 

@@ -178,6 +178,14 @@ pub async fn refuse_timeline_entries(config: &Config, status: &str) {
     .await;
 }
 
+/// Makes the gateway's database refuse every `queued` timeline entry that names a
+/// provider: a held attempt's round, so the step that holds an attempt is refused.
+#[allow(dead_code)]
+pub async fn refuse_held_rounds(config: &Config) {
+    let condition = "NEW.status = 'queued' AND NEW.provider IS NOT NULL";
+    refuse_inserts(config, "sb_test_refuse_held", "message_events", condition).await;
+}
+
 /// A trigger `name` that raises on every insert into `table` matching `condition`.
 async fn refuse_inserts(config: &Config, name: &str, table: &str, condition: &str) {
     if config.store.backend == switchboard::config::StoreBackend::Postgres {

@@ -97,21 +97,64 @@ pub enum Hold {
     Unreadable,
 }
 
-impl Hold {
-    /// The detail a held attempt keeps while it stays `started` ([`held_step`]).
-    fn attempt_detail(self) -> &'static str {
-        match self {
-            Self::KeyInUse => "held: http-409",
-            Self::Unreadable => "held: invalid-response",
+/// What a started attempt's detail keeps for the next delivery of it ([`Kept::of`]).
+/// Each is written, and flushed, before the call that could need it: a delivery that
+/// ends without writing anything more (no room for its next call, a step refused, the
+/// process gone) leaves it for the next one.
+const HELD_KEY_IN_USE: &str = "held: http-409";
+/// The same, once the attempt's resend was spent.
+const HELD_KEY_IN_USE_RESENT: &str = "held: http-409, resent";
+/// Taken unreadably: its resend was spent (or found no room) before it was held.
+const HELD_TAKEN: &str = "held: invalid-response";
+/// Its resend under way ([`resent_step`]), the provider not known to have the message.
+const RESENT: &str = "resent: no answer";
+/// Its resend under way, the provider having taken the message unreadably.
+const RESENT_TAKEN: &str = "resent: invalid-response";
+
+/// What an earlier delivery of an attempt left in its detail for the next one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Kept {
+    /// The provider took the message, unreadably: however a later call of the attempt
+    /// fails, the provider has it ([`Failure::then`]).
+    pub taken: bool,
+    /// The attempt's resend was spent ([`RESENDS`]): a later delivery makes one call.
+    pub resent: bool,
+}
+
+impl Kept {
+    /// What `attempt` keeps: nothing unless it is still `started`.
+    pub(super) fn of(attempt: &AttemptRecord) -> Self {
+        if attempt.state != AttemptState::Started {
+            return Self::default();
+        }
+        match attempt.detail.as_deref() {
+            Some(HELD_TAKEN | RESENT_TAKEN) => Self {
+                taken: true,
+                resent: true,
+            },
+            Some(RESENT | HELD_KEY_IN_USE_RESENT) => Self {
+                taken: false,
+                resent: true,
+            },
+            _ => Self::default(),
         }
     }
 
-    /// Whether `attempt` was held because its provider took the message unreadably:
-    /// however a later call of it fails, the provider has the message, and its resend
-    /// was made ([`Failure::then`]).
-    pub(super) fn taken(attempt: &AttemptRecord) -> bool {
-        attempt.state == AttemptState::Started
-            && attempt.detail.as_deref() == Some(Self::Unreadable.attempt_detail())
+    /// The resends this keeps as spent.
+    pub(super) fn spent(self) -> u32 {
+        if self.resent { RESENDS } else { 0 }
+    }
+}
+
+impl Hold {
+    /// The detail a held attempt keeps while it stays `started` ([`held_step`]);
+    /// `resent`: its resend was spent, in this delivery or an earlier one.
+    fn attempt_detail(self, resent: bool) -> &'static str {
+        match (self, resent) {
+            (Self::KeyInUse, false) => HELD_KEY_IN_USE,
+            (Self::KeyInUse, true) => HELD_KEY_IN_USE_RESENT,
+            (Self::Unreadable, _) => HELD_TAKEN,
+        }
     }
 
     /// The code shown on the held round's timeline entry.
@@ -201,10 +244,36 @@ impl Failure {
     }
 }
 
+/// The step written before a call of attempt `attempt_no` is made again under its key
+/// ([`Then::Resend`]): the attempt stays `started`, keeping that its resend is spent and
+/// whether the provider took the message (`taken`; [`Kept`]), and the lease is renewed
+/// for the call. Flushed before the call, so a delivery that then finds no room for it,
+/// or whose later step is refused, cannot leave the next one a resend of its own (a
+/// copy more at a provider that does not de-duplicate) or a fallback after a taken call.
+pub(super) fn resent_step(attempt_no: i32, taken: bool) -> Step {
+    Step {
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no,
+            state: AttemptState::Started,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: Some(if taken { RESENT_TAKEN } else { RESENT }.into()),
+        }),
+        ..Default::default()
+    }
+}
+
 /// The step that hands a held attempt back ([`Hold`]): the lease released, the
-/// attempt left `started` with why in its detail (so the next delivery knows;
-/// [`Hold::taken`]), and a `queued` entry saying why the message waits.
-pub(super) fn held_step(channel: Channel, slug: &str, attempt_no: i32, hold: Hold) -> Step {
+/// attempt left `started` with why in its detail, and whether its resend was spent
+/// (`resent`), so the next delivery knows ([`Kept`]), and a `queued` entry saying why
+/// the message waits.
+pub(super) fn held_step(
+    channel: Channel,
+    slug: &str,
+    attempt_no: i32,
+    hold: Hold,
+    resent: bool,
+) -> Step {
     let detail = json!({"channel": channel.as_str(), "attempt": attempt_no,
         "held": hold.code(),
         "reason": "the provider has the message under the attempt's key: not sent elsewhere"});
@@ -214,7 +283,7 @@ pub(super) fn held_step(channel: Channel, slug: &str, attempt_no: i32, hold: Hol
             state: AttemptState::Started,
             provider_message_id: None,
             cost_micro_usd: 0,
-            detail: Some(hold.attempt_detail().into()),
+            detail: Some(hold.attempt_detail(resent).into()),
         }),
         message: MessageUpdate {
             release_lease: true,
@@ -398,8 +467,8 @@ mod tests {
 
     #[test]
     fn a_held_attempt_stays_started_and_remembers_a_taken_message() {
-        let held = |hold| {
-            let step = held_step(Channel::Sms, "provc", 2, hold);
+        let held = |hold, resent| {
+            let step = held_step(Channel::Sms, "provc", 2, hold, resent);
             let Some(AttemptWrite::Finish { state, detail, .. }) = step.attempt else {
                 panic!("no attempt write: {step:?}");
             };
@@ -414,19 +483,65 @@ mod tests {
             attempt.detail = detail;
             attempt
         };
-        assert!(Hold::taken(&held(Hold::Unreadable)));
-        assert!(
-            !Hold::taken(&held(Hold::KeyInUse)),
-            "a 409: a refusal may follow"
+        let (taken, resent) = (
+            Kept {
+                taken: true,
+                resent: true,
+            },
+            Kept {
+                taken: false,
+                resent: true,
+            },
         );
-        assert!(!Hold::taken(&record(
-            2,
-            "sms",
-            "provc",
-            AttemptState::Started
-        )));
-        let mut failed = held(Hold::Unreadable);
+        assert_eq!(Kept::of(&held(Hold::Unreadable, false)), taken);
+        assert_eq!(
+            Kept::of(&held(Hold::KeyInUse, false)),
+            Kept::default(),
+            "a 409: a refusal may follow, and the resend is not spent"
+        );
+        assert_eq!(Kept::of(&held(Hold::KeyInUse, true)), resent);
+        assert_eq!(
+            Kept::of(&record(2, "sms", "provc", AttemptState::Started)),
+            Kept::default()
+        );
+        let mut failed = held(Hold::Unreadable, true);
         failed.state = AttemptState::Failed;
-        assert!(!Hold::taken(&failed));
+        assert_eq!(Kept::of(&failed), Kept::default());
+        assert_eq!((taken.spent(), Kept::default().spent()), (RESENDS, 0));
+    }
+
+    /// The step before a resend keeps, for the next delivery, that the resend is spent
+    /// and whether the provider took the message; it renews the lease and writes
+    /// nothing on the message or its timeline.
+    #[test]
+    fn a_resend_is_kept_before_it_is_made() {
+        for taken in [false, true] {
+            let step = resent_step(3, taken);
+            let Some(AttemptWrite::Finish {
+                attempt_no,
+                state,
+                detail,
+                ..
+            }) = step.attempt
+            else {
+                panic!("no attempt write: {step:?}");
+            };
+            assert_eq!((attempt_no, state), (3, AttemptState::Started));
+            assert_eq!(
+                step.message,
+                MessageUpdate::default(),
+                "only the lease renewed"
+            );
+            assert!(step.timeline.is_empty());
+            let mut attempt = record(3, "sms", "provc", AttemptState::Started);
+            attempt.detail = detail;
+            assert_eq!(
+                Kept::of(&attempt),
+                Kept {
+                    taken,
+                    resent: true
+                }
+            );
+        }
     }
 }

@@ -307,11 +307,6 @@ impl Run<'_> {
         .await
     }
 
-    /// Extends the message's lease, writing nothing else.
-    async fn renew_lease(&self) -> Result<(), StoreError> {
-        self.step(&Step::default()).await
-    }
-
     /// Carries out `action` and the ones planned after it, until the message ends.
     /// `recorded`: the action's step is written already (by the claim).
     async fn carry_out(
@@ -387,16 +382,17 @@ impl Run<'_> {
         let (ch, attempt_no) = (call.channel.as_str(), call.attempt_no);
         let (plugin, trial) = self.pick(slug, ch);
         let mut resends = 0;
-        // Whether the provider took the message, answering 2xx unreadably, in an earlier
-        // call of the attempt ([`attempt::Hold::Unreadable`]); if so in an earlier
-        // delivery, that delivery had its resend (or found no room for it): a later one
+        // What an earlier delivery of the attempt kept: whether the provider took the
+        // message, answering 2xx unreadably ([`attempt::Hold::Unreadable`]), and whether
+        // the attempt's resend was spent (made, or found no room): then this delivery
         // makes one call.
-        let taken_before = resumed
-            && self
-                .attempts
-                .iter()
-                .any(|a| a.attempt_no == attempt_no && attempt::Hold::taken(a));
-        let spent = if taken_before { attempt::RESENDS } else { 0 };
+        let kept = self
+            .attempts
+            .iter()
+            .find(|a| resumed && a.attempt_no == attempt_no)
+            .map(attempt::Kept::of)
+            .unwrap_or_default();
+        let (taken_before, spent) = (kept.taken, kept.spent());
         let mut taken = taken_before;
         let called = loop {
             let Ok(called) = self.call(call, plugin.clone()).await else {
@@ -404,7 +400,7 @@ impl Run<'_> {
                     // Taken in this delivery: held (no call failed now, so nothing is
                     // counted), so the attempt keeps that the provider has the message.
                     let held = attempt::Hold::Unreadable;
-                    return self.hold(call, None, held, resends).await;
+                    return self.hold(call, None, held, resends, true).await;
                 }
                 // Not sent: the attempt stays `started`, to be resumed (under the same
                 // idempotency key) by the redelivery, which need not wait out the lease.
@@ -439,9 +435,13 @@ impl Run<'_> {
                         resends,
                         "no readable answer from the provider; sending again under the same key"
                     );
-                    // The lease must outlast the next call too; a worker that lost it
-                    // stops here, and the holder resumes the attempt under its key.
-                    self.renew_lease().await?;
+                    // Kept (flushed) before the call: should this delivery find no
+                    // room for it, or a later step be refused, the next delivery still
+                    // knows the resend is spent and whether the provider took the
+                    // message. The step renews the lease, which must outlast the call;
+                    // a worker that lost it stops here, and the holder resumes the
+                    // attempt under its key.
+                    self.step(&attempt::resent_step(attempt_no, taken)).await?;
                     tokio::time::sleep(attempt::RESEND_PAUSE).await;
                     continue;
                 }
@@ -449,7 +449,8 @@ impl Run<'_> {
                     // A call nobody can read, or any failure after one, is the provider's
                     // (or the plugin's) failure.
                     let failed = (hold == attempt::Hold::Unreadable).then_some(trial.as_ref());
-                    return self.hold(call, failed, hold, resends).await;
+                    let resent = resends + spent > 0;
+                    return self.hold(call, failed, hold, resends, resent).await;
                 }
                 attempt::Then::Fail => break called,
             }
@@ -532,15 +533,19 @@ impl Run<'_> {
     /// message, taken or being taken, and a fallback would send a second one. It stays
     /// `started`, to be asked again under its key by a later delivery. `failed`: the
     /// last call failed, counted against the provider (and the trial arm it was in).
+    /// `resent`: the attempt's resend was spent, in this delivery or an earlier one.
     ///
-    /// Should the step be refused (the lease lost, the store down), the attempt does not
-    /// keep why it was held: the next delivery resumes it as any attempt left started.
+    /// Should the step be refused (the lease lost, the store down), the attempt keeps
+    /// what its resend's step wrote ([`attempt::resent_step`]): a message taken is
+    /// still known taken. Only a 409 to a resumed call, no resend made, is then
+    /// resumed as any attempt left started.
     async fn hold(
         &self,
         call: &Call,
         failed: Option<Option<&Trial>>,
         hold: attempt::Hold,
         resends: u32,
+        resent: bool,
     ) -> Result<Option<Outcome>, StoreError> {
         let (slug, ch) = (call.route.provider.as_str(), call.channel.as_str());
         if let Some(trial) = failed {
@@ -557,7 +562,7 @@ impl Run<'_> {
             resends,
             "the provider has the message; asking again later under the attempt's key"
         );
-        let held = attempt::held_step(call.channel, slug, call.attempt_no, hold);
+        let held = attempt::held_step(call.channel, slug, call.attempt_no, hold, resent);
         self.step(&held).await?;
         Ok(Some(Outcome::Held(hold)))
     }

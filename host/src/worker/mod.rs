@@ -333,6 +333,7 @@ impl Worker {
                 delivery.settle.ack().await
             }
             Ok(Outcome::Busy) => {
+                self.failures.busy(&envelope.event_id);
                 self.count("busy");
                 let _settling = self.release(slot).await;
                 delivery.settle.nak(self.config.ack_wait() / 4).await
@@ -388,13 +389,11 @@ impl Worker {
         error: &(dyn std::fmt::Display + Sync),
     ) -> Result<(), crate::broker::BrokerError> {
         let delivered = delivery.delivered;
+        // Busy rounds are no failures: the broker's cap leaves out those counted here.
+        let not_busy = delivered.saturating_sub(self.failures.busy_rounds(&envelope.event_id));
         match failed {
             Some(count)
-                if failures::gives_up(
-                    count.unwrap_or(1),
-                    delivered,
-                    self.config.max_deliveries,
-                ) =>
+                if failures::gives_up(count.unwrap_or(1), not_busy, self.config.max_deliveries) =>
             {
                 tracing::error!(event_id = %envelope.event_id, %error, "giving up on an event");
                 let tries = match count {
@@ -478,6 +477,7 @@ impl Worker {
                 // redeliver should that worker die mid-send, so it comes back until
                 // the holder has ended it (or its lease has run out).
                 tracing::info!(%event, "not giving up on an event another worker holds");
+                self.failures.busy(event);
                 self.count("busy");
                 delivery.settle.nak(backoff(delivery.delivered)).await
             }
