@@ -887,7 +887,12 @@ impl GarblingProvider {
                     let (_, first) = StandIn::note(&keys, &headers);
                     let n = keys.lock().unwrap().len();
                     let next = script.lock().unwrap().pop_front();
-                    let status = next.unwrap_or_else(|| status.load(Ordering::SeqCst));
+                    let mut status = next.unwrap_or_else(|| status.load(Ordering::SeqCst));
+                    if status == 0 {
+                        // No answer within any send timeout of these tests.
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                        status = 503;
+                    }
                     let body = match (status, n % 2) {
                         (200, 1) => "<html><body>Thanks!</body></html>".to_string(),
                         (200, _) => {
@@ -1014,13 +1019,14 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     gw.cleanup().await;
 }
 
-/// The provider took the message (2xx, unreadably) and refused the resend (503); the
-/// step that holds the attempt is refused by the store, every time. What the attempt
-/// keeps was written before the resend, so each later delivery still knows the
-/// provider has the message: asked again under its key, never sent elsewhere, and
-/// given up after the bounded failed deliveries.
+/// The provider took the message (2xx, unreadably), and the step that holds the
+/// attempt is refused by the store, every time: once taken on the first call (the
+/// resend refused, 503), once on the resend after a first call got no answer. What the
+/// attempt keeps was flushed before the hold, so each later delivery still knows the
+/// provider has the message (its call refused, 503): asked again under its key, never
+/// sent elsewhere, and given up after the bounded failed deliveries.
 async fn a_taken_message_stays_taken_when_its_hold_is_refused(b: Backends) {
-    let garbling = GarblingProvider::start(&[200, 503]).await;
+    let garbling = GarblingProvider::start(&[]).await;
     garbling.status.store(503, Ordering::SeqCst);
     let good = provider(201, ACCEPT).await;
     let grants = [garbling.addr.to_string(), good.host_port()];
@@ -1031,12 +1037,19 @@ async fn a_taken_message_stays_taken_when_its_hold_is_refused(b: Backends) {
         .await;
     common::refuse_held_rounds(&gw.config).await;
     let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
-    let event = gw.trigger(&key, otp, "HIGH").await;
-    let m = gw.settled(&event).await;
-    assert!(good.take_requests().is_empty(), "the fallback was called");
-    given_up_after_three(m);
-    // The call and its resend, then one call in each of the two later deliveries.
-    assert_eq!(garbling.keys(), vec![format!("{event}.1"); 4]);
+    let mut calls = 0;
+    // 0: no answer.
+    for script in [[200, 503], [0, 200]] {
+        garbling.script.lock().unwrap().extend(script);
+        let event = gw.trigger(&key, otp.clone(), "HIGH").await;
+        let m = gw.settled(&event).await;
+        assert!(good.take_requests().is_empty(), "the fallback was called");
+        given_up_after_three(m);
+        // The call and its resend, then one call in each of the two later deliveries.
+        let keys = garbling.keys();
+        assert_eq!(keys[calls..], vec![format!("{event}.1"); 4], "{keys:?}");
+        calls = keys.len();
+    }
     gw.cleanup().await;
 }
 
@@ -2277,8 +2290,8 @@ async fn a_resend_that_found_no_room_is_not_made_again() {
             Duration::from_secs(send),
         )
     };
-    // The event's calls time out after 1 s, and a call waits at most 1.5 s for a slot.
-    let (short, long) = (dispatcher(4, 1), dispatcher(60, 20));
+    // The event's calls time out after 2 s, and a call waits at most 3 s for a slot.
+    let (short, long) = (dispatcher(8, 2), dispatcher(60, 20));
     let (event, other) = (envelope(EventId::generate()), envelope(other));
     let first_key = format!("{}.1", event.event_id);
     let calls = || hanging.keys().iter().filter(|k| **k == first_key).count();
@@ -2448,9 +2461,9 @@ async fn busy_rounds_do_not_bring_the_broker_cap_closer(b: Backends) {
     gw.workflows().await;
     let key = gw.key(KeyMode::Live).await;
     gw.route("email", &[("prova", &good.url())]).await;
-    // Handed back every 0.25 s for 7 s: past the cap of 20 deliveries before the first
-    // claim.
-    common::lease_new_messages_to(&gw.config, "elsewhere", 7).await;
+    // Handed back every 0.25 s for 10 s: past the cap of 20 deliveries before the
+    // first claim (checked below).
+    common::lease_new_messages_to(&gw.config, "elsewhere", 10).await;
     common::refuse_timeline_entries(&gw.config, "sent").await;
     let event = gw
         .trigger(
@@ -2466,6 +2479,13 @@ async fn busy_rounds_do_not_bring_the_broker_cap_closer(b: Backends) {
         "{detail}"
     );
     assert_eq!(good.take_requests().len(), 2, "{detail}");
+    let text = gw.state.ingest.metrics.render();
+    let busy = text
+        .lines()
+        .find_map(|l| l.strip_prefix("switchboard_deliveries_total{outcome=\"busy\"} "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_default();
+    assert!(busy > 20, "{busy} busy rounds: the cap was never reached");
     gw.cleanup().await;
 }
 

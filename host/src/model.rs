@@ -397,8 +397,8 @@ pub enum AttemptWrite {
     Finish {
         /// Which attempt.
         attempt_no: i32,
-        /// `Sent` or `Failed`; `Started` keeps a held attempt open, its detail saying
-        /// why (its `finished_at` is then when it was last held).
+        /// `Sent` or `Failed`; `Started` keeps a held or resent attempt open, its
+        /// detail saying why (its `finished_at` is then when that was last written).
         state: AttemptState,
         /// Provider id when sent.
         provider_message_id: Option<String>,

@@ -251,13 +251,26 @@ impl Failure {
 /// or whose later step is refused, cannot leave the next one a resend of its own (a
 /// copy more at a provider that does not de-duplicate) or a fallback after a taken call.
 pub(super) fn resent_step(attempt_no: i32, taken: bool) -> Step {
+    kept_step(attempt_no, if taken { RESENT_TAKEN } else { RESENT })
+}
+
+/// The step that keeps that the provider took the message on attempt `attempt_no`,
+/// learned on a call made after the attempt's last mark was written (its resend, or a
+/// resumed call): written, and flushed, before the step that holds it ([`held_step`]),
+/// so that one being refused leaves it known.
+pub(super) fn taken_step(attempt_no: i32) -> Step {
+    kept_step(attempt_no, HELD_TAKEN)
+}
+
+/// Attempt `attempt_no` left `started` with `detail` ([`Kept`]), the lease renewed.
+fn kept_step(attempt_no: i32, detail: &str) -> Step {
     Step {
         attempt: Some(AttemptWrite::Finish {
             attempt_no,
             state: AttemptState::Started,
             provider_message_id: None,
             cost_micro_usd: 0,
-            detail: Some(if taken { RESENT_TAKEN } else { RESENT }.into()),
+            detail: Some(detail.into()),
         }),
         ..Default::default()
     }
@@ -515,8 +528,11 @@ mod tests {
     /// nothing on the message or its timeline.
     #[test]
     fn a_resend_is_kept_before_it_is_made() {
-        for taken in [false, true] {
-            let step = resent_step(3, taken);
+        for (taken, step) in [
+            (false, resent_step(3, false)),
+            (true, resent_step(3, true)),
+            (true, taken_step(3)),
+        ] {
             let Some(AttemptWrite::Finish {
                 attempt_no,
                 state,

@@ -20,7 +20,7 @@
 //! nothing is to be sent) is decided before the claim and written in the claim's own
 //! transaction, so the usual delivery costs one write before the provider call.
 
-use super::attempt::{self, Answer};
+use super::attempt;
 use super::plan::{self, Action, Call, Context};
 use crate::circuits::{Circuits, Outcome as CircuitOutcome, Verdict};
 use crate::ids::WorkspaceId;
@@ -31,7 +31,6 @@ use crate::model::{
 };
 use crate::plugins::registry::Registry;
 use crate::plugins::trial::Trial;
-use crate::plugins::types;
 use crate::store::coalesce::Coalescer;
 use crate::store::{Store, StoreError};
 use crate::voice;
@@ -39,6 +38,8 @@ use crate::workflow::Workflow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod call;
 
 /// What became of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -393,7 +394,8 @@ impl Run<'_> {
             .map(attempt::Kept::of)
             .unwrap_or_default();
         let (taken_before, spent) = (kept.taken, kept.spent());
-        let mut taken = taken_before;
+        // `taken`: known in this delivery; `marked`: kept (flushed) on the attempt.
+        let (mut taken, mut marked) = (taken_before, taken_before);
         let called = loop {
             let Ok(called) = self.call(call, plugin.clone()).await else {
                 if taken && !taken_before {
@@ -442,10 +444,16 @@ impl Run<'_> {
                     // a worker that lost it stops here, and the holder resumes the
                     // attempt under its key.
                     self.step(&attempt::resent_step(attempt_no, taken)).await?;
+                    marked = taken;
                     tokio::time::sleep(attempt::RESEND_PAUSE).await;
                     continue;
                 }
                 attempt::Then::Hold(hold) => {
+                    if hold == attempt::Hold::Unreadable && !marked {
+                        // Taken on this call, after the attempt's last mark: kept on
+                        // its own first, so a refused hold still leaves it known.
+                        self.step(&attempt::taken_step(attempt_no)).await?;
+                    }
                     // A call nobody can read, or any failure after one, is the provider's
                     // (or the plugin's) failure.
                     let failed = (hold == attempt::Hold::Unreadable).then_some(trial.as_ref());
@@ -535,10 +543,11 @@ impl Run<'_> {
     /// last call failed, counted against the provider (and the trial arm it was in).
     /// `resent`: the attempt's resend was spent, in this delivery or an earlier one.
     ///
-    /// Should the step be refused (the lease lost, the store down), the attempt keeps
-    /// what its resend's step wrote ([`attempt::resent_step`]): a message taken is
-    /// still known taken. Only a 409 to a resumed call, no resend made, is then
-    /// resumed as any attempt left started.
+    /// Should the step be refused, the attempt keeps what was flushed before it
+    /// ([`attempt::resent_step`], [`attempt::taken_step`]): a message taken is still
+    /// known taken, unless that write failed too (the lease lost, the store down; the
+    /// next delivery then goes by the mark before it). A 409 to a resumed call, no
+    /// resend made, is then resumed as any attempt left started.
     async fn hold(
         &self,
         call: &Call,
@@ -566,131 +575,4 @@ impl Run<'_> {
         self.step(&held).await?;
         Ok(Some(Outcome::Held(hold)))
     }
-
-    /// The version of `slug` that serves this event on channel `ch`, and the trial arm
-    /// it counts in ([`Registry::pick`]). An event of a canary's share on a channel the
-    /// canary does not serve counts as the canary's failed send.
-    ///
-    /// [`Registry::pick`]: crate::plugins::registry::Registry::pick
-    fn pick(&self, slug: &str, ch: &str) -> (Option<crate::plugins::Plugin>, Option<Trial>) {
-        let Some(picked) = self
-            .d
-            .plugins
-            .pick(slug, self.envelope.event_id.as_str(), ch)
-        else {
-            return (None, None);
-        };
-        if let Some(missed) = &picked.missed {
-            tracing::warn!(
-                provider = slug,
-                channel = ch,
-                "the canary does not serve the channel; the active version sends"
-            );
-            if let Some(canaries) = &self.d.canaries {
-                canaries.record(missed, CircuitOutcome::SendFailed);
-            }
-        }
-        (Some(picked.plugin), picked.trial)
-    }
-
-    /// The call to `plugin` (the version [`Registry::pick`] chose for the event; `None`:
-    /// nothing serves the slug): the provider's answer, or why there is none.
-    ///
-    /// [`Registry::pick`]: crate::plugins::registry::Registry::pick
-    async fn call(
-        &self,
-        call: &Call,
-        plugin: Option<crate::plugins::Plugin>,
-    ) -> Result<Result<Answer, attempt::Failure>, NoSlot> {
-        let (channel, route) = (call.channel, &call.route);
-        let slug = route.provider.as_str();
-        let Some(plugin) = plugin else {
-            return Ok(Err(attempt::Failure::answered(
-                NOT_LOADED,
-                format!("no plugin {slug:?} is loaded"),
-            )));
-        };
-        if !plugin.serves(channel.as_str()) {
-            return Ok(Err(attempt::Failure::answered(
-                NOT_SERVED,
-                format!("{slug} does not serve {}", channel.as_str()),
-            )));
-        }
-        let config: Vec<(String, String)> = route
-            .config
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let request = &self.envelope.request;
-        let message = types::Message {
-            event_id: self.envelope.event_id.to_string(),
-            idempotency_key: types::idempotency_key(
-                self.envelope.event_id.as_str(),
-                call.attempt_no,
-            ),
-            subscriber_id: request.to.subscriber_id.clone(),
-            content: call.content.clone(),
-            extra_params: request
-                .overrides
-                .as_ref()
-                .and_then(|o| o.extra_params.clone())
-                .map(|p| p.into_iter().collect())
-                .unwrap_or_default(),
-        };
-        // The send timeout bounds the provider call, not the wait for room at the
-        // provider and an instance slot before it (other sends may hold them all); that
-        // wait is bounded by what the lease leaves, and nothing is sent when it runs out.
-        let started = Instant::now();
-        let room = async {
-            let in_flight = match &self.d.in_flight {
-                Some(limits) => limits.enter(slug).await,
-                None => None,
-            };
-            (in_flight, plugin.slot().await)
-        };
-        // The provider's permit is held until the send has ended.
-        let (_in_flight, slot) = match tokio::time::timeout(self.d.slot_wait(), room).await {
-            Ok((in_flight, Ok(slot))) => (in_flight, slot),
-            Ok((_, Err(e))) => {
-                return Ok(Err(attempt::Failure::answered(
-                    "plugin-error",
-                    e.to_string(),
-                )));
-            }
-            Err(_) => return Err(NoSlot),
-        };
-        self.d.stage("slot", started);
-        let started = Instant::now();
-        let sent =
-            tokio::time::timeout(self.d.send_timeout, plugin.send_in(slot, &config, &message))
-                .await;
-        self.d.stage("send", started);
-        Ok(match sent {
-            Err(_) => Err(attempt::Failure::timed_out(self.d.send_timeout)),
-            // A plugin that trapped or erred is broken, not unanswered: not called again.
-            Ok(Err(e)) => Err(attempt::Failure::answered("plugin-error", e.to_string())),
-            Ok(Ok(types::SendOutcome::Rejected(r))) => Err(attempt::Failure::rejected(r)),
-            Ok(Ok(types::SendOutcome::Accepted(a))) => {
-                // Spec voice rule 6: a call is billed at 15000 micro-USD.
-                let cost = if channel == crate::routing::Channel::Voice {
-                    voice::CALL_COST_MICRO_USD
-                } else {
-                    a.cost_micro_usd.max(0)
-                };
-                Ok(Answer {
-                    provider_message_id: a.provider_message_id,
-                    cost,
-                    plugin: Some((
-                        plugin.info().version.clone(),
-                        plugin.digest()[..16].to_string(),
-                    )),
-                    resends: 0,
-                })
-            }
-        })
-    }
 }
-
-/// No room at the provider or no plugin instance slot came free within
-/// [`Dispatcher::slot_wait`]: nothing was sent.
-struct NoSlot;

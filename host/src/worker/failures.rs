@@ -80,9 +80,12 @@ impl Failures {
         if !counts.contains_key(event) && counts.len() >= MAX_TRACKED {
             counts.retain(|_, c| now.duration_since(c.last) < self.forget_after);
             if counts.len() >= MAX_TRACKED {
+                if !failure {
+                    return None;
+                }
                 let only_busy = counts
                     .iter()
-                    .find(|(_, c)| failure && c.failed == 0)
+                    .find(|(_, c)| c.failed == 0)
                     .map(|(e, _)| e.clone());
                 counts.remove(&only_busy?);
             }
