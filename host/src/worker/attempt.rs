@@ -291,18 +291,12 @@ pub(super) fn held_step(
         "held": hold.code(),
         "reason": "the provider has the message under the attempt's key: not sent elsewhere"});
     Step {
-        attempt: Some(AttemptWrite::Finish {
-            attempt_no,
-            state: AttemptState::Started,
-            provider_message_id: None,
-            cost_micro_usd: 0,
-            detail: Some(hold.attempt_detail(resent).into()),
-        }),
         message: MessageUpdate {
             release_lease: true,
             ..Default::default()
         },
         timeline: vec![entry(StepStatus::Queued, Some(slug), detail)],
+        ..kept_step(attempt_no, hold.attempt_detail(resent))
     }
 }
 
@@ -523,11 +517,12 @@ mod tests {
         assert_eq!((taken.spent(), Kept::default().spent()), (RESENDS, 0));
     }
 
-    /// The step before a resend keeps, for the next delivery, that the resend is spent
-    /// and whether the provider took the message; it renews the lease and writes
-    /// nothing on the message or its timeline.
+    /// The step before a resend, and the one before a hold whose taking was learned
+    /// after the last mark, keep for the next delivery that the resend is spent and
+    /// whether the provider took the message; each renews the lease and writes nothing
+    /// on the message or its timeline.
     #[test]
-    fn a_resend_is_kept_before_it_is_made() {
+    fn a_resend_or_a_late_taking_is_kept_before_what_follows() {
         for (taken, step) in [
             (false, resent_step(3, false)),
             (true, resent_step(3, true)),

@@ -402,7 +402,7 @@ impl Run<'_> {
                     // Taken in this delivery: held (no call failed now, so nothing is
                     // counted), so the attempt keeps that the provider has the message.
                     let held = attempt::Hold::Unreadable;
-                    return self.hold(call, None, held, resends, true).await;
+                    return self.hold(call, None, held, resends, true, false).await;
                 }
                 // Not sent: the attempt stays `started`, to be resumed (under the same
                 // idempotency key) by the redelivery, which need not wait out the lease.
@@ -449,16 +449,14 @@ impl Run<'_> {
                     continue;
                 }
                 attempt::Then::Hold(hold) => {
-                    if hold == attempt::Hold::Unreadable && !marked {
-                        // Taken on this call, after the attempt's last mark: kept on
-                        // its own first, so a refused hold still leaves it known.
-                        self.step(&attempt::taken_step(attempt_no)).await?;
-                    }
                     // A call nobody can read, or any failure after one, is the provider's
                     // (or the plugin's) failure.
-                    let failed = (hold == attempt::Hold::Unreadable).then_some(trial.as_ref());
-                    let resent = resends + spent > 0;
-                    return self.hold(call, failed, hold, resends, resent).await;
+                    let unreadable = hold == attempt::Hold::Unreadable;
+                    let failed = unreadable.then_some(trial.as_ref());
+                    let (resent, unmarked) = (resends + spent > 0, unreadable && !marked);
+                    return self
+                        .hold(call, failed, hold, resends, resent, unmarked)
+                        .await;
                 }
                 attempt::Then::Fail => break called,
             }
@@ -542,12 +540,14 @@ impl Run<'_> {
     /// `started`, to be asked again under its key by a later delivery. `failed`: the
     /// last call failed, counted against the provider (and the trial arm it was in).
     /// `resent`: the attempt's resend was spent, in this delivery or an earlier one.
+    /// `unmarked`: the provider's taking was learned after the attempt's last mark, and
+    /// is kept on its own first ([`attempt::taken_step`]).
     ///
     /// Should the step be refused, the attempt keeps what was flushed before it
     /// ([`attempt::resent_step`], [`attempt::taken_step`]): a message taken is still
-    /// known taken, unless that write failed too (the lease lost, the store down; the
-    /// next delivery then goes by the mark before it). A 409 to a resumed call, no
-    /// resend made, is then resumed as any attempt left started.
+    /// known taken, unless the lease was lost or the store is down (then the next
+    /// delivery goes by the last mark written). A 409 to a resumed call, no resend
+    /// made, is then resumed as any attempt left started.
     async fn hold(
         &self,
         call: &Call,
@@ -555,6 +555,7 @@ impl Run<'_> {
         hold: attempt::Hold,
         resends: u32,
         resent: bool,
+        unmarked: bool,
     ) -> Result<Option<Outcome>, StoreError> {
         let (slug, ch) = (call.route.provider.as_str(), call.channel.as_str());
         if let Some(trial) = failed {
@@ -571,6 +572,10 @@ impl Run<'_> {
             resends,
             "the provider has the message; asking again later under the attempt's key"
         );
+        if unmarked {
+            // Flushed on its own: a refused hold step still leaves it known.
+            self.step(&attempt::taken_step(call.attempt_no)).await?;
+        }
         let held = attempt::held_step(call.channel, slug, call.attempt_no, hold, resent);
         self.step(&held).await?;
         Ok(Some(Outcome::Held(hold)))
