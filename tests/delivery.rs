@@ -326,6 +326,7 @@ both!(
     failover_across_providers_then_channels,
     an_unanswered_send_is_resent_under_its_key_before_any_fallback,
     a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere,
+    a_call_left_unanswered_after_a_409_is_held_not_sent_elsewhere,
     a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere,
     a_taken_message_stays_taken_when_its_hold_is_refused,
     everything_failing_ends_dispatch_failed,
@@ -931,6 +932,42 @@ impl std::ops::Deref for GarblingProvider {
     }
 }
 
+/// A provider that answered 409 to a call under the attempt's key has a request under
+/// it under way, which may be sent since: a later delivery's call left without an
+/// answer holds the attempt again (after its resend, when one is left), where a
+/// fallback would send the person a second message. The next answer settles it.
+async fn a_call_left_unanswered_after_a_409_is_held_not_sent_elsewhere(b: Backends) {
+    // 0: no answer. The call and its resend (409), then a later delivery's call.
+    let garbling = GarblingProvider::start(&[0, 409, 0]).await;
+    let good = provider(201, ACCEPT).await;
+    let grants = [garbling.addr.to_string(), good.host_port()];
+    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &garbling.url()), ("provd", &good.url())])
+        .await;
+    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    let event = gw.trigger(&key, otp, "HIGH").await;
+    let m = gw.settled_within(&event, Duration::from_secs(45)).await;
+    assert!(good.take_requests().is_empty(), "the fallback was called");
+    assert_eq!(
+        (m.status, m.provider.as_deref(), m.attempts),
+        (MessageStatus::Sent, Some("provc"), 1),
+        "{:?}",
+        m.error_detail
+    );
+    // The resent call's spent resend is kept: one call in each later delivery.
+    assert_eq!(garbling.keys(), vec![format!("{event}.1"); 4]);
+    let dto = gw.dto(&key, &event).await;
+    assert_eq!(
+        statuses(&dto),
+        ["queued:-", "queued:provc", "queued:provc", "sent:provc"],
+        "{dto}"
+    );
+    assert_held_rounds(&gw, 2);
+    gw.cleanup().await;
+}
+
 /// A provider that answered 2xx took the message, even when the plugin cannot read the
 /// answer (nor learn its id): the call is made again under the attempt's key, and the
 /// attempt is held and asked again later (one call a delivery), never sent elsewhere,
@@ -1029,7 +1066,9 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
 /// resend refused, 503), once on the resend after a first call got no answer. What the
 /// attempt keeps was flushed before the hold, so each later delivery still knows the
 /// provider has the message (its call refused, 503): asked again under its key, never
-/// sent elsewhere, and given up after the bounded failed deliveries.
+/// sent elsewhere, and given up after the bounded failed deliveries. So with a 409 to
+/// the resend after a first call got no answer: each later call, left without an
+/// answer, is held again, never failed over.
 async fn a_taken_message_stays_taken_when_its_hold_is_refused(b: Backends) {
     let garbling = GarblingProvider::start(&[]).await;
     garbling.status.store(503, Ordering::SeqCst);
@@ -1044,7 +1083,7 @@ async fn a_taken_message_stays_taken_when_its_hold_is_refused(b: Backends) {
     let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
     let mut calls = 0;
     // 0: no answer.
-    for script in [[200, 503], [0, 200]] {
+    for script in [&[200, 503][..], &[0, 200], &[0, 409, 0, 0]] {
         garbling.script.lock().unwrap().extend(script);
         let event = gw.trigger(&key, otp.clone(), "HIGH").await;
         // Two lease expiries after refused holds, and a call without an answer.

@@ -110,6 +110,8 @@ const HELD_TAKEN: &str = "held: invalid-response";
 const RESENT: &str = "resent: no answer";
 /// Its resend under way, the provider having taken the message unreadably.
 const RESENT_TAKEN: &str = "resent: invalid-response";
+/// Its resend under way, the provider having answered 409 to an earlier call.
+const RESENT_KEY_IN_USE: &str = "resent: http-409";
 
 /// What an earlier delivery of an attempt left in its detail for the next one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -117,6 +119,10 @@ pub(super) struct Kept {
     /// The provider took the message, unreadably: however a later call of the attempt
     /// fails, the provider has it ([`Failure::then`]).
     pub taken: bool,
+    /// The provider answered an earlier call under the key 409 (a request under it is
+    /// under way): a later call without an answer leaves it held, not failed over
+    /// ([`Failure::then`]).
+    pub key_in_use: bool,
     /// The attempt's resend was spent ([`RESENDS`]): a later delivery makes one call.
     pub resent: bool,
 }
@@ -127,16 +133,17 @@ impl Kept {
         if attempt.state != AttemptState::Started {
             return Self::default();
         }
-        match attempt.detail.as_deref() {
-            Some(HELD_TAKEN | RESENT_TAKEN) => Self {
-                taken: true,
-                resent: true,
-            },
-            Some(RESENT | HELD_KEY_IN_USE_RESENT) => Self {
-                taken: false,
-                resent: true,
-            },
-            _ => Self::default(),
+        let (taken, key_in_use, resent) = match attempt.detail.as_deref() {
+            Some(HELD_TAKEN | RESENT_TAKEN) => (true, false, true),
+            Some(HELD_KEY_IN_USE) => (false, true, false),
+            Some(HELD_KEY_IN_USE_RESENT | RESENT_KEY_IN_USE) => (false, true, true),
+            Some(RESENT) => (false, false, true),
+            _ => return Self::default(),
+        };
+        Self {
+            taken,
+            key_in_use,
+            resent,
         }
     }
 
@@ -169,9 +176,10 @@ impl Hold {
     pub fn why(self) -> &'static str {
         match self {
             Self::KeyInUse => {
-                "the provider still answered that it holds a request under the attempt's \
-                 idempotency key (409), so the message was not sent elsewhere (a second \
-                 copy); the provider may deliver it"
+                "the provider answered that it holds a request under the attempt's \
+                 idempotency key (409), and no later call under it was answered \
+                 otherwise, so the message was not sent elsewhere (a second copy); the \
+                 provider may deliver it"
             }
             Self::Unreadable => {
                 "the provider answered that it took the message (2xx) in a form the plugin \
@@ -220,23 +228,28 @@ impl Failure {
     }
 
     /// What follows this failure of a call made after `resends` resends, under a key
-    /// `used_before` this call (a resend, or a resumed attempt), when an earlier call of
-    /// the attempt was answered 2xx unreadably (`taken`).
+    /// `used_before` this call (a resend, or a resumed attempt), given what earlier
+    /// calls of the attempt told (`kept`: taken, or answered 409; its `resent` is not
+    /// read, `resends` counts them).
     ///
     /// A call without an answer, or with an unreadable 2xx, is made again under the
     /// same key (a provider that de-duplicates answers with its first answer). A
     /// provider that says it holds a request under a key used before (409; a fresh key
     /// cannot be in use, so a 409 to it is an ordinary refusal), or that took the
-    /// message, is not followed by a fallback: the attempt is asked again later. A
-    /// resumed attempt counts as a repeat even if the worker before never made its call
-    /// (no slot came free, or it died first): nothing tells the two apart.
-    pub fn then(&self, resends: u32, used_before: bool, taken: bool) -> Then {
+    /// message, is not followed by a fallback: the attempt is asked again later. Nor is
+    /// a call left without an answer after such a 409: the request under way may have
+    /// been sent since. An answered refusal after a 409 is the key's own outcome (a
+    /// provider that de-duplicates answers a finished request with its result), so it
+    /// is failed over. A resumed attempt counts as a repeat even if the worker before
+    /// never made its call (no slot came free, or it died first): nothing tells the two
+    /// apart.
+    pub fn then(&self, resends: u32, used_before: bool, kept: Kept) -> Then {
         if (self.unanswered || self.taken()) && resends < RESENDS {
             Then::Resend
-        } else if taken || self.taken() {
+        } else if kept.taken || self.taken() {
             // Before a 409: what the attempt keeps must say the provider took it.
             Then::Hold(Hold::Unreadable)
-        } else if used_before && self.code == HELD {
+        } else if (used_before && self.code == HELD) || (kept.key_in_use && self.unanswered) {
             Then::Hold(Hold::KeyInUse)
         } else {
             Then::Fail
@@ -246,20 +259,29 @@ impl Failure {
 
 /// The step written before a call of attempt `attempt_no` is made again under its key
 /// ([`Then::Resend`]): the attempt stays `started`, keeping that its resend is spent and
-/// whether the provider took the message (`taken`; [`Kept`]), and the lease is renewed
-/// for the call. Flushed before the call, so a delivery that then finds no room for it,
-/// or whose later step is refused, cannot leave the next one a resend of its own (a
-/// copy more at a provider that does not de-duplicate) or a fallback after a taken call.
-pub(super) fn resent_step(attempt_no: i32, taken: bool) -> Step {
-    kept_step(attempt_no, if taken { RESENT_TAKEN } else { RESENT })
+/// whether the provider took the message or answered 409 before (`kept`; [`Kept`]), and
+/// the lease is renewed for the call. Flushed before the call, so a delivery that then
+/// finds no room for it, or whose later step is refused, cannot leave the next one a
+/// resend of its own (a copy more at a provider that does not de-duplicate) or a
+/// fallback after a taken call.
+pub(super) fn resent_step(attempt_no: i32, kept: Kept) -> Step {
+    let detail = if kept.taken {
+        RESENT_TAKEN
+    } else if kept.key_in_use {
+        RESENT_KEY_IN_USE
+    } else {
+        RESENT
+    };
+    kept_step(attempt_no, detail)
 }
 
-/// The step that keeps that the provider took the message on attempt `attempt_no`,
-/// learned on a call made after the attempt's last mark was written (its resend, or a
-/// resumed call): written, and flushed, before the step that holds it ([`held_step`]),
-/// so that one being refused leaves it known.
-pub(super) fn taken_step(attempt_no: i32) -> Step {
-    kept_step(attempt_no, HELD_TAKEN)
+/// The step that keeps why attempt `attempt_no` is held (the provider took the
+/// message, or answered 409), and whether its resend was spent (`resent`), learned on a
+/// call made after the attempt's last mark was written (its resend, or a resumed call):
+/// written, and flushed, before the step that holds it ([`held_step`]), so that one
+/// being refused leaves it known.
+pub(super) fn mark_step(attempt_no: i32, hold: Hold, resent: bool) -> Step {
+    kept_step(attempt_no, hold.attempt_detail(resent))
 }
 
 /// Attempt `attempt_no` left `started` with `detail` ([`Kept`]), the lease renewed.
@@ -377,6 +399,16 @@ mod tests {
     use super::*;
     use crate::worker::plan::tests::record;
 
+    const NOTHING: Kept = Kept {
+        taken: false,
+        key_in_use: false,
+        resent: false,
+    };
+    const TAKEN: Kept = Kept {
+        taken: true,
+        ..NOTHING
+    };
+
     #[test]
     fn only_a_call_without_a_readable_answer_is_resent_and_only_so_often() {
         let rejected = |code: &str, retryable| {
@@ -386,7 +418,7 @@ mod tests {
                 retryable,
             })
         };
-        let fresh = |f: Failure, resends| f.then(resends, resends > 0, false);
+        let fresh = |f: Failure, resends| f.then(resends, resends > 0, NOTHING);
         assert_eq!(fresh(rejected("timeout", true), 0), Then::Resend);
         assert_eq!(
             fresh(rejected("transport", true), RESENDS - 1),
@@ -428,15 +460,35 @@ mod tests {
             })
         };
         let key_in_use = Then::Hold(Hold::KeyInUse);
-        assert_eq!(rejected("http-409").then(0, true, false), key_in_use);
-        assert_eq!(rejected("http-409").then(1, true, false), key_in_use);
+        assert_eq!(rejected("http-409").then(0, true, NOTHING), key_in_use);
+        assert_eq!(rejected("http-409").then(1, true, NOTHING), key_in_use);
         assert_eq!(
-            rejected("http-409").then(0, false, false),
+            rejected("http-409").then(0, false, NOTHING),
             Then::Fail,
             "a fresh key: a refusal"
         );
-        assert_eq!(rejected("http-400").then(0, true, false), Then::Fail);
-        assert_eq!(rejected("timeout").then(RESENDS, true, false), Then::Fail);
+        assert_eq!(rejected("http-400").then(0, true, NOTHING), Then::Fail);
+        assert_eq!(rejected("timeout").then(RESENDS, true, NOTHING), Then::Fail);
+        // After a 409 kept from an earlier delivery: a call without an answer is resent
+        // while it may be, then held, never failed over; an answer is the key's outcome.
+        let after_409 = Kept {
+            key_in_use: true,
+            ..NOTHING
+        };
+        assert_eq!(rejected("timeout").then(0, true, after_409), Then::Resend);
+        assert_eq!(
+            rejected("transport").then(RESENDS, true, after_409),
+            key_in_use
+        );
+        assert_eq!(
+            Failure::timed_out(Duration::from_secs(1)).then(RESENDS, true, after_409),
+            key_in_use
+        );
+        assert_eq!(
+            rejected("http-503").then(RESENDS, true, after_409),
+            Then::Fail
+        );
+        assert_eq!(rejected("http-400").then(0, true, after_409), Then::Fail);
     }
 
     #[test]
@@ -453,19 +505,19 @@ mod tests {
         assert!(!rejected("http-503").taken());
         // Resent once, then held: however the resend fails, the provider took it before.
         assert_eq!(
-            rejected("invalid-response").then(RESENDS, true, true),
+            rejected("invalid-response").then(RESENDS, true, TAKEN),
             unreadable
         );
-        assert_eq!(rejected("timeout").then(RESENDS, true, true), unreadable);
-        assert_eq!(rejected("http-503").then(RESENDS, true, true), unreadable);
+        assert_eq!(rejected("timeout").then(RESENDS, true, TAKEN), unreadable);
+        assert_eq!(rejected("http-503").then(RESENDS, true, TAKEN), unreadable);
         assert_eq!(
-            rejected("http-409").then(RESENDS, true, true),
+            rejected("http-409").then(RESENDS, true, TAKEN),
             unreadable,
             "kept as taken, whatever answers later"
         );
         // A resumed attempt answered unreadably is asked again at once too.
         assert_eq!(
-            rejected("invalid-response").then(0, true, false),
+            rejected("invalid-response").then(0, true, NOTHING),
             Then::Resend
         );
         assert_ne!(Hold::Unreadable.why(), Hold::KeyInUse.why());
@@ -490,23 +542,27 @@ mod tests {
             attempt.detail = detail;
             attempt
         };
-        let (taken, resent) = (
-            Kept {
-                taken: true,
-                resent: true,
-            },
-            Kept {
-                taken: false,
-                resent: true,
-            },
-        );
+        let taken = Kept {
+            resent: true,
+            ..TAKEN
+        };
+        let key_in_use = Kept {
+            key_in_use: true,
+            ..NOTHING
+        };
         assert_eq!(Kept::of(&held(Hold::Unreadable, false)), taken);
         assert_eq!(
             Kept::of(&held(Hold::KeyInUse, false)),
-            Kept::default(),
-            "a 409: a refusal may follow, and the resend is not spent"
+            key_in_use,
+            "a 409: the resend is not spent"
         );
-        assert_eq!(Kept::of(&held(Hold::KeyInUse, true)), resent);
+        assert_eq!(
+            Kept::of(&held(Hold::KeyInUse, true)),
+            Kept {
+                resent: true,
+                ..key_in_use
+            }
+        );
         assert_eq!(
             Kept::of(&record(2, "sms", "provc", AttemptState::Started)),
             Kept::default()
@@ -517,16 +573,22 @@ mod tests {
         assert_eq!((taken.spent(), Kept::default().spent()), (RESENDS, 0));
     }
 
-    /// The step before a resend, and the one before a hold whose taking was learned
+    /// The step before a resend, and the one before a hold whose reason was learned
     /// after the last mark, keep for the next delivery that the resend is spent and
     /// whether the provider took the message; each renews the lease and writes nothing
     /// on the message or its timeline.
     #[test]
     fn a_resend_or_a_late_taking_is_kept_before_what_follows() {
-        for (taken, step) in [
-            (false, resent_step(3, false)),
-            (true, resent_step(3, true)),
-            (true, taken_step(3)),
+        let key_in_use = Kept {
+            key_in_use: true,
+            ..NOTHING
+        };
+        for (kept, step) in [
+            (NOTHING, resent_step(3, NOTHING)),
+            (TAKEN, resent_step(3, TAKEN)),
+            (key_in_use, resent_step(3, key_in_use)),
+            (TAKEN, mark_step(3, Hold::Unreadable, false)),
+            (key_in_use, mark_step(3, Hold::KeyInUse, true)),
         ] {
             let Some(AttemptWrite::Finish {
                 attempt_no,
@@ -549,8 +611,8 @@ mod tests {
             assert_eq!(
                 Kept::of(&attempt),
                 Kept {
-                    taken,
-                    resent: true
+                    resent: true,
+                    ..kept
                 }
             );
         }

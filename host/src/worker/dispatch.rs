@@ -13,7 +13,7 @@
 //! have taken the message, and a fallback would send it again. A provider that answers
 //! such a repeat "key in use" (409), or that took the message unreadably, has it: the
 //! attempt stays open and the event comes back later to ask again ([`Outcome::Held`]),
-//! never to send elsewhere.
+//! never to send elsewhere; so does a later call left without an answer after a 409.
 //!
 //! What to do next is decided by [`plan::next`] from what is known; this module carries
 //! it out. A fresh message's first step (its first attempt `started`, or its end when
@@ -384,9 +384,9 @@ impl Run<'_> {
         let (plugin, trial) = self.pick(slug, ch);
         let mut resends = 0;
         // What an earlier delivery of the attempt kept: whether the provider took the
-        // message, answering 2xx unreadably ([`attempt::Hold::Unreadable`]), and whether
-        // the attempt's resend was spent (made, or found no room): then this delivery
-        // makes one call.
+        // message, answering 2xx unreadably ([`attempt::Hold::Unreadable`]), or answered
+        // 409 ([`attempt::Hold::KeyInUse`]), and whether the attempt's resend was spent
+        // (made, or found no room): then this delivery makes one call.
         let kept = self
             .attempts
             .iter()
@@ -417,7 +417,8 @@ impl Run<'_> {
             };
             let then = match &called {
                 Err(failure) => {
-                    let then = failure.then(resends + spent, resumed || resends > 0, taken);
+                    let known = attempt::Kept { taken, ..kept };
+                    let then = failure.then(resends + spent, resumed || resends > 0, known);
                     taken |= failure.taken();
                     then
                 }
@@ -443,17 +444,25 @@ impl Run<'_> {
                     // message. The step renews the lease, which must outlast the call;
                     // a worker that lost it stops here, and the holder resumes the
                     // attempt under its key.
-                    self.step(&attempt::resent_step(attempt_no, taken)).await?;
+                    let known = attempt::Kept { taken, ..kept };
+                    self.step(&attempt::resent_step(attempt_no, known)).await?;
                     marked = taken;
                     tokio::time::sleep(attempt::RESEND_PAUSE).await;
                     continue;
                 }
                 attempt::Then::Hold(hold) => {
-                    // A call nobody can read, or any failure after one, is the provider's
-                    // (or the plugin's) failure.
+                    // A call nobody can read, or any failure after one, or one left
+                    // without an answer after a 409, is the provider's (or the
+                    // plugin's) failure.
                     let unreadable = hold == attempt::Hold::Unreadable;
-                    let failed = unreadable.then_some(trial.as_ref());
-                    let (resent, unmarked) = (resends + spent > 0, unreadable && !marked);
+                    let unanswered = matches!(&called, Err(f) if f.unanswered);
+                    let failed = (unreadable || unanswered).then_some(trial.as_ref());
+                    // Learned after the attempt's last mark: kept on its own first.
+                    let unmarked = match hold {
+                        attempt::Hold::Unreadable => !marked,
+                        attempt::Hold::KeyInUse => !kept.key_in_use,
+                    };
+                    let resent = resends + spent > 0;
                     return self
                         .hold(call, failed, hold, resends, resent, unmarked)
                         .await;
@@ -540,14 +549,13 @@ impl Run<'_> {
     /// `started`, to be asked again under its key by a later delivery. `failed`: the
     /// last call failed, counted against the provider (and the trial arm it was in).
     /// `resent`: the attempt's resend was spent, in this delivery or an earlier one.
-    /// `unmarked`: the provider's taking was learned after the attempt's last mark, and
-    /// is kept on its own first ([`attempt::taken_step`]).
+    /// `unmarked`: why it is held (the provider's taking, or its 409) was learned after
+    /// the attempt's last mark, and is kept on its own first ([`attempt::mark_step`]).
     ///
     /// Should the step be refused, the attempt keeps what was flushed before it
-    /// ([`attempt::resent_step`], [`attempt::taken_step`]): a message taken is still
-    /// known taken, unless the lease was lost or the store is down (then the next
-    /// delivery goes by the last mark written). A 409 to a resumed call, no resend
-    /// made, is then resumed as any attempt left started.
+    /// ([`attempt::resent_step`], [`attempt::mark_step`]): a message taken, or a key
+    /// in use, is still known so, unless the lease was lost or the store is down (then
+    /// the next delivery goes by the last mark written).
     async fn hold(
         &self,
         call: &Call,
@@ -574,7 +582,8 @@ impl Run<'_> {
         );
         if unmarked {
             // Flushed on its own: a refused hold step still leaves it known.
-            self.step(&attempt::taken_step(call.attempt_no)).await?;
+            let mark = attempt::mark_step(call.attempt_no, hold, resent);
+            self.step(&mark).await?;
         }
         let held = attempt::held_step(call.channel, slug, call.attempt_no, hold, resent);
         self.step(&held).await?;
