@@ -295,9 +295,27 @@ pub async fn webhook_secret_set(
     secret: &str,
 ) -> anyhow::Result<String> {
     webhook_secret_input(provider, secret)?;
-    store
-        .put_webhook_secret(provider, ws.map(|w| &w.id), secret)
-        .await?;
+    // A callback belongs to the workspace whose secret verifies it, the first tried: a
+    // secret shared by two scopes would tie every callback it signs to one of them, and
+    // the other's receipts would never match.
+    let scope = ws.map(|w| &w.id);
+    for other in store.webhook_secrets(provider).await? {
+        if other.workspace.as_ref() != scope
+            && crate::crypto::constant_time_eq(other.secret.as_bytes(), secret.as_bytes())
+        {
+            let holder = match other.workspace {
+                Some(_) => "another workspace",
+                None => "the provider-wide secret",
+            };
+            anyhow::bail!(
+                "this webhook secret of {provider} is already set for {holder}: a callback \
+                 it verifies would be tied to one of them only, and the other's receipts \
+                 never applied; give each workspace its own secret, or leave its callbacks \
+                 to the provider-wide one"
+            );
+        }
+    }
+    store.put_webhook_secret(provider, scope, secret).await?;
     let scope = match ws {
         Some(ws) => format!("workspace {}", ws.name),
         None => "every workspace (provider-wide)".to_string(),

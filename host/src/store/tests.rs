@@ -444,8 +444,10 @@ pub(crate) use super::queries::tests::{
 };
 pub(crate) use super::receipts::tests::{
     batched_receipts, batched_replay_reserves, concurrent_receipts, concurrent_replay_reserves,
-    pending_receipts_apply_when_the_id_is_recorded, receipts_apply_by_precedence, receipts_prune,
-    receipts_race_the_provider_id, replay_keys, voice_only_receipts_match_voice_messages_only,
+    pending_receipts_apply_when_the_id_is_recorded,
+    provider_wide_receipts_skip_workspaces_with_their_own_secret, receipts_apply_by_precedence,
+    receipts_prune, receipts_race_the_provider_id, replay_keys,
+    voice_only_receipts_match_voice_messages_only,
 };
 
 /// Calls `$m!` with the name of every shared store test above: each backend's test
@@ -489,6 +491,7 @@ macro_rules! shared_store_tests {
             receipts_race_the_provider_id,
             receipts_prune,
             voice_only_receipts_match_voice_messages_only,
+            provider_wide_receipts_skip_workspaces_with_their_own_secret,
             plugin_versions_insert_and_list,
             plugin_wasm_round_trip,
             plugin_activation,

@@ -1,7 +1,8 @@
 //! Provider webhooks: a callback is verified by its provider's plugin over the raw
-//! body (nothing is parsed before that), refused if it is a replay, parsed into
-//! receipts by the plugin, and published as [`TelemetryReceiptEvent`]s on the
-//! telemetry stream. The receipt consumer ([`crate::worker::receipts`]) applies them.
+//! body (nothing is parsed before that), answered as before if it repeats one accepted
+//! (nothing changes), parsed into receipts by the plugin, and published as
+//! [`TelemetryReceiptEvent`]s on the telemetry stream. The receipt consumer
+//! ([`crate::worker::receipts`]) applies them.
 //!
 //! ## Which workspace a callback belongs to
 //! Nothing in an unverified request is trusted to name a workspace. The gateway tries
@@ -9,7 +10,10 @@
 //! provider-wide one. The workspace whose secret verified the signature is the
 //! callback's workspace, and its receipts can only match that workspace's messages.
 //! A callback verified by the provider-wide secret carries no workspace, and matches
-//! the message with the provider's message id, whichever workspace it is in.
+//! the message with the provider's message id in a workspace without a secret of its
+//! own for the provider (one with its own secret gets only the callbacks it verifies:
+//! another provider account may use the same ids). No two scopes of a provider share a
+//! secret (`admin::webhook_secret_set`).
 //!
 //! ## Replays and retries
 //! A verified callback's id is a digest of the provider, the verifying workspace and

@@ -980,3 +980,78 @@ pub(crate) async fn voice_only_receipts_match_voice_messages_only(store: Arc<dyn
         ReceiptOutcome::Applied(sms.event_id.clone())
     );
 }
+
+/// A callback verified by the provider-wide secret (a receipt with no workspace) never
+/// touches a message of a workspace with a webhook secret of its own for the provider:
+/// that workspace's callbacks are signed with its own secret, and a provider's ids are
+/// unique only in one account, so another account's callback may carry the same id. On
+/// arrival, and when it waits pending for a worker to record the id.
+pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret(
+    store: Arc<dyn Store>,
+) {
+    let store = &*store;
+    let shared = store.ensure_workspace("wide-shared", None).await.unwrap();
+    let own = store.ensure_workspace("wide-own", None).await.unwrap();
+    store
+        .put_webhook_secret("provc", Some(&own.id), "whsec_own")
+        .await
+        .unwrap();
+    let wide =
+        |key: &str, id: &str| receipt(key, "provc", id, None, MessageStatus::Delivered, None);
+    let status = |ws: &WorkspaceId, m: &NewMessage| {
+        let (ws, event) = (ws.clone(), m.event_id.clone());
+        async move { get(store, &ws, &event).await.status }
+    };
+
+    // On arrival: the shared workspace's message, though the other one is newer.
+    let in_shared = sent(store, &shared.id, 0, "provc", "SM-1").await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let in_own = sent(store, &own.id, 1, "provc", "SM-1").await;
+    assert_eq!(
+        store
+            .apply_receipt(&wide("dlr_w1.0", "SM-1"))
+            .await
+            .unwrap(),
+        ReceiptOutcome::Applied(in_shared.event_id.clone())
+    );
+    assert_eq!(status(&own.id, &in_own).await, MessageStatus::Sent);
+    // The workspace's own callbacks still reach it.
+    let signed = receipt(
+        "dlr_o1.0",
+        "provc",
+        "SM-1",
+        Some(&own.id),
+        MessageStatus::Delivered,
+        None,
+    );
+    assert_eq!(
+        store.apply_receipt(&signed).await.unwrap(),
+        ReceiptOutcome::Applied(in_own.event_id.clone())
+    );
+    // With only the other workspace's message, it waits.
+    sent(store, &own.id, 2, "provc", "SM-2").await;
+    assert_eq!(
+        store
+            .apply_receipt(&wide("dlr_w2.0", "SM-2"))
+            .await
+            .unwrap(),
+        ReceiptOutcome::Pending
+    );
+
+    // Pending: the workspace with its own secret records the id first (left alone),
+    // then the shared one (applied).
+    assert_eq!(
+        store
+            .apply_receipt(&wide("dlr_w3.0", "SM-3"))
+            .await
+            .unwrap(),
+        ReceiptOutcome::Pending
+    );
+    let late_own = sent(store, &own.id, 3, "provc", "SM-3").await;
+    assert_eq!(status(&own.id, &late_own).await, MessageStatus::Sent);
+    let late_shared = sent(store, &shared.id, 4, "provc", "SM-3").await;
+    assert_eq!(
+        status(&shared.id, &late_shared).await,
+        MessageStatus::Delivered
+    );
+}
