@@ -712,6 +712,26 @@ impl Drop for StandIn {
     }
 }
 
+/// A gateway that gives an event up after three failed deliveries, its SMS route
+/// `first` (provc) then `good` (provd), these and `more` granted; with its live key and
+/// an OTP trigger's body.
+async fn sms_behind(
+    b: Backends,
+    first: &StandIn,
+    good: &CaptureServer,
+    more: &[String],
+) -> (Gateway, String, Value) {
+    let mut grants = vec![first.addr.to_string(), good.host_port()];
+    grants.extend_from_slice(more);
+    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
+    gw.workflows().await;
+    let key = gw.key(KeyMode::Live).await;
+    gw.route("sms", &[("provc", &first.url()), ("provd", &good.url())])
+        .await;
+    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    (gw, key, otp)
+}
+
 /// A provider that de-duplicates on the `Idempotency-Key` header as providers commonly
 /// do: a key's first request is held until the test lets it go, then accepted; a
 /// request under a key whose first request is still under way is answered 409 (key in
@@ -817,13 +837,7 @@ impl Drop for KeyedProvider {
 async fn a_key_the_provider_still_holds_is_asked_again_never_sent_elsewhere(b: Backends) {
     let keyed = KeyedProvider::start().await;
     let good = provider(201, ACCEPT).await;
-    let grants = [keyed.addr.to_string(), good.host_port()];
-    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
-    gw.workflows().await;
-    let key = gw.key(KeyMode::Live).await;
-    gw.route("sms", &[("provc", &keyed.url()), ("provd", &good.url())])
-        .await;
-    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    let (gw, key, otp) = sms_behind(b, &keyed, &good, &[]).await;
 
     // The first call times out while the provider holds it; the resend is answered
     // 409 (the first failed delivery), the resumed attempt 409 again (the second);
@@ -940,13 +954,7 @@ async fn a_call_left_unanswered_after_a_409_is_held_not_sent_elsewhere(b: Backen
     // 0: no answer. The call and its resend (409), then a later delivery's call.
     let garbling = GarblingProvider::start(&[0, 409, 0]).await;
     let good = provider(201, ACCEPT).await;
-    let grants = [garbling.addr.to_string(), good.host_port()];
-    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
-    gw.workflows().await;
-    let key = gw.key(KeyMode::Live).await;
-    gw.route("sms", &[("provc", &garbling.url()), ("provd", &good.url())])
-        .await;
-    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    let (gw, key, otp) = sms_behind(b, &garbling, &good, &[]).await;
     let event = gw.trigger(&key, otp, "HIGH").await;
     let m = gw.settled_within(&event, Duration::from_secs(45)).await;
     assert!(good.take_requests().is_empty(), "the fallback was called");
@@ -978,17 +986,7 @@ async fn a_2xx_the_plugin_cannot_read_is_asked_again_never_sent_elsewhere(b: Bac
     let garbling = GarblingProvider::start(&[200, 200, 200]).await;
     let good = provider(201, ACCEPT).await;
     let refusing = provider(503, &format!(r#"{{"error":"{}"}}"#, "x".repeat(2 << 20))).await;
-    let grants = [
-        garbling.addr.to_string(),
-        good.host_port(),
-        refusing.host_port(),
-    ];
-    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
-    gw.workflows().await;
-    let key = gw.key(KeyMode::Live).await;
-    gw.route("sms", &[("provc", &garbling.url()), ("provd", &good.url())])
-        .await;
-    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
+    let (gw, key, otp) = sms_behind(b, &garbling, &good, &[refusing.host_port()]).await;
 
     // Unreadable on the call and its resend (held), again on the resumed call (held
     // again, no resend), then the first answer, readable.
@@ -1073,14 +1071,8 @@ async fn a_taken_message_stays_taken_when_its_hold_is_refused(b: Backends) {
     let garbling = GarblingProvider::start(&[]).await;
     garbling.status.store(503, Ordering::SeqCst);
     let good = provider(201, ACCEPT).await;
-    let grants = [garbling.addr.to_string(), good.host_port()];
-    let gw = Gateway::start_with(b, &grants, |c| c.worker.max_deliveries = 3).await;
-    gw.workflows().await;
-    let key = gw.key(KeyMode::Live).await;
-    gw.route("sms", &[("provc", &garbling.url()), ("provd", &good.url())])
-        .await;
+    let (gw, key, otp) = sms_behind(b, &garbling, &good, &[]).await;
     common::refuse_held_rounds(&gw.config).await;
-    let otp = json!({"name": "otp", "to": {"subscriberId": "u1", "phone": "+14155550123"}, "payload": {"code": "1234"}});
     let mut calls = 0;
     // 0: no answer.
     for script in [&[200, 503][..], &[0, 200], &[0, 409, 0, 0]] {

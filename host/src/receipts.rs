@@ -49,7 +49,9 @@ pub struct TelemetryReceiptEvent {
     #[serde(default)]
     pub bounce_reason: Option<String>,
     /// The workspace whose webhook secret verified the callback; `None` when the
-    /// provider-wide secret did (the message's own workspace then applies).
+    /// provider-wide secret did (the message's own workspace then applies, unless the
+    /// message was made after its workspace set a secret of its own for the provider:
+    /// then it is not this callback's).
     #[serde(default)]
     pub workspace_id: Option<String>,
     /// Channel, when the provider said.

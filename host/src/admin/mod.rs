@@ -317,7 +317,12 @@ pub async fn webhook_secret_set(
     }
     store.put_webhook_secret(provider, scope, secret).await?;
     let scope = match ws {
-        Some(ws) => format!("workspace {}", ws.name),
+        Some(ws) => format!(
+            "workspace {} (the messages it accepts once it has a secret of its own \
+             take only callbacks that secret verifies, none verified by the \
+             provider-wide one)",
+            ws.name
+        ),
         None => "every workspace (provider-wide)".to_string(),
     };
     let note = if crate::plugins::bundled::find(provider).is_none() {

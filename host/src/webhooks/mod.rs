@@ -10,10 +10,11 @@
 //! provider-wide one. The workspace whose secret verified the signature is the
 //! callback's workspace, and its receipts can only match that workspace's messages.
 //! A callback verified by the provider-wide secret carries no workspace, and matches
-//! the message with the provider's message id in a workspace without a secret of its
-//! own for the provider (one with its own secret gets only the callbacks it verifies:
-//! another provider account may use the same ids). No two scopes of a provider share a
-//! secret (`admin::webhook_secret_set`).
+//! the message with the provider's message id, unless that message was made after its
+//! workspace set a secret of its own for the provider: such a workspace sends through
+//! its own provider account, whose callbacks that secret verifies, and another account
+//! may use the same ids. Setting a secret another scope of the provider has is refused
+//! (`admin::webhook_secret_set`).
 //!
 //! ## Replays and retries
 //! A verified callback's id is a digest of the provider, the verifying workspace and

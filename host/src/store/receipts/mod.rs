@@ -45,7 +45,9 @@ pub trait Receipts: Send + Sync {
     /// precedence rules):
     /// 1. a receipt key written before is a [`ReceiptOutcome::Duplicate`];
     /// 2. the receipt is stored; with no message of `provider` and
-    ///    `provider_message_id` (in `workspace`, when given) it stays pending:
+    ///    `provider_message_id` (in `workspace`, when given; otherwise not one made
+    ///    after its workspace set a webhook secret of its own for the provider) it
+    ///    stays pending:
     ///    [`ReceiptOutcome::Pending`];
     /// 3. if [`crate::receipts::advances`] from the message's status, the message takes
     ///    the receipt's status, its `cost_micro_usd` (when given, replacing the
@@ -140,8 +142,9 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         receipts: &[NewReceipt<'_>],
     ) -> Result<Vec<String>, StoreError>;
     /// For each receipt, the newest message of its provider with its provider message
-    /// id (of its workspace, when given; sent by voice, when the receipt is voice
-    /// only), locked; receipts without one have no row.
+    /// id (of its workspace, when given, otherwise not one made after its workspace
+    /// set a webhook secret of its own for the provider; sent by voice, when the
+    /// receipt is voice only), locked; receipts without one have no row.
     async fn receipt_targets(
         &mut self,
         receipts: &[&ReceiptWrite],
@@ -157,8 +160,10 @@ pub(crate) trait ReceiptsSql: TimelineSql {
     /// that message.
     async fn mark_receipts(&mut self, marks: &[(&str, &str, &EventId)]) -> Result<(), StoreError>;
     /// The pending receipts of `provider`/`provider_message_id` that may match message
-    /// `event` (of no workspace, or of the message's; voice only only when the message
-    /// was sent by voice), locked, oldest first (received, then insertion order).
+    /// `event` (of the message's workspace, or of none unless the message was made
+    /// after its workspace set a webhook secret of its own for the provider; voice only
+    /// only when the message was sent by voice), locked, oldest first (received, then
+    /// insertion order).
     async fn pending_rows(
         &mut self,
         provider: &str,

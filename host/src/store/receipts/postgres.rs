@@ -32,15 +32,16 @@ pub(crate) const PENDING_KEYS: &str = "SELECT DISTINCT k.p, k.i \
 
 /// For each receipt (provider `$1`, provider message id `$2`, workspace `$3` or
 /// none, voice only `$4`), the newest message with that id, locked: in that workspace,
-/// or with none, in a workspace without a webhook secret of its own for the provider
-/// (whose callbacks only its own secret verifies).
+/// or with none, not one made after its workspace set a webhook secret of its own for
+/// the provider (whose callbacks only that secret verifies).
 pub(crate) const RECEIPT_TARGETS: &str = "SELECT k.ord, t.event_id, t.status \
      FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bool[]) WITH ORDINALITY \
      AS k(p, i, w, v, ord) \
      JOIN LATERAL (SELECT event_id, status FROM messages WHERE provider = k.p \
      AND provider_message_id = k.i AND (k.w IS NULL OR workspace_id = k.w) \
      AND (k.w IS NOT NULL OR NOT EXISTS (SELECT 1 FROM webhook_secrets s \
-     WHERE s.provider = k.p AND s.workspace_id = messages.workspace_id)) \
+     WHERE s.provider = k.p AND s.workspace_id = messages.workspace_id \
+     AND s.created_at <= messages.created_at)) \
      AND (NOT k.v OR channel = 'voice') \
      ORDER BY created_at DESC, event_id DESC LIMIT 1 FOR UPDATE) AS t ON true";
 
@@ -276,9 +277,9 @@ impl ReceiptsSql for PgConnection {
         sqlx::query_as(&format!(
             "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = $1 \
              AND provider_message_id = $2 AND state = 'pending' \
-             AND ((workspace_id IS NULL AND NOT EXISTS (SELECT 1 FROM webhook_secrets s \
-             WHERE s.provider = $1 \
-             AND s.workspace_id = (SELECT m.workspace_id FROM messages m WHERE m.event_id = $3))) \
+             AND ((workspace_id IS NULL AND NOT EXISTS (SELECT 1 FROM messages m \
+             JOIN webhook_secrets s ON s.provider = $1 AND s.workspace_id = m.workspace_id \
+             AND s.created_at <= m.created_at WHERE m.event_id = $3)) \
              OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = $3)) \
              AND (NOT voice_only \
              OR (SELECT channel FROM messages WHERE event_id = $3) = 'voice') \

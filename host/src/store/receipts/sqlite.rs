@@ -26,12 +26,13 @@ pub(crate) const PENDING_KEY: &str = "SELECT 1 FROM receipts WHERE state = 'pend
      AND provider = ?1 AND provider_message_id = ?2 LIMIT 1";
 
 /// The newest message of provider `?1` with its message id `?2` (in workspace `?3`, when
-/// given, otherwise in a workspace without a webhook secret of its own for the provider;
-/// sent by voice, when `?4`).
+/// given, otherwise not one made after its workspace set a webhook secret of its own
+/// for the provider; sent by voice, when `?4`).
 pub(crate) const RECEIPT_TARGET: &str = "SELECT event_id, status FROM messages \
      WHERE provider = ?1 AND provider_message_id = ?2 AND (?3 IS NULL OR workspace_id = ?3) \
      AND (?3 IS NOT NULL OR NOT EXISTS (SELECT 1 FROM webhook_secrets s \
-     WHERE s.provider = ?1 AND s.workspace_id = messages.workspace_id)) \
+     WHERE s.provider = ?1 AND s.workspace_id = messages.workspace_id \
+     AND s.created_at <= messages.created_at)) \
      AND (NOT ?4 OR channel = 'voice') \
      ORDER BY created_at DESC, event_id DESC LIMIT 1";
 
@@ -299,8 +300,9 @@ impl ReceiptsSql for SqliteConnection {
         sqlx::query_as(&format!(
             "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE provider = ?1 AND provider_message_id = ?2 \
              AND state = 'pending' AND ((workspace_id IS NULL \
-             AND NOT EXISTS (SELECT 1 FROM webhook_secrets s WHERE s.provider = ?1 \
-             AND s.workspace_id = (SELECT m.workspace_id FROM messages m WHERE m.event_id = ?3))) \
+             AND NOT EXISTS (SELECT 1 FROM messages m JOIN webhook_secrets s ON s.provider = ?1 \
+             AND s.workspace_id = m.workspace_id AND s.created_at <= m.created_at \
+             WHERE m.event_id = ?3)) \
              OR workspace_id = (SELECT workspace_id FROM messages WHERE event_id = ?3)) \
              AND (NOT voice_only \
              OR (SELECT channel FROM messages WHERE event_id = ?3) = 'voice') \

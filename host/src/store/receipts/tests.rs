@@ -982,20 +982,24 @@ pub(crate) async fn voice_only_receipts_match_voice_messages_only(store: Arc<dyn
 }
 
 /// A callback verified by the provider-wide secret (a receipt with no workspace) never
-/// touches a message of a workspace with a webhook secret of its own for the provider:
-/// that workspace's callbacks are signed with its own secret, and a provider's ids are
-/// unique only in one account, so another account's callback may carry the same id. On
-/// arrival, and when it waits pending for a worker to record the id.
+/// touches a message made after its workspace set a webhook secret of its own for the
+/// provider: that workspace's callbacks are signed with its own secret, and a provider's
+/// ids are unique only in one account, so another account's callback may carry the same
+/// id. On arrival, and when it waits pending for a worker to record the id. A message
+/// made before the secret (sent through the shared account) still takes them.
 pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret(
     store: Arc<dyn Store>,
 ) {
     let store = &*store;
     let shared = store.ensure_workspace("wide-shared", None).await.unwrap();
     let own = store.ensure_workspace("wide-own", None).await.unwrap();
+    let before = sent(store, &own.id, 5, "provc", "SM-0").await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     store
         .put_webhook_secret("provc", Some(&own.id), "whsec_own")
         .await
         .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     let wide =
         |key: &str, id: &str| receipt(key, "provc", id, None, MessageStatus::Delivered, None);
     let status = |ws: &WorkspaceId, m: &NewMessage| {
@@ -1053,5 +1057,14 @@ pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret
     assert_eq!(
         status(&shared.id, &late_shared).await,
         MessageStatus::Delivered
+    );
+
+    // Made before the workspace's secret: still the provider-wide callback's.
+    assert_eq!(
+        store
+            .apply_receipt(&wide("dlr_w0.0", "SM-0"))
+            .await
+            .unwrap(),
+        ReceiptOutcome::Applied(before.event_id.clone())
     );
 }
