@@ -393,12 +393,13 @@ impl Run<'_> {
             .find(|a| resumed && a.attempt_no == attempt_no)
             .map(attempt::Kept::of)
             .unwrap_or_default();
-        let (taken_before, spent) = (kept.taken, kept.spent());
-        // `taken`: known in this delivery; `marked`: kept (flushed) on the attempt.
-        let (mut taken, mut marked) = (taken_before, taken_before);
+        let spent = kept.spent();
+        // `known`: what is known in this delivery; `marked`: the taking kept (flushed)
+        // on the attempt.
+        let (mut known, mut marked) = (kept, kept.taken);
         let called = loop {
             let Ok(called) = self.call(call, plugin.clone()).await else {
-                if taken && !taken_before {
+                if known.taken && !kept.taken {
                     // Taken in this delivery: held (no call failed now, so nothing is
                     // counted), so the attempt keeps that the provider has the message.
                     let held = attempt::Hold::Unreadable;
@@ -417,9 +418,8 @@ impl Run<'_> {
             };
             let then = match &called {
                 Err(failure) => {
-                    let known = attempt::Kept { taken, ..kept };
                     let then = failure.then(resends + spent, resumed || resends > 0, known);
-                    taken |= failure.taken();
+                    known.taken |= failure.taken();
                     then
                 }
                 Ok(_) => attempt::Then::Fail,
@@ -444,9 +444,8 @@ impl Run<'_> {
                     // message. The step renews the lease, which must outlast the call;
                     // a worker that lost it stops here, and the holder resumes the
                     // attempt under its key.
-                    let known = attempt::Kept { taken, ..kept };
                     self.step(&attempt::resent_step(attempt_no, known)).await?;
-                    marked = taken;
+                    marked = known.taken;
                     tokio::time::sleep(attempt::RESEND_PAUSE).await;
                     continue;
                 }
