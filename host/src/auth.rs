@@ -219,34 +219,44 @@ impl Authenticator {
 
     /// Follows revocations forever (spawn it): a digest announced on `announcer` is
     /// refused at once, then the store is polled; the store is also polled every
-    /// [`REVOCATION_POLL`] in any case.
+    /// [`REVOCATION_POLL`] in any case. Announcements are heard and answered beside
+    /// the polls, never behind a slow one: the announcer stops waiting for answers
+    /// after a short quiet spell.
     pub async fn follow_revocations(self: Arc<Self>, announcer: Announcer) {
         use futures::StreamExt;
         let mut heard = match announcer.subscribe().await {
-            Ok(stream) => stream.fuse(),
+            Ok(stream) => stream,
             Err(e) => {
                 tracing::warn!(error = %e, "key revocations will be followed by polling only");
-                futures::stream::pending().boxed().fuse()
+                futures::stream::pending().boxed()
             }
         };
-        let mut tick = tokio::time::interval(REVOCATION_POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                Some(heard) = heard.next() => {
-                    // Refused before anything else runs; anything that is not a digest
-                    // (a gap in the in-process channel) just triggers the poll.
-                    if let Some(hash) = parse_digest(&heard.what) {
-                        self.forget(&[hash]);
-                    }
-                    heard.applied().await;
+        let poll_now = tokio::sync::Notify::new();
+        let listen = async {
+            while let Some(heard) = heard.next().await {
+                // Refused before anything else runs; anything that is not a digest
+                // (a gap in the in-process channel) just triggers the poll.
+                if let Some(hash) = parse_digest(&heard.what) {
+                    self.forget(&[hash]);
+                }
+                heard.applied().await;
+                poll_now.notify_one();
+            }
+        };
+        let poll = async {
+            let mut tick = tokio::time::interval(REVOCATION_POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = poll_now.notified() => {}
+                }
+                if let Err(e) = self.poll_revocations().await {
+                    tracing::warn!(error = %e, "cannot poll key revocations");
                 }
             }
-            if let Err(e) = self.poll_revocations().await {
-                tracing::warn!(error = %e, "cannot poll key revocations");
-            }
-        }
+        };
+        tokio::join!(listen, poll);
     }
 }
 
