@@ -901,14 +901,20 @@ fn sigterm_drains_then_exits() {
             .unwrap()
             .success()
     );
-    std::thread::sleep(Duration::from_millis(300));
-    let resp = reqwest::blocking::get(format!("{url}/v1/health")).unwrap();
+    // Draining within the 2 s grace, once the process has handled the signal.
+    let started = std::time::Instant::now();
+    let resp = loop {
+        let resp = reqwest::blocking::get(format!("{url}/v1/health")).unwrap();
+        if resp.status() != 200 || started.elapsed() > Duration::from_millis(1_500) {
+            break resp;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(resp.status(), 503);
     assert_eq!(
         resp.json::<serde_json::Value>().unwrap()["status"],
         "DRAINING"
     );
-    let started = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -1831,12 +1837,53 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
         "default",
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    // The running gateway follows the install within plugins.sync_ms, and the new
-    // routes within the configuration cache's TTL (no cross-process channel in dev):
-    // 1.4 s, and more for a loaded machine.
-    std::thread::sleep(Duration::from_secs(3));
-
+    let routed = std::time::Instant::now();
+    let (code, admin, err) = on_data(&[
+        "keys",
+        "create",
+        "--workspace",
+        "default",
+        "--mode",
+        "live",
+        "--scope",
+        "admin",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let admin = admin
+        .split_whitespace()
+        .find(|w| w.starts_with("svc_sk_live_"))
+        .unwrap_or_else(|| panic!("{admin}"))
+        .to_string();
     let http = reqwest::blocking::Client::new();
+    // The running gateway follows an install within plugins.sync_ms, then compiles the
+    // plugin (seconds on a loaded machine): wait until it serves `kind`.
+    let serving = |kind: &str| {
+        let started = std::time::Instant::now();
+        loop {
+            let listing: serde_json::Value = http
+                .get(format!("{url}/v1/admin/plugins"))
+                .bearer_auth(&admin)
+                .send()
+                .unwrap()
+                .json()
+                .unwrap();
+            let loaded = listing["loaded"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["slug"] == "acmesms" && p["kind"] == kind);
+            if loaded {
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{listing:#}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    serving("wasm");
+    // And the new routes within the configuration cache's TTL (1 s; no cross-process
+    // channel in dev), with a margin.
+    std::thread::sleep(Duration::from_millis(1_500).saturating_sub(routed.elapsed()));
+
     let trigger_otp = |subscriber: &str| {
         let resp = http
             .post(format!("{url}/v1/events/trigger"))
@@ -1977,42 +2024,7 @@ fn the_plugin_guide_takes_a_new_provider_from_scaffold_to_live() {
         "{out}"
     );
     // Until the running gateway serves it (it polls every 200 ms).
-    let (code, admin, err) = on_data(&[
-        "keys",
-        "create",
-        "--workspace",
-        "default",
-        "--mode",
-        "live",
-        "--scope",
-        "admin",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let admin = admin
-        .split_whitespace()
-        .find(|w| w.starts_with("svc_sk_live_"))
-        .unwrap_or_else(|| panic!("{admin}"))
-        .to_string();
-    let started = std::time::Instant::now();
-    loop {
-        let listing: serde_json::Value = http
-            .get(format!("{url}/v1/admin/plugins"))
-            .bearer_auth(&admin)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        let serving = listing["loaded"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["slug"] == "acmesms" && p["kind"] == "native");
-        if serving {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "{listing:#}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    serving("native");
     let event = trigger_otp("u2");
     let dto = wait_for_status(&http, &url, &live, &event, "SENT");
     let sent = dto["events"]

@@ -163,6 +163,24 @@ pub async fn lease_new_messages_to(config: &Config, owner: &str, seconds: u32) {
     }
 }
 
+/// Ends at once the leases [`lease_new_messages_to`] gave `owner`.
+#[allow(dead_code)]
+pub async fn end_leases_of(config: &Config, owner: &str) {
+    assert!(owner.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    let now = if config.store.backend == switchboard::config::StoreBackend::Postgres {
+        "clock_timestamp()"
+    } else {
+        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    };
+    execute(
+        config,
+        &[format!(
+            "UPDATE messages SET lease_until = {now} WHERE lease_owner = '{owner}'"
+        )],
+    )
+    .await;
+}
+
 /// Makes the gateway's database refuse every timeline entry of `status` (`sent`, ...):
 /// a worker's claim goes through, and the step after the provider's answer does not.
 #[allow(dead_code)]
