@@ -304,10 +304,13 @@ fn given_up_after_three(m: MessageRecord) -> String {
 }
 
 /// Asserts that the gateway counted `n` held rounds.
-fn assert_held_rounds(gw: &Gateway, n: usize) {
-    let text = gw.state.ingest.metrics.render();
-    let line = format!("switchboard_deliveries_total{{outcome=\"held\"}} {n}");
-    assert!(text.lines().any(|l| l == line), "{text}");
+fn assert_held_rounds(gw: &Gateway, n: u64) {
+    assert_eq!(
+        deliveries(gw, "held"),
+        n,
+        "{}",
+        gw.state.ingest.metrics.render()
+    );
 }
 
 fn statuses(dto: &Value) -> Vec<String> {
@@ -2439,6 +2442,18 @@ async fn an_undecodable_event_ends_failed_not_queued(b: Backends) {
     gw.cleanup().await;
 }
 
+/// The gateway's count of deliveries that ended as `outcome`.
+fn deliveries(gw: &Gateway, outcome: &str) -> u64 {
+    let prefix = format!("switchboard_deliveries_total{{outcome=\"{outcome}\"}} ");
+    gw.state
+        .ingest
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_default()
+}
+
 /// Waits (up to 10 s) for the gateway's metrics to hold `line`.
 async fn counted(gw: &Gateway, line: &str) {
     let metrics = &gw.state.ingest.metrics;
@@ -2517,12 +2532,7 @@ async fn deliveries_handed_back_busy_are_not_failures(b: Backends) {
     // Each failed delivery reached the provider (the attempt resumed under its key);
     // counting the busy rounds gave up after the first.
     assert_eq!(good.take_requests().len(), 3, "{detail}");
-    let text = gw.state.ingest.metrics.render();
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("switchboard_deliveries_total{outcome=\"busy\"}")),
-        "{text}"
-    );
+    assert!(deliveries(&gw, "busy") > 0);
     gw.cleanup().await;
 }
 
@@ -2550,18 +2560,13 @@ async fn busy_rounds_do_not_bring_the_broker_cap_closer(b: Backends) {
             "NORMAL",
         )
         .await;
-    let metrics = &gw.state.ingest.metrics;
-    let busy = || {
-        metrics
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix("switchboard_deliveries_total{outcome=\"busy\"} "))
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or_default()
-    };
     let deadline = Instant::now() + Duration::from_secs(120);
-    while busy() < 21 {
-        assert!(Instant::now() < deadline, "{} busy rounds", busy());
+    while deliveries(&gw, "busy") < 21 {
+        assert!(
+            Instant::now() < deadline,
+            "{} busy rounds",
+            deliveries(&gw, "busy")
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     common::end_leases_of(&gw.config, "elsewhere").await;
@@ -2589,12 +2594,7 @@ async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
     )
     .await;
     let metrics = &gw.state.ingest.metrics;
-    let gave_up = || {
-        metrics
-            .render()
-            .lines()
-            .any(|l| l.starts_with("switchboard_deliveries_total{outcome=\"gave_up\"} 1"))
-    };
+    let gave_up = || deliveries(&gw, "gave_up") == 1;
     // Three tries back off 0.2 s and 0.4 s; the give-up follows at once.
     let deadline = Instant::now() + Duration::from_secs(20);
     while !gave_up() {
