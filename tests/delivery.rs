@@ -739,7 +739,8 @@ async fn sms_behind(
 }
 
 /// A provider that de-duplicates on the `Idempotency-Key` header as providers commonly
-/// do: a key's first request is held until the test lets it go, then accepted; a
+/// do: a key's first request is held (until the request `done_at` of
+/// [`KeyedProvider::start`] arrives, else for good), then accepted; a
 /// request under a key whose first request is still under way is answered 409 (key in
 /// use), one under a key already accepted gets the first answer again.
 struct KeyedProvider {
@@ -2260,7 +2261,12 @@ async fn a_second_copy_in_the_same_process_finds_the_message_busy() {
     );
     // The second copy comes while the first is at the provider.
     let (a, b) = tokio::join!(dispatcher.dispatch(&envelope), async {
+        let deadline = Instant::now() + Duration::from_secs(20);
         while slow.keys().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the first copy never reached the provider"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let b = dispatcher.dispatch(&envelope).await;
@@ -2594,10 +2600,10 @@ async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
     )
     .await;
     let metrics = &gw.state.ingest.metrics;
-    let gave_up = || deliveries(&gw, "gave_up") == 1;
+    let gave_up = || deliveries(&gw, "gave_up");
     // Three tries back off 0.2 s and 0.4 s; the give-up follows at once.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !gave_up() {
+    while gave_up() == 0 {
         assert!(
             Instant::now() < deadline,
             "never given up:\n{}",
@@ -2607,7 +2613,7 @@ async fn a_poison_event_is_given_up_after_the_bounded_deliveries(b: Backends) {
     }
     // And never delivered again.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(gave_up(), "given up exactly once:\n{}", metrics.render());
+    assert_eq!(gave_up(), 1, "given up exactly once:\n{}", metrics.render());
     assert!(
         metrics
             .render()
