@@ -1000,8 +1000,11 @@ pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret
         .await
         .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    let wide =
-        |key: &str, id: &str| receipt(key, "provc", id, None, MessageStatus::Delivered, None);
+    // A provider-wide receipt of `id`, applied.
+    let wide = |key: &str, id: &str| {
+        let r = receipt(key, "provc", id, None, MessageStatus::Delivered, None);
+        async move { store.apply_receipt(&r).await.unwrap() }
+    };
     let status = |ws: &WorkspaceId, m: &NewMessage| {
         let (ws, event) = (ws.clone(), m.event_id.clone());
         async move { get(store, &ws, &event).await.status }
@@ -1012,10 +1015,7 @@ pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     let in_own = sent(store, &own.id, 1, "provc", "SM-1").await;
     assert_eq!(
-        store
-            .apply_receipt(&wide("dlr_w1.0", "SM-1"))
-            .await
-            .unwrap(),
+        wide("dlr_w1.0", "SM-1").await,
         ReceiptOutcome::Applied(in_shared.event_id.clone())
     );
     assert_eq!(status(&own.id, &in_own).await, MessageStatus::Sent);
@@ -1034,23 +1034,11 @@ pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret
     );
     // With only the other workspace's message, it waits.
     sent(store, &own.id, 2, "provc", "SM-2").await;
-    assert_eq!(
-        store
-            .apply_receipt(&wide("dlr_w2.0", "SM-2"))
-            .await
-            .unwrap(),
-        ReceiptOutcome::Pending
-    );
+    assert_eq!(wide("dlr_w2.0", "SM-2").await, ReceiptOutcome::Pending);
 
     // Pending: the workspace with its own secret records the id first (left alone),
     // then the shared one (applied).
-    assert_eq!(
-        store
-            .apply_receipt(&wide("dlr_w3.0", "SM-3"))
-            .await
-            .unwrap(),
-        ReceiptOutcome::Pending
-    );
+    assert_eq!(wide("dlr_w3.0", "SM-3").await, ReceiptOutcome::Pending);
     let late_own = sent(store, &own.id, 3, "provc", "SM-3").await;
     assert_eq!(status(&own.id, &late_own).await, MessageStatus::Sent);
     let late_shared = sent(store, &shared.id, 4, "provc", "SM-3").await;
@@ -1061,10 +1049,7 @@ pub(crate) async fn provider_wide_receipts_skip_workspaces_with_their_own_secret
 
     // Made before the workspace's secret: still the provider-wide callback's.
     assert_eq!(
-        store
-            .apply_receipt(&wide("dlr_w0.0", "SM-0"))
-            .await
-            .unwrap(),
+        wide("dlr_w0.0", "SM-0").await,
         ReceiptOutcome::Applied(before.event_id.clone())
     );
 }
