@@ -478,18 +478,25 @@ impl Drop for Proxy {
 /// store, as the CLI does, and waits until this gateway's cache has dropped what it
 /// held (so the next delivery or callback reads the change); panics when it does not
 /// follow the announcement. (Other processes follow it over NATS, or within the
-/// cache's TTL.)
+/// cache's TTL.) A gateway just spawned may not listen yet (its follower subscribes
+/// in a task of its own), so the announcement is repeated until it is followed.
 #[allow(dead_code)]
 pub async fn announce_config_change(state: &switchboard::AppState, ws: &str) {
     let before = state.config_cache.generation();
-    state.config_changes.announce(ws).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while state.config_cache.generation() == before {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    'announce: loop {
+        state.config_changes.announce(ws).await;
+        let again = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while std::time::Instant::now() < again {
+            if state.config_cache.generation() != before {
+                break 'announce;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "the configuration cache did not follow the announcement"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
 }
 
