@@ -75,6 +75,7 @@ impl Gateway {
             listener,
             std::future::pending(),
         ));
+        common::until_serving(&url).await;
         Self {
             url,
             state,

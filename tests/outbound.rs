@@ -213,6 +213,7 @@ impl Gateway {
         let served = tokio::spawn(switchboard::serve(state.clone(), listener, async move {
             let _ = stopped.await;
         }));
+        common::until_serving(&url).await;
         let store = state.ingest.store.clone();
         let ws = store
             .ensure_workspace("acme", Some(Tier::Paid))

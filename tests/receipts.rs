@@ -75,6 +75,7 @@ impl Loop {
             listener,
             std::future::pending(),
         ));
+        common::until_serving(&url).await;
         let store = state.ingest.store.clone();
         let ws = store
             .ensure_workspace("acme", Some(Tier::Paid))

@@ -121,7 +121,7 @@ async fn main() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let follower = tokio::spawn(state.plugins.clone().follow(
         store.clone(),
-        state.announcer.clone(),
+        state.announcer.subscribe().await.unwrap(),
         Duration::from_secs(600),
         stopped,
     ));

@@ -134,6 +134,12 @@ impl Announcer {
                     .subscribe(subject.clone())
                     .await
                     .map_err(|e| anyhow::anyhow!("subscribing to {subject}: {e}"))?;
+                // The server has the subscription once it answers a flush: from then
+                // on nothing announced is missed.
+                client
+                    .flush()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("subscribing to {subject}: {e}"))?;
                 let client = client.clone();
                 Ok(subscriber
                     .map(move |m| Heard {
@@ -154,6 +160,22 @@ impl Announcer {
                     Some((Heard { what, answer: None }, rx))
                 })
                 .boxed())
+            }
+        }
+    }
+}
+
+impl Announcer {
+    /// [`Announcer::subscribe`], or, when that fails, a warning that the change is
+    /// left to `fallback` (a poll, a cache's TTL) and a stream that hears nothing.
+    /// A process subscribes before it serves, so nothing announced after it answers
+    /// its first request is missed.
+    pub async fn heard_or_nothing(&self, fallback: &'static str) -> BoxStream<'static, Heard> {
+        match self.subscribe().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "announcements not heard; {fallback}");
+                futures::stream::pending().boxed()
             }
         }
     }
@@ -208,11 +230,13 @@ mod tests {
             client: connect().await,
             subject: subject.clone(),
         };
-        let mut heard = listener.subscribe().await.unwrap();
         let speaker = Announcer::Nats {
             client: connect().await,
             subject,
         };
+        // Announced the moment the subscription is made, from another connection:
+        // heard only if `subscribe` returns once the server has the subscription.
+        let mut heard = listener.heard_or_nothing("not heard").await;
         speaker.announce("provd").await;
         let slug = tokio::time::timeout(Duration::from_secs(5), heard.next())
             .await

@@ -12,11 +12,12 @@
 //! commits, and the other writes (preferences, erasure, plugin installs) re-read it
 //! from the store, so an in-flight request with a revoked key fails with 401.
 
-use crate::announce::Announcer;
+use crate::announce::{Announcer, Heard};
 use crate::crypto::constant_time_eq;
 use crate::ids::ApiKeyId;
 use crate::model::{ApiKeyRecord, KeyMode, NewApiKey};
 use crate::store::{StoreError, Tenancy};
+use futures::stream::BoxStream;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
@@ -217,20 +218,13 @@ impl Authenticator {
         Ok(hashes.len())
     }
 
-    /// Follows revocations forever (spawn it): a digest announced on `announcer` is
-    /// refused at once, then the store is polled; the store is also polled every
+    /// Follows revocations forever (spawn it): a digest `heard` (subscribed before the
+    /// process serves, [`Announcer::heard_or_nothing`]) is refused at once, then the store is polled; the store is also polled every
     /// [`REVOCATION_POLL`] in any case. Announcements are heard and answered beside
     /// the polls, never behind a slow one: the announcer stops waiting for answers
     /// after a short quiet spell.
-    pub async fn follow_revocations(self: Arc<Self>, announcer: Announcer) {
+    pub async fn follow_revocations(self: Arc<Self>, mut heard: BoxStream<'static, Heard>) {
         use futures::StreamExt;
-        let mut heard = match announcer.subscribe().await {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "key revocations will be followed by polling only");
-                futures::stream::pending().boxed()
-            }
-        };
         let poll_now = tokio::sync::Notify::new();
         let listen = async {
             while let Some(heard) = heard.next().await {

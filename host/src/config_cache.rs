@@ -10,10 +10,11 @@
 //! change made with the database alone or while the announcement was lost (and, with
 //! the embedded broker, for a CLI change: there is no cross-process channel).
 
-use crate::announce::Announcer;
+use crate::announce::Heard;
 use crate::ids::WorkspaceId;
 use crate::model::ProviderRoute;
 use crate::store::{Configuration, StoreError, WebhookSecret};
+use futures::stream::BoxStream;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,20 +109,14 @@ impl ConfigCache {
         self.secrets.lock().expect("cache lock").clear();
     }
 
-    /// Drops the cache on every announced change until `stop` turns true.
+    /// Drops the cache on every change `heard` (from
+    /// [`crate::announce::Announcer::heard_or_nothing`]) until `stop` turns true.
     pub async fn follow(
         self: Arc<Self>,
-        announcer: Announcer,
+        mut heard: BoxStream<'static, Heard>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         use futures::StreamExt;
-        let mut heard = match announcer.subscribe().await {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "configuration changes will be followed within the cache TTL only");
-                return;
-            }
-        };
         loop {
             tokio::select! {
                 next = heard.next() => match next {
@@ -166,6 +161,7 @@ impl ConfigCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::announce::Announcer;
     use crate::model::Tier;
     use crate::store::Store as _;
     use crate::store::Tenancy as _;
@@ -210,8 +206,8 @@ mod tests {
         let cache = ConfigCache::with_ttl(store.clone(), ttl);
         let announcer = Announcer::local();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let follower = tokio::spawn(cache.clone().follow(announcer.clone(), stopped));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let heard = announcer.subscribe().await.unwrap();
+        let follower = tokio::spawn(cache.clone().follow(heard, stopped));
 
         assert_eq!(
             providers(&cache.provider_routes(&ws).await.unwrap()),
@@ -290,8 +286,8 @@ mod tests {
         let cache = ConfigCache::with_ttl(store.clone(), Duration::from_secs(60));
         let announcer = Announcer::local();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let follower = tokio::spawn(cache.clone().follow(announcer.clone(), stopped));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let heard = announcer.subscribe().await.unwrap();
+        let follower = tokio::spawn(cache.clone().follow(heard, stopped));
         let secrets = |all: &[WebhookSecret]| -> Vec<String> {
             all.iter().map(|s| s.secret.clone()).collect()
         };

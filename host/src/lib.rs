@@ -471,17 +471,30 @@ async fn run_background_workers(state: AppState, stop: tokio::sync::watch::Recei
 /// How long a stopping process waits for its last acks to be written to the broker.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
-/// Drops the configuration cache on every announced change, until `stop` turns true.
-fn follow_config_changes(
+/// Follows announced plugin swaps and configuration changes until `stop` turns true.
+/// Subscribed before this returns, so a change announced once the process answers
+/// requests is heard.
+async fn follow_changes(
     state: &AppState,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(
-        state
-            .config_cache
-            .clone()
-            .follow(state.config_changes.clone(), stop),
-    )
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> [tokio::task::JoinHandle<()>; 2] {
+    let swaps = state
+        .announcer
+        .heard_or_nothing("plugin swaps are followed by polling only")
+        .await;
+    let changes = state
+        .config_changes
+        .heard_or_nothing("configuration changes are followed within the cache TTL only")
+        .await;
+    [
+        tokio::spawn(state.plugins.clone().follow(
+            state.ingest.store.clone(),
+            swaps,
+            state.config.plugins.sync_every(),
+            stop.clone(),
+        )),
+        tokio::spawn(state.config_cache.clone().follow(changes, stop.clone())),
+    ]
 }
 
 /// Runs only the delivery workers, the receipt consumer and the erasure scrubber
@@ -493,19 +506,14 @@ pub async fn run_worker(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let follower = tokio::spawn(state.plugins.clone().follow(
-        state.ingest.store.clone(),
-        state.announcer.clone(),
-        state.config.plugins.sync_every(),
-        stopped.clone(),
-    ));
-    let config_follower = follow_config_changes(&state, stopped.clone());
+    let followers = follow_changes(&state, &stopped).await;
     let running = tokio::spawn(run_background_workers(state, stopped));
     shutdown.await;
     let _ = stop.send(true);
     running.await?;
-    let _ = follower.await;
-    let _ = config_follower.await;
+    for follower in followers {
+        let _ = follower.await;
+    }
     Ok(())
 }
 
@@ -533,22 +541,15 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let watcher = tokio::spawn(
-        state
-            .auth
-            .clone()
-            .follow_revocations(state.revocations.clone()),
-    );
+    let revocations = state
+        .revocations
+        .heard_or_nothing("key revocations are followed by polling only")
+        .await;
+    let watcher = tokio::spawn(state.auth.clone().follow_revocations(revocations));
     let drainer = tokio::spawn(drain_outbox_forever(state.ingest.clone()));
     let (stop_workers, workers_stopped) = tokio::sync::watch::channel(false);
-    let follower = tokio::spawn(state.plugins.clone().follow(
-        state.ingest.store.clone(),
-        state.announcer.clone(),
-        state.config.plugins.sync_every(),
-        workers_stopped.clone(),
-    ));
     // Every process serving the API caches webhook secrets, workers or not.
-    let config_follower = follow_config_changes(&state, workers_stopped.clone());
+    let followers = follow_changes(&state, &workers_stopped).await;
     let dropbox = match &state.config.plugins.watch_dir {
         Some(dir) => Some(tokio::spawn(plugins::install::watch_dir(
             dir.clone(),
@@ -587,8 +588,9 @@ pub async fn serve(
     if let Some(w) = workers {
         let _ = w.await;
     }
-    let _ = follower.await;
-    let _ = config_follower.await;
+    for follower in followers {
+        let _ = follower.await;
+    }
     if let Some(d) = dropbox {
         d.abort();
     }

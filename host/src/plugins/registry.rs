@@ -360,18 +360,12 @@ impl Registry {
     pub async fn follow(
         self: std::sync::Arc<Self>,
         store: std::sync::Arc<dyn crate::store::PluginVersions>,
-        announcer: crate::announce::Announcer,
+        heard: futures::stream::BoxStream<'static, crate::announce::Heard>,
         every: std::time::Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         use futures::StreamExt;
-        let mut heard = match announcer.subscribe().await {
-            Ok(stream) => stream.fuse(),
-            Err(e) => {
-                tracing::warn!(error = %e, "plugin swaps will be followed by polling only");
-                futures::stream::pending().boxed().fuse()
-            }
-        };
+        let mut heard = heard.fuse();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
