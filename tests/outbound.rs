@@ -210,10 +210,10 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(switchboard::serve(state.clone(), listener, async move {
+        let mut served = tokio::spawn(switchboard::serve(state.clone(), listener, async move {
             let _ = stopped.await;
         }));
-        common::until_serving(&url).await;
+        common::until_serving(&url, &mut served).await;
         let store = state.ingest.store.clone();
         let ws = store
             .ensure_workspace("acme", Some(Tier::Paid))

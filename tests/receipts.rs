@@ -70,12 +70,12 @@ impl Loop {
             .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(switchboard::serve(
+        let mut served = tokio::spawn(switchboard::serve(
             state.clone(),
             listener,
             std::future::pending(),
         ));
-        common::until_serving(&url).await;
+        common::until_serving(&url, &mut served).await;
         let store = state.ingest.store.clone();
         let ws = store
             .ensure_workspace("acme", Some(Tier::Paid))

@@ -129,7 +129,7 @@ async fn main() {
         switchboard::announce::Announcer::connect(&config, &config.broker.streams.plugins_subject)
             .await
             .expect("NATS reachable");
-    // Let the follower subscribe and finish its first sync.
+    // Let the follower finish its first sync.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut announced_times = Vec::new();
     for i in 0..swaps {

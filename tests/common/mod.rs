@@ -35,22 +35,32 @@ pub async fn serve(config: Config) -> (String, switchboard::AppState) {
         .expect("gateway starts (are PostgreSQL, NATS and Redis running?)");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(switchboard::serve(
+    let mut served = tokio::spawn(switchboard::serve(
         state.clone(),
         listener,
         std::future::pending(),
     ));
-    until_serving(&url).await;
+    until_serving(&url, &mut served).await;
     (url, state)
 }
 
-/// Waits until the gateway at `url` answers a request (any status): from then on its
-/// followers have subscribed, so a change announced is heard.
+/// Waits until the gateway at `url`, served by `served`, answers a request (any
+/// status): from then on its followers have subscribed, so a change announced is
+/// heard. Panics with `serve`'s error when it ends first.
 #[allow(dead_code)]
-pub async fn until_serving(url: &str) {
+pub async fn until_serving(url: &str, served: &mut tokio::task::JoinHandle<anyhow::Result<()>>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(1))
+        .build()
+        .unwrap();
     while http.get(format!("{url}/v1/health")).send().await.is_err() {
+        if served.is_finished() {
+            panic!(
+                "the gateway at {url} stopped before it served: {:?}",
+                served.await
+            );
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "the gateway at {url} did not answer within 10 s"
