@@ -158,9 +158,7 @@ impl Announcer {
             }
         }
     }
-}
 
-impl Announcer {
     /// [`Announcer::subscribe`], or, when that fails, a warning that the change is
     /// left to `fallback` (a poll, a cache's TTL) and a stream that hears nothing.
     /// A process subscribes before it serves, so nothing announced after it answers

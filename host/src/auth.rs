@@ -219,8 +219,9 @@ impl Authenticator {
     }
 
     /// Follows revocations forever (spawn it): a digest `heard` (subscribed to before
-    /// the process serves, [`Announcer::heard_or_nothing`]) is refused at once, then the store is polled; the store is also polled every
-    /// [`REVOCATION_POLL`] in any case. Announcements are heard and answered beside
+    /// the process serves, [`Announcer::heard_or_nothing`]) is refused at once, then
+    /// the store is polled; the store is also polled every [`REVOCATION_POLL`] in any
+    /// case. Announcements are heard and answered beside
     /// the polls, never behind a slow one: the announcer stops waiting for answers
     /// after a short quiet spell.
     pub async fn follow_revocations(self: Arc<Self>, mut heard: BoxStream<'static, Heard>) {
