@@ -331,6 +331,74 @@ pub(crate) struct DeliveryRow {
     seq: i64,
 }
 
+/// A delivery with its endpoint and the earlier event it waits for, as
+/// [`OutboundReadSql::dispatch_row`] reads them: the delivery's columns, then the
+/// endpoint's (its id and workspace are the delivery's, by the join).
+#[derive(sqlx::FromRow)]
+pub(crate) struct DispatchRow {
+    #[sqlx(flatten)]
+    delivery: DeliveryRow,
+    url: String,
+    description: Option<String>,
+    event_types: Option<String>,
+    disabled: bool,
+    disabled_reason: Option<String>,
+    secret: String,
+    previous_secret: Option<String>,
+    previous_expires_at: Option<DateTime<Utc>>,
+    endpoint_created_at: DateTime<Utc>,
+    endpoint_updated_at: DateTime<Utc>,
+    earlier: Option<String>,
+}
+
+impl TryFrom<DispatchRow> for DispatchTarget {
+    type Error = StoreError;
+
+    fn try_from(row: DispatchRow) -> Result<Self, StoreError> {
+        let endpoint = super::endpoints::EndpointRow {
+            id: row.delivery.endpoint_id.clone(),
+            workspace_id: row.delivery.workspace_id.clone(),
+            url: row.url,
+            description: row.description,
+            event_types: row.event_types,
+            disabled: row.disabled,
+            disabled_reason: row.disabled_reason,
+            secret: row.secret,
+            previous_secret: row.previous_secret,
+            previous_expires_at: row.previous_expires_at,
+            created_at: row.endpoint_created_at,
+            updated_at: row.endpoint_updated_at,
+        };
+        Ok(DispatchTarget {
+            earlier: row
+                .earlier
+                .map(|e| WebhookDeliveryId::parse(&e))
+                .transpose()
+                .map_err(super::corrupt)?,
+            delivery: row.delivery.try_into()?,
+            endpoint: endpoint.try_into()?,
+        })
+    }
+}
+
+/// A try to log ([`OutboundSql::log_try`]).
+pub(crate) struct TryLog<'a> {
+    /// The delivery.
+    pub(crate) id: &'a str,
+    /// Its round and tries when the try was published: nothing is written if it has
+    /// moved on.
+    pub(crate) at: (i32, i32),
+    /// Where the try leaves it.
+    pub(crate) status: &'a str,
+    /// With `Some`, unpublished and due then.
+    pub(crate) next: Option<DateTime<Utc>>,
+    /// The try (its `attempt_no` is the delivery's count of tries after it).
+    pub(crate) attempt: &'a OutboundAttempt,
+    /// The endpoint's run of failures: left alone (`None`), ended (`Some(None)`) or
+    /// started at a time unless one runs (`Some(Some(at))`).
+    pub(crate) failing: Option<Option<DateTime<Utc>>>,
+}
+
 /// A `webhook_attempts` row.
 #[derive(sqlx::FromRow)]
 pub(crate) struct AttemptRow {
@@ -421,6 +489,32 @@ pub(crate) trait OutboundSql: Send {
         endpoint: &str,
         at: Option<DateTime<Utc>>,
     ) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// Logs a try: [`OutboundSql::finish_try`], the try's row (numbered by the count
+    /// of tries after it) and, if asked, [`OutboundSql::set_failing`]. `None` when the
+    /// delivery had moved on (nothing written), else the endpoint's run of failures
+    /// afterwards (`None` unless it was asked to start one). A backend may do it in
+    /// one statement.
+    async fn log_try(
+        &mut self,
+        log: &TryLog<'_>,
+    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
+        let (round, attempts) = log.at;
+        let Some((endpoint, tries)) = self
+            .finish_try(log.id, round, attempts, log.status, log.next)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = OutboundAttempt {
+            attempt_no: tries,
+            ..log.attempt.clone()
+        };
+        self.insert_attempt(log.id, &attempt).await?;
+        Ok(Some(match log.failing {
+            None => None,
+            Some(at) => self.set_failing(&endpoint, at).await?,
+        }))
+    }
     /// Disables an enabled endpoint; its `(workspace, url)` if it was enabled.
     async fn disable_endpoint_row(
         &mut self,
@@ -466,8 +560,10 @@ pub(crate) trait OutboundReadSql: Send + Sync {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<PublicationRow>, StoreError>;
-    /// One delivery row.
-    async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError>;
+    /// A delivery joined with its endpoint (of the same workspace), and the latest
+    /// earlier delivery of the same message to that endpoint that is pending and
+    /// untried: one statement, since every try of the dispatcher reads them together.
+    async fn dispatch_row(&self, id: &str) -> Result<Option<DispatchRow>, StoreError>;
     /// One delivery of `workspace`'s `endpoint`.
     async fn scoped_delivery_row(
         &self,
@@ -475,14 +571,6 @@ pub(crate) trait OutboundReadSql: Send + Sync {
         endpoint: &str,
         id: &str,
     ) -> Result<Option<DeliveryRow>, StoreError>;
-    /// The latest earlier delivery of the same message to the same endpoint that is
-    /// pending and untried, if any.
-    async fn earlier_untried(&self, id: &str) -> Result<Option<String>, StoreError>;
-    /// The endpoint row with the id (any workspace).
-    async fn endpoint_by_id(
-        &self,
-        id: &str,
-    ) -> Result<Option<super::endpoints::EndpointRow>, StoreError>;
     /// Up to `limit` rows of `workspace`'s `endpoint`, newest first, below `seq` `before`.
     async fn delivery_rows(
         &self,

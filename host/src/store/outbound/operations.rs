@@ -5,6 +5,7 @@ use super::emit::{encode, event_types, test_event};
 use super::{
     AttemptRow, DispatchTarget, EndpointHealth, NewDelivery, Outbound, OutboundAttempt,
     OutboundDelivery, OutboundReadSql, OutboundSql, OutboundStatus, Publication, PublicationRow,
+    TryLog,
 };
 use crate::events::{self, EndpointDisabled};
 use crate::ids::{EndpointId, WebhookDeliveryId, WorkspaceId};
@@ -171,22 +172,10 @@ where
         &self,
         id: &WebhookDeliveryId,
     ) -> Result<Option<DispatchTarget>, StoreError> {
-        let Some(row) = self.delivery_row(id.as_str()).await? else {
-            return Ok(None);
-        };
-        let Some(endpoint) = self.endpoint_by_id(&row.endpoint_id).await? else {
-            return Ok(None);
-        };
-        Ok(Some(DispatchTarget {
-            earlier: self
-                .earlier_untried(id.as_str())
-                .await?
-                .map(|e| WebhookDeliveryId::parse(&e))
-                .transpose()
-                .map_err(crate::store::corrupt)?,
-            delivery: row.try_into()?,
-            endpoint: endpoint.try_into()?,
-        }))
+        self.dispatch_row(id.as_str())
+            .await?
+            .map(DispatchTarget::try_from)
+            .transpose()
     }
 
     async fn record_attempt(
@@ -201,24 +190,20 @@ where
                 let args = args.clone();
                 Box::pin(async move {
                     let (p, attempt) = &*args;
-                    let id = p.id.as_str();
                     let next = attempt
                         .next_retry_at
                         .filter(|_| status == OutboundStatus::Pending);
-                    let Some((endpoint, attempts)) = conn
-                        .finish_try(id, p.round, p.attempts, status.as_str(), next)
-                        .await?
-                    else {
-                        return Ok(None);
-                    };
-                    let attempt = OutboundAttempt {
-                        attempt_no: attempts,
-                        ..attempt.clone()
-                    };
-                    conn.insert_attempt(id, &attempt).await?;
                     let failed =
                         (status != OutboundStatus::Succeeded).then_some(attempt.attempted_at);
-                    Ok(Some(match conn.set_failing(&endpoint, failed).await? {
+                    let log = TryLog {
+                        id: p.id.as_str(),
+                        at: (p.round, p.attempts),
+                        status: status.as_str(),
+                        next,
+                        attempt,
+                        failing: Some(failed),
+                    };
+                    Ok(conn.log_try(&log).await?.map(|since| match since {
                         None => EndpointHealth::Succeeded,
                         Some(since) => EndpointHealth::FailingSince(since),
                     }))
@@ -281,25 +266,24 @@ where
                 let args = args.clone();
                 Box::pin(async move {
                     let (p, reason) = &*args;
-                    let id = p.id.as_str();
-                    let failed = OutboundStatus::Failed.as_str();
-                    let Some((_, attempts)) = conn
-                        .finish_try(id, p.round, p.attempts, failed, None)
-                        .await?
-                    else {
-                        return Ok(false);
-                    };
                     // Logged as a try with no answer, so the log says why it stopped.
                     let attempt = OutboundAttempt {
-                        attempt_no: attempts,
+                        attempt_no: 0,
                         attempted_at: now_micros(),
                         status_code: None,
                         latency_ms: 0,
                         error: Some(reason.clone()),
                         next_retry_at: None,
                     };
-                    conn.insert_attempt(id, &attempt).await?;
-                    Ok(true)
+                    let log = TryLog {
+                        id: p.id.as_str(),
+                        at: (p.round, p.attempts),
+                        status: OutboundStatus::Failed.as_str(),
+                        next: None,
+                        attempt: &attempt,
+                        failing: None,
+                    };
+                    Ok(conn.log_try(&log).await?.is_some())
                 })
             }))
             .await

@@ -1,11 +1,10 @@
 //! [`OutboundSql`] and [`OutboundReadSql`] on PostgreSQL.
 
 use super::{
-    AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt,
-    OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
+    AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, DispatchRow, NewDelivery,
+    OutboundAttempt, OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow, TryLog,
 };
 use crate::store::StoreError;
-use crate::store::endpoints::EndpointRow;
 use crate::store::postgres::{PgStore, map_err};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -269,6 +268,59 @@ impl OutboundSql for PgConnection {
         Ok(since.flatten())
     }
 
+    async fn log_try(
+        &mut self,
+        log: &TryLog<'_>,
+    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
+        // The default's statements in one: a try's log is one round trip of its batch.
+        // The run of failures read after a start that did not happen is the
+        // statement's snapshot (one set by a concurrent batch reads as none, and the
+        // next failure reads it).
+        let (touch, at) = match log.failing {
+            None => (false, None),
+            Some(at) => (true, at),
+        };
+        let (round, attempts) = log.at;
+        let row: Option<(Option<DateTime<Utc>>,)> = sqlx::query_as(
+            "WITH done AS (UPDATE webhook_deliveries SET status = $4, \
+             attempts = attempts + 1, published = ($5::timestamptz IS NULL), \
+             next_attempt_at = COALESCE($5, next_attempt_at), leased_until = NULL, \
+             updated_at = now() \
+             WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING' \
+             RETURNING endpoint_id, attempts), \
+             logged AS (INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, \
+             status_code, latency_ms, error, next_retry_at) \
+             SELECT $1, attempts, $6::timestamptz, $7::int4, $8::int8, $9::text, \
+             $10::timestamptz FROM done), \
+             ended AS (UPDATE webhook_endpoints SET failing_since = NULL \
+             WHERE id = (SELECT endpoint_id FROM done) AND $11::bool \
+             AND $12::timestamptz IS NULL AND failing_since IS NOT NULL), \
+             started AS (UPDATE webhook_endpoints SET failing_since = $12 \
+             WHERE id = (SELECT endpoint_id FROM done) AND $11 AND $12 IS NOT NULL \
+             AND failing_since IS NULL AND NOT disabled RETURNING failing_since) \
+             SELECT CASE WHEN $11 AND $12 IS NOT NULL THEN COALESCE( \
+             (SELECT failing_since FROM started), \
+             (SELECT failing_since FROM webhook_endpoints WHERE id = done.endpoint_id)) END \
+             FROM done",
+        )
+        .bind(log.id)
+        .bind(round)
+        .bind(attempts)
+        .bind(log.status)
+        .bind(log.next)
+        .bind(log.attempt.attempted_at)
+        .bind(log.attempt.status_code)
+        .bind(log.attempt.latency_ms)
+        .bind(&log.attempt.error)
+        .bind(log.attempt.next_retry_at)
+        .bind(touch)
+        .bind(at)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)?;
+        Ok(row.map(|(since,)| since))
+    }
+
     async fn disable_endpoint_row(
         &mut self,
         endpoint: &str,
@@ -392,10 +444,28 @@ impl OutboundReadSql for PgStore {
         .map_err(map_err)
     }
 
-    async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError> {
-        sqlx::query_as(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE id = $1"
-        ))
+    async fn dispatch_row(&self, id: &str) -> Result<Option<DispatchRow>, StoreError> {
+        // Planned for each call (not kept prepared): a plan a connection made while the
+        // table was small and kept (PostgreSQL switches a prepared statement to one
+        // plan for all arguments after five calls) read every pending delivery on
+        // every call once the table had grown; see "The ordering check of delivery
+        // events" in docs/benchmarks.md.
+        sqlx::query_as(
+            "SELECT d.id, d.endpoint_id, d.workspace_id, d.event_id, d.event_type, d.body, \
+             d.status, d.attempts, d.round, d.round_start, d.handbacks, d.next_attempt_at, \
+             d.created_at, d.updated_at, d.seq, e.url, e.description, \
+             e.event_types::text AS event_types, e.disabled, e.disabled_reason, e.secret, \
+             e.previous_secret, e.previous_expires_at, e.created_at AS endpoint_created_at, \
+             e.updated_at AS endpoint_updated_at, \
+             (SELECT p.id FROM webhook_deliveries p \
+              WHERE p.endpoint_id = d.endpoint_id AND p.message_id = d.message_id \
+              AND p.seq < d.seq AND p.status = 'PENDING' AND p.attempts = 0 \
+              ORDER BY p.seq DESC LIMIT 1) AS earlier \
+             FROM webhook_deliveries d JOIN webhook_endpoints e \
+             ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id \
+             WHERE d.id = $1",
+        )
+        .persistent(false)
         .bind(id)
         .fetch_optional(self.pool())
         .await
@@ -415,36 +485,6 @@ impl OutboundReadSql for PgStore {
         .bind(id)
         .bind(endpoint)
         .bind(workspace)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(map_err)
-    }
-
-    async fn earlier_untried(&self, id: &str) -> Result<Option<String>, StoreError> {
-        // Planned for each call (not kept prepared): a plan a connection made while the
-        // table was small and kept (PostgreSQL switches a prepared statement to one
-        // plan for all arguments after five calls) read every pending delivery on
-        // every call once the table had grown; see "The ordering check of delivery
-        // events" in docs/benchmarks.md.
-        sqlx::query_scalar::<_, String>(
-            "SELECT e.id FROM webhook_deliveries d JOIN webhook_deliveries e \
-             ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
-             WHERE d.id = $1 AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0 \
-             ORDER BY e.seq DESC LIMIT 1",
-        )
-        .persistent(false)
-        .bind(id)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(map_err)
-    }
-
-    async fn endpoint_by_id(&self, id: &str) -> Result<Option<EndpointRow>, StoreError> {
-        sqlx::query_as(&format!(
-            "SELECT {} FROM webhook_endpoints WHERE id = $1",
-            crate::store::endpoints::postgres::COLUMNS
-        ))
-        .bind(id)
         .fetch_optional(self.pool())
         .await
         .map_err(map_err)

@@ -2,12 +2,11 @@
 //! stored text form ([`encode_timestamp`]); lists as `IN` lists of binds.
 
 use super::{
-    AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, NewDelivery, OutboundAttempt,
-    OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
+    AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, DispatchRow, NewDelivery,
+    OutboundAttempt, OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
 };
 use crate::store::StoreError;
 use crate::store::direct::{Direct, map_err as direct_err};
-use crate::store::endpoints::EndpointRow;
 use crate::store::sqlite::{MAX_BINDS, SqliteStore, encode_timestamp, map_err, now_text};
 use chrono::{DateTime, Utc};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
@@ -559,10 +558,22 @@ impl OutboundReadSql for SqliteStore {
         .map_err(map_err)
     }
 
-    async fn delivery_row(&self, id: &str) -> Result<Option<DeliveryRow>, StoreError> {
-        sqlx::query_as(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE id = ?"
-        ))
+    async fn dispatch_row(&self, id: &str) -> Result<Option<DispatchRow>, StoreError> {
+        sqlx::query_as(
+            "SELECT d.id, d.endpoint_id, d.workspace_id, d.event_id, d.event_type, d.body, \
+             d.status, d.attempts, d.round, d.round_start, d.handbacks, d.next_attempt_at, \
+             d.created_at, d.updated_at, d.seq, e.url, e.description, e.event_types, \
+             e.disabled, e.disabled_reason, e.secret, e.previous_secret, \
+             e.previous_expires_at, e.created_at AS endpoint_created_at, \
+             e.updated_at AS endpoint_updated_at, \
+             (SELECT p.id FROM webhook_deliveries p \
+              WHERE p.endpoint_id = d.endpoint_id AND p.message_id = d.message_id \
+              AND p.seq < d.seq AND p.status = 'PENDING' AND p.attempts = 0 \
+              ORDER BY p.seq DESC LIMIT 1) AS earlier \
+             FROM webhook_deliveries d JOIN webhook_endpoints e \
+             ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id \
+             WHERE d.id = ?",
+        )
         .bind(id)
         .fetch_optional(self.pool())
         .await
@@ -582,30 +593,6 @@ impl OutboundReadSql for SqliteStore {
         .bind(id)
         .bind(endpoint)
         .bind(workspace)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(map_err)
-    }
-
-    async fn earlier_untried(&self, id: &str) -> Result<Option<String>, StoreError> {
-        sqlx::query_scalar::<_, String>(
-            "SELECT e.id FROM webhook_deliveries d JOIN webhook_deliveries e \
-             ON e.endpoint_id = d.endpoint_id AND e.message_id = d.message_id \
-             WHERE d.id = ? AND e.seq < d.seq AND e.status = 'PENDING' AND e.attempts = 0 \
-             ORDER BY e.seq DESC LIMIT 1",
-        )
-        .bind(id)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(map_err)
-    }
-
-    async fn endpoint_by_id(&self, id: &str) -> Result<Option<EndpointRow>, StoreError> {
-        sqlx::query_as(&format!(
-            "SELECT {} FROM webhook_endpoints WHERE id = ?",
-            crate::store::endpoints::sqlite::COLUMNS
-        ))
-        .bind(id)
         .fetch_optional(self.pool())
         .await
         .map_err(map_err)

@@ -202,6 +202,13 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
     );
     let body: Event = serde_json::from_str(&first.body).unwrap();
     assert!(body.data.test_mode);
+    // The dispatcher reads the delivery with its endpoint as stored, secrets included.
+    let target = store.dispatch_target(&first.id).await.unwrap().unwrap();
+    assert_eq!(target.delivery, first);
+    let stored = store.endpoint(&ws.id, &e.id).await.unwrap().unwrap();
+    assert!(target.endpoint == stored, "the endpoint as stored");
+    assert_eq!(target.endpoint.secret, e.secret);
+    assert_eq!(target.earlier, None);
     let p = Publication {
         id: first.id.clone(),
         round: 0,
@@ -586,6 +593,8 @@ pub(crate) async fn disabling_and_abandoning(store: Arc<dyn Store>) {
         attempts: 0,
         handbacks: 0,
     };
+    let target = store.dispatch_target(&pending.id).await.unwrap().unwrap();
+    assert!(target.endpoint.disabled, "read as it is now");
     assert!(
         store
             .abandon_delivery(&p, "not sent: the endpoint is disabled")
@@ -629,6 +638,48 @@ pub(crate) async fn disabling_and_abandoning(store: Arc<dyn Store>) {
             .len(),
         1,
         "a pending one is kept"
+    );
+
+    // A try that fails while its endpoint is disabled (it was under way) starts no
+    // run of failures: the endpoint's runs are counted while it is enabled.
+    let late = store
+        .send_test_event(&ws.id, &failing.id, "message.sent")
+        .await
+        .unwrap()
+        .unwrap();
+    let late = Publication {
+        id: late.id,
+        ..p.clone()
+    };
+    let failed = OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: now(),
+        status_code: Some(500),
+        latency_ms: 3,
+        error: None,
+        next_retry_at: None,
+    };
+    assert_eq!(
+        store
+            .record_attempt(&late, &failed, OutboundStatus::Failed)
+            .await
+            .unwrap(),
+        Some(EndpointHealth::Succeeded)
+    );
+    let (d_late, log) = store
+        .list_deliveries(&ws.id, &failing.id, None, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (d_late.status, d_late.attempts),
+        (OutboundStatus::Failed, 1)
+    );
+    assert_eq!(
+        log.iter()
+            .map(|a| (a.attempt_no, a.status_code))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(500))]
     );
 
     // Deleting an endpoint deletes its deliveries.
