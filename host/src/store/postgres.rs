@@ -8,6 +8,7 @@
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
+use super::outbound::{self, LeaseRequest, OutboundBatches};
 use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
@@ -89,6 +90,7 @@ pub struct PgStore {
     steps: Arc<Coalescer<StepRequest, ()>>,
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
     replays: Arc<Coalescer<ReplayRequest, bool>>,
+    leases: Arc<Coalescer<LeaseRequest, bool>>,
 }
 
 impl PgStore {
@@ -126,11 +128,14 @@ impl PgStore {
             .map_err(map_err)?;
         let group = GroupCommit::start(pool.clone(), LANES);
         let group = Arc::new(group);
-        // Two batches of claims (and of steps, of receipts, of replay keys) at a time across the lanes, the next gathering meanwhile.
+        // Two batches of claims (and of steps, of receipts, of replay keys, of leases of
+        // delivery events' tries) at a time across the lanes, the next gathering
+        // meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 2));
         let steps = Arc::new(delivery::steps(group.clone(), 2));
         let receipts = Arc::new(receipts::receipts(group.clone(), 2));
         let replays = Arc::new(receipts::replays(group.clone(), 2));
+        let leases = Arc::new(outbound::leases(group.clone(), 2));
         Ok(Self {
             pool,
             group,
@@ -138,6 +143,7 @@ impl PgStore {
             steps,
             receipts,
             replays,
+            leases,
         })
     }
 
@@ -199,6 +205,12 @@ impl ReceiptBatches for PgStore {
 
     fn replays(&self) -> &Coalescer<ReplayRequest, bool> {
         &self.replays
+    }
+}
+
+impl OutboundBatches for PgStore {
+    fn leases(&self) -> &Coalescer<LeaseRequest, bool> {
+        &self.leases
     }
 }
 

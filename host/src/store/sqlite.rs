@@ -10,6 +10,7 @@ use super::checkpoint::{self, Checkpointer};
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{Flush, GroupCommit, Grouped, Lanes};
+use super::outbound::{self, LeaseRequest, OutboundBatches};
 use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
@@ -114,6 +115,7 @@ pub struct SqliteStore {
     steps: Arc<Coalescer<StepRequest, ()>>,
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
     replays: Arc<Coalescer<ReplayRequest, bool>>,
+    leases: Arc<Coalescer<LeaseRequest, bool>>,
 }
 
 /// The CPU the store's writer is pinned to when pinning is on: the last one this
@@ -198,11 +200,13 @@ impl SqliteStore {
         let checkpointer = Arc::new(Checkpointer::start(pool.clone(), move || {
             lane.totals().batches
         }));
-        // One lane: one batch of claims (and of steps, of receipts, of replay keys) at a time, the next gathering meanwhile.
+        // One lane: one batch of claims (and of steps, of receipts, of replay keys, of
+        // leases of delivery events' tries) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
         let receipts = Arc::new(receipts::receipts(group.clone(), 1));
         let replays = Arc::new(receipts::replays(group.clone(), 1));
+        let leases = Arc::new(outbound::leases(group.clone(), 1));
         Ok(Self {
             pool,
             writer_pool,
@@ -212,6 +216,7 @@ impl SqliteStore {
             steps,
             receipts,
             replays,
+            leases,
         })
     }
 
@@ -284,6 +289,12 @@ impl ReceiptBatches for SqliteStore {
 
     fn replays(&self) -> &Coalescer<ReplayRequest, bool> {
         &self.replays
+    }
+}
+
+impl OutboundBatches for SqliteStore {
+    fn leases(&self) -> &Coalescer<LeaseRequest, bool> {
+        &self.leases
     }
 }
 

@@ -13,6 +13,8 @@
 //! bindings only (`postgres.rs`, `sqlite.rs`).
 
 use super::StoreError;
+use super::coalesce::Coalescer;
+use super::group::Grouped;
 use crate::ids::{EndpointId, WebhookDeliveryId, WorkspaceId};
 use chrono::{DateTime, Utc};
 
@@ -23,6 +25,7 @@ mod sqlite;
 
 pub(crate) use emit::emit;
 pub use emit::test_event;
+pub(crate) use operations::leases;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -399,6 +402,19 @@ pub(crate) struct TryLog<'a> {
     pub(crate) failing: Option<Option<DateTime<Utc>>>,
 }
 
+/// One [`Outbound::lease_try`]: the try's publication and the lease's length.
+pub(crate) struct LeaseRequest {
+    publication: Publication,
+    lease_ms: i64,
+}
+
+/// A store whose leases of tries are gathered into set-based batches
+/// (`operations::leases`).
+pub(crate) trait OutboundBatches: Grouped {
+    /// The store's lease batches.
+    fn leases(&self) -> &Coalescer<LeaseRequest, bool>;
+}
+
 /// A `webhook_attempts` row.
 #[derive(sqlx::FromRow)]
 pub(crate) struct AttemptRow {
@@ -461,6 +477,24 @@ pub(crate) trait OutboundSql: Send {
         at: (i32, i32, i32),
         lease_ms: i64,
     ) -> Result<bool, StoreError>;
+    /// [`OutboundSql::lease_try`] for each of `rows`, `(id, round, attempts,
+    /// handbacks, lease_ms)`, no id twice; the ids leased. A backend may do it in one
+    /// statement.
+    async fn lease_tries(
+        &mut self,
+        rows: &[(&str, i32, i32, i32, i64)],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut leased = Vec::new();
+        for &(id, round, attempts, handbacks, lease_ms) in rows {
+            if self
+                .lease_try(id, (round, attempts, handbacks), lease_ms)
+                .await?
+            {
+                leased.push(id.to_string());
+            }
+        }
+        Ok(leased)
+    }
     /// Ends the lease of a try of a delivery still pending at `(round, attempts,
     /// handbacks)` (its holder did not make it).
     async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError>;

@@ -3,16 +3,18 @@
 
 use super::emit::{encode, event_types, test_event};
 use super::{
-    AttemptRow, DispatchTarget, EndpointHealth, NewDelivery, Outbound, OutboundAttempt,
-    OutboundDelivery, OutboundReadSql, OutboundSql, OutboundStatus, Publication, PublicationRow,
-    TryLog,
+    AttemptRow, DispatchTarget, EndpointHealth, LeaseRequest, NewDelivery, Outbound,
+    OutboundAttempt, OutboundBatches, OutboundDelivery, OutboundReadSql, OutboundSql,
+    OutboundStatus, Publication, PublicationRow, TryLog,
 };
 use crate::events::{self, EndpointDisabled};
 use crate::ids::{EndpointId, WebhookDeliveryId, WorkspaceId};
-use crate::store::group::{Conn, Grouped};
+use crate::store::coalesce::Coalescer;
+use crate::store::group::{Conn, Durability, GroupCommit, Grouped};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// The longest lease of a try: far beyond any try's timeout.
@@ -88,10 +90,54 @@ where
         .await
 }
 
+/// Most leases in one batch.
+const LEASE_BATCH: usize = 64;
+
+/// Gathers leases of tries into batches, `in_flight` at a time: every try of a
+/// delivery event takes one before its request, and one write each took a turn of the
+/// group commit's lanes as long as a batch of them. The same delivery twice in a batch
+/// runs alone after it (and finds the try leased).
+pub(crate) fn leases<DB: sqlx::Database>(
+    group: Arc<GroupCommit<DB>>,
+    in_flight: usize,
+) -> Coalescer<LeaseRequest, bool>
+where
+    DB::Connection: OutboundSql,
+{
+    fn all<'c, C: OutboundSql>(
+        conn: &'c mut C,
+        requests: &'c [LeaseRequest],
+    ) -> BoxFuture<'c, Result<Vec<Result<bool, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<_> = requests
+                .iter()
+                .map(|r| {
+                    let (id, round, attempts, handbacks) = r.publication.key();
+                    (id, round, attempts, handbacks, r.lease_ms)
+                })
+                .collect();
+            let leased: HashSet<String> = conn.lease_tries(&rows).await?.into_iter().collect();
+            Ok(requests
+                .iter()
+                .map(|r| Ok(leased.contains(r.publication.id.as_str())))
+                .collect())
+        })
+    }
+    // Written before its request is sent, as a lone write was.
+    Coalescer::set_based(
+        group,
+        |_| Durability::Full,
+        LEASE_BATCH,
+        in_flight,
+        |r| r.publication.id.to_string(),
+        all::<DB::Connection>,
+    )
+}
+
 #[async_trait::async_trait]
 impl<T> Outbound for T
 where
-    T: OutboundReadSql + Grouped,
+    T: OutboundReadSql + OutboundBatches,
     Conn<T>: OutboundSql,
 {
     async fn due_deliveries(&self, limit: usize) -> Result<Vec<Publication>, StoreError> {
@@ -151,10 +197,12 @@ where
     ) -> Result<bool, StoreError> {
         // Bounded, so that no setting can overflow a timestamp.
         let lease_ms = i64::try_from(lease.min(MAX_LEASE).as_millis()).unwrap_or(i64::MAX);
-        at_try(self, publication, lease_ms, |conn, id, at, lease_ms| {
-            conn.lease_try(id, at, lease_ms)
-        })
-        .await
+        self.leases()
+            .submit(LeaseRequest {
+                publication: publication.clone(),
+                lease_ms,
+            })
+            .await
     }
 
     async fn release_try(&self, publication: &Publication) -> Result<(), StoreError> {

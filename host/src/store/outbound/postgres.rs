@@ -164,6 +164,31 @@ impl OutboundSql for PgConnection {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn lease_tries(
+        &mut self,
+        rows: &[(&str, i32, i32, i32, i64)],
+    ) -> Result<Vec<String>, StoreError> {
+        // As `lease_try`, over a batch.
+        sqlx::query_scalar(
+            "UPDATE webhook_deliveries d \
+             SET leased_until = clock_timestamp() + p.ms * interval '1 millisecond', \
+             updated_at = now() \
+             FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::int4[], $5::float8[]) \
+             AS p(i, r, a, h, ms) \
+             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a AND d.handbacks = p.h \
+             AND d.status = 'PENDING' AND (d.leased_until IS NULL OR d.leased_until <= now()) \
+             RETURNING d.id",
+        )
+        .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.3).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.4 as f64).collect::<Vec<_>>())
+        .fetch_all(self)
+        .await
+        .map_err(map_err)
+    }
+
     async fn release_try(
         &mut self,
         id: &str,

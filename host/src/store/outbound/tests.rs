@@ -540,6 +540,36 @@ pub(crate) async fn a_try_is_leased_to_one_process(store: Arc<dyn Store>) {
     // A holder that did not make the try (no slot came free) ends its lease at once.
     store.release_try(&next).await.unwrap();
     assert!(store.lease_try(&next, long).await.unwrap());
+
+    // Leases asked for together are taken in batches: each try has one holder, even
+    // when two copies of one are asked for at once.
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let d = store
+            .send_test_event(&ws.id, &e.id, "message.sent")
+            .await
+            .unwrap()
+            .unwrap();
+        tries.push(Publication {
+            id: d.id,
+            round: 0,
+            attempts: 0,
+            handbacks: 0,
+        });
+    }
+    tries.push(tries[0].clone());
+    let leased: Vec<bool> =
+        futures::future::join_all(tries.iter().map(|p| store.lease_try(p, long)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    assert_eq!(leased[1..3], [true, true], "{leased:?}");
+    assert!(leased[0] != leased[3], "one holder of a try: {leased:?}");
+    assert!(
+        !store.lease_try(&next, long).await.unwrap(),
+        "a try leased before"
+    );
 }
 
 /// Disabling a failing endpoint records `endpoint.disabled` for the workspace's other
