@@ -94,9 +94,9 @@ where
 const LEASE_BATCH: usize = 64;
 
 /// Gathers leases of tries into batches, `in_flight` at a time: every try of a
-/// delivery event takes one before its request, and one write each took a turn of the
-/// group commit's lanes as long as a batch of them. The same delivery twice in a batch
-/// runs alone after it (and finds the try leased).
+/// delivery event takes one before its request, and as writes of their own they held
+/// the group commit's lanes for most of a run with an endpoint (`docs/benchmarks.md`).
+/// The same delivery twice in a batch runs alone after it (and finds the try leased).
 pub(crate) fn leases<DB: sqlx::Database>(
     group: Arc<GroupCommit<DB>>,
     in_flight: usize,
