@@ -192,7 +192,8 @@ pub trait Outbound: Send + Sync {
     /// Ends this process's lease of the try `publication` is for, without a try (no
     /// slot of its endpoint came free): a copy need not wait for the lease to run out.
     async fn release_try(&self, publication: &Publication) -> Result<(), StoreError>;
-    /// A delivery and its endpoint, if both still exist.
+    /// A delivery and its endpoint, if both still exist (the endpoint in the
+    /// delivery's workspace).
     async fn dispatch_target(
         &self,
         id: &WebhookDeliveryId,

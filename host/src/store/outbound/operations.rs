@@ -96,7 +96,7 @@ const LEASE_BATCH: usize = 64;
 /// Gathers leases of tries into batches, `in_flight` at a time: every try of a
 /// delivery event takes one before its request, and as writes of their own they held
 /// the group commit's lanes for most of a run with an endpoint (`docs/benchmarks.md`).
-/// The same delivery twice in a batch runs alone after it (and finds the try leased).
+/// The same delivery twice in a batch runs alone after it.
 pub(crate) fn leases<DB: sqlx::Database>(
     group: Arc<GroupCommit<DB>>,
     in_flight: usize,
@@ -109,13 +109,16 @@ where
         requests: &'c [LeaseRequest],
     ) -> BoxFuture<'c, Result<Vec<Result<bool, StoreError>>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<_> = requests
+            let mut rows: Vec<_> = requests
                 .iter()
                 .map(|r| {
                     let (id, round, attempts, handbacks) = r.publication.key();
                     (id, round, attempts, handbacks, r.lease_ms)
                 })
                 .collect();
+            // In one order, so that two processes' batches lock shared rows alike
+            // rather than deadlock.
+            rows.sort_unstable_by_key(|r| r.0);
             let leased: HashSet<String> = conn.lease_tries(&rows).await?.into_iter().collect();
             Ok(requests
                 .iter()
