@@ -470,86 +470,22 @@ pub(crate) trait OutboundSql: Send {
         at: (i32, i32, i32),
         until: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
-    /// Leases the try of a delivery still pending at `(round, attempts, handbacks)`
-    /// for `lease_ms`, unless another lease on it runs; whether it was leased.
-    async fn lease_try(
-        &mut self,
-        id: &str,
-        at: (i32, i32, i32),
-        lease_ms: i64,
-    ) -> Result<bool, StoreError>;
-    /// [`OutboundSql::lease_try`] for each of `rows`, `(id, round, attempts,
-    /// handbacks, lease_ms)`, no id twice; the ids leased. A backend may do it in one
-    /// statement.
+    /// Leases the tries `rows` are at, `(id, round, attempts, handbacks, lease_ms)`,
+    /// no id twice, as [`TryStatements::lease_try`] does one; the ids leased.
     async fn lease_tries(
         &mut self,
         rows: &[(&str, i32, i32, i32, i64)],
-    ) -> Result<Vec<String>, StoreError> {
-        let mut leased = Vec::new();
-        for &(id, round, attempts, handbacks, lease_ms) in rows {
-            if self
-                .lease_try(id, (round, attempts, handbacks), lease_ms)
-                .await?
-            {
-                leased.push(id.to_string());
-            }
-        }
-        Ok(leased)
-    }
+    ) -> Result<Vec<String>, StoreError>;
     /// Ends the lease of a try of a delivery still pending at `(round, attempts,
     /// handbacks)` (its holder did not make it).
     async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError>;
-    /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
-    /// moves it to `status`, its lease ended; with `next`, unpublished and due then.
-    /// Its `(endpoint, tries)` afterwards, `None` when it had moved on.
-    async fn finish_try(
-        &mut self,
-        id: &str,
-        round: i32,
-        attempts: i32,
-        status: &str,
-        next: Option<DateTime<Utc>>,
-    ) -> Result<Option<(String, i32)>, StoreError>;
-    /// Inserts a try of `delivery`.
-    async fn insert_attempt(
-        &mut self,
-        delivery: &str,
-        attempt: &OutboundAttempt,
-    ) -> Result<(), StoreError>;
-    /// Ends the endpoint's run of failures (`None`), or starts it at `at` unless one
-    /// runs; the run's start afterwards. A disabled endpoint starts no run (its runs
-    /// are counted while it is enabled), so a failure there reads as none.
-    async fn set_failing(
-        &mut self,
-        endpoint: &str,
-        at: Option<DateTime<Utc>>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError>;
-    /// Logs a try: [`OutboundSql::finish_try`], the try's row (numbered by the count
-    /// of tries after it) and, if asked, [`OutboundSql::set_failing`]. `None` when the
-    /// delivery had moved on (nothing written), else the endpoint's run of failures
-    /// afterwards (`None` unless it was asked to start one). A backend may do it in
-    /// one statement.
+    /// Logs a try ([`log_in_steps`] says what it writes): `None` when the delivery
+    /// had moved on (nothing written), else the endpoint's run of failures afterwards
+    /// (`None` unless it was asked to start one).
     async fn log_try(
         &mut self,
         log: &TryLog<'_>,
-    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
-        let (round, attempts) = log.at;
-        let Some((endpoint, tries)) = self
-            .finish_try(log.id, round, attempts, log.status, log.next)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let attempt = OutboundAttempt {
-            attempt_no: tries,
-            ..log.attempt.clone()
-        };
-        self.insert_attempt(log.id, &attempt).await?;
-        Ok(Some(match log.failing {
-            None => None,
-            Some(at) => self.set_failing(&endpoint, at).await?,
-        }))
-    }
+    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError>;
     /// Disables an enabled endpoint; its `(workspace, url)` if it was enabled.
     async fn disable_endpoint_row(
         &mut self,
@@ -581,6 +517,88 @@ pub(crate) trait OutboundSql: Send {
         workspace: &str,
         endpoint: &str,
     ) -> Result<bool, StoreError>;
+}
+
+/// A try's writes one statement at a time: how a backend whose statements cost no
+/// round trip (SQLite's in-process writer) takes and logs tries, through
+/// [`lease_in_turn`] and [`log_in_steps`].
+#[async_trait::async_trait]
+pub(crate) trait TryStatements: Send {
+    /// Leases the try of a delivery still pending at `(round, attempts, handbacks)`
+    /// for `lease_ms`, unless another lease on it runs; whether it was leased.
+    async fn lease_try(
+        &mut self,
+        id: &str,
+        at: (i32, i32, i32),
+        lease_ms: i64,
+    ) -> Result<bool, StoreError>;
+    /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
+    /// moves it to `status`, its lease ended; with `next`, unpublished and due then.
+    /// Its `(endpoint, tries)` afterwards, `None` when it had moved on.
+    async fn finish_try(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        status: &str,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<(String, i32)>, StoreError>;
+    /// Inserts a try of `delivery`.
+    async fn insert_attempt(
+        &mut self,
+        delivery: &str,
+        attempt: &OutboundAttempt,
+    ) -> Result<(), StoreError>;
+    /// Ends the endpoint's run of failures (`None`), or starts it at `at` unless one
+    /// runs; the run's start afterwards. A disabled endpoint starts no run (its runs
+    /// are counted while it is enabled), so a failure there reads as none.
+    async fn set_failing(
+        &mut self,
+        endpoint: &str,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
+}
+
+/// [`OutboundSql::lease_tries`], one lease at a time.
+pub(crate) async fn lease_in_turn<C: TryStatements>(
+    conn: &mut C,
+    rows: &[(&str, i32, i32, i32, i64)],
+) -> Result<Vec<String>, StoreError> {
+    let mut leased = Vec::new();
+    for &(id, round, attempts, handbacks, lease_ms) in rows {
+        if conn
+            .lease_try(id, (round, attempts, handbacks), lease_ms)
+            .await?
+        {
+            leased.push(id.to_string());
+        }
+    }
+    Ok(leased)
+}
+
+/// [`OutboundSql::log_try`] in steps: [`TryStatements::finish_try`], the try's row
+/// (numbered by the count of tries after it) and, if asked,
+/// [`TryStatements::set_failing`].
+pub(crate) async fn log_in_steps<C: TryStatements>(
+    conn: &mut C,
+    log: &TryLog<'_>,
+) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
+    let (round, attempts) = log.at;
+    let Some((endpoint, tries)) = conn
+        .finish_try(log.id, round, attempts, log.status, log.next)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let attempt = OutboundAttempt {
+        attempt_no: tries,
+        ..log.attempt.clone()
+    };
+    conn.insert_attempt(log.id, &attempt).await?;
+    Ok(Some(match log.failing {
+        None => None,
+        Some(at) => conn.set_failing(&endpoint, at).await?,
+    }))
 }
 
 /// Reads on the pool.

@@ -2,7 +2,7 @@
 
 use super::{
     AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, DispatchRow, NewDelivery,
-    OutboundAttempt, OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow, TryLog,
+    OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow, TryLog,
 };
 use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
@@ -138,37 +138,12 @@ impl OutboundSql for PgConnection {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn lease_try(
-        &mut self,
-        id: &str,
-        (round, attempts, handbacks): (i32, i32, i32),
-        lease_ms: i64,
-    ) -> Result<bool, StoreError> {
-        // The database's clock, the one every process's lease is read against; the
-        // statement's time, not its transaction's (a group commit may have waited).
-        let done = sqlx::query(
-            "UPDATE webhook_deliveries \
-             SET leased_until = clock_timestamp() + $5::float8 * interval '1 millisecond', \
-             updated_at = now() \
-             WHERE id = $1 AND round = $2 AND attempts = $3 AND handbacks = $4 \
-             AND status = 'PENDING' AND (leased_until IS NULL OR leased_until <= now())",
-        )
-        .bind(id)
-        .bind(round)
-        .bind(attempts)
-        .bind(handbacks)
-        .bind(lease_ms as f64)
-        .execute(self)
-        .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn lease_tries(
         &mut self,
         rows: &[(&str, i32, i32, i32, i64)],
     ) -> Result<Vec<String>, StoreError> {
-        // As `lease_try`, over a batch.
+        // The database's clock, the one every process's lease is read against; the
+        // statement's time, not its transaction's (a group commit may have waited).
         sqlx::query_scalar(
             "UPDATE webhook_deliveries d \
              SET leased_until = clock_timestamp() + p.ms * interval '1 millisecond', \
@@ -209,95 +184,13 @@ impl OutboundSql for PgConnection {
         Ok(())
     }
 
-    async fn finish_try(
-        &mut self,
-        id: &str,
-        round: i32,
-        attempts: i32,
-        status: &str,
-        next: Option<DateTime<Utc>>,
-    ) -> Result<Option<(String, i32)>, StoreError> {
-        sqlx::query_as(
-            "UPDATE webhook_deliveries SET status = $4, attempts = attempts + 1, \
-             published = ($5::timestamptz IS NULL), \
-             next_attempt_at = COALESCE($5, next_attempt_at), leased_until = NULL, \
-             updated_at = now() \
-             WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING' \
-             RETURNING endpoint_id, attempts",
-        )
-        .bind(id)
-        .bind(round)
-        .bind(attempts)
-        .bind(status)
-        .bind(next)
-        .fetch_optional(self)
-        .await
-        .map_err(map_err)
-    }
-
-    async fn insert_attempt(
-        &mut self,
-        delivery: &str,
-        attempt: &OutboundAttempt,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, status_code, \
-             latency_ms, error, next_retry_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(delivery)
-        .bind(attempt.attempt_no)
-        .bind(attempt.attempted_at)
-        .bind(attempt.status_code)
-        .bind(attempt.latency_ms)
-        .bind(&attempt.error)
-        .bind(attempt.next_retry_at)
-        .execute(self)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn set_failing(
-        &mut self,
-        endpoint: &str,
-        at: Option<DateTime<Utc>>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        // The row is written only when the run starts or ends: every try of a busy
-        // endpoint updating it would queue them all behind its lock.
-        let Some(at) = at else {
-            sqlx::query(
-                "UPDATE webhook_endpoints SET failing_since = NULL \
-                 WHERE id = $1 AND failing_since IS NOT NULL",
-            )
-            .bind(endpoint)
-            .execute(self)
-            .await
-            .map_err(map_err)?;
-            return Ok(None);
-        };
-        sqlx::query(
-            "UPDATE webhook_endpoints SET failing_since = $2 \
-             WHERE id = $1 AND failing_since IS NULL AND NOT disabled",
-        )
-        .bind(endpoint)
-        .bind(at)
-        .execute(&mut *self)
-        .await
-        .map_err(map_err)?;
-        let since: Option<Option<DateTime<Utc>>> =
-            sqlx::query_scalar("SELECT failing_since FROM webhook_endpoints WHERE id = $1")
-                .bind(endpoint)
-                .fetch_optional(self)
-                .await
-                .map_err(map_err)?;
-        Ok(since.flatten())
-    }
-
     async fn log_try(
         &mut self,
         log: &TryLog<'_>,
     ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
-        // The default's statements in one: a try's log is one round trip of its batch.
+        // `log_in_steps`' statements in one: a try's log is one round trip of its batch.
+        // A run of failures is written only when it starts or ends: every try of a busy
+        // endpoint updating its row would queue them all behind its lock.
         // The run of failures read after a start that did not happen is the
         // statement's snapshot (one set by a concurrent batch reads as none, and the
         // next failure reads it).

@@ -3,7 +3,8 @@
 
 use super::{
     AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, DispatchRow, NewDelivery,
-    OutboundAttempt, OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow,
+    OutboundAttempt, OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow, TryLog,
+    TryStatements, lease_in_turn, log_in_steps,
 };
 use crate::store::StoreError;
 use crate::store::direct::{Direct, map_err as direct_err};
@@ -123,46 +124,22 @@ impl OutboundSql for Direct<'_> {
         self.sqlx().unpublish(id, at, until).await
     }
 
-    async fn lease_try(
+    async fn lease_tries(
         &mut self,
-        id: &str,
-        at: (i32, i32, i32),
-        lease_ms: i64,
-    ) -> Result<bool, StoreError> {
-        self.sqlx().lease_try(id, at, lease_ms).await
+        rows: &[(&str, i32, i32, i32, i64)],
+    ) -> Result<Vec<String>, StoreError> {
+        self.sqlx().lease_tries(rows).await
+    }
+
+    async fn log_try(
+        &mut self,
+        log: &TryLog<'_>,
+    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
+        self.sqlx().log_try(log).await
     }
 
     async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError> {
         self.sqlx().release_try(id, at).await
-    }
-
-    async fn finish_try(
-        &mut self,
-        id: &str,
-        round: i32,
-        attempts: i32,
-        status: &str,
-        next: Option<DateTime<Utc>>,
-    ) -> Result<Option<(String, i32)>, StoreError> {
-        self.sqlx()
-            .finish_try(id, round, attempts, status, next)
-            .await
-    }
-
-    async fn insert_attempt(
-        &mut self,
-        delivery: &str,
-        attempt: &OutboundAttempt,
-    ) -> Result<(), StoreError> {
-        self.sqlx().insert_attempt(delivery, attempt).await
-    }
-
-    async fn set_failing(
-        &mut self,
-        endpoint: &str,
-        at: Option<DateTime<Utc>>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        self.sqlx().set_failing(endpoint, at).await
     }
 
     async fn disable_endpoint_row(
@@ -303,29 +280,18 @@ impl OutboundSql for SqliteConnection {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn lease_try(
+    async fn lease_tries(
         &mut self,
-        id: &str,
-        (round, attempts, handbacks): (i32, i32, i32),
-        lease_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let now = crate::store::now_micros();
-        let until = now + chrono::Duration::milliseconds(lease_ms);
-        let done = sqlx::query(
-            "UPDATE webhook_deliveries SET leased_until = ?1, updated_at = ?2 \
-             WHERE id = ?3 AND round = ?4 AND attempts = ?5 AND handbacks = ?6 \
-             AND status = 'PENDING' AND (leased_until IS NULL OR leased_until <= ?2)",
-        )
-        .bind(encode_timestamp(&until))
-        .bind(encode_timestamp(&now))
-        .bind(id)
-        .bind(round)
-        .bind(attempts)
-        .bind(handbacks)
-        .execute(self)
-        .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        rows: &[(&str, i32, i32, i32, i64)],
+    ) -> Result<Vec<String>, StoreError> {
+        lease_in_turn(self, rows).await
+    }
+
+    async fn log_try(
+        &mut self,
+        log: &TryLog<'_>,
+    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
+        log_in_steps(self, log).await
     }
 
     async fn release_try(
@@ -346,88 +312,6 @@ impl OutboundSql for SqliteConnection {
         .await
         .map_err(map_err)?;
         Ok(())
-    }
-
-    async fn finish_try(
-        &mut self,
-        id: &str,
-        round: i32,
-        attempts: i32,
-        status: &str,
-        next: Option<DateTime<Utc>>,
-    ) -> Result<Option<(String, i32)>, StoreError> {
-        sqlx::query_as(
-            "UPDATE webhook_deliveries SET status = ?1, attempts = attempts + 1, \
-             published = (?2 IS NULL), next_attempt_at = COALESCE(?2, next_attempt_at), \
-             leased_until = NULL, updated_at = ?3 \
-             WHERE id = ?4 AND round = ?5 AND attempts = ?6 AND status = 'PENDING' \
-             RETURNING endpoint_id, attempts",
-        )
-        .bind(status)
-        .bind(next.as_ref().map(encode_timestamp))
-        .bind(now_text())
-        .bind(id)
-        .bind(round)
-        .bind(attempts)
-        .fetch_optional(self)
-        .await
-        .map_err(map_err)
-    }
-
-    async fn insert_attempt(
-        &mut self,
-        delivery: &str,
-        attempt: &OutboundAttempt,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, status_code, \
-             latency_ms, error, next_retry_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(delivery)
-        .bind(attempt.attempt_no)
-        .bind(encode_timestamp(&attempt.attempted_at))
-        .bind(attempt.status_code)
-        .bind(attempt.latency_ms)
-        .bind(&attempt.error)
-        .bind(attempt.next_retry_at.as_ref().map(encode_timestamp))
-        .execute(self)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn set_failing(
-        &mut self,
-        endpoint: &str,
-        at: Option<DateTime<Utc>>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let Some(at) = at else {
-            sqlx::query(
-                "UPDATE webhook_endpoints SET failing_since = NULL \
-                 WHERE id = ? AND failing_since IS NOT NULL",
-            )
-            .bind(endpoint)
-            .execute(self)
-            .await
-            .map_err(map_err)?;
-            return Ok(None);
-        };
-        sqlx::query(
-            "UPDATE webhook_endpoints SET failing_since = ? WHERE id = ? AND failing_since IS NULL \
-             AND NOT disabled",
-        )
-        .bind(encode_timestamp(&at))
-        .bind(endpoint)
-        .execute(&mut *self)
-        .await
-        .map_err(map_err)?;
-        let since: Option<Option<DateTime<Utc>>> =
-            sqlx::query_scalar("SELECT failing_since FROM webhook_endpoints WHERE id = ?")
-                .bind(endpoint)
-                .fetch_optional(self)
-                .await
-                .map_err(map_err)?;
-        Ok(since.flatten())
     }
 
     async fn disable_endpoint_row(
@@ -521,6 +405,116 @@ impl OutboundSql for SqliteConnection {
                 .await
                 .map_err(map_err)?;
         Ok(found.is_some())
+    }
+}
+
+#[async_trait::async_trait]
+impl TryStatements for SqliteConnection {
+    async fn lease_try(
+        &mut self,
+        id: &str,
+        (round, attempts, handbacks): (i32, i32, i32),
+        lease_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let now = crate::store::now_micros();
+        let until = now + chrono::Duration::milliseconds(lease_ms);
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET leased_until = ?1, updated_at = ?2 \
+             WHERE id = ?3 AND round = ?4 AND attempts = ?5 AND handbacks = ?6 \
+             AND status = 'PENDING' AND (leased_until IS NULL OR leased_until <= ?2)",
+        )
+        .bind(encode_timestamp(&until))
+        .bind(encode_timestamp(&now))
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .bind(handbacks)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn finish_try(
+        &mut self,
+        id: &str,
+        round: i32,
+        attempts: i32,
+        status: &str,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<(String, i32)>, StoreError> {
+        sqlx::query_as(
+            "UPDATE webhook_deliveries SET status = ?1, attempts = attempts + 1, \
+             published = (?2 IS NULL), next_attempt_at = COALESCE(?2, next_attempt_at), \
+             leased_until = NULL, updated_at = ?3 \
+             WHERE id = ?4 AND round = ?5 AND attempts = ?6 AND status = 'PENDING' \
+             RETURNING endpoint_id, attempts",
+        )
+        .bind(status)
+        .bind(next.as_ref().map(encode_timestamp))
+        .bind(now_text())
+        .bind(id)
+        .bind(round)
+        .bind(attempts)
+        .fetch_optional(self)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn insert_attempt(
+        &mut self,
+        delivery: &str,
+        attempt: &OutboundAttempt,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, status_code, \
+             latency_ms, error, next_retry_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(delivery)
+        .bind(attempt.attempt_no)
+        .bind(encode_timestamp(&attempt.attempted_at))
+        .bind(attempt.status_code)
+        .bind(attempt.latency_ms)
+        .bind(&attempt.error)
+        .bind(attempt.next_retry_at.as_ref().map(encode_timestamp))
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_failing(
+        &mut self,
+        endpoint: &str,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let Some(at) = at else {
+            sqlx::query(
+                "UPDATE webhook_endpoints SET failing_since = NULL \
+                 WHERE id = ? AND failing_since IS NOT NULL",
+            )
+            .bind(endpoint)
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE webhook_endpoints SET failing_since = ? WHERE id = ? AND failing_since IS NULL \
+             AND NOT disabled",
+        )
+        .bind(encode_timestamp(&at))
+        .bind(endpoint)
+        .execute(&mut *self)
+        .await
+        .map_err(map_err)?;
+        let since: Option<Option<DateTime<Utc>>> =
+            sqlx::query_scalar("SELECT failing_since FROM webhook_endpoints WHERE id = ?")
+                .bind(endpoint)
+                .fetch_optional(self)
+                .await
+                .map_err(map_err)?;
+        Ok(since.flatten())
     }
 }
 
