@@ -96,11 +96,13 @@ impl<Req: Send + 'static, Resp: Send + 'static> Coalescer<Req, Resp> {
 /// A set-based write over a batch of requests, on a group commit's connection: an
 /// answer per request, or an error for the batch as a whole (then nothing of it is
 /// kept, and its requests are run again one at a time).
-pub(crate) type SetFn<DB, Req, Resp> =
-    for<'c> fn(
-        &'c mut <DB as sqlx::Database>::Connection,
-        &'c [Req],
-    ) -> BoxFuture<'c, Result<Vec<Result<Resp, StoreError>>, StoreError>>;
+pub(crate) type SetFn<DB, Req, Resp> = for<'c> fn(
+    &'c mut <DB as sqlx::Database>::Connection,
+    &'c [Req],
+) -> BoxFuture<'c, SetAnswers<Resp>>;
+
+/// What a [`SetFn`] gives: an answer per request, or an error for the batch.
+pub(crate) type SetAnswers<Resp> = Result<Vec<Result<Resp, StoreError>>, StoreError>;
 
 /// Runs `batch` through `all` as one write of `group`, flushed when any request's
 /// `durability` asks for it. A request whose `key` came

@@ -8,7 +8,7 @@
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
-use super::outbound::{self, LeaseRequest, OutboundBatches};
+use super::outbound::{self, EndpointHealth, LeaseRequest, LogRequest, OutboundBatches};
 use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
@@ -91,6 +91,7 @@ pub struct PgStore {
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
     replays: Arc<Coalescer<ReplayRequest, bool>>,
     leases: Arc<Coalescer<LeaseRequest, bool>>,
+    logs: Arc<Coalescer<LogRequest, Option<EndpointHealth>>>,
 }
 
 impl PgStore {
@@ -128,14 +129,15 @@ impl PgStore {
             .map_err(map_err)?;
         let group = GroupCommit::start(pool.clone(), LANES);
         let group = Arc::new(group);
-        // Two batches of claims (and of steps, of receipts, of replay keys, of leases of
-        // delivery events' tries) at a time across the lanes, the next gathering
+        // Two batches of claims (and of steps, of receipts, of replay keys, of leases and logs
+        // of delivery events' tries) at a time across the lanes, the next gathering
         // meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 2));
         let steps = Arc::new(delivery::steps(group.clone(), 2));
         let receipts = Arc::new(receipts::receipts(group.clone(), 2));
         let replays = Arc::new(receipts::replays(group.clone(), 2));
         let leases = Arc::new(outbound::leases(group.clone(), 2));
+        let logs = Arc::new(outbound::logs(group.clone(), 2));
         Ok(Self {
             pool,
             group,
@@ -144,6 +146,7 @@ impl PgStore {
             receipts,
             replays,
             leases,
+            logs,
         })
     }
 
@@ -211,6 +214,10 @@ impl ReceiptBatches for PgStore {
 impl OutboundBatches for PgStore {
     fn leases(&self) -> &Coalescer<LeaseRequest, bool> {
         &self.leases
+    }
+
+    fn logs(&self) -> &Coalescer<LogRequest, Option<EndpointHealth>> {
+        &self.logs
     }
 }
 

@@ -10,7 +10,7 @@ use super::checkpoint::{self, Checkpointer};
 use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{Flush, GroupCommit, Grouped, Lanes};
-use super::outbound::{self, LeaseRequest, OutboundBatches};
+use super::outbound::{self, EndpointHealth, LeaseRequest, LogRequest, OutboundBatches};
 use super::receipts::{self, ReceiptBatches, ReplayRequest};
 use super::{Store, StoreError};
 use crate::model::Claim;
@@ -116,6 +116,7 @@ pub struct SqliteStore {
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
     replays: Arc<Coalescer<ReplayRequest, bool>>,
     leases: Arc<Coalescer<LeaseRequest, bool>>,
+    logs: Arc<Coalescer<LogRequest, Option<EndpointHealth>>>,
 }
 
 /// The CPU the store's writer is pinned to when pinning is on: the last one this
@@ -201,12 +202,13 @@ impl SqliteStore {
             lane.totals().batches
         }));
         // One lane: one batch of claims (and of steps, of receipts, of replay keys, of
-        // leases of delivery events' tries) at a time, the next gathering meanwhile.
+        // leases and logs of delivery events' tries) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
         let receipts = Arc::new(receipts::receipts(group.clone(), 1));
         let replays = Arc::new(receipts::replays(group.clone(), 1));
         let leases = Arc::new(outbound::leases(group.clone(), 1));
+        let logs = Arc::new(outbound::logs(group.clone(), 1));
         Ok(Self {
             pool,
             writer_pool,
@@ -217,6 +219,7 @@ impl SqliteStore {
             receipts,
             replays,
             leases,
+            logs,
         })
     }
 
@@ -295,6 +298,10 @@ impl ReceiptBatches for SqliteStore {
 impl OutboundBatches for SqliteStore {
     fn leases(&self) -> &Coalescer<LeaseRequest, bool> {
         &self.leases
+    }
+
+    fn logs(&self) -> &Coalescer<LogRequest, Option<EndpointHealth>> {
+        &self.logs
     }
 }
 

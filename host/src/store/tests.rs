@@ -433,7 +433,7 @@ pub(crate) use super::messages::tests::{
 };
 pub(crate) use super::outbound::tests::{
     a_try_is_leased_to_one_process, disabling_and_abandoning, events_follow_status_changes,
-    tries_retries_and_health,
+    tries_logged_together, tries_retries_and_health,
 };
 pub(crate) use super::preferences::tests::{
     concurrent_preference_updates, preferences_merge, preferences_of_many,
@@ -472,6 +472,7 @@ macro_rules! shared_store_tests {
             concurrent_creates_stop_at_the_most,
             events_follow_status_changes,
             tries_retries_and_health,
+            tries_logged_together,
             a_try_is_leased_to_one_process,
             disabling_and_abandoning,
             preferences_merge,

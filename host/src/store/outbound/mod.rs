@@ -21,11 +21,14 @@ use chrono::{DateTime, Utc};
 mod emit;
 mod operations;
 mod postgres;
+mod runs;
 mod sqlite;
+mod steps;
 
 pub(crate) use emit::emit;
 pub use emit::test_event;
-pub(crate) use operations::leases;
+pub(crate) use operations::{leases, logs};
+use steps::{TryStatements, lease_in_turn, log_each};
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -385,7 +388,7 @@ impl TryFrom<DispatchRow> for DispatchTarget {
     }
 }
 
-/// A try to log ([`OutboundSql::log_try`]).
+/// A try to log ([`OutboundSql::log_tries`]).
 pub(crate) struct TryLog<'a> {
     /// The delivery.
     pub(crate) id: &'a str,
@@ -409,11 +412,21 @@ pub(crate) struct LeaseRequest {
     lease_ms: i64,
 }
 
-/// A store whose leases of tries are gathered into set-based batches
-/// (`operations::leases`).
+/// One [`Outbound::record_attempt`]: the try's publication, the try and where it
+/// leaves the delivery.
+pub(crate) struct LogRequest {
+    publication: Publication,
+    attempt: OutboundAttempt,
+    status: OutboundStatus,
+}
+
+/// A store whose leases and logs of tries are gathered into set-based batches
+/// (`operations::leases`, `operations::logs`).
 pub(crate) trait OutboundBatches: Grouped {
     /// The store's lease batches.
     fn leases(&self) -> &Coalescer<LeaseRequest, bool>;
+    /// The store's batches of logged tries.
+    fn logs(&self) -> &Coalescer<LogRequest, Option<EndpointHealth>>;
 }
 
 /// A `webhook_attempts` row.
@@ -479,13 +492,11 @@ pub(crate) trait OutboundSql: Send {
     /// Ends the lease of a try of a delivery still pending at `(round, attempts,
     /// handbacks)` (its holder did not make it).
     async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError>;
-    /// Logs a try ([`log_in_steps`] says what it writes): `None` when the delivery
-    /// had moved on (nothing written), else the endpoint's run of failures afterwards
-    /// (`None` unless it was asked to start one).
-    async fn log_try(
-        &mut self,
-        log: &TryLog<'_>,
-    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError>;
+    /// Logs tries of distinct deliveries, each as [`steps::log_in_steps`] logs one, in
+    /// order: for each, `None` when its delivery had moved on (nothing written), else
+    /// its endpoint's run of failures afterwards (`None` unless it was asked to start
+    /// one).
+    async fn log_tries(&mut self, logs: &[TryLog<'_>]) -> Result<Vec<runs::Logged>, StoreError>;
     /// Disables an enabled endpoint; its `(workspace, url)` if it was enabled.
     async fn disable_endpoint_row(
         &mut self,
@@ -517,88 +528,6 @@ pub(crate) trait OutboundSql: Send {
         workspace: &str,
         endpoint: &str,
     ) -> Result<bool, StoreError>;
-}
-
-/// A try's writes one statement at a time: how a backend whose statements cost no
-/// round trip (SQLite's in-process writer) takes and logs tries, through
-/// [`lease_in_turn`] and [`log_in_steps`].
-#[async_trait::async_trait]
-pub(crate) trait TryStatements: Send {
-    /// Leases the try of a delivery still pending at `(round, attempts, handbacks)`
-    /// for `lease_ms`, unless another lease on it runs; whether it was leased.
-    async fn lease_try(
-        &mut self,
-        id: &str,
-        at: (i32, i32, i32),
-        lease_ms: i64,
-    ) -> Result<bool, StoreError>;
-    /// Counts a try of a delivery still pending at `round` and `attempts` tries, and
-    /// moves it to `status`, its lease ended; with `next`, unpublished and due then.
-    /// Its `(endpoint, tries)` afterwards, `None` when it had moved on.
-    async fn finish_try(
-        &mut self,
-        id: &str,
-        round: i32,
-        attempts: i32,
-        status: &str,
-        next: Option<DateTime<Utc>>,
-    ) -> Result<Option<(String, i32)>, StoreError>;
-    /// Inserts a try of `delivery`.
-    async fn insert_attempt(
-        &mut self,
-        delivery: &str,
-        attempt: &OutboundAttempt,
-    ) -> Result<(), StoreError>;
-    /// Ends the endpoint's run of failures (`None`), or starts it at `at` unless one
-    /// runs; the run's start afterwards. A disabled endpoint starts no run (its runs
-    /// are counted while it is enabled), so a failure there reads as none.
-    async fn set_failing(
-        &mut self,
-        endpoint: &str,
-        at: Option<DateTime<Utc>>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError>;
-}
-
-/// [`OutboundSql::lease_tries`], one lease at a time.
-pub(crate) async fn lease_in_turn<C: TryStatements>(
-    conn: &mut C,
-    rows: &[(&str, i32, i32, i32, i64)],
-) -> Result<Vec<String>, StoreError> {
-    let mut leased = Vec::new();
-    for &(id, round, attempts, handbacks, lease_ms) in rows {
-        if conn
-            .lease_try(id, (round, attempts, handbacks), lease_ms)
-            .await?
-        {
-            leased.push(id.to_string());
-        }
-    }
-    Ok(leased)
-}
-
-/// [`OutboundSql::log_try`] in steps: [`TryStatements::finish_try`], the try's row
-/// (numbered by the count of tries after it) and, if asked,
-/// [`TryStatements::set_failing`].
-pub(crate) async fn log_in_steps<C: TryStatements>(
-    conn: &mut C,
-    log: &TryLog<'_>,
-) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
-    let (round, attempts) = log.at;
-    let Some((endpoint, tries)) = conn
-        .finish_try(log.id, round, attempts, log.status, log.next)
-        .await?
-    else {
-        return Ok(None);
-    };
-    let attempt = OutboundAttempt {
-        attempt_no: tries,
-        ..log.attempt.clone()
-    };
-    conn.insert_attempt(log.id, &attempt).await?;
-    Ok(Some(match log.failing {
-        None => None,
-        Some(at) => conn.set_failing(&endpoint, at).await?,
-    }))
 }
 
 /// Reads on the pool.

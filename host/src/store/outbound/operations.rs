@@ -3,13 +3,13 @@
 
 use super::emit::{encode, event_types, test_event};
 use super::{
-    AttemptRow, DispatchTarget, EndpointHealth, LeaseRequest, NewDelivery, Outbound,
+    AttemptRow, DispatchTarget, EndpointHealth, LeaseRequest, LogRequest, NewDelivery, Outbound,
     OutboundAttempt, OutboundBatches, OutboundDelivery, OutboundReadSql, OutboundSql,
     OutboundStatus, Publication, PublicationRow, TryLog,
 };
 use crate::events::{self, EndpointDisabled};
 use crate::ids::{EndpointId, WebhookDeliveryId, WorkspaceId};
-use crate::store::coalesce::Coalescer;
+use crate::store::coalesce::{Coalescer, SetAnswers};
 use crate::store::group::{Conn, Durability, GroupCommit, Grouped};
 use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
@@ -137,6 +137,72 @@ where
     )
 }
 
+/// Most tries logged in one batch.
+const LOG_BATCH: usize = 64;
+
+impl LogRequest {
+    /// What [`OutboundSql::log_tries`] writes for it: the try counted, the delivery
+    /// moved to its status (unpublished and due at its retry when it stays pending),
+    /// and the endpoint's run of failures ended by a success or started by a failure.
+    fn log(&self) -> TryLog<'_> {
+        let next = self
+            .attempt
+            .next_retry_at
+            .filter(|_| self.status == OutboundStatus::Pending);
+        let failed =
+            (self.status != OutboundStatus::Succeeded).then_some(self.attempt.attempted_at);
+        TryLog {
+            id: self.publication.id.as_str(),
+            at: (self.publication.round, self.publication.attempts),
+            status: self.status.as_str(),
+            next,
+            attempt: &self.attempt,
+            failing: Some(failed),
+        }
+    }
+}
+
+/// Gathers logs of tries into batches, `in_flight` at a time: every try of a
+/// delivery event is logged after its request, and as writes of their own they were
+/// the largest statement of a run with an endpoint (`docs/benchmarks.md`). The same
+/// delivery twice in a batch runs alone after it.
+pub(crate) fn logs<DB: sqlx::Database>(
+    group: Arc<GroupCommit<DB>>,
+    in_flight: usize,
+) -> Coalescer<LogRequest, Option<EndpointHealth>>
+where
+    DB::Connection: OutboundSql,
+{
+    fn all<'c, C: OutboundSql>(
+        conn: &'c mut C,
+        requests: &'c [LogRequest],
+    ) -> BoxFuture<'c, SetAnswers<Option<EndpointHealth>>> {
+        Box::pin(async move {
+            let logs: Vec<TryLog<'_>> = requests.iter().map(LogRequest::log).collect();
+            Ok(conn
+                .log_tries(&logs)
+                .await?
+                .into_iter()
+                .map(|logged| {
+                    Ok(logged.map(|since| match since {
+                        None => EndpointHealth::Succeeded,
+                        Some(since) => EndpointHealth::FailingSince(since),
+                    }))
+                })
+                .collect())
+        })
+    }
+    // Durable before the try's message is acknowledged, as a lone write was.
+    Coalescer::set_based(
+        group,
+        |_| Durability::Full,
+        LOG_BATCH,
+        in_flight,
+        |r| r.publication.id.to_string(),
+        all::<DB::Connection>,
+    )
+}
+
 #[async_trait::async_trait]
 impl<T> Outbound for T
 where
@@ -235,31 +301,12 @@ where
         attempt: &OutboundAttempt,
         status: OutboundStatus,
     ) -> Result<Option<EndpointHealth>, StoreError> {
-        let args = Arc::new((publication.clone(), attempt.clone()));
-        self.group()
-            .run(Box::new(move |conn| {
-                let args = args.clone();
-                Box::pin(async move {
-                    let (p, attempt) = &*args;
-                    let next = attempt
-                        .next_retry_at
-                        .filter(|_| status == OutboundStatus::Pending);
-                    let failed =
-                        (status != OutboundStatus::Succeeded).then_some(attempt.attempted_at);
-                    let log = TryLog {
-                        id: p.id.as_str(),
-                        at: (p.round, p.attempts),
-                        status: status.as_str(),
-                        next,
-                        attempt,
-                        failing: Some(failed),
-                    };
-                    Ok(conn.log_try(&log).await?.map(|since| match since {
-                        None => EndpointHealth::Succeeded,
-                        Some(since) => EndpointHealth::FailingSince(since),
-                    }))
-                })
-            }))
+        self.logs()
+            .submit(LogRequest {
+                publication: publication.clone(),
+                attempt: attempt.clone(),
+                status,
+            })
             .await
     }
 
@@ -334,7 +381,8 @@ where
                         attempt: &attempt,
                         failing: None,
                     };
-                    Ok(conn.log_try(&log).await?.is_some())
+                    let logged = conn.log_tries(std::slice::from_ref(&log)).await?;
+                    Ok(logged.first().is_some_and(Option::is_some))
                 })
             }))
             .await

@@ -1,5 +1,6 @@
 //! [`OutboundSql`] and [`OutboundReadSql`] on PostgreSQL.
 
+use super::runs;
 use super::{
     AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, DispatchRow, NewDelivery,
     OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow, TryLog,
@@ -8,6 +9,16 @@ use crate::store::StoreError;
 use crate::store::postgres::{PgStore, map_err};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
+
+/// An endpoint `e`'s run of failures after a batch's change `p` (`runs::RunChange`):
+/// ended, then the change's start unless the endpoint is disabled; not ended, kept or
+/// else that start.
+macro_rules! run_after {
+    () => {
+        "COALESCE(CASE WHEN p.ended THEN NULL ELSE e.failing_since END, \
+         CASE WHEN e.disabled THEN NULL ELSE p.start END)"
+    };
+}
 
 #[async_trait::async_trait]
 impl OutboundSql for PgConnection {
@@ -184,59 +195,92 @@ impl OutboundSql for PgConnection {
         Ok(())
     }
 
-    async fn log_try(
-        &mut self,
-        log: &TryLog<'_>,
-    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
-        // `log_in_steps`' statements in one: a try's log is one round trip of its batch.
-        // A run of failures is written only when it starts or ends: every try of a busy
+    async fn log_tries(&mut self, logs: &[TryLog<'_>]) -> Result<Vec<runs::Logged>, StoreError> {
+        // `log_in_steps`' statements for a whole batch in two: the tries (with the
+        // endpoints' runs of failures as they stand in its snapshot), then one write
+        // per endpoint of what the batch's tries, in order, do to its run
+        // (`runs::follow`). Each try reads the run as it would have logged alone,
+        // except that one set by a concurrent batch at that instant reads as none
+        // (the next failure reads it); the endpoint write itself goes by the row as
+        // it stands, and only changes it when a run starts or ends: every try of a busy
         // endpoint updating its row would queue them all behind its lock.
-        // The run of failures read after a start that did not happen is the
-        // statement's snapshot (one set by a concurrent batch reads as none, and the
-        // next failure reads it).
-        let (touch, at) = match log.failing {
-            None => (false, None),
-            Some(at) => (true, at),
-        };
-        let (round, attempts) = log.at;
-        let row: Option<(Option<DateTime<Utc>>,)> = sqlx::query_as(
-            "WITH done AS (UPDATE webhook_deliveries SET status = $4, \
-             attempts = attempts + 1, published = ($5::timestamptz IS NULL), \
-             next_attempt_at = COALESCE($5, next_attempt_at), leased_until = NULL, \
-             updated_at = now() \
-             WHERE id = $1 AND round = $2 AND attempts = $3 AND status = 'PENDING' \
-             RETURNING endpoint_id, attempts), \
-             logged AS (INSERT INTO webhook_attempts (delivery_id, attempt_no, attempted_at, \
-             status_code, latency_ms, error, next_retry_at) \
-             SELECT $1, attempts, $6::timestamptz, $7::int4, $8::int8, $9::text, \
-             $10::timestamptz FROM done), \
-             ended AS (UPDATE webhook_endpoints SET failing_since = NULL \
-             WHERE id = (SELECT endpoint_id FROM done) AND $11::bool \
-             AND $12::timestamptz IS NULL AND failing_since IS NOT NULL), \
-             started AS (UPDATE webhook_endpoints SET failing_since = $12 \
-             WHERE id = (SELECT endpoint_id FROM done) AND $11 AND $12 IS NOT NULL \
-             AND failing_since IS NULL AND NOT disabled RETURNING failing_since) \
-             SELECT CASE WHEN $11 AND $12 IS NOT NULL THEN COALESCE( \
-             (SELECT failing_since FROM started), \
-             (SELECT failing_since FROM webhook_endpoints WHERE id = done.endpoint_id)) END \
-             FROM done",
+        let mut rows: Vec<&TryLog<'_>> = logs.iter().collect();
+        // In one order, so that two processes' batches lock shared rows alike rather
+        // than deadlock.
+        rows.sort_unstable_by_key(|log| log.id);
+        let done: Vec<(String, String, Option<DateTime<Utc>>, Option<bool>)> = sqlx::query_as(
+            "WITH p AS (SELECT * FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::text[], \
+             $5::timestamptz[], $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
+             $10::timestamptz[]) AS p(i, r, a, st, nx, at, code, lat, err, nr)), \
+             done AS (UPDATE webhook_deliveries d SET status = p.st, \
+             attempts = d.attempts + 1, published = (p.nx IS NULL), \
+             next_attempt_at = COALESCE(p.nx, d.next_attempt_at), leased_until = NULL, \
+             updated_at = now() FROM p \
+             WHERE d.id = p.i AND d.round = p.r AND d.attempts = p.a \
+             AND d.status = 'PENDING' RETURNING d.id, d.endpoint_id, d.attempts), \
+             logged AS (INSERT INTO webhook_attempts (delivery_id, attempt_no, \
+             attempted_at, status_code, latency_ms, error, next_retry_at) \
+             SELECT done.id, done.attempts, p.at, p.code, p.lat, p.err, p.nr \
+             FROM done JOIN p ON p.i = done.id) \
+             SELECT done.id, done.endpoint_id, e.failing_since, e.disabled FROM done \
+             LEFT JOIN webhook_endpoints e ON e.id = done.endpoint_id",
         )
-        .bind(log.id)
-        .bind(round)
-        .bind(attempts)
-        .bind(log.status)
-        .bind(log.next)
-        .bind(log.attempt.attempted_at)
-        .bind(log.attempt.status_code)
-        .bind(log.attempt.latency_ms)
-        .bind(&log.attempt.error)
-        .bind(log.attempt.next_retry_at)
-        .bind(touch)
-        .bind(at)
-        .fetch_optional(self)
+        .bind(rows.iter().map(|l| l.id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|l| l.at.0).collect::<Vec<_>>())
+        .bind(rows.iter().map(|l| l.at.1).collect::<Vec<_>>())
+        .bind(rows.iter().map(|l| l.status).collect::<Vec<_>>())
+        .bind(rows.iter().map(|l| l.next).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|l| l.attempt.attempted_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|l| l.attempt.status_code)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|l| l.attempt.latency_ms)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|l| l.attempt.error.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|l| l.attempt.next_retry_at)
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *self)
         .await
         .map_err(map_err)?;
-        Ok(row.map(|(since,)| since))
+        let (logged, changes) = runs::follow_batch(logs, done);
+        if !changes.is_empty() {
+            sqlx::query(concat!(
+                "WITH p AS (SELECT * FROM UNNEST($1::text[], $2::bool[], $3::timestamptz[]) \
+                 AS p(i, ended, start)) \
+                 UPDATE webhook_endpoints e SET failing_since = ",
+                run_after!(),
+                " FROM p WHERE e.id = p.i AND e.failing_since IS DISTINCT FROM ",
+                run_after!()
+            ))
+            .bind(
+                changes
+                    .iter()
+                    .map(|(id, _)| id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(changes.iter().map(|(_, c)| c.ended).collect::<Vec<_>>())
+            .bind(changes.iter().map(|(_, c)| c.start).collect::<Vec<_>>())
+            .execute(self)
+            .await
+            .map_err(map_err)?;
+        }
+        Ok(logged)
     }
 
     async fn disable_endpoint_row(

@@ -1,10 +1,11 @@
 //! [`OutboundSql`] and [`OutboundReadSql`] on SQLite. Timestamps are bound in the
 //! stored text form ([`encode_timestamp`]); lists as `IN` lists of binds.
 
+use super::runs::Logged;
 use super::{
     AttemptRow, ClaimedRow, DELIVERY_COLUMNS, DeliveryRow, DispatchRow, NewDelivery,
     OutboundAttempt, OutboundReadSql, OutboundSql, PublicationRow, SubscriptionRow, TryLog,
-    TryStatements, lease_in_turn, log_in_steps,
+    TryStatements, lease_in_turn, log_each,
 };
 use crate::store::StoreError;
 use crate::store::direct::{Direct, map_err as direct_err};
@@ -131,11 +132,8 @@ impl OutboundSql for Direct<'_> {
         self.sqlx().lease_tries(rows).await
     }
 
-    async fn log_try(
-        &mut self,
-        log: &TryLog<'_>,
-    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
-        self.sqlx().log_try(log).await
+    async fn log_tries(&mut self, logs: &[TryLog<'_>]) -> Result<Vec<Logged>, StoreError> {
+        self.sqlx().log_tries(logs).await
     }
 
     async fn release_try(&mut self, id: &str, at: (i32, i32, i32)) -> Result<(), StoreError> {
@@ -287,11 +285,8 @@ impl OutboundSql for SqliteConnection {
         lease_in_turn(self, rows).await
     }
 
-    async fn log_try(
-        &mut self,
-        log: &TryLog<'_>,
-    ) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
-        log_in_steps(self, log).await
+    async fn log_tries(&mut self, logs: &[TryLog<'_>]) -> Result<Vec<Logged>, StoreError> {
+        log_each(self, logs).await
     }
 
     async fn release_try(

@@ -1,7 +1,9 @@
 //! The shared suite of delivery events: each function takes a fresh, migrated store
 //! and works in workspaces of its own; both backends run every one.
 
-use super::{EndpointHealth, OutboundAttempt, OutboundStatus, Publication};
+use super::{
+    EndpointHealth, LogRequest, OutboundAttempt, OutboundBatches, OutboundStatus, Publication,
+};
 use crate::events::Event;
 use crate::ids::EndpointId;
 use crate::store::Endpoint;
@@ -460,6 +462,119 @@ pub(crate) async fn tries_retries_and_health(store: Arc<dyn Store>) {
             .unwrap(),
         Some(EndpointHealth::FailingSince(t3)),
         "a new run, not the one before the endpoint was disabled"
+    );
+}
+
+/// A try of a new test event to `e`, due now.
+async fn new_try(store: &dyn Store, e: &Endpoint) -> Publication {
+    let d = store
+        .send_test_event(&e.workspace, &e.id, "message.sent")
+        .await
+        .unwrap()
+        .unwrap();
+    Publication {
+        id: d.id,
+        round: 0,
+        attempts: 0,
+        handbacks: 0,
+    }
+}
+
+/// Tries logged in one batch read their endpoint's run of failures as each would
+/// have logged alone, in order, and leave the run as the last of them does; the same
+/// try twice is written once; a disabled endpoint starts no run.
+pub(crate) async fn tries_logged_together<S: Store + OutboundBatches>(store: Arc<S>) {
+    let ws = store.ensure_workspace("logged", None).await.unwrap();
+    let a = make(&*store, endpoint(&ws.id, None, false)).await;
+    let b = make(&*store, endpoint(&ws.id, None, false)).await;
+    let mut pa = Vec::new();
+    let mut pb = Vec::new();
+    for _ in 0..5 {
+        pa.push(new_try(&*store, &a).await);
+        pb.push(new_try(&*store, &b).await);
+    }
+    let t0 = now();
+    let at = |ms| t0 + Duration::milliseconds(ms);
+    let log = |p: &Publication, ms, ok: bool| LogRequest {
+        publication: p.clone(),
+        attempt: OutboundAttempt {
+            attempt_no: 1,
+            attempted_at: at(ms),
+            status_code: Some(if ok { 204 } else { 503 }),
+            latency_ms: ms,
+            error: None,
+            next_retry_at: Some(at(60_000)),
+        },
+        status: if ok {
+            OutboundStatus::Succeeded
+        } else {
+            OutboundStatus::Pending
+        },
+    };
+    let logged = |requests| async {
+        store
+            .logs()
+            .run_together(requests)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
+    };
+    use EndpointHealth::{FailingSince, Succeeded};
+    assert_eq!(
+        logged(vec![
+            log(&pa[0], 1, false),
+            log(&pb[0], 2, false),
+            log(&pa[1], 3, false),
+            log(&pa[2], 4, true),
+            log(&pa[0], 5, false),
+            log(&pa[3], 6, false),
+            log(&pb[1], 7, true),
+        ])
+        .await,
+        [
+            Some(FailingSince(at(1))),
+            Some(FailingSince(at(2))),
+            Some(FailingSince(at(1))),
+            Some(Succeeded),
+            None,
+            Some(FailingSince(at(6))),
+            Some(Succeeded),
+        ]
+    );
+    // Each try written once, as asked.
+    let mut stored = store
+        .list_deliveries(&ws.id, &a.id, None, 10)
+        .await
+        .unwrap();
+    stored.retain(|(d, _)| d.id == pa[0].id || d.id == pa[2].id);
+    for (d, tries) in stored {
+        let (status, code, ms) = if d.id == pa[0].id {
+            (OutboundStatus::Pending, 503, 1)
+        } else {
+            (OutboundStatus::Succeeded, 204, 4)
+        };
+        assert_eq!((d.status, d.attempts), (status, 1));
+        let tries: Vec<_> = tries
+            .iter()
+            .map(|t| (t.attempt_no, t.attempted_at, t.status_code, t.latency_ms))
+            .collect();
+        assert_eq!(tries, [(1, at(ms), Some(code), ms)]);
+    }
+    // The runs as the batch left them: `a`'s restarted after its success, `b`'s ended.
+    assert_eq!(
+        logged(vec![log(&pa[4], 8, false), log(&pb[2], 9, false)]).await,
+        [Some(FailingSince(at(6))), Some(FailingSince(at(9)))]
+    );
+    // Disabled, `b` keeps no run and starts none.
+    let patch = crate::store::EndpointPatch {
+        disabled: Some(true),
+        ..Default::default()
+    };
+    store.patch_endpoint(&ws.id, &b.id, &patch).await.unwrap();
+    assert_eq!(
+        logged(vec![log(&pb[3], 10, false), log(&pb[4], 11, false)]).await,
+        [Some(Succeeded), Some(Succeeded)]
     );
 }
 
