@@ -982,13 +982,57 @@ async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
     assert_eq!(s, 200, "unsigned voice allowed in development: {e}");
     let m = wait_status(&lp, &ws, &event, MessageStatus::Delivered).await;
     assert_eq!(m.cost_micro_usd, 15_000);
+    // A later call-status callback of the same status (the carrier's final figures)
+    // updates the cost and adds its duration and cost to the timeline; the status
+    // stays.
+    let finished = br#"{"message_id":"CA-unsigned","status":"Finished","channel":"voice","duration_seconds":14,"cost_micro_usd":18000,"recipient":"+14155550123"}"#;
+    let (s, e) = lp.post("provc", &[], finished).await;
+    assert_eq!(s, 200, "{e}");
+    // Counted once the store has it.
+    let metrics = &lp.state.ingest.metrics;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !metrics
+        .render()
+        .contains("switchboard_receipts_total{outcome=\"updated\"} 1")
+    {
+        assert!(Instant::now() < deadline, "{}", metrics.render());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let m = lp
+        .state
+        .ingest
+        .store
+        .get_message(&ws, &event)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (m.status, m.cost_micro_usd),
+        (MessageStatus::Delivered, 18_000)
+    );
+    let figures: Vec<_> = m
+        .timeline
+        .unwrap()
+        .iter()
+        .filter(|e| e.status == switchboard::model::StepStatus::Delivered)
+        .map(|e| {
+            let detail = e.detail.as_ref().unwrap();
+            (
+                detail["duration_seconds"].clone(),
+                detail["cost_micro_usd"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        figures,
+        [(json!(12), json!(15_000)), (json!(14), json!(18_000))]
+    );
     // An unsigned receipt claiming voice for a message sent by SMS is accepted but
     // matches nothing: it waits, as for an id never seen, and the message stays SENT.
     let texted = sent_message(&lp, "provc", "SM-unsigned").await;
     let claim = br#"{"message_id":"SM-unsigned","status":"Completed","channel":"voice"}"#;
     let (s, e) = lp.post("provc", &[], claim).await;
     assert_eq!(s, 200, "{e}");
-    let metrics = &lp.state.ingest.metrics;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !metrics
         .render()

@@ -20,7 +20,11 @@
 //! delivery, and a complaint or hard bounce after delivery is recorded. Rank 6 is
 //! final: nothing moves a message out of it. A receipt of equal or lower rank is
 //! recorded as ignored and changes nothing (this is also what makes a duplicate
-//! harmless).
+//! harmless), with one exception: a receipt of the message's own status that reports
+//! a cost (a carrier's `Completed` call-status callback, with the call's duration and
+//! cost, after its `Delivered` one) updates the message's cost and adds its timeline
+//! entry, the status and error left as they are, so no carrier callback's cost is
+//! lost.
 
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageStatus, NewTimelineEntry, StepStatus};
@@ -121,6 +125,8 @@ pub struct ReceiptWrite {
 pub enum ReceiptOutcome {
     /// The message moved to the receipt's status.
     Applied(EventId),
+    /// The message was at the receipt's status, and took its cost and timeline entry.
+    Updated(EventId),
     /// The message was matched but already at an equal or higher rank: nothing changed.
     Ignored(EventId),
     /// This receipt key was written before: nothing changed.
@@ -149,6 +155,31 @@ pub fn rank(status: MessageStatus) -> u8 {
 /// Whether a receipt reporting `new` moves a message that is at `current`.
 pub fn advances(current: MessageStatus, new: MessageStatus) -> bool {
     rank(new) > rank(current)
+}
+
+/// What a receipt does to the message it matched (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// The message takes the receipt's status, cost (when given), error and timeline
+    /// entry.
+    Moves,
+    /// The message keeps its status and error and takes the receipt's cost and
+    /// timeline entry.
+    Updates,
+    /// Nothing changes.
+    Nothing,
+}
+
+/// What a receipt reporting `new`, with a cost or without, does to a message at
+/// `current`.
+pub fn effect(current: MessageStatus, new: MessageStatus, reports_cost: bool) -> Effect {
+    if advances(current, new) {
+        Effect::Moves
+    } else if new == current && reports_cost {
+        Effect::Updates
+    } else {
+        Effect::Nothing
+    }
 }
 
 /// The timeline step a receipt status is shown as (timeline steps are only
@@ -299,6 +330,25 @@ mod tests {
                 assert!(!advances(terminal, any), "{terminal:?} -> {any:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_receipt_of_the_same_status_with_a_cost_updates_it() {
+        use MessageStatus::*;
+        assert_eq!(effect(Sent, Delivered, false), Effect::Moves);
+        assert_eq!(effect(Delivered, Delivered, true), Effect::Updates);
+        assert_eq!(effect(Failed, Failed, true), Effect::Updates);
+        assert_eq!(
+            effect(Delivered, Delivered, false),
+            Effect::Nothing,
+            "nothing to update"
+        );
+        assert_eq!(effect(Delivered, Sent, true), Effect::Nothing, "lower");
+        assert_eq!(
+            effect(Complained, BouncedHard, true),
+            Effect::Nothing,
+            "the same rank, another status"
+        );
     }
 
     #[test]

@@ -143,6 +143,8 @@ impl ReceiptConsumer {
                         self.count_against_provider(&event, event_id, write.status);
                         "applied"
                     }
+                    // The status did not change: no failure to count again.
+                    ReceiptOutcome::Updated(_) => "updated",
                     ReceiptOutcome::Ignored(_) => "ignored",
                     ReceiptOutcome::Duplicate => "duplicate",
                     ReceiptOutcome::Pending => "pending",

@@ -14,7 +14,7 @@ use super::messages::TimelineSql;
 use super::{StoreError, decode_json, decode_status};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageStatus, NewTimelineEntry, StepStatus};
-use crate::receipts::{ReceiptOutcome, ReceiptWrite};
+use crate::receipts::{Effect, ReceiptOutcome, ReceiptWrite};
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use std::collections::{HashMap, HashSet};
@@ -53,8 +53,10 @@ pub trait Receipts: Send + Sync {
     ///    the receipt's status, its `cost_micro_usd` (when given, replacing the
     ///    current cost), its `error_code`/`error_detail` (replacing the current ones,
     ///    so a soft bounce's detail is cleared by a later delivery) and the timeline
-    ///    entry: [`ReceiptOutcome::Applied`]; otherwise nothing changes:
-    ///    [`ReceiptOutcome::Ignored`].
+    ///    entry: [`ReceiptOutcome::Applied`]; a receipt of the message's own status
+    ///    with a cost gives it only the cost and the timeline entry:
+    ///    [`ReceiptOutcome::Updated`] ([`crate::receipts::effect`]); otherwise nothing
+    ///    changes: [`ReceiptOutcome::Ignored`].
     ///
     /// Pending receipts are applied, oldest first and by the same rules, by the
     /// `record_step` that sets a message's provider and provider id, in its
@@ -107,11 +109,15 @@ pub(crate) struct TargetRow {
 pub(crate) type NewReceipt<'a> = (&'a ReceiptWrite, &'a str, Option<&'a EventId>);
 
 /// What a message takes from the receipts applied to it: the last one's status and
-/// error, and the last cost given (none: the cost stays).
+/// the last moving one's error (with none that moved it, the error stays), and the
+/// last cost given (none: the cost stays).
 #[derive(Clone)]
 pub(crate) struct Advance<'a> {
     pub status: MessageStatus,
     pub cost_micro_usd: Option<i64>,
+    /// Whether a receipt moved it: only then does it take `error_code` and
+    /// `error_detail`.
+    pub moves: bool,
     pub error_code: Option<&'a str>,
     pub error_detail: Option<&'a str>,
 }
@@ -269,26 +275,20 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
             continue;
         };
         let status = current.entry(event.clone()).or_insert(found);
-        let applied = crate::receipts::advances(*status, receipt.status);
-        if applied {
-            *status = receipt.status;
+        let effect = effect_on(*status, receipt);
+        if effect != Effect::Nothing {
+            let given = advance_of(*status, receipt, effect);
             match advanced.iter_mut().find(|(e, _)| *e == event) {
-                Some((_, advance)) => {
-                    advance.status = receipt.status;
-                    advance.cost_micro_usd = receipt.cost_micro_usd.or(advance.cost_micro_usd);
-                    advance.error_code = receipt.error_code.as_deref();
-                    advance.error_detail = receipt.error_detail.as_deref();
-                }
-                None => advanced.push((event.clone(), advance_of(receipt))),
+                Some((_, advance)) => advance.then(given),
+                None => advanced.push((event.clone(), given)),
             }
             entries.push((event.clone(), &receipt.timeline));
+        }
+        if effect == Effect::Moves {
+            *status = receipt.status;
             changes.push((event.clone(), receipt.status));
         }
-        let (state, result) = if applied {
-            ("applied", ReceiptOutcome::Applied(event.clone()))
-        } else {
-            ("ignored", ReceiptOutcome::Ignored(event.clone()))
-        };
+        let (state, result) = outcome_of(effect, &event);
         stored.push((receipt, state, Some(event)));
         outcome.insert(&receipt.receipt_key, result);
     }
@@ -299,6 +299,9 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
         let rows: Vec<(&EventId, &NewTimelineEntry)> =
             entries.iter().map(|(e, entry)| (e, *entry)).collect();
         conn.insert_timelines(&rows).await?;
+    }
+    if !changes.is_empty() {
+        // Delivery events tell of status changes: an update of the cost is none.
         let changes: Vec<(&EventId, MessageStatus)> =
             changes.iter().map(|(e, s)| (e, *s)).collect();
         super::outbound::emit(conn, &changes).await?;
@@ -330,42 +333,75 @@ pub(crate) async fn apply_all<C: ReceiptsSql + ?Sized>(
         .collect())
 }
 
-/// What one receipt gives its message (see [`Advance`]).
-fn advance_of(receipt: &ReceiptWrite) -> Advance<'_> {
+/// What `receipt` does to a message at `current` ([`crate::receipts::effect`]).
+fn effect_on(current: MessageStatus, receipt: &ReceiptWrite) -> Effect {
+    crate::receipts::effect(current, receipt.status, receipt.cost_micro_usd.is_some())
+}
+
+/// The receipt's state as stored and its outcome, for its `effect` on `event`.
+fn outcome_of(effect: Effect, event: &EventId) -> (&'static str, ReceiptOutcome) {
+    match effect {
+        Effect::Moves => ("applied", ReceiptOutcome::Applied(event.clone())),
+        Effect::Updates => ("applied", ReceiptOutcome::Updated(event.clone())),
+        Effect::Nothing => ("ignored", ReceiptOutcome::Ignored(event.clone())),
+    }
+}
+
+/// What one receipt gives a message at `current` by its `effect` (see [`Advance`]).
+fn advance_of(current: MessageStatus, receipt: &ReceiptWrite, effect: Effect) -> Advance<'_> {
+    let moves = effect == Effect::Moves;
     Advance {
-        status: receipt.status,
+        status: if moves { receipt.status } else { current },
         cost_micro_usd: receipt.cost_micro_usd,
-        error_code: receipt.error_code.as_deref(),
-        error_detail: receipt.error_detail.as_deref(),
+        moves,
+        error_code: receipt.error_code.as_deref().filter(|_| moves),
+        error_detail: receipt.error_detail.as_deref().filter(|_| moves),
+    }
+}
+
+impl<'a> Advance<'a> {
+    /// The advance of this and then `next`, as the message takes them in turn.
+    fn then(&mut self, next: Advance<'a>) {
+        self.status = next.status;
+        self.cost_micro_usd = next.cost_micro_usd.or(self.cost_micro_usd);
+        if next.moves {
+            self.moves = true;
+            self.error_code = next.error_code;
+            self.error_detail = next.error_detail;
+        }
     }
 }
 
 /// Applies a stored receipt to message `event`, locked and at `current`, by the rules
 /// of [`crate::receipts`]: the message moves (status, cost, error, timeline entry) when
-/// the receipt advances it, and the receipt is marked applied or ignored. Returns the
-/// message's status afterwards and the outcome.
+/// the receipt advances it, takes its cost and timeline entry when it updates it, and
+/// the receipt is marked applied or ignored. Returns the message's status afterwards
+/// and the outcome.
 async fn settle<C: ReceiptsSql + ?Sized>(
     conn: &mut C,
     event: &EventId,
     current: MessageStatus,
     receipt: &ReceiptWrite,
 ) -> Result<(MessageStatus, ReceiptOutcome), StoreError> {
-    let applied = crate::receipts::advances(current, receipt.status);
-    if applied {
-        conn.advance_messages(&[(event, advance_of(receipt))])
+    let effect = effect_on(current, receipt);
+    if effect != Effect::Nothing {
+        conn.advance_messages(&[(event, advance_of(current, receipt, effect))])
             .await?;
         conn.insert_timeline(event, std::slice::from_ref(&receipt.timeline))
             .await?;
+    }
+    if effect == Effect::Moves {
         super::outbound::emit(conn, &[(event, receipt.status)]).await?;
     }
-    let state = if applied { "applied" } else { "ignored" };
+    let (state, outcome) = outcome_of(effect, event);
     conn.mark_receipts(&[(&receipt.receipt_key, state, event)])
         .await?;
-    Ok(if applied {
-        (receipt.status, ReceiptOutcome::Applied(event.clone()))
+    let after = if effect == Effect::Moves {
+        receipt.status
     } else {
-        (current, ReceiptOutcome::Ignored(event.clone()))
-    })
+        current
+    };
+    Ok((after, outcome))
 }
 
 /// Applies, oldest first, the pending receipts of `provider`/`provider_message_id`

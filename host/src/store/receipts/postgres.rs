@@ -216,10 +216,12 @@ impl ReceiptsSql for PgConnection {
     ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE messages m SET status = a.status, \
-             cost_micro_usd = COALESCE(a.cost, m.cost_micro_usd), error_code = a.error_code, \
-             error_detail = a.error_detail, updated_at = now() \
-             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[]) \
-             AS a(event_id, status, cost, error_code, error_detail) \
+             cost_micro_usd = COALESCE(a.cost, m.cost_micro_usd), \
+             error_code = CASE WHEN a.moves THEN a.error_code ELSE m.error_code END, \
+             error_detail = CASE WHEN a.moves THEN a.error_detail ELSE m.error_detail END, \
+             updated_at = now() \
+             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::bool[], $5::text[], \
+             $6::text[]) AS a(event_id, status, cost, moves, error_code, error_detail) \
              WHERE m.event_id = a.event_id",
         )
         .bind(advances.iter().map(|(e, _)| e.as_str()).collect::<Vec<_>>())
@@ -235,6 +237,7 @@ impl ReceiptsSql for PgConnection {
                 .map(|(_, a)| a.cost_micro_usd)
                 .collect::<Vec<_>>(),
         )
+        .bind(advances.iter().map(|(_, a)| a.moves).collect::<Vec<_>>())
         .bind(
             advances
                 .iter()

@@ -182,8 +182,10 @@ impl ReceiptsSql for Direct<'_> {
         let mut update = self
             .statement(
                 "UPDATE messages SET updated_at = ?1, status = ?2, \
-                 cost_micro_usd = COALESCE(?3, cost_micro_usd), error_code = ?4, \
-                 error_detail = ?5 WHERE event_id = ?6",
+                 cost_micro_usd = COALESCE(?3, cost_micro_usd), \
+                 error_code = CASE WHEN ?7 THEN ?4 ELSE error_code END, \
+                 error_detail = CASE WHEN ?7 THEN ?5 ELSE error_detail END \
+                 WHERE event_id = ?6",
             )
             .await?;
         for (event, a) in advances {
@@ -195,6 +197,7 @@ impl ReceiptsSql for Direct<'_> {
                     a.error_code,
                     a.error_detail,
                     event.as_str(),
+                    a.moves,
                 ])
                 .map_err(direct_err)?;
         }

@@ -275,20 +275,43 @@ pub(crate) async fn receipts_apply_by_precedence(store: Arc<dyn Store>) {
         store.apply_receipt(&late).await.unwrap(),
         ReceiptOutcome::Ignored(m.event_id.clone())
     );
-    // So does another DELIVERED (the same rank).
+    assert_eq!(get(store, &ws.id, &m.event_id).await, delivered_record);
+    // So does another DELIVERED without a cost; with one (a carrier's final call
+    // status, after it said delivered), it updates the cost and adds its entry, the
+    // status unchanged.
+    let bare = receipt(
+        "dlr_3.1",
+        "provc",
+        "SM-1",
+        None,
+        MessageStatus::Delivered,
+        None,
+    );
+    assert_eq!(
+        store.apply_receipt(&bare).await.unwrap(),
+        ReceiptOutcome::Ignored(m.event_id.clone())
+    );
+    assert_eq!(get(store, &ws.id, &m.event_id).await, delivered_record);
     let again = receipt(
         "dlr_3.0",
         "provc",
         "SM-1",
         None,
         MessageStatus::Delivered,
-        Some(2),
+        Some(16_000),
     );
     assert_eq!(
         store.apply_receipt(&again).await.unwrap(),
-        ReceiptOutcome::Ignored(m.event_id.clone())
+        ReceiptOutcome::Updated(m.event_id.clone())
     );
-    assert_eq!(get(store, &ws.id, &m.event_id).await, delivered_record);
+    let record = get(store, &ws.id, &m.event_id).await;
+    assert_eq!(
+        (record.status, record.cost_micro_usd),
+        (MessageStatus::Delivered, 16_000)
+    );
+    expected.push(again.timeline.clone());
+    assert_eq!(timeline_of(&record), expected);
+    let delivered_record = record;
 
     // A key written before is a duplicate, whatever it says now.
     for key in ["dlr_1.0", "dlr_2.0"] {
@@ -350,7 +373,7 @@ pub(crate) async fn receipts_apply_by_precedence(store: Arc<dyn Store>) {
     let record = get(store, &ws.id, &m.event_id).await;
     assert_eq!(record.status, MessageStatus::Seen);
     assert_eq!(
-        record.cost_micro_usd, 15_000,
+        record.cost_micro_usd, 16_000,
         "no cost leaves the cost alone"
     );
 
@@ -387,6 +410,23 @@ pub(crate) async fn receipts_apply_by_precedence(store: Arc<dyn Store>) {
         ReceiptOutcome::Ignored(m.event_id.clone()),
         "rank 6 is final"
     );
+    // A second complaint with a cost updates the cost, not the error.
+    let costed = ReceiptWrite {
+        error_code: Some("OTHER".into()),
+        error_detail: Some("another reason".into()),
+        ..receipt(
+            "dlr_7.1",
+            "provc",
+            "SM-1",
+            None,
+            MessageStatus::Complained,
+            Some(17_000),
+        )
+    };
+    assert_eq!(
+        store.apply_receipt(&costed).await.unwrap(),
+        ReceiptOutcome::Updated(m.event_id.clone())
+    );
     let record = get(store, &ws.id, &m.event_id).await;
     assert_eq!(record.status, MessageStatus::Complained);
     assert_eq!(record.error_code.as_deref(), Some("COMPLAINT"));
@@ -394,12 +434,14 @@ pub(crate) async fn receipts_apply_by_precedence(store: Arc<dyn Store>) {
         record.error_detail.as_deref(),
         Some("the recipient marked the message as spam")
     );
-    assert_eq!(record.cost_micro_usd, 15_000);
+    assert_eq!(record.cost_micro_usd, 17_000);
     let mut expected = sent_timeline;
     expected.extend([
         delivered.timeline,
+        again.timeline,
         seen.timeline,
         complained.timeline.clone(),
+        costed.timeline.clone(),
     ]);
     assert_eq!(timeline_of(&record), expected);
 
@@ -589,7 +631,7 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
 /// Receipts applied together (one set-based batch) answer as one after the other
 /// would: several for one message apply in order, each against the status the one
 /// before left (the cost is the last one given, the error the last applied receipt's);
-/// a late one is ignored; one for an id nobody recorded stays pending; a key seen
+/// one of the status before it with a cost updates; a late one is ignored; one for an id nobody recorded stays pending; a key seen
 /// before, or twice in the batch, is a duplicate.
 pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
     let s = &*store;
@@ -640,6 +682,14 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
         soft,
         receipt("dlr_a.3", "provc", "SM-A", None, MessageStatus::Seen, None),
         receipt(
+            "dlr_a.4",
+            "provc",
+            "SM-A",
+            None,
+            MessageStatus::Seen,
+            Some(11),
+        ),
+        receipt(
             "dlr_b.2",
             "provc",
             "SM-B",
@@ -681,6 +731,7 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
             Ignored(a.event_id.clone()),
             Applied(b.event_id.clone()),
             Applied(a.event_id.clone()),
+            Updated(a.event_id.clone()),
             Applied(b.event_id.clone()),
             Pending,
             Duplicate,
@@ -689,13 +740,14 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
     );
     let first = get(s, &ws.id, &a.event_id).await;
     assert_eq!(first.status, MessageStatus::Seen);
-    assert_eq!(first.cost_micro_usd, 9, "the last cost given");
+    assert_eq!(first.cost_micro_usd, 11, "the last cost given");
     let steps: Vec<StepStatus> = timeline_of(&first).iter().map(|e| e.status).collect();
     assert_eq!(
         steps,
         [
             StepStatus::Queued,
             StepStatus::Sent,
+            StepStatus::Delivered,
             StepStatus::Delivered,
             StepStatus::Delivered
         ]
@@ -756,10 +808,12 @@ pub(crate) async fn concurrent_receipts(store: Arc<dyn Store>) {
             })
         })
         .collect();
+    // Those of the status the message is at when they come (with their cost) update
+    // it: an entry each too.
     let mut applied = 0;
     for task in tasks {
         match task.await.expect("task").expect("apply_receipt") {
-            ReceiptOutcome::Applied(event) => {
+            ReceiptOutcome::Applied(event) | ReceiptOutcome::Updated(event) => {
                 assert_eq!(event, m.event_id);
                 applied += 1;
             }
@@ -781,8 +835,8 @@ pub(crate) async fn concurrent_receipts(store: Arc<dyn Store>) {
     assert!(
         receipts
             .windows(2)
-            .all(|w| crate::receipts::advances(w[0], w[1])),
-        "each applied receipt advanced the one before: {receipts:?}"
+            .all(|w| w[0] == w[1] || crate::receipts::advances(w[0], w[1])),
+        "each applied receipt advanced the one before or updated it: {receipts:?}"
     );
     assert_eq!(receipts.last(), Some(&MessageStatus::Complained));
 }
