@@ -21,10 +21,10 @@
 //! final: nothing moves a message out of it. A receipt of equal or lower rank is
 //! recorded as ignored and changes nothing (this is also what makes a duplicate
 //! harmless), with one exception: a receipt of the message's own status that reports
-//! a cost (a carrier's `Completed` call-status callback, with the call's duration and
-//! cost, after its `Delivered` one) updates the message's cost and adds its timeline
-//! entry, the status and error left as they are, so no carrier callback's cost is
-//! lost.
+//! a cost, on any channel (for example a carrier's `Completed` call-status callback,
+//! with the call's duration and cost, after its `Delivered` one), updates the message's
+//! cost and adds its timeline entry, the status and error left as they are, so no
+//! provider's figure is lost. It is stored as applied.
 
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{MessageStatus, NewTimelineEntry, StepStatus};
@@ -111,10 +111,10 @@ pub struct ReceiptWrite {
     /// supersedes the estimate recorded at send time).
     pub cost_micro_usd: Option<i64>,
     /// `error_code` set with the status (`SUPPRESSED` for a carrier DND); `None`
-    /// clears it.
+    /// clears it. Only a receipt that moves the message sets it.
     pub error_code: Option<String>,
     /// `error_detail` set with the status (bounce reason, carrier failure state);
-    /// `None` clears it.
+    /// `None` clears it. Only a receipt that moves the message sets it.
     pub error_detail: Option<String>,
     /// The timeline entry written when the receipt is applied.
     pub timeline: NewTimelineEntry,
@@ -127,7 +127,8 @@ pub enum ReceiptOutcome {
     Applied(EventId),
     /// The message was at the receipt's status, and took its cost and timeline entry.
     Updated(EventId),
-    /// The message was matched but already at an equal or higher rank: nothing changed.
+    /// The message was matched but already at an equal or higher rank (and not an
+    /// update): nothing changed.
     Ignored(EventId),
     /// This receipt key was written before: nothing changed.
     Duplicate,

@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 /// An endpoint `e`'s run of failures after a batch's change `p` (`runs::RunChange`):
-/// ended, then the change's start unless the endpoint is disabled; not ended, kept or
-/// else that start.
+/// ended, then the change's start unless the endpoint is disabled; not ended, kept, or
+/// with none, that start unless the endpoint is disabled.
 macro_rules! run_after {
     () => {
         "COALESCE(CASE WHEN p.ended THEN NULL ELSE e.failing_since END, \
@@ -200,15 +200,16 @@ impl OutboundSql for PgConnection {
         // endpoints' runs of failures as they stand in its snapshot), then one write
         // per endpoint of what the batch's tries, in order, do to its run
         // (`runs::follow`). Each try reads the run as it would have logged alone,
-        // except that one set by a concurrent batch at that instant reads as none
-        // (the next failure reads it); the endpoint write itself goes by the row as
-        // it stands, and only changes it when a run starts or ends: every try of a busy
-        // endpoint updating its row would queue them all behind its lock.
+        // except that a run a concurrent batch started or ended at that instant reads
+        // as before (the next try reads it); the endpoint write itself goes by the row
+        // as it stands, and only changes it when a run starts or ends: every try of a
+        // busy endpoint updating its row would queue them all behind its lock.
         let mut rows: Vec<&TryLog<'_>> = logs.iter().collect();
-        // In one order, so that two processes' batches lock shared rows alike rather
-        // than deadlock.
+        // Sorted (and the endpoints by id, `runs::follow_batch`), which makes two
+        // batches less likely to take shared rows' locks in opposite orders; the
+        // planner's join may not keep it, and the lock timeout is the guard.
         rows.sort_unstable_by_key(|log| log.id);
-        let done: Vec<(String, String, Option<DateTime<Utc>>, Option<bool>)> = sqlx::query_as(
+        let done: Vec<runs::Written> = sqlx::query_as(
             "WITH p AS (SELECT * FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::text[], \
              $5::timestamptz[], $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
              $10::timestamptz[]) AS p(i, r, a, st, nx, at, code, lat, err, nr)), \

@@ -822,3 +822,92 @@ async fn message_columns() {
     assert_eq!(row.get::<DateTime<Utc>, _>("created_at"), m.created_at);
     assert_eq!(row.get::<DateTime<Utc>, _>("updated_at"), m.created_at);
 }
+
+/// One batch of logged tries is its statements, whatever the rows: several tries of
+/// one endpoint, one already moved on, without the one-by-one fallback that a batch
+/// failing would take through the coalescer.
+#[tokio::test]
+async fn a_batch_of_tries_is_logged_in_its_statements() {
+    use crate::store::outbound::tests::{endpoint, new_try};
+    use crate::store::outbound::{OutboundAttempt, OutboundSql, TryLog};
+    use crate::store::{Endpoints as _, Outbound as _};
+    let db = TestDb::create().await;
+    let store = &db.store;
+    let ws = store.ensure_workspace("batch", None).await.unwrap();
+    let e = endpoint(&ws.id, None, false);
+    assert!(store.create_endpoint(&e, usize::MAX).await.unwrap());
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        tries.push(new_try(store, &e).await);
+    }
+    let t0 = crate::store::tests::now();
+    let attempt = |ms: i64, code: i32| OutboundAttempt {
+        attempt_no: 1,
+        attempted_at: t0 + chrono::Duration::milliseconds(ms),
+        status_code: Some(code),
+        latency_ms: ms,
+        error: (code >= 500).then(|| format!("answered {code}")),
+        next_retry_at: (code >= 500).then(|| t0 + chrono::Duration::seconds(60)),
+    };
+    let (failed, ok, late) = (attempt(1, 503), attempt(2, 204), attempt(3, 503));
+    let logs = [
+        TryLog {
+            id: tries[0].id.as_str(),
+            at: (0, 0),
+            status: "PENDING",
+            next: failed.next_retry_at,
+            attempt: &failed,
+            failing: Some(Some(failed.attempted_at)),
+        },
+        TryLog {
+            id: tries[1].id.as_str(),
+            at: (0, 0),
+            status: "SUCCEEDED",
+            next: None,
+            attempt: &ok,
+            failing: Some(None),
+        },
+        TryLog {
+            id: tries[2].id.as_str(),
+            at: (0, 1),
+            status: "PENDING",
+            next: late.next_retry_at,
+            attempt: &late,
+            failing: Some(Some(late.attempted_at)),
+        },
+    ];
+    let mut tx = store.pool().begin().await.unwrap();
+    let logged = tx.log_tries(&logs).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        logged,
+        [Some(Some(failed.attempted_at)), Some(None), None],
+        "the third was not at that try"
+    );
+    use crate::store::outbound::OutboundStatus::{Pending, Succeeded};
+    let rows = store
+        .list_deliveries(&ws.id, &e.id, None, 10)
+        .await
+        .unwrap();
+    let expected = [
+        (Pending, 1, vec![(1, Some(503))]),
+        (Succeeded, 1, vec![(1, Some(204))]),
+        (Pending, 0, vec![]),
+    ];
+    for (p, (status, attempts, log)) in tries.iter().zip(expected) {
+        let (d, tried) = rows.iter().find(|(d, _)| d.id == p.id).unwrap();
+        let tried: Vec<_> = tried
+            .iter()
+            .map(|a| (a.attempt_no, a.status_code))
+            .collect();
+        assert_eq!((d.status, d.attempts, tried), (status, attempts, log));
+    }
+    // The success after the failure ended the run the batch started.
+    let since: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT failing_since FROM webhook_endpoints WHERE id = $1")
+            .bind(e.id.as_str())
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(since, None);
+}

@@ -489,6 +489,15 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
         MessageStatus::Delivered,
         Some(12_000),
     );
+    // The carrier's final figures, of the same status: an update once both apply.
+    let completed = receipt(
+        "dlr_a.1",
+        "provc",
+        "SM-9",
+        None,
+        MessageStatus::Delivered,
+        Some(13_000),
+    );
     // Arrives after DELIVERED: ignored once both apply.
     let late_sent = receipt("dlr_b.0", "provc", "SM-9", None, MessageStatus::Sent, None);
     // Another workspace's: never applies to this message.
@@ -509,7 +518,7 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
         MessageStatus::Failed,
         None,
     );
-    for r in [&delivered, &late_sent, &foreign, &elsewhere] {
+    for r in [&delivered, &completed, &late_sent, &foreign, &elsewhere] {
         assert_eq!(
             store.apply_receipt(r).await.unwrap(),
             ReceiptOutcome::Pending,
@@ -562,16 +571,20 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
         .unwrap();
     let record = get(store, &ws.id, &m.event_id).await;
     assert_eq!(record.status, MessageStatus::Delivered);
-    assert_eq!(record.cost_micro_usd, 12_000, "the receipt's cost replaces");
+    assert_eq!(
+        record.cost_micro_usd, 13_000,
+        "the receipts' last cost replaces"
+    );
     assert_eq!(record.provider_message_id.as_deref(), Some("SM-9"));
     assert_eq!(
         timeline_of(&record),
         vec![
             queued_entry(&m),
             step.timeline[0].clone(),
-            delivered.timeline.clone()
+            delivered.timeline.clone(),
+            completed.timeline.clone()
         ],
-        "queued, sent, delivered"
+        "queued, sent, delivered, and its update"
     );
 
     // They are settled: later steps re-apply nothing, keys stay duplicates.
@@ -581,8 +594,8 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
         .unwrap();
     let record = get(store, &ws.id, &m.event_id).await;
     assert_eq!(record.status, MessageStatus::Sent, "the step's own status");
-    assert_eq!(timeline_of(&record).len(), 4, "one more sent entry only");
-    for r in [&delivered, &late_sent] {
+    assert_eq!(timeline_of(&record).len(), 5, "one more sent entry only");
+    for r in [&delivered, &completed, &late_sent] {
         assert_eq!(
             store.apply_receipt(r).await.unwrap(),
             ReceiptOutcome::Duplicate
@@ -630,14 +643,28 @@ pub(crate) async fn pending_receipts_apply_when_the_id_is_recorded(store: Arc<dy
 
 /// Receipts applied together (one set-based batch) answer as one after the other
 /// would: several for one message apply in order, each against the status the one
-/// before left (the cost is the last one given, the error the last applied receipt's);
-/// one of the status before it with a cost updates; a late one is ignored; one for an id nobody recorded stays pending; a key seen
-/// before, or twice in the batch, is a duplicate.
+/// before left (the cost is the last one given, the error the last moving receipt's);
+/// one of the status before it with a cost updates; a late one is ignored; one for an
+/// id nobody recorded stays pending; a key seen before, or twice in the batch, is a
+/// duplicate.
 pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
     let s = &*store;
     let ws = s.ensure_workspace("receipt-batch", None).await.unwrap();
     let a = sent(s, &ws.id, 1, "provc", "SM-A").await;
     let b = sent(s, &ws.id, 2, "provc", "SM-B").await;
+    let d = sent(s, &ws.id, 3, "provc", "SM-D").await;
+    let bounced = |key: &str, id: &str, cost, code: &str| ReceiptWrite {
+        error_code: Some(code.into()),
+        error_detail: Some(format!("{code} detail")),
+        ..receipt(
+            key,
+            "provc",
+            id,
+            None,
+            MessageStatus::BouncedSoft,
+            Some(cost),
+        )
+    };
     let before = receipt(
         "dlr_before.0",
         "provd",
@@ -680,6 +707,7 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
             Some(1),
         ),
         soft,
+        bounced("dlr_b.3", "SM-B", 4, "OTHER"),
         receipt("dlr_a.3", "provc", "SM-A", None, MessageStatus::Seen, None),
         receipt(
             "dlr_a.4",
@@ -714,6 +742,8 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
             None,
         ),
         before.clone(),
+        bounced("dlr_d.1", "SM-D", 5, "FIRST"),
+        bounced("dlr_d.2", "SM-D", 6, "SECOND"),
     ];
     // One batch, as the coalescer forms from receipts arriving together (whether
     // they do arrive together is a race this test does not run).
@@ -730,12 +760,15 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
             Applied(a.event_id.clone()),
             Ignored(a.event_id.clone()),
             Applied(b.event_id.clone()),
+            Updated(b.event_id.clone()),
             Applied(a.event_id.clone()),
             Updated(a.event_id.clone()),
             Applied(b.event_id.clone()),
             Pending,
             Duplicate,
             Duplicate,
+            Applied(d.event_id.clone()),
+            Updated(d.event_id.clone()),
         ]
     );
     let first = get(s, &ws.id, &a.event_id).await;
@@ -754,7 +787,10 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
     );
     let second = get(s, &ws.id, &b.event_id).await;
     assert_eq!(second.status, MessageStatus::Delivered);
-    assert_eq!(second.cost_micro_usd, 3);
+    assert_eq!(
+        second.cost_micro_usd, 4,
+        "the update's cost, kept by the delivery"
+    );
     assert_eq!(
         (second.error_code.clone(), second.error_detail.clone()),
         (None, None),
@@ -767,14 +803,25 @@ pub(crate) async fn batched_receipts(store: Arc<dyn Store>) {
             StepStatus::Queued,
             StepStatus::Sent,
             StepStatus::Failed,
+            StepStatus::Failed,
             StepStatus::Delivered
         ]
+    );
+    // An update keeps the error of the receipt that moved the message.
+    let third = get(s, &ws.id, &d.event_id).await;
+    assert_eq!(
+        (third.status, third.cost_micro_usd),
+        (MessageStatus::BouncedSoft, 6)
+    );
+    assert_eq!(
+        (third.error_code.as_deref(), third.error_detail.as_deref()),
+        (Some("FIRST"), Some("FIRST detail"))
     );
 }
 
 /// Ten receipts for one message at once, of different ranks: they serialise, so the
 /// message ends at the highest rank and its timeline has one entry per receipt
-/// applied, in increasing rank.
+/// applied or updated, in rank never decreasing.
 pub(crate) async fn concurrent_receipts(store: Arc<dyn Store>) {
     let ws = store.ensure_workspace("receipt-race", None).await.unwrap();
     let m = sent(&*store, &ws.id, 1, "provc", "SM-R").await;
