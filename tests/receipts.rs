@@ -899,6 +899,16 @@ async fn wait_status(
     }
 }
 
+/// Waits (up to 20 s) until the process's metrics hold `line`.
+async fn wait_metric(lp: &Loop, line: &str) {
+    let metrics = &lp.state.ingest.metrics;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !metrics.render().contains(line) {
+        assert!(Instant::now() < deadline, "{}", metrics.render());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 async fn a_receipt_consumer_restart_loses_no_receipt(b: Backends) {
     // No workers in the server: this test runs the receipt consumer itself.
     let lp = Loop::start_with(b, &[], |c| c.worker.enabled = false, |_| {}).await;
@@ -989,27 +999,9 @@ async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
     let (s, e) = lp.post("provc", &[], finished).await;
     assert_eq!(s, 200, "{e}");
     // Counted once the store has it.
-    let metrics = &lp.state.ingest.metrics;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !metrics
-        .render()
-        .contains("switchboard_receipts_total{outcome=\"updated\"} 1")
-    {
-        assert!(Instant::now() < deadline, "{}", metrics.render());
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let m = lp
-        .state
-        .ingest
-        .store
-        .get_message(&ws, &event)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (m.status, m.cost_micro_usd),
-        (MessageStatus::Delivered, 18_000)
-    );
+    wait_metric(&lp, "switchboard_receipts_total{outcome=\"updated\"} 1").await;
+    let m = wait_status(&lp, &ws, &event, MessageStatus::Delivered).await;
+    assert_eq!(m.cost_micro_usd, 18_000);
     let figures: Vec<_> = m
         .timeline
         .unwrap()
@@ -1033,14 +1025,7 @@ async fn unsigned_voice_callbacks_only_when_allowed(b: Backends) {
     let claim = br#"{"message_id":"SM-unsigned","status":"Completed","channel":"voice"}"#;
     let (s, e) = lp.post("provc", &[], claim).await;
     assert_eq!(s, 200, "{e}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !metrics
-        .render()
-        .contains("switchboard_receipts_total{outcome=\"pending\"} 1")
-    {
-        assert!(Instant::now() < deadline, "{}", metrics.render());
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait_metric(&lp, "switchboard_receipts_total{outcome=\"pending\"} 1").await;
     let m = lp
         .state
         .ingest

@@ -7,7 +7,8 @@
 //! [`Outbound`] is what the relay, the dispatcher and the API use. The rules are
 //! written once: which endpoints receive a change and the body each gets in `emit.rs`,
 //! an attempt's effect on its delivery and on its endpoint's run of failures in
-//! `operations.rs`, the types and the decoding here; all over [`OutboundSql`]
+//! `operations.rs` (through a batch of tries, `runs.rs`; one statement at a time,
+//! `steps.rs`), the types and the decoding here; all over [`OutboundSql`]
 //! (statements on one connection, inside a group commit's transaction) and
 //! [`OutboundReadSql`] (reads on the pool), which each backend implements with SQL and
 //! bindings only (`postgres.rs`, `sqlite.rs`).
