@@ -107,7 +107,7 @@ where
     fn all<'c, C: OutboundSql>(
         conn: &'c mut C,
         requests: &'c [LeaseRequest],
-    ) -> BoxFuture<'c, Result<Vec<Result<bool, StoreError>>, StoreError>> {
+    ) -> BoxFuture<'c, SetAnswers<bool>> {
         Box::pin(async move {
             let mut rows: Vec<_> = requests
                 .iter()

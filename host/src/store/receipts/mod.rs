@@ -354,8 +354,8 @@ fn advance_of(current: MessageStatus, receipt: &ReceiptWrite, effect: Effect) ->
         status: if moves { receipt.status } else { current },
         cost_micro_usd: receipt.cost_micro_usd,
         moves,
-        error_code: receipt.error_code.as_deref().filter(|_| moves),
-        error_detail: receipt.error_detail.as_deref().filter(|_| moves),
+        error_code: receipt.error_code.as_deref(),
+        error_detail: receipt.error_detail.as_deref(),
     }
 }
 
