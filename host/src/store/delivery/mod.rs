@@ -237,17 +237,7 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
     conn: &mut C,
     requests: &[ClaimRequest],
 ) -> Result<Vec<Claim>, StoreError> {
-    // Ingestion may not have written a row yet. When it has, it wrote the `queued`
-    // entry with it.
     let messages: Vec<&NewMessage> = requests.iter().map(|r| &r.message).collect();
-    // Rows written in event id order, like the locks below: two batches meet in one order.
-    let mut by_id = messages.clone();
-    by_id.sort_unstable_by(|a, b| a.event_id.cmp(&b.event_id));
-    let inserted: HashSet<String> = conn
-        .insert_messages_if_absent(&by_id)
-        .await?
-        .into_iter()
-        .collect();
     let keys: Vec<String> = messages
         .iter()
         .map(|m| super::subscriber_key(&m.workspace, &m.subscriber_id))
@@ -268,6 +258,10 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
         .into_iter()
         .map(|row| (row.event_id.clone(), row))
         .collect();
+    // Ingestion may not have written a row yet (it publishes first); when it has, it
+    // wrote the `queued` entry with it. Only the missing rows are inserted, and then
+    // read: nearly always there are none, and the batch saves the insert's statement.
+    let inserted: HashSet<String> = insert_missing(conn, &messages, &mut rows).await?;
     // Which requests take their lease; the others find the message busy.
     let mut claimed = Vec::with_capacity(requests.len());
     for request in requests {
@@ -394,6 +388,37 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
         }
     }
     Ok(claims)
+}
+
+/// Inserts the rows of `messages` that `rows` lacks, in event id order (two batches
+/// meet in one order), and reads them into `rows`, locked; returns the event ids
+/// inserted here. A missing row another transaction writes meanwhile is not inserted
+/// twice: the insert waits for that transaction and skips the row, and the read finds
+/// it. These rows are locked after the batch's others, out of event id order: a claim
+/// of the same message that locks one of them first and then waits on this batch
+/// (the same message claimed in three batches at once, one of them before its row was
+/// written) is a deadlock the database breaks, and the batch's claims then run one by
+/// one, as after any failed batch.
+async fn insert_missing<C: DeliverySql + ?Sized>(
+    conn: &mut C,
+    messages: &[&NewMessage],
+    rows: &mut HashMap<String, LeaseRow>,
+) -> Result<HashSet<String>, StoreError> {
+    let mut missing: Vec<&NewMessage> = messages
+        .iter()
+        .copied()
+        .filter(|m| !rows.contains_key(m.event_id.as_str()))
+        .collect();
+    if missing.is_empty() {
+        return Ok(HashSet::new());
+    }
+    missing.sort_unstable_by(|a, b| a.event_id.cmp(&b.event_id));
+    let inserted = conn.insert_messages_if_absent(&missing).await?;
+    let events: Vec<&str> = missing.iter().map(|m| m.event_id.as_str()).collect();
+    for row in conn.lease_rows(&events).await? {
+        rows.insert(row.event_id.clone(), row);
+    }
+    Ok(inserted.into_iter().collect())
 }
 
 /// Whether a claimed message is fresh: its first step may be written with the claim.

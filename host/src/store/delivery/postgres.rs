@@ -23,9 +23,10 @@ pub(crate) const LOCK_SUBSCRIBERS: &str = "SELECT 1 FROM subscribers s \
 
 /// Inserts the messages `$1`… (columns as arrays, not a VALUES list: one statement
 /// text whatever the batch's size, so it stays prepared) whose rows do not exist yet.
-/// Ingestion has usually written them: the look for each row (`NOT EXISTS`) is what
-/// skips them cheaply, before the insert reads a row's columns or tries its unique
-/// index; `ON CONFLICT` is for a row another transaction is writing meanwhile.
+/// A claim asks only for the rows it did not find; the look for each row (`NOT
+/// EXISTS`) skips one committed since, before the insert reads its columns or tries
+/// its unique index; `ON CONFLICT` is for a row another transaction is writing
+/// meanwhile.
 pub(crate) const INSERT_MESSAGES_IF_ABSENT: &str = "INSERT INTO messages (event_id, \
      workspace_id, event_name, subscriber_id, category, priority, channel, status, test_mode, \
      variables_keys, created_at, updated_at) \
