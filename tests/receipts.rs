@@ -654,6 +654,10 @@ async fn tampered_and_unknown_callbacks_are_refused_and_retries_answered_again(b
             .count();
         assert_eq!(delivered, 1, "{provider}");
     }
+    // The repeats (provA's twice, once signed anew, and provB's once) are told apart
+    // by the broker, which still holds the first callbacks' ids.
+    wait_metric(&lp, "switchboard_webhooks_total{outcome=\"replayed\"} 3\n").await;
+    wait_metric(&lp, "switchboard_webhooks_total{outcome=\"accepted\"} 2\n").await;
 
     // A workspace's own secret ties the callback to it: it matches only that
     // workspace's messages.

@@ -153,6 +153,14 @@ pub async fn open_store(
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     // Checked before anything is opened or started.
     let trusted_proxies = trusted_proxies(&config)?;
+    if let Some(secs) = config.webhooks.replay_window_secs {
+        tracing::warn!(
+            secs,
+            "webhooks.replay_window_secs is no longer used and is ignored: a repeated \
+             callback is recognised by the broker's 2-minute de-duplication window, and \
+             past it by its receipts' stored keys"
+        );
+    }
     let (store, sqlite) = open_store(&config).await?;
     let streams = config.broker.streams.clone();
     let (broker, queue, announcer, revocations, config_changes): (

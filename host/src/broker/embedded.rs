@@ -46,8 +46,8 @@ use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
 use super::{
-    Broker, BrokerError, ConsumerSettings, Delivery, Publish, Settle, StreamClass, StreamNames,
-    WorkQueue,
+    Broker, BrokerError, ConsumerSettings, Delivery, Publish, Settle, Stored, StreamClass,
+    StreamNames, WorkQueue,
 };
 
 #[path = "embedded_writes.rs"]
@@ -116,7 +116,7 @@ pub struct EmbeddedBroker {
     /// Acks, gathered into one delete per batch.
     acks: Arc<Coalescer<i64, ()>>,
     /// Publishes, gathered into one insert per batch.
-    publishes: Arc<Coalescer<Batch, ()>>,
+    publishes: Arc<Coalescer<Batch, Vec<Stored>>>,
     names: StreamNames,
     shared: Arc<Shared>,
 }
@@ -299,7 +299,7 @@ impl EmbeddedBroker {
 
     /// Inserts the whole batch atomically: all stored, or none. Batches published
     /// at the same time are inserted together, in one write of the file's group commit.
-    async fn insert_batch(&self, messages: &[Publish]) -> Result<(), StoreError> {
+    async fn insert_batch(&self, messages: &[Publish]) -> Result<Vec<Stored>, StoreError> {
         let rows: Vec<QueueRow> = messages
             .iter()
             .map(|m| QueueRow {
@@ -320,14 +320,14 @@ impl Broker for EmbeddedBroker {
         self.create_schema().await
     }
 
-    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<(), BrokerError>> {
+    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<Stored, BrokerError>> {
         if messages.is_empty() {
             return Vec::new();
         }
         match self.insert_batch(messages).await {
-            Ok(()) => {
+            Ok(stored) => {
                 self.wake(messages);
-                messages.iter().map(|_| Ok(())).collect()
+                stored.into_iter().map(Ok).collect()
             }
             // Rolled back: nothing of the batch is stored.
             Err(err) => {

@@ -50,12 +50,27 @@ async fn order_is_preserved_and_duplicates_ignored() {
         message(&names, StreamClass::Bulk, "sms", "evt-3", "three"),
         message(&names, StreamClass::Bulk, "email", "evt-1", "one again"),
     ];
-    let results = broker.publish_batch(&batch).await;
-    assert_eq!(results.len(), 4);
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let stored = |batch: &[Publish]| {
+        let broker = &broker;
+        let batch = batch.to_vec();
+        async move {
+            let results = broker.publish_batch(&batch).await;
+            results
+                .into_iter()
+                .map(|r| r.expect("publish"))
+                .collect::<Vec<_>>()
+        }
+    };
+    // The id twice in one batch is stored by its first row.
+    assert_eq!(
+        stored(&batch).await,
+        [Stored::New, Stored::New, Stored::New, Stored::Duplicate]
+    );
     // A retried batch is all Ok and stores nothing new.
-    let results = broker.publish_batch(&batch[..2]).await;
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(
+        stored(&batch[..2]).await,
+        [Stored::Duplicate, Stored::Duplicate]
+    );
 
     assert_eq!(broker.len(&names.bulk).await.expect("len"), 2);
     assert_eq!(broker.len(&names.critical).await.expect("len"), 1);
@@ -303,7 +318,7 @@ async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
     assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
 
     // A retried publish inside the window is a duplicate: Ok, nothing stored.
-    publish_critical(&broker, &["a"]).await;
+    assert_eq!(publish_critical(&broker, &["a"]).await, [Stored::Duplicate]);
     assert_eq!(broker.len(&names.critical).await.expect("len"), 0);
     assert!(
         next_within(&mut deliveries, Duration::from_millis(300))
@@ -320,7 +335,7 @@ async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
     .execute(&broker.pool)
     .await
     .expect("age the ack");
-    publish_critical(&broker, &["c"]).await;
+    assert_eq!(publish_critical(&broker, &["c"]).await, [Stored::New]);
     next_delivery(&mut deliveries)
         .await
         .settle
@@ -332,7 +347,10 @@ async fn acked_ids_stay_deduplicated_for_the_window_then_are_forgotten() {
         .await
         .expect("seen ids");
     assert_eq!(seen, ["evt-a", "evt-b", "evt-c"]);
-    publish_critical(&broker, &["a", "b"]).await;
+    assert_eq!(
+        publish_critical(&broker, &["a", "b"]).await,
+        [Stored::New, Stored::Duplicate]
+    );
     let left = broker.read(&names.critical, 0, 10).await.expect("read");
     let ids: Vec<&str> = left.iter().map(|(_, _, id, _)| id.as_str()).collect();
     assert_eq!(ids, ["evt-a"], "b is still inside the window");
@@ -541,8 +559,8 @@ async fn scanning_skips_acked_rows_and_pages_through_a_backlog() {
 }
 
 /// Publishes one critical message per payload, ids `evt-{payload}`.
-async fn publish_critical(broker: &EmbeddedBroker, payloads: &[&str]) {
-    shared::publish_critical(broker, &broker.names().clone(), payloads).await;
+async fn publish_critical(broker: &EmbeddedBroker, payloads: &[&str]) -> Vec<Stored> {
+    shared::publish_critical(broker, &broker.names().clone(), payloads).await
 }
 
 #[tokio::test]

@@ -2,12 +2,14 @@
 //! write of the file's group commit per gathering (see [`crate::store::coalesce`]).
 
 use super::{NOW, prune_seen_sql, window_start_sql};
+use crate::broker::Stored;
 use crate::store::StoreError;
-use crate::store::coalesce::{BatchFn, Coalescer};
+use crate::store::coalesce::{BatchFn, Coalescer, SetAnswers};
 use crate::store::group::{Durability, GroupCommit};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use sqlx::Sqlite;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,15 +39,18 @@ const PUBLISH_BATCHES: usize = 64;
 /// Gathers publish batches: each gathering is inserted by one write of the file's
 /// group commit (a failure there inserts each batch alone, so one batch's failure is
 /// only its own).
-pub(super) fn publishes(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<Batch, ()> {
+pub(super) fn publishes(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<Batch, Vec<Stored>> {
     fn all<'c>(
         conn: &'c mut sqlx::SqliteConnection,
         batches: &'c [Batch],
-    ) -> BoxFuture<'c, Result<Vec<Result<(), StoreError>>, StoreError>> {
+    ) -> BoxFuture<'c, SetAnswers<Vec<Stored>>> {
         Box::pin(async move {
             let rows: Vec<&QueueRow> = batches.iter().flat_map(|b| &b.rows).collect();
-            insert_rows(conn, &rows).await?;
-            Ok(batches.iter().map(|_| Ok(())).collect())
+            let mut stored = insert_rows(conn, &rows).await?.into_iter();
+            Ok(batches
+                .iter()
+                .map(|b| Ok(stored.by_ref().take(b.rows.len()).collect()))
+                .collect())
         })
     }
     // A publish is what its caller is told is kept (an accepted message, a receipt).
@@ -60,17 +65,19 @@ pub(super) fn publishes(writer: Arc<GroupCommit<Sqlite>>) -> Coalescer<Batch, ()
 }
 
 /// Inserts `rows` in order (so their seqs follow it), skipping any whose message id is
-/// stored or was acknowledged recently: a duplicate, which counts as done.
+/// stored or was acknowledged recently: a duplicate, which counts as done. Says which
+/// each row was, in order.
 async fn insert_rows(
     conn: &mut sqlx::SqliteConnection,
     rows: &[&QueueRow],
-) -> Result<(), StoreError> {
+) -> Result<Vec<Stored>, StoreError> {
     // An id acknowledged before the window is not a duplicate, pruned or not.
     let not_seen = format!(
         ") AS v WHERE NOT EXISTS (SELECT 1 FROM broker_seen \
          WHERE broker_seen.msg_id = v.column3 AND broker_seen.acked_at >= {})",
         window_start_sql()
     );
+    let mut inserted: HashSet<String> = HashSet::new();
     for chunk in rows.chunks(INSERT_ROWS) {
         let mut query = sqlx::QueryBuilder::<Sqlite>::new(
             "INSERT OR IGNORE INTO broker_queue (stream, subject, msg_id, payload, created_at) \
@@ -85,13 +92,25 @@ async fn insert_rows(
                 .push_bind(r.payload.as_ref());
         });
         query.push(&not_seen);
-        query
-            .build()
-            .execute(&mut *conn)
+        query.push(" RETURNING msg_id");
+        let ids: Vec<String> = query
+            .build_query_scalar()
+            .fetch_all(&mut *conn)
             .await
             .map_err(crate::store::sqlite::map_err)?;
+        inserted.extend(ids);
     }
-    Ok(())
+    // An id twice among the rows is stored once, by its first row (rows go in order).
+    Ok(rows
+        .iter()
+        .map(|r| {
+            if inserted.remove(&r.msg_id) {
+                Stored::New
+            } else {
+                Stored::Duplicate
+            }
+        })
+        .collect())
 }
 
 /// Most acks deleted in one batch.

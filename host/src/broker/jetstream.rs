@@ -27,7 +27,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use super::nats::{NatsTarget, connect_client};
-use super::{Broker, BrokerError, Publish, StreamNames};
+use super::{Broker, BrokerError, Publish, Stored, StreamNames};
 
 /// Bound on JetStream API requests (stream create/update) and on handing a publish to
 /// the client's send queue.
@@ -272,10 +272,10 @@ impl JetStreamBroker {
     async fn acquire_slot<F>(
         &self,
         pending: &mut FuturesUnordered<F>,
-        results: &mut [Option<Result<(), BrokerError>>],
+        results: &mut [Option<Result<Stored, BrokerError>>],
     ) -> Result<OwnedSemaphorePermit, BrokerError>
     where
-        F: std::future::Future<Output = (usize, Result<(), BrokerError>)>,
+        F: std::future::Future<Output = (usize, Result<Stored, BrokerError>)>,
     {
         loop {
             match self.in_flight.clone().try_acquire_owned() {
@@ -323,8 +323,8 @@ impl Broker for JetStreamBroker {
         }
     }
 
-    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<(), BrokerError>> {
-        let mut results: Vec<Option<Result<(), BrokerError>>> = vec![None; messages.len()];
+    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<Stored, BrokerError>> {
+        let mut results: Vec<Option<Result<Stored, BrokerError>>> = vec![None; messages.len()];
         let mut pending = FuturesUnordered::new();
 
         for (index, message) in messages.iter().enumerate() {
@@ -404,7 +404,7 @@ fn await_ack<'a>(
     expected_stream: &'a str,
     ack: PublishAckFuture,
     permit: OwnedSemaphorePermit,
-) -> impl std::future::Future<Output = (usize, Result<(), BrokerError>)> + 'a {
+) -> impl std::future::Future<Output = (usize, Result<Stored, BrokerError>)> + 'a {
     let deadline = tokio::time::timeout(ACK_TIMEOUT, std::future::IntoFuture::into_future(ack));
     async move {
         let outcome = deadline.await;
@@ -416,7 +416,11 @@ fn await_ack<'a>(
             )),
             Ok(Err(err)) => Err(err.to_string()),
             // A duplicate ack means the message is already stored: that is success.
-            Ok(Ok(ack)) if ack.stream == expected_stream => Ok(()),
+            Ok(Ok(ack)) if ack.stream == expected_stream => Ok(if ack.duplicate {
+                Stored::Duplicate
+            } else {
+                Stored::New
+            }),
             Ok(Ok(ack)) => Err(format!(
                 "acknowledged by stream {}, expected {expected_stream}",
                 ack.stream

@@ -65,7 +65,7 @@ async fn message_count(js: &jetstream::Context, stream: &str) -> u64 {
     stream.get_info().await.expect("stream info").state.messages
 }
 
-fn assert_all_ok(results: &[Result<(), BrokerError>]) {
+fn assert_all_ok(results: &[Result<Stored, BrokerError>]) {
     for (index, result) in results.iter().enumerate() {
         assert!(result.is_ok(), "message {index}: {result:?}");
     }
@@ -241,9 +241,11 @@ async fn duplicate_msg_id_is_stored_once_and_ok() {
 
         let results = broker.publish_batch(&[first.clone(), again.clone()]).await;
         assert_all_ok(&results);
+        let stored: Vec<Stored> = results.into_iter().map(|r| r.expect("publish")).collect();
+        assert_eq!(stored, [Stored::New, Stored::Duplicate]);
         // A later batch (a client retry) is de-duplicated too.
         let results = broker.publish_batch(&[again]).await;
-        assert_all_ok(&results);
+        assert_eq!(results[0].as_ref().ok(), Some(&Stored::Duplicate));
 
         assert_eq!(message_count(&broker.js, &names.critical).await, 1);
         let stored = broker
@@ -495,7 +497,10 @@ async fn only_acknowledged_messages_leave_the_stream() {
         done.settle.ack().await.expect("ack");
         assert_eq!(eventually_count(&broker.js, &names.critical, 2).await, 2);
         // A duplicate of the acknowledged id inside the window is still not stored.
-        publish_critical(&broker, &["done"]).await;
+        assert_eq!(
+            publish_critical(&broker, &["done"]).await,
+            [Stored::Duplicate]
+        );
         assert_eq!(message_count(&broker.js, &names.critical).await, 2);
     })
     .await;
@@ -631,8 +636,8 @@ async fn concurrent_subscribes_create_one_consumer_per_stream_with_the_settings(
 }
 
 /// Publishes one critical message per payload, ids `evt-{payload}`.
-async fn publish_critical(broker: &JetStreamBroker, payloads: &[&str]) {
-    shared::publish_critical(broker, &broker.names().clone(), payloads).await;
+async fn publish_critical(broker: &JetStreamBroker, payloads: &[&str]) -> Vec<Stored> {
+    shared::publish_critical(broker, &broker.names().clone(), payloads).await
 }
 
 #[tokio::test]

@@ -169,6 +169,16 @@ pub struct Publish {
     pub payload: bytes::Bytes,
 }
 
+/// What the broker did with an acknowledged publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored now.
+    New,
+    /// Its message id was stored (or acknowledged) within the de-duplication window
+    /// ([`jetstream::DUPLICATE_WINDOW`]): nothing was stored again. That is success.
+    Duplicate,
+}
+
 /// A publish that was not acknowledged.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("broker: {0}")]
@@ -180,8 +190,9 @@ pub trait Broker: Send + Sync + 'static {
     /// Creates or updates the streams (idempotent); called at start-up.
     async fn setup(&self) -> Result<(), BrokerError>;
     /// Publishes every message, pipelined, and waits for each acknowledgement. The
-    /// result has one entry per message, in order; an `Ok` means durably stored.
-    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<(), BrokerError>>;
+    /// result has one entry per message, in order; an `Ok` means durably stored, now
+    /// or within the de-duplication window before.
+    async fn publish_batch(&self, messages: &[Publish]) -> Vec<Result<Stored, BrokerError>>;
     /// Whether the broker is reachable right now (health's `nats_connected`).
     fn connected(&self) -> bool;
     /// One round trip to the broker's storage, for readiness.

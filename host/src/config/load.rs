@@ -223,13 +223,6 @@ impl Config {
             "webhooks.allow_unsigned_voice",
             "false when environment is production (unsigned callbacks are refused there)",
         )?;
-        // A provA/provB signature stays fresh for up to twice their 5-minute
-        // tolerance after it was made: a shorter window would let a replay through.
-        ensure(
-            (600..=86_400).contains(&self.webhooks.replay_window_secs),
-            "webhooks.replay_window_secs",
-            "between 600 and 86400",
-        )?;
         ensure(
             (1..=1024).contains(&self.webhooks.receipt_concurrency),
             "webhooks.receipt_concurrency",

@@ -146,11 +146,11 @@ pub struct WebhooksConfig {
     /// Accept voice callbacks that carry no signature at all. Development only:
     /// refused at start when `environment` is `production`.
     pub allow_unsigned_voice: bool,
-    /// How long an accepted callback is remembered, seconds: the same callback again
-    /// within it is answered as the first was, counted `replayed` and processed no
-    /// further. Longer than any provider's timestamp tolerance, so a replay is either
-    /// recognised as seen or refused as stale.
-    pub replay_window_secs: u64,
+    /// No longer used, and warned of at start: a file or environment that still sets
+    /// it loads. A callback again is recognised by the broker's de-duplication window
+    /// and, past it, by its receipts' stored keys (see [`crate::webhooks`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_window_secs: Option<u64>,
     /// Receipts the receipt consumer applies at once per process.
     pub receipt_concurrency: usize,
     /// Largest callback body accepted, bytes (413 beyond). Receipts are small; the
@@ -160,13 +160,6 @@ pub struct WebhooksConfig {
     /// callbacks get 429 without being verified. 0 turns it off. Behind a proxy, list it
     /// in `trusted_proxies`, or every callback comes from the proxy's address.
     pub max_failures_per_minute: u32,
-}
-
-impl WebhooksConfig {
-    /// `replay_window_secs` as a duration.
-    pub fn replay_window(&self) -> Duration {
-        Duration::from_secs(self.replay_window_secs)
-    }
 }
 
 /// Delivery worker settings.
@@ -495,7 +488,7 @@ impl Default for Config {
             },
             webhooks: WebhooksConfig {
                 allow_unsigned_voice: false,
-                replay_window_secs: 900,
+                replay_window_secs: None,
                 receipt_concurrency: 256,
                 max_body_bytes: 256 * 1024,
                 max_failures_per_minute: 60,

@@ -1,5 +1,5 @@
-//! Group commit for the hot small writes: the delivery path's claims, steps, receipts,
-//! replay keys and lease-less timeline writes, and on SQLite also the embedded queue,
+//! Group commit for the hot small writes: the delivery path's claims, steps, receipts
+//! and lease-less timeline writes, and on SQLite also the embedded queue,
 //! ingestion's insert and the dev idempotency keys. Long writes (erasure, scrubbing,
 //! receipt pruning) go through the same lanes but each in a batch of its own
 //! ([`GroupCommit::run_alone`]); the embedded queue's acks ride with the next batch of
@@ -61,8 +61,7 @@ pub(crate) enum Durability {
     Full,
     /// A crash of the gateway; a power loss too, unless the group commit is told that
     /// a queue in the same file follows its progress ([`GroupCommit::relax_progress`]).
-    /// For delivery progress: claims, steps, receipts applied, callbacks' replay keys
-    /// and queue acks. What such a loss undoes, the queue delivers again and the
+    /// For delivery progress: claims, steps, receipts applied and queue acks. What such a loss undoes, the queue delivers again and the
     /// redelivery repeats, under the same idempotency keys.
     Progress,
 }

@@ -9,7 +9,7 @@ use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{GroupCommit, Grouped, Lanes};
 use super::outbound::{self, EndpointHealth, LeaseRequest, LogRequest, OutboundBatches};
-use super::receipts::{self, ReceiptBatches, ReplayRequest};
+use super::receipts::{self, ReceiptBatches};
 use super::{Store, StoreError};
 use crate::model::Claim;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -89,7 +89,6 @@ pub struct PgStore {
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
-    replays: Arc<Coalescer<ReplayRequest, bool>>,
     leases: Arc<Coalescer<LeaseRequest, bool>>,
     logs: Arc<Coalescer<LogRequest, Option<EndpointHealth>>>,
 }
@@ -129,13 +128,11 @@ impl PgStore {
             .map_err(map_err)?;
         let group = GroupCommit::start(pool.clone(), LANES);
         let group = Arc::new(group);
-        // Two batches of claims (and of steps, of receipts, of replay keys, of leases and logs
-        // of delivery events' tries) at a time across the lanes, the next gathering
-        // meanwhile.
+        // Two batches of claims (and of steps, of receipts, of leases and logs of delivery
+        // events' tries) at a time across the lanes, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 2));
         let steps = Arc::new(delivery::steps(group.clone(), 2));
         let receipts = Arc::new(receipts::receipts(group.clone(), 2));
-        let replays = Arc::new(receipts::replays(group.clone(), 2));
         let leases = Arc::new(outbound::leases(group.clone(), 2));
         let logs = Arc::new(outbound::logs(group.clone(), 2));
         Ok(Self {
@@ -144,7 +141,6 @@ impl PgStore {
             claims,
             steps,
             receipts,
-            replays,
             leases,
             logs,
         })
@@ -204,10 +200,6 @@ impl Batches for PgStore {
 impl ReceiptBatches for PgStore {
     fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome> {
         &self.receipts
-    }
-
-    fn replays(&self) -> &Coalescer<ReplayRequest, bool> {
-        &self.replays
     }
 }
 

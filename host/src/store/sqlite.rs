@@ -11,7 +11,7 @@ use super::coalesce::Coalescer;
 use super::delivery::{self, Batches, ClaimRequest, StepRequest};
 use super::group::{Flush, GroupCommit, Grouped, Lanes};
 use super::outbound::{self, EndpointHealth, LeaseRequest, LogRequest, OutboundBatches};
-use super::receipts::{self, ReceiptBatches, ReplayRequest};
+use super::receipts::{self, ReceiptBatches};
 use super::{Store, StoreError};
 use crate::model::Claim;
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
@@ -114,7 +114,6 @@ pub struct SqliteStore {
     claims: Arc<Coalescer<ClaimRequest, Claim>>,
     steps: Arc<Coalescer<StepRequest, ()>>,
     receipts: Arc<Coalescer<ReceiptWrite, ReceiptOutcome>>,
-    replays: Arc<Coalescer<ReplayRequest, bool>>,
     leases: Arc<Coalescer<LeaseRequest, bool>>,
     logs: Arc<Coalescer<LogRequest, Option<EndpointHealth>>>,
 }
@@ -201,12 +200,11 @@ impl SqliteStore {
         let checkpointer = Arc::new(Checkpointer::start(pool.clone(), move || {
             lane.totals().batches
         }));
-        // One lane: one batch of claims (and of steps, of receipts, of replay keys, of
-        // leases and logs of delivery events' tries) at a time, the next gathering meanwhile.
+        // One lane: one batch of claims (and of steps, of receipts, of leases and logs of
+        // delivery events' tries) at a time, the next gathering meanwhile.
         let claims = Arc::new(delivery::claims(group.clone(), 1));
         let steps = Arc::new(delivery::steps(group.clone(), 1));
         let receipts = Arc::new(receipts::receipts(group.clone(), 1));
-        let replays = Arc::new(receipts::replays(group.clone(), 1));
         let leases = Arc::new(outbound::leases(group.clone(), 1));
         let logs = Arc::new(outbound::logs(group.clone(), 1));
         Ok(Self {
@@ -217,7 +215,6 @@ impl SqliteStore {
             claims,
             steps,
             receipts,
-            replays,
             leases,
             logs,
         })
@@ -288,10 +285,6 @@ impl Batches for SqliteStore {
 impl ReceiptBatches for SqliteStore {
     fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome> {
         &self.receipts
-    }
-
-    fn replays(&self) -> &Coalescer<ReplayRequest, bool> {
-        &self.replays
     }
 }
 

@@ -443,11 +443,9 @@ pub(crate) use super::queries::tests::{
     list_messages_filters_and_paging,
 };
 pub(crate) use super::receipts::tests::{
-    batched_receipts, batched_replay_reserves, concurrent_receipts, concurrent_replay_reserves,
-    pending_receipts_apply_when_the_id_is_recorded,
+    batched_receipts, concurrent_receipts, pending_receipts_apply_when_the_id_is_recorded,
     provider_wide_receipts_skip_workspaces_with_their_own_secret, receipts_apply_by_precedence,
-    receipts_prune, receipts_race_the_provider_id, replay_keys,
-    voice_only_receipts_match_voice_messages_only,
+    receipts_prune, receipts_race_the_provider_id, voice_only_receipts_match_voice_messages_only,
 };
 
 /// Calls `$m!` with the name of every shared store test above: each backend's test
@@ -482,9 +480,6 @@ macro_rules! shared_store_tests {
             erasure_scrubs_kept_messages_as_they_pass_the_window,
             workflows_routes_and_dnd,
             webhook_secrets_order_and_upsert,
-            replay_keys,
-            concurrent_replay_reserves,
-            batched_replay_reserves,
             receipts_apply_by_precedence,
             pending_receipts_apply_when_the_id_is_recorded,
             concurrent_receipts,

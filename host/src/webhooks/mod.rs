@@ -21,13 +21,17 @@
 //! the raw body ([`receipt_id_for`]): the broker's de-duplication id and the store's
 //! receipt key, so it is never processed twice. A callback identical to one already
 //! accepted (a provider retrying after our answer was lost, or a replay) is answered
-//! 200 again with the same receipt id and changes nothing; it is counted as
-//! `replayed` while it falls inside `webhooks.replay_window_secs` (15 minutes by
-//! default). Replays of provA and provB callbacks older than their 5-minute timestamp
-//! tolerance are refused as stale by the signature check; for every provider a
-//! receipt never moves a message backwards ([`crate::receipts`]).
+//! 200 again with the same receipt id and changes nothing. It is counted as
+//! `replayed` while the broker still de-duplicates its id
+//! ([`crate::broker::jetstream::DUPLICATE_WINDOW`], 2 minutes); later, it is counted
+//! `accepted` and its receipts `duplicate` by the receipt consumer, which finds their
+//! keys stored. (Nothing is written per callback to tell replays apart: that write was
+//! a commit of its own on the database for every receipt.) Replays of provA and provB
+//! callbacks older than their 5-minute timestamp tolerance are refused as stale by the
+//! signature check; for every provider a receipt never moves a message backwards
+//! ([`crate::receipts`]).
 
-use crate::broker::{Broker, Publish, StreamClass, StreamNames};
+use crate::broker::{Broker, Publish, Stored, StreamClass, StreamNames};
 use crate::config::WebhooksConfig;
 use crate::ids::{ReceiptId, WorkspaceId};
 use crate::metrics::Metrics;
@@ -69,8 +73,8 @@ pub enum WebhookError {
 /// An accepted callback.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Accepted {
-    /// An identical callback was accepted before (within the replay window): answered
-    /// the same, processed once.
+    /// An identical callback was accepted before, and the broker still de-duplicates
+    /// its id: answered the same, processed once.
     pub replayed: bool,
     /// The callback's `dlr_` id.
     pub receipt_id: ReceiptId,
@@ -80,7 +84,7 @@ pub struct Accepted {
 
 /// The webhook pipeline and its dependencies.
 pub struct Webhooks {
-    /// Replay keys (and workspaces named in callback URLs).
+    /// Workspaces named in callback URLs.
     pub store: Arc<dyn Store>,
     /// Webhook secrets, cached (dropped on every announced change).
     pub secrets: Arc<crate::config_cache::ConfigCache>,
@@ -186,27 +190,8 @@ impl Webhooks {
                 WebhookError::BadRequest(format!("{slug} callback is not a receipt: {e}"))
             })?;
         drop(calls);
-        let accepted = self
-            .publish(slug, &plugin, &verified, receipts, receipt_id)
-            .await?;
-        // Recorded as seen only once its receipts are on the stream: a callback that
-        // failed, or whose request was cut off, is not refused when it comes again.
-        let fresh = self
-            .store
-            .reserve_replay(
-                slug,
-                accepted.receipt_id.as_str(),
-                self.config.replay_window(),
-            )
+        self.publish(slug, &plugin, &verified, receipts, receipt_id)
             .await
-            .map_err(|e| WebhookError::Internal(e.into()))?;
-        // A provider that lost our answer sends the same callback again: it gets the
-        // same answer. Nothing is processed twice (the receipt id is the broker's
-        // de-duplication id and the store's receipt key).
-        Ok(Accepted {
-            replayed: !fresh,
-            ..accepted
-        })
     }
 
     /// Checks the parsed receipts and publishes them to the telemetry stream.
@@ -275,11 +260,17 @@ impl Webhooks {
                 payload: payload.into(),
             });
         }
+        let mut replayed = true;
         for result in self.broker.publish_batch(&messages).await {
-            result.map_err(|e| WebhookError::Internal(e.into()))?;
+            let stored = result.map_err(|e| WebhookError::Internal(e.into()))?;
+            replayed &= stored == Stored::Duplicate;
         }
+        // A provider that lost our answer sends the same callback again: it gets the
+        // same answer, and the broker, which still holds the first's ids, stores
+        // nothing. Past its window the receipts go out again, and the consumer finds
+        // their keys stored: they change nothing (`ReceiptOutcome::Duplicate`).
         Ok(Accepted {
-            replayed: false,
+            replayed,
             receipt_id,
             events,
         })

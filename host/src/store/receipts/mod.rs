@@ -1,4 +1,4 @@
-//! Delivery receipts and webhook replay keys: a receipt is stored, matched to its
+//! Delivery receipts: a receipt is stored, matched to its
 //! message by the provider's id and applied by the precedence rules of
 //! [`crate::receipts`], or kept pending until a worker records that id.
 //!
@@ -19,28 +19,15 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 pub(super) mod postgres;
 pub(super) mod sqlite;
 #[cfg(test)]
 pub(crate) mod tests;
 
-/// Receipts and replay keys.
+/// Receipts.
 #[async_trait::async_trait]
 pub trait Receipts: Send + Sync {
-    /// Records that a callback with replay key `key` was accepted from `provider`,
-    /// remembered for `ttl`. False when the same key is already remembered (a replay);
-    /// expired keys are dropped on the way.
-    async fn reserve_replay(
-        &self,
-        provider: &str,
-        key: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError>;
-    /// Forgets a reserved replay key (its callback could not be published).
-    async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError>;
-
     /// Applies one receipt in one transaction (see [`crate::receipts`] for the
     /// precedence rules):
     /// 1. a receipt key written before is a [`ReceiptOutcome::Duplicate`];
@@ -71,8 +58,8 @@ pub trait Receipts: Send + Sync {
         receipts: &[ReceiptWrite],
     ) -> Vec<Result<ReceiptOutcome, StoreError>>;
 
-    /// Deletes receipts (applied, ignored or still pending) received before `before`,
-    /// and expired replay keys; returns how many receipts went.
+    /// Deletes receipts (applied, ignored or still pending) received before `before`;
+    /// returns how many went.
     async fn prune_receipts(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 }
 
@@ -176,16 +163,7 @@ pub(crate) trait ReceiptsSql: TimelineSql {
         provider_message_id: &str,
         event: &EventId,
     ) -> Result<Vec<ReceiptRow>, StoreError>;
-    /// [`Receipts::reserve_replay`] for many distinct `(provider, key, ttl)`s in one
-    /// statement: a new key is inserted, an expired one is taken over, a live one is
-    /// left alone. Returns the `(provider, key)`s reserved.
-    async fn reserve_replay_keys(
-        &mut self,
-        keys: &[(&str, &str, Duration)],
-    ) -> Result<Vec<(String, String)>, StoreError>;
-    /// Deletes a replay key.
-    async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError>;
-    /// Deletes receipts received before `before` (how many) and expired replay keys.
+    /// Deletes receipts received before `before` (how many).
     async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 }
 
@@ -443,60 +421,10 @@ pub(crate) trait ReceiptBatch: Send {
     ) -> Result<Vec<ReceiptOutcome>, StoreError>;
 }
 
-/// A store whose receipts and replay keys are gathered into set-based batches
-/// ([`receipts`], [`replays`]).
+/// A store whose receipts are gathered into set-based batches ([`receipts`]).
 pub(crate) trait ReceiptBatches: Grouped {
     /// The store's receipt batches.
     fn receipts(&self) -> &Coalescer<ReceiptWrite, ReceiptOutcome>;
-    /// The store's replay-key batches.
-    fn replays(&self) -> &Coalescer<ReplayRequest, bool>;
-}
-
-/// One [`Receipts::reserve_replay`].
-pub(crate) struct ReplayRequest {
-    provider: String,
-    key: String,
-    ttl: Duration,
-}
-
-/// Gathers replay-key reservations into batches of one statement each, `in_flight` at
-/// a time. Every accepted callback reserves one: one statement per callback was a
-/// round trip each on SQLite's single writer. The same key twice in a batch runs
-/// alone after it (and finds the key taken).
-pub(crate) fn replays<DB: sqlx::Database>(
-    group: Arc<GroupCommit<DB>>,
-    in_flight: usize,
-) -> Coalescer<ReplayRequest, bool>
-where
-    DB::Connection: ReceiptsSql,
-{
-    fn all<'c, C: ReceiptsSql>(
-        conn: &'c mut C,
-        requests: &'c [ReplayRequest],
-    ) -> BoxFuture<'c, Result<Vec<Result<bool, StoreError>>, StoreError>> {
-        Box::pin(async move {
-            let keys: Vec<_> = requests
-                .iter()
-                .map(|r| (r.provider.as_str(), r.key.as_str(), r.ttl))
-                .collect();
-            let reserved: HashSet<(String, String)> =
-                conn.reserve_replay_keys(&keys).await?.into_iter().collect();
-            Ok(requests
-                .iter()
-                .map(|r| Ok(reserved.contains(&(r.provider.clone(), r.key.clone()))))
-                .collect())
-        })
-    }
-    // Reserved after its callback's publish: one lost only lets a replay be published
-    // again, which the queue's message ids and the receipt's key still de-duplicate.
-    Coalescer::set_based(
-        group,
-        |_| Durability::Progress,
-        BATCH,
-        in_flight,
-        |r| (r.provider.clone(), r.key.clone()),
-        all::<DB::Connection>,
-    )
 }
 
 /// Gathers receipts into batches of [`apply_all`], `in_flight` at a time (see
@@ -538,31 +466,6 @@ where
     T: ReceiptBatches,
     Conn<T>: ReceiptsSql + ReceiptBatch,
 {
-    async fn reserve_replay(
-        &self,
-        provider: &str,
-        key: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.replays()
-            .submit(ReplayRequest {
-                provider: provider.to_string(),
-                key: key.to_string(),
-                ttl,
-            })
-            .await
-    }
-
-    async fn release_replay(&self, provider: &str, key: &str) -> Result<(), StoreError> {
-        let args = Arc::new((provider.to_string(), key.to_string()));
-        self.group()
-            .run(Box::new(move |conn| {
-                let args = args.clone();
-                Box::pin(async move { conn.delete_replay_key(&args.0, &args.1).await })
-            }))
-            .await
-    }
-
     async fn apply_receipt(&self, receipt: &ReceiptWrite) -> Result<ReceiptOutcome, StoreError> {
         self.receipts().submit(receipt.clone()).await
     }

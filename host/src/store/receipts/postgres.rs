@@ -5,11 +5,9 @@ use super::{Advance, NewReceipt, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRo
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
 use crate::store::StoreError;
-use crate::store::postgres::{encode_json, interval, key_plans, map_err};
+use crate::store::postgres::{encode_json, key_plans, map_err};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
-use sqlx::postgres::types::PgInterval;
-use std::time::Duration;
 
 /// First key of the advisory lock of a (provider, provider message id) ("RCPT"). The
 /// two-key form is a key space of its own, apart from the tenancy revocation lock; a
@@ -296,57 +294,13 @@ impl ReceiptsSql for PgConnection {
         .map_err(map_err)
     }
 
-    async fn reserve_replay_keys(
-        &mut self,
-        keys: &[(&str, &str, Duration)],
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        let providers: Vec<&str> = keys.iter().map(|k| k.0).collect();
-        let replay_keys: Vec<&str> = keys.iter().map(|k| k.1).collect();
-        let ttls: Vec<PgInterval> = keys.iter().map(|k| interval(k.2)).collect();
-        // One statement, the keys inserted in one order (so two lanes reserving the
-        // same keys wait for each other instead of deadlocking); a new key is inserted,
-        // an expired one is taken over, a live one is left alone (and no row comes
-        // back). Concurrent reserves of one key queue on its index entry or row lock
-        // and re-check the winner's row; a key held past the lane's lock timeout fails
-        // the batch, whose reserves then run one by one (the same callback delivered
-        // twice at once is rare enough for that).
-        sqlx::query_as(
-            "INSERT INTO webhook_replays (provider, replay_key, expires_at) \
-             SELECT p, k, now() + t FROM UNNEST($1::text[], $2::text[], $3::interval[]) \
-             AS r(p, k, t) ORDER BY p, k \
-             ON CONFLICT (provider, replay_key) DO UPDATE SET \
-             expires_at = EXCLUDED.expires_at WHERE webhook_replays.expires_at <= now() \
-             RETURNING provider, replay_key",
-        )
-        .bind(&providers)
-        .bind(&replay_keys)
-        .bind(&ttls)
-        .fetch_all(self)
-        .await
-        .map_err(map_err)
-    }
-
-    async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM webhook_replays WHERE provider = $1 AND replay_key = $2")
-            .bind(provider)
-            .bind(key)
-            .execute(self)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
     async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         let pruned = sqlx::query("DELETE FROM receipts WHERE received_at < $1")
             .bind(before)
-            .execute(&mut *self)
+            .execute(self)
             .await
             .map_err(map_err)?
             .rows_affected();
-        sqlx::query("DELETE FROM webhook_replays WHERE expires_at < now()")
-            .execute(self)
-            .await
-            .map_err(map_err)?;
         Ok(pruned)
     }
 }

@@ -5,16 +5,12 @@
 use super::{Advance, NewReceipt, ReceiptBatch, ReceiptRow, ReceiptsSql, TargetRow, apply_all};
 use crate::ids::{EventId, WorkspaceId};
 use crate::receipts::{ReceiptOutcome, ReceiptWrite};
+use crate::store::StoreError;
 use crate::store::direct::{Direct, map_err as direct_err};
 use crate::store::sqlite::{encode_timestamp, map_err, now_text};
-use crate::store::{StoreError, now_micros};
 use chrono::{DateTime, Utc};
 use rusqlite::OptionalExtension;
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
-use std::time::Duration;
-
-/// Longest replay window kept (1,000 years, as the PostgreSQL store caps intervals).
-const MAX_TTL: Duration = Duration::from_secs(1_000 * 366 * 86_400);
+use sqlx::SqliteConnection;
 
 /// Columns of a stored receipt, as a [`ReceiptRow`] reads them.
 const RECEIPT_COLUMNS: &str = "receipt_key, provider, provider_message_id, workspace_id, voice_only, status, \
@@ -47,7 +43,7 @@ impl ReceiptBatch for SqliteConnection {
 }
 
 /// What a receipt's batch and a step's look for pending receipts run every time goes on
-/// the held handle; the rest (pending receipts applied late, replay keys, pruning) are
+/// the held handle; the rest (pending receipts applied late, pruning) are
 /// sqlx's.
 #[async_trait::async_trait]
 impl ReceiptsSql for Direct<'_> {
@@ -227,17 +223,6 @@ impl ReceiptsSql for Direct<'_> {
             .await
     }
 
-    async fn reserve_replay_keys(
-        &mut self,
-        keys: &[(&str, &str, Duration)],
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        self.sqlx().reserve_replay_keys(keys).await
-    }
-
-    async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {
-        self.sqlx().delete_replay_key(provider, key).await
-    }
-
     async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         self.sqlx().prune(before).await
     }
@@ -319,63 +304,13 @@ impl ReceiptsSql for SqliteConnection {
         .map_err(map_err)
     }
 
-    async fn reserve_replay_keys(
-        &mut self,
-        keys: &[(&str, &str, Duration)],
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let now = now_micros();
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO webhook_replays (provider, replay_key, expires_at) ",
-        );
-        query.push_values(keys, |mut row, (provider, key, ttl)| {
-            let expires = chrono::Duration::from_std((*ttl).min(MAX_TTL))
-                .ok()
-                .and_then(|ttl| now.checked_add_signed(ttl))
-                .unwrap_or(now);
-            row.push_bind(*provider)
-                .push_bind(*key)
-                .push_bind(encode_timestamp(&expires));
-        });
-        // No row comes back for a live key: the update's condition leaves it alone.
-        query
-            .push(
-                " ON CONFLICT (provider, replay_key) DO UPDATE SET expires_at = \
-                 excluded.expires_at WHERE webhook_replays.expires_at <= ",
-            )
-            .push_bind(encode_timestamp(&now))
-            .push(" RETURNING provider, replay_key");
-        query
-            .build_query_as()
-            .fetch_all(self)
-            .await
-            .map_err(map_err)
-    }
-
-    async fn delete_replay_key(&mut self, provider: &str, key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM webhook_replays WHERE provider = ? AND replay_key = ?")
-            .bind(provider)
-            .bind(key)
-            .execute(self)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
     async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         let pruned = sqlx::query("DELETE FROM receipts WHERE received_at < ?")
             .bind(encode_timestamp(&before))
-            .execute(&mut *self)
+            .execute(self)
             .await
             .map_err(map_err)?
             .rows_affected();
-        sqlx::query("DELETE FROM webhook_replays WHERE expires_at < ?")
-            .bind(now_text())
-            .execute(self)
-            .await
-            .map_err(map_err)?;
         Ok(pruned)
     }
 }
