@@ -636,6 +636,24 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn a_retired_setting_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("switchboard.toml");
+        std::fs::write(&file, "[webhooks]\nreplay_window_secs = 900\n").unwrap();
+        // In a jail: other tests set the environment meanwhile.
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(Some(&file)).expect("loads");
+            assert_eq!(c.webhooks.replay_window_secs, Some(900));
+            jail.set_env("SWITCHBOARD_WEBHOOKS__REPLAY_WINDOW_SECS", "60");
+            let c = Config::load(None).expect("loads");
+            assert_eq!(c.webhooks.replay_window_secs, Some(60));
+            Ok(())
+        });
+        assert_eq!(Config::default().webhooks.replay_window_secs, None);
+    }
+
+    #[test]
     fn erasure_scrub_interval_is_checked() {
         let mut c = Config::default();
         assert_eq!(c.erasure.scrub_interval(), Duration::from_secs(300));
