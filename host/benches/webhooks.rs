@@ -6,10 +6,10 @@
 //! `cargo bench -p switchboard --bench webhooks` (settings: `REQUESTS` [4000] per
 //! round, `CONCURRENCY` [32] requests in flight, `ROUNDS` [5]).
 //!
-//! Each request is a distinct, freshly signed callback (replay protection would
-//! refuse a repeat), cycling through the five bundled providers' schemes; the
-//! time covers signature verification, the replay check, parsing in the plugin and
-//! the telemetry publish (200 means the receipt is on the stream). The receipt
+//! Each request is a distinct, freshly signed callback (a repeat would be a
+//! duplicate the broker stores nothing for), cycling through the five bundled
+//! providers' schemes; the time covers signature verification, parsing in the plugin
+//! and the telemetry publish (200 means the receipt is on the stream). The receipt
 //! consumer is off, so the store work of applying receipts is not measured here.
 //! Callbacks are signed by the bundled plugins' own `sign-webhook`, before the clock
 //! starts.
