@@ -61,8 +61,9 @@ pub(crate) enum Durability {
     Full,
     /// A crash of the gateway; a power loss too, unless the group commit is told that
     /// a queue in the same file follows its progress ([`GroupCommit::relax_progress`]).
-    /// For delivery progress: claims, steps, receipts applied and queue acks. What such a loss undoes, the queue delivers again and the
-    /// redelivery repeats, under the same idempotency keys.
+    /// For delivery progress: claims, steps, receipts applied and queue acks. What
+    /// such a loss undoes, the queue delivers again and the redelivery repeats, under
+    /// the same idempotency keys.
     Progress,
 }
 

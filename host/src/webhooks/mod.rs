@@ -423,7 +423,7 @@ pub fn message_status(status: types::DeliveryStatus) -> MessageStatus {
 }
 
 /// The receipt id of a verified callback: a digest of the provider, the workspace
-/// whose secret verified it and the raw body. Also its replay key.
+/// whose secret verified it and the raw body.
 pub fn receipt_id_for(slug: &str, verified: &Verified, body: &[u8]) -> ReceiptId {
     let scope = match verified {
         Verified::Signed(Some(ws)) => ws.as_str(),

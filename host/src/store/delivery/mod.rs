@@ -394,11 +394,12 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
 /// meet in one order), and reads them into `rows`, locked; returns the event ids
 /// inserted here. A missing row another transaction writes meanwhile is not inserted
 /// twice: the insert waits for that transaction and skips the row, and the read finds
-/// it. These rows are locked after the batch's others, out of event id order: a claim
-/// of the same message that locks one of them first and then waits on this batch
-/// (the same message claimed in three batches at once, one of them before its row was
-/// written) is a deadlock the database breaks, and the batch's claims then run one by
-/// one, as after any failed batch.
+/// it. These rows are locked after the batch's others, out of event id order. So a
+/// batch that locked one of them once its row was written, and then waits on a row
+/// this batch holds, is a deadlock (rare: a message claimed by two batches at once
+/// just as its row is written). The database breaks it by failing one transaction:
+/// its claims are answered unavailable, nothing of them written, and their deliveries
+/// come again.
 async fn insert_missing<C: DeliverySql + ?Sized>(
     conn: &mut C,
     messages: &[&NewMessage],

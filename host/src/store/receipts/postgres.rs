@@ -297,10 +297,17 @@ impl ReceiptsSql for PgConnection {
     async fn prune(&mut self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         let pruned = sqlx::query("DELETE FROM receipts WHERE received_at < $1")
             .bind(before)
-            .execute(self)
+            .execute(&mut *self)
             .await
             .map_err(map_err)?
             .rows_affected();
+        // Callback ids an earlier release kept (none is written now), until a
+        // migration drops their table: those of its processes still running during
+        // an upgrade.
+        sqlx::query("DELETE FROM webhook_replays WHERE expires_at < now()")
+            .execute(self)
+            .await
+            .map_err(map_err)?;
         Ok(pruned)
     }
 }
