@@ -153,9 +153,9 @@ pub async fn open_store(
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     // Checked before anything is opened or started.
     let trusted_proxies = trusted_proxies(&config)?;
-    if let Some(secs) = config.webhooks.replay_window_secs {
+    if let Some(value) = &config.webhooks.replay_window_secs {
         tracing::warn!(
-            secs,
+            %value,
             "webhooks.replay_window_secs is no longer used and is ignored: a repeated \
              callback is recognised by the broker's 2-minute de-duplication window, and \
              past it by its receipts' stored keys"

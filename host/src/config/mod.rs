@@ -147,10 +147,11 @@ pub struct WebhooksConfig {
     /// refused at start when `environment` is `production`.
     pub allow_unsigned_voice: bool,
     /// No longer used, and warned of at start: a file or environment that still sets
-    /// it loads. A callback again is recognised by the broker's de-duplication window
-    /// and, past it, by its receipts' stored keys (see [`crate::webhooks`]).
+    /// it (to anything) loads. A callback again is recognised by the broker's
+    /// de-duplication window and, past it, by its receipts' stored keys (see
+    /// [`crate::webhooks`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_window_secs: Option<u64>,
+    pub replay_window_secs: Option<serde_json::Value>,
     /// Receipts the receipt consumer applies at once per process.
     pub receipt_concurrency: usize,
     /// Largest callback body accepted, bytes (413 beyond). Receipts are small; the
@@ -644,10 +645,10 @@ mod tests {
         // In a jail: other tests set the environment meanwhile.
         figment::Jail::expect_with(|jail| {
             let c = Config::load(Some(&file)).expect("loads");
-            assert_eq!(c.webhooks.replay_window_secs, Some(900));
+            assert_eq!(c.webhooks.replay_window_secs, Some(900.into()));
             jail.set_env("SWITCHBOARD_WEBHOOKS__REPLAY_WINDOW_SECS", "60");
             let c = Config::load(None).expect("loads");
-            assert_eq!(c.webhooks.replay_window_secs, Some(60));
+            assert_eq!(c.webhooks.replay_window_secs, Some(60.into()));
             Ok(())
         });
         assert_eq!(Config::default().webhooks.replay_window_secs, None);
