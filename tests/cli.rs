@@ -427,6 +427,50 @@ fn test_key(printed: &[String]) -> String {
         .to_string()
 }
 
+/// A retired setting (`webhooks.replay_window_secs`) still lets the gateway start, and
+/// the log says once that it is ignored; without it, nothing is said.
+#[test]
+fn a_retired_setting_is_named_in_a_warning_at_start() {
+    const WARNING: &str = "webhooks.replay_window_secs is no longer used and is ignored";
+    for set in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = switchboard();
+        command
+            .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .env("SWITCHBOARD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if set {
+            command.env("SWITCHBOARD_WEBHOOKS__REPLAY_WINDOW_SECS", "900");
+        } else {
+            command.env_remove("SWITCHBOARD_WEBHOOKS__REPLAY_WINDOW_SECS");
+        }
+        let mut child = command.spawn().unwrap();
+        // Read as it comes: a full pipe would stop the process before it listens.
+        let mut stderr = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut logs = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut logs);
+            logs
+        });
+        let listening = BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line.starts_with("listening on "));
+        let _ = child.kill();
+        let _ = child.wait();
+        let logs = reader.join().unwrap();
+        assert!(listening, "dev started (set: {set}): {logs}");
+        let warnings = logs.matches(WARNING).count();
+        assert_eq!(warnings, usize::from(set), "set: {set}: {logs}");
+        if set {
+            assert!(logs.contains("WARN"), "{logs}");
+            assert!(logs.contains("900"), "the value is named: {logs}");
+        }
+    }
+}
+
 /// Logs written to a pipe (a log collector, not a terminal) carry no colour codes, and
 /// name a request by its route, not its path: a path names a subscriber, whose id
 /// must leave no trace once the subscriber is erased.
