@@ -435,33 +435,13 @@ fn a_retired_setting_is_named_in_a_warning_at_start() {
     for set in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let mut command = switchboard();
-        command
-            .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path())
-            .env("SWITCHBOARD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.env("SWITCHBOARD_LOG", "warn");
         if set {
             command.env("SWITCHBOARD_WEBHOOKS__REPLAY_WINDOW_SECS", "900");
         } else {
             command.env_remove("SWITCHBOARD_WEBHOOKS__REPLAY_WINDOW_SECS");
         }
-        let mut child = command.spawn().unwrap();
-        // Read as it comes: a full pipe would stop the process before it listens.
-        let mut stderr = child.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut logs = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut logs);
-            logs
-        });
-        let listening = BufReader::new(child.stdout.take().unwrap())
-            .lines()
-            .map_while(Result::ok)
-            .any(|line| line.starts_with("listening on "));
-        let _ = child.kill();
-        let _ = child.wait();
-        let logs = reader.join().unwrap();
-        assert!(listening, "dev started (set: {set}): {logs}");
+        let logs = dev_logs(command, dir.path(), |_| {});
         let warnings = logs.matches(WARNING).count();
         assert_eq!(warnings, usize::from(set), "set: {set}: {logs}");
         if set {
@@ -471,16 +451,12 @@ fn a_retired_setting_is_named_in_a_warning_at_start() {
     }
 }
 
-/// Logs written to a pipe (a log collector, not a terminal) carry no colour codes, and
-/// name a request by its route, not its path: a path names a subscriber, whose id
-/// must leave no trace once the subscriber is erased.
-#[test]
-fn logs_have_no_colour_codes_when_not_a_terminal() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = switchboard()
+/// Runs `dev` from `command` (its environment set) on `data_dir` until it listens,
+/// calls `during` with its address, stops it and returns what it logged (stderr).
+fn dev_logs(mut command: Command, data_dir: &std::path::Path, during: impl FnOnce(&str)) -> String {
+    let mut child = command
         .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .env("SWITCHBOARD_LOG", "debug,wasmtime=warn,cranelift=warn")
+        .arg(data_dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -492,23 +468,35 @@ fn logs_have_no_colour_codes_when_not_a_terminal() {
         let _ = std::io::Read::read_to_string(&mut stderr, &mut logs);
         logs
     });
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut listening = None;
-    for line in lines.map_while(Result::ok) {
-        if let Some(addr) = line.strip_prefix("listening on ") {
-            listening = Some(addr.trim().to_string());
-            break;
-        }
+    let listening = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| Some(line.strip_prefix("listening on ")?.trim().to_string()));
+    if let Some(url) = &listening {
+        during(url);
     }
-    let url = listening.expect("dev prints its address");
-    let erased = reqwest::blocking::Client::new()
-        .delete(format!("{url}/v1/subscribers/erase-me-7d1f"))
-        .send()
-        .unwrap();
-    assert_eq!(erased.status().as_u16(), 401, "no key");
     let _ = child.kill();
     let _ = child.wait();
     let logs = reader.join().unwrap();
+    assert!(listening.is_some(), "dev prints its address: {logs}");
+    logs
+}
+
+/// Logs written to a pipe (a log collector, not a terminal) carry no colour codes, and
+/// name a request by its route, not its path: a path names a subscriber, whose id
+/// must leave no trace once the subscriber is erased.
+#[test]
+fn logs_have_no_colour_codes_when_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = switchboard();
+    command.env("SWITCHBOARD_LOG", "debug,wasmtime=warn,cranelift=warn");
+    let logs = dev_logs(command, dir.path(), |url| {
+        let erased = reqwest::blocking::Client::new()
+            .delete(format!("{url}/v1/subscribers/erase-me-7d1f"))
+            .send()
+            .unwrap();
+        assert_eq!(erased.status().as_u16(), 401, "no key");
+    });
     assert!(
         logs.contains("DEBUG") || logs.contains("INFO"),
         "no logs: {logs}"
