@@ -419,8 +419,8 @@ pub(crate) use super::configuration::tests::{
     webhook_secrets_order_and_upsert, workflows_routes_and_dnd,
 };
 pub(crate) use super::delivery::tests::{
-    attempts_round_trip, batched_claims, batched_steps, claim_inserts_missing_row, claim_lease,
-    concurrent_claims,
+    a_first_try_leases_its_attempt_row, attempts_round_trip, batched_claims, batched_steps,
+    claim_inserts_missing_row, claim_lease, concurrent_claims,
 };
 pub(crate) use super::endpoints::tests::{
     concurrent_creates_stop_at_the_most, concurrent_endpoint_patches, endpoints_round_trip,
@@ -460,6 +460,7 @@ macro_rules! shared_store_tests {
             batched_claims,
             batched_steps,
             claim_lease,
+            a_first_try_leases_its_attempt_row,
             attempts_round_trip,
             get_message_timeline,
             list_messages_filters_and_paging,

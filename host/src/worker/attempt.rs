@@ -315,10 +315,22 @@ pub(super) fn held_step(
     Step {
         message: MessageUpdate {
             release_lease: true,
-            ..Default::default()
+            ..tried(channel, slug, attempt_no)
         },
         timeline: vec![entry(StepStatus::Queued, Some(slug), detail)],
         ..kept_step(attempt_no, hold.attempt_detail(resent))
+    }
+}
+
+/// What an attempt's outcome writes on the message row: the attempt counted, its
+/// channel and provider. Its start may not have (a claim records a fresh message's first
+/// start on the attempt's row alone), so every outcome does.
+fn tried(channel: Channel, slug: &str, attempt_no: i32) -> MessageUpdate {
+    MessageUpdate {
+        attempts: Some(attempt_no),
+        channel: Some(channel.as_str().into()),
+        provider: Some(slug.into()),
+        ..Default::default()
     }
 }
 
@@ -355,12 +367,10 @@ pub(super) fn sent_step(
         }),
         message: MessageUpdate {
             status: Some(MessageStatus::Sent),
-            channel: Some(ch.into()),
-            provider: Some(slug.into()),
             provider_message_id: Some(answer.provider_message_id),
             cost_add_micro_usd: answer.cost,
             release_lease: true,
-            ..Default::default()
+            ..tried(channel, slug, attempt_no)
         },
         timeline: vec![entry(StepStatus::Sent, Some(slug), detail)],
     }
@@ -389,7 +399,7 @@ pub(super) fn failed_step(
             cost_micro_usd: 0,
             detail: Some(format!("{code}: {detail}")),
         }),
-        message: MessageUpdate::default(),
+        message: tried(channel, slug, attempt_no),
         timeline: vec![entry(StepStatus::Failed, Some(slug), entry_detail)],
     }
 }
@@ -522,6 +532,29 @@ mod tests {
         );
         assert_ne!(Hold::Unreadable.why(), Hold::KeyInUse.why());
         assert_eq!(Hold::Unreadable.code(), "invalid-response");
+    }
+
+    #[test]
+    fn every_outcome_counts_its_attempt_on_the_message() {
+        // The claim may have recorded the attempt's start on the attempt's row alone.
+        let answer = Answer {
+            provider_message_id: "pm-1".into(),
+            cost: 3,
+            plugin: None,
+            resends: 0,
+        };
+        for step in [
+            sent_step(Channel::Email, "prova", 2, answer, false, &[]),
+            failed_step(Channel::Email, "prova", 2, "http-500", "d", &[]),
+            held_step(Channel::Email, "prova", 2, Hold::KeyInUse, false),
+        ] {
+            let m = &step.message;
+            assert_eq!(
+                (m.attempts, m.channel.as_deref(), m.provider.as_deref()),
+                (Some(2), Some("email"), Some("prova")),
+                "{step:?}"
+            );
+        }
     }
 
     #[test]

@@ -46,7 +46,11 @@ pub trait Delivery: Send + Sync {
     /// subscriber not erased), `first_step` is recorded in the claim's transaction, as
     /// [`Delivery::record_step`] would record it right after, and the snapshot says so
     /// ([`MessageSnapshot::first_step_recorded`]): the worker decides a fresh message's
-    /// first step before claiming it, and saves a write.
+    /// first step before claiming it, and saves a write. A first step that only starts
+    /// an attempt ([`starts_only`]) saves one more: the lease goes on the attempt's row,
+    /// which the step inserts anyway, and the message row is not written at all; its
+    /// attempts, channel and provider are left to the attempt's outcome step, which
+    /// must carry them.
     async fn claim_message(
         &self,
         message: &NewMessage,
@@ -73,11 +77,28 @@ pub trait Delivery: Send + Sync {
 pub(crate) struct LeaseRow {
     event_id: String,
     status: String,
-    /// Attempts recorded so far.
+    /// Attempts recorded so far: on the message row, or the number of its last attempt
+    /// row if greater (a first try's start is recorded on its own row only).
     attempts: i32,
     lease_owner: Option<String>,
     /// The lease's deadline is still ahead (false with no lease).
     pub(crate) leased: bool,
+    /// The lease on the last attempt's row (a first try's, taken by its claim).
+    attempt_lease_owner: Option<String>,
+    /// That lease's deadline is still ahead.
+    attempt_leased: bool,
+}
+
+impl LeaseRow {
+    /// Whether `owner`'s claim finds the message busy ([`busy`]), by either lease.
+    fn busy_for(&self, owner: &str) -> bool {
+        busy(self.lease_owner.as_deref(), self.leased, owner)
+            || busy(
+                self.attempt_lease_owner.as_deref(),
+                self.attempt_leased,
+                owner,
+            )
+    }
 }
 
 /// A `delivery_attempts` row.
@@ -136,19 +157,24 @@ pub(crate) trait DeliverySql: ReceiptsSql {
     /// lease holder changes it).
     async fn message_provider(&mut self, event: &EventId) -> Result<Option<String>, StoreError>;
     /// Applies each update (and sets `updated_at`; extends the lease to now + its
-    /// lease, or drops it) whose owner holds the lease, or takes it (`take`); returns
-    /// the event ids updated.
+    /// lease, or drops it) whose owner holds the lease, on the message row or, while
+    /// that row holds none, on an attempt's row, or takes it (`take`); returns the
+    /// event ids updated.
     async fn update_leased(
         &mut self,
         updates: &[LeasedUpdate<'_>],
     ) -> Result<Vec<String>, StoreError>;
-    /// Inserts `started` attempts: `(event, attempt_no, channel, provider)`.
+    /// Inserts the `started` attempts whose rows do not exist yet; returns the event
+    /// ids of those inserted.
     async fn start_attempts(
         &mut self,
-        starts: &[(&EventId, i32, &str, &str)],
-    ) -> Result<(), StoreError>;
-    /// Finishes started attempts; returns how many there were.
+        starts: &[AttemptStart<'_>],
+    ) -> Result<Vec<String>, StoreError>;
+    /// Finishes started attempts, clearing their leases; returns how many there were.
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError>;
+    /// Clears the leases on the messages' attempt rows (the lease has moved to the
+    /// message row, or was taken over).
+    async fn clear_attempt_leases(&mut self, events: &[&str]) -> Result<(), StoreError>;
 }
 
 /// How a connection runs a whole batch of claims or of steps: [`claim_all`] and
@@ -173,6 +199,16 @@ pub(crate) type SubscriberUpsert<'a> = (&'a WorkspaceId, &'a str, &'a str, &'a S
 /// `take`, the update takes the lease for `owner` instead of checking it (a claim's
 /// first step, under the row lock its claim holds).
 pub(crate) type LeasedUpdate<'a> = (&'a EventId, &'a str, Duration, &'a MessageUpdate, bool);
+
+/// An attempt as a step starts it (an [`AttemptWrite::Start`]); a claim's first step
+/// gives it the message's lease, `(owner, lease)`.
+pub(crate) struct AttemptStart<'a> {
+    event: &'a EventId,
+    attempt_no: i32,
+    channel: &'a str,
+    provider: &'a str,
+    lease: Option<(&'a str, Duration)>,
+}
 
 /// An attempt's outcome as a step records it (an [`AttemptWrite::Finish`]).
 pub(crate) struct AttemptFinish<'a> {
@@ -209,6 +245,29 @@ pub(crate) struct ClaimRequest {
 /// that has not expired. An expired lease, or the claimer's own, is taken (over).
 pub(crate) fn busy(lease_owner: Option<&str>, leased: bool, owner: &str) -> bool {
     leased && lease_owner.is_some_and(|holder| holder != owner)
+}
+
+/// The attempt a step starts when that is all the step does to the message row besides
+/// the lease (its attempts, channel and provider are written again by the attempt's
+/// outcome): a claim records such a first step on the attempt's row alone.
+pub(crate) fn starts_only(step: &Step) -> Option<(i32, &str, &str)> {
+    let Some(AttemptWrite::Start {
+        attempt_no,
+        channel,
+        provider,
+    }) = &step.attempt
+    else {
+        return None;
+    };
+    let m = &step.message;
+    let only = step.timeline.is_empty()
+        && m.status.is_none()
+        && m.provider_message_id.is_none()
+        && m.cost_add_micro_usd == 0
+        && m.error_code.is_none()
+        && m.error_detail.is_none()
+        && !m.release_lease;
+    only.then_some((*attempt_no, channel.as_str(), provider.as_str()))
 }
 
 impl TryFrom<AttemptRow> for AttemptRecord {
@@ -269,9 +328,24 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
         let row = rows
             .remove(event)
             .ok_or_else(|| StoreError::Other(format!("message {event} vanished while claimed")))?;
-        let taken = !busy(row.lease_owner.as_deref(), row.leased, &request.owner);
+        let taken = !row.busy_for(&request.owner);
         claimed.push(taken.then_some(row));
     }
+    // What the rows held, kept for the leases taken below: whether the message row
+    // holds no lease at all (not even a lapsed one), and whether an attempt row does.
+    let unleased: Vec<bool> = claimed
+        .iter()
+        .map(|row| row.as_ref().is_some_and(|r| r.lease_owner.is_none()))
+        .collect();
+    let on_attempt: Vec<&str> = events
+        .iter()
+        .zip(&claimed)
+        .filter(|(_, row)| {
+            row.as_ref()
+                .is_some_and(|r| r.attempt_lease_owner.is_some())
+        })
+        .map(|(event, _)| *event)
+        .collect();
     // Under the row locks: every timeline writer locks the message row first.
     let new: Vec<&str> = events
         .iter()
@@ -343,13 +417,30 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
             first_step_recorded: false,
         }));
     }
-    // The fresh messages' first steps, written as steps are, under the leases just taken.
+    // The fresh messages' first steps. One that only starts an attempt, on a message
+    // row holding no lease, is the attempt's row, the lease on it; the others are
+    // written as steps are, taking the lease on the message row in the same update.
+    let mut starts = Vec::new();
     let mut firsts = Vec::new();
     for (i, (request, claim)) in requests.iter().zip(&claims).enumerate() {
-        if let (Some(step), Claim::Claimed(snapshot)) = (&request.first_step, claim)
-            && fresh(snapshot)
-        {
-            firsts.push((
+        let (Some(step), Claim::Claimed(snapshot)) = (&request.first_step, claim) else {
+            continue;
+        };
+        if !fresh(snapshot) {
+            continue;
+        }
+        match starts_only(step).filter(|_| unleased[i]) {
+            Some((attempt_no, channel, provider)) => starts.push((
+                i,
+                AttemptStart {
+                    event: &request.message.event_id,
+                    attempt_no,
+                    channel,
+                    provider,
+                    lease: Some((request.owner.as_str(), request.lease)),
+                },
+            )),
+            None => firsts.push((
                 i,
                 StepRequest {
                     event: request.message.event_id.clone(),
@@ -358,13 +449,20 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
                     step: step.clone(),
                     take: true,
                 },
-            ));
+            )),
         }
     }
-    // The others take their leases here; a first step takes its message's lease in the
-    // same update that records it (one row version instead of two).
+    // The others take their leases on the message row; a lease an attempt's row held
+    // (lapsed, or the claimer's own) goes.
+    if !on_attempt.is_empty() {
+        conn.clear_attempt_leases(&on_attempt).await?;
+    }
     let mut by_lease: BTreeMap<Duration, Vec<(&str, &str)>> = BTreeMap::new();
-    let stepped: HashSet<usize> = firsts.iter().map(|(i, _)| *i).collect();
+    let stepped: HashSet<usize> = firsts
+        .iter()
+        .map(|(i, _)| *i)
+        .chain(starts.iter().map(|(i, _)| *i))
+        .collect();
     for (i, (request, claim)) in requests.iter().zip(&claims).enumerate() {
         if matches!(claim, Claim::Claimed(_)) && !stepped.contains(&i) {
             by_lease
@@ -376,15 +474,33 @@ pub(crate) async fn claim_all<C: DeliverySql + ?Sized>(
     for (lease, leases) in &by_lease {
         conn.take_leases(leases, *lease).await?;
     }
+    let mut recorded = Vec::new();
+    if !starts.is_empty() {
+        let (at, starts): (Vec<usize>, Vec<AttemptStart<'_>>) = starts.into_iter().unzip();
+        let inserted: HashSet<String> = conn.start_attempts(&starts).await?.into_iter().collect();
+        for (i, start) in at.into_iter().zip(&starts) {
+            if inserted.contains(start.event.as_str()) {
+                recorded.push(i);
+            } else {
+                // Another claim's first step, committed after this batch read the
+                // attempts (PostgreSQL reads them as of the statement's start, and
+                // that claim left the message row as it was): its lease is live.
+                claims[i] = Claim::Busy;
+            }
+        }
+    }
     if !firsts.is_empty() {
         let (at, steps): (Vec<usize>, Vec<StepRequest>) = firsts.into_iter().unzip();
         for (i, written) in at.into_iter().zip(record_steps_all(conn, &steps).await?) {
             // The lease was taken above, in this transaction: a refusal is a bug, and
             // fails the batch (its claims then run one by one).
             written?;
-            if let Claim::Claimed(snapshot) = &mut claims[i] {
-                snapshot.first_step_recorded = true;
-            }
+            recorded.push(i);
+        }
+    }
+    for i in recorded {
+        if let Claim::Claimed(snapshot) = &mut claims[i] {
+            snapshot.first_step_recorded = true;
         }
     }
     Ok(claims)
@@ -483,7 +599,13 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
                 attempt_no,
                 channel,
                 provider,
-            }) => starts.push((&r.event, *attempt_no, channel.as_str(), provider.as_str())),
+            }) => starts.push(AttemptStart {
+                event: &r.event,
+                attempt_no: *attempt_no,
+                channel,
+                provider,
+                lease: None,
+            }),
             Some(AttemptWrite::Finish {
                 attempt_no,
                 state,
@@ -500,8 +622,29 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
             }),
         }
     }
-    if !starts.is_empty() {
-        conn.start_attempts(&starts).await?;
+    // A step that passed on an attempt's lease moved it to the message row: the
+    // attempt's lease goes with the attempt's outcome (`finish_attempts`), or here.
+    // (A step taking the lease follows its claim, which found no attempt to hold one.)
+    let moved: Vec<&str> = held
+        .iter()
+        .filter(|r| !r.take && !matches!(r.step.attempt, Some(AttemptWrite::Finish { .. })))
+        .map(|r| r.event.as_str())
+        .collect();
+    if !moved.is_empty() {
+        conn.clear_attempt_leases(&moved).await?;
+    }
+    if !starts.is_empty() && conn.start_attempts(&starts).await?.len() < starts.len() {
+        // Starting an attempt twice conflicts, as the row's key would. Alone, the
+        // step says which.
+        let [start] = starts.as_slice() else {
+            return Err(StoreError::Conflict(
+                "an attempt started in a batch was started already".into(),
+            ));
+        };
+        return Err(StoreError::Conflict(format!(
+            "attempt {} of {} was started already",
+            start.attempt_no, start.event
+        )));
     }
     if !finishes.is_empty() && conn.finish_attempts(&finishes).await? < finishes.len() as u64 {
         // A worker bug: finishing an attempt it never started. Alone, the step says which.

@@ -4,8 +4,8 @@
 //! (`now()`): a lease taken late in a long batch still lasts as long as asked.
 
 use super::{
-    AttemptFinish, AttemptRow, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow, LeasedUpdate,
-    StepRequest, SubscriberUpsert, claim_all, record_steps_all,
+    AttemptFinish, AttemptRow, AttemptStart, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow,
+    LeasedUpdate, StepRequest, SubscriberUpsert, claim_all, record_steps_all,
 };
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{AttemptState, Claim, MessageStatus, MessageUpdate, NewMessage};
@@ -132,10 +132,19 @@ impl DeliverySql for PgConnection {
     }
 
     async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError> {
+        // The attempt row is read as of the statement's start, not locked: its lease is
+        // only ever written under the message row's lock (see `claim_all` for a first
+        // step committed meanwhile).
         sqlx::query_as(
-            "SELECT event_id, status, attempts, lease_owner, \
-             COALESCE(lease_until > clock_timestamp(), false) AS leased \
-             FROM messages WHERE event_id = ANY($1) ORDER BY event_id FOR UPDATE",
+            "SELECT m.event_id, m.status, GREATEST(m.attempts, COALESCE(a.attempt_no, 0)) \
+             AS attempts, m.lease_owner, \
+             COALESCE(m.lease_until > clock_timestamp(), false) AS leased, \
+             a.lease_owner AS attempt_lease_owner, \
+             COALESCE(a.lease_until > clock_timestamp(), false) AS attempt_leased \
+             FROM messages m LEFT JOIN LATERAL (SELECT attempt_no, lease_owner, lease_until \
+             FROM delivery_attempts d WHERE d.event_id = m.event_id \
+             ORDER BY attempt_no DESC LIMIT 1) a ON true \
+             WHERE m.event_id = ANY($1) ORDER BY m.event_id FOR UPDATE OF m",
         )
         .bind(events)
         .fetch_all(self)
@@ -290,7 +299,9 @@ impl DeliverySql for PgConnection {
              $13::bool[]) \
              AS u(event_id, owner, status, attempts, channel, provider, provider_message_id, \
              cost, error_code, error_detail, release, lease_micros, take) \
-             WHERE m.event_id = u.event_id AND (u.take OR m.lease_owner = u.owner) \
+             WHERE m.event_id = u.event_id AND (u.take OR m.lease_owner = u.owner \
+             OR (m.lease_owner IS NULL AND EXISTS (SELECT 1 FROM delivery_attempts d \
+             WHERE d.event_id = m.event_id AND d.lease_owner = u.owner))) \
              RETURNING m.event_id",
         )
         .bind(updates.iter().map(|(e, ..)| e.as_str()).collect::<Vec<_>>())
@@ -323,29 +334,44 @@ impl DeliverySql for PgConnection {
 
     async fn start_attempts(
         &mut self,
-        starts: &[(&EventId, i32, &str, &str)],
-    ) -> Result<(), StoreError> {
-        sqlx::query(
+        starts: &[AttemptStart<'_>],
+    ) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar(
             "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
-             started_at) SELECT e, n, c, p, $5, now() \
-             FROM UNNEST($1::text[], $2::int4[], $3::text[], $4::text[]) AS a(e, n, c, p)",
+             started_at, lease_owner, lease_until) \
+             SELECT e, n, c, p, $5, now(), o, \
+             clock_timestamp() + l * interval '1 microsecond' \
+             FROM UNNEST($1::text[], $2::int4[], $3::text[], $4::text[], $6::text[], \
+             $7::int8[]) AS a(e, n, c, p, o, l) \
+             ON CONFLICT (event_id, attempt_no) DO NOTHING RETURNING event_id",
         )
-        .bind(starts.iter().map(|(e, ..)| e.as_str()).collect::<Vec<_>>())
-        .bind(starts.iter().map(|(_, n, ..)| *n).collect::<Vec<_>>())
-        .bind(starts.iter().map(|(_, _, c, _)| *c).collect::<Vec<_>>())
-        .bind(starts.iter().map(|(.., p)| *p).collect::<Vec<_>>())
+        .bind(starts.iter().map(|a| a.event.as_str()).collect::<Vec<_>>())
+        .bind(starts.iter().map(|a| a.attempt_no).collect::<Vec<_>>())
+        .bind(starts.iter().map(|a| a.channel).collect::<Vec<_>>())
+        .bind(starts.iter().map(|a| a.provider).collect::<Vec<_>>())
         .bind(AttemptState::Started.as_str())
-        .execute(self)
+        .bind(
+            starts
+                .iter()
+                .map(|a| a.lease.map(|(owner, _)| owner))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            starts
+                .iter()
+                .map(|a| a.lease.map(|(_, lease)| interval(lease).microseconds))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(self)
         .await
-        .map_err(map_err)?;
-        Ok(())
+        .map_err(map_err)
     }
 
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
         let finished = sqlx::query(
             "UPDATE delivery_attempts d SET state = f.state, \
              provider_message_id = f.provider_message_id, cost_micro_usd = f.cost, \
-             detail = f.detail, finished_at = now() \
+             detail = f.detail, finished_at = now(), lease_owner = NULL, lease_until = NULL \
              FROM UNNEST($1::text[], $2::int4[], $3::text[], $4::text[], $5::int8[], $6::text[]) \
              AS f(event_id, attempt_no, state, provider_message_id, cost, detail) \
              WHERE d.event_id = f.event_id AND d.attempt_no = f.attempt_no",
@@ -371,5 +397,17 @@ impl DeliverySql for PgConnection {
         .map_err(map_err)?
         .rows_affected();
         Ok(finished)
+    }
+
+    async fn clear_attempt_leases(&mut self, events: &[&str]) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE delivery_attempts SET lease_owner = NULL, lease_until = NULL \
+             WHERE event_id = ANY($1) AND lease_owner IS NOT NULL",
+        )
+        .bind(events)
+        .execute(self)
+        .await
+        .map_err(map_err)?;
+        Ok(())
     }
 }

@@ -7,8 +7,8 @@
 //! cost one hand-off to sqlx's thread per batch. The rare ones stay sqlx's.
 
 use super::{
-    AttemptFinish, AttemptRow, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow, LeasedUpdate,
-    StepRequest, SubscriberUpsert, claim_all, record_steps_all,
+    AttemptFinish, AttemptRow, AttemptStart, ClaimRequest, DeliveryBatch, DeliverySql, LeaseRow,
+    LeasedUpdate, StepRequest, SubscriberUpsert, claim_all, record_steps_all,
 };
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{AttemptState, Claim, MessageStatus, NewMessage};
@@ -93,8 +93,12 @@ impl DeliverySql for Direct<'_> {
         let now = now_text();
         let mut select = self
             .statement(
-                "SELECT event_id, status, attempts, lease_owner, \
-                 COALESCE(lease_until > ?2, 0) FROM messages WHERE event_id = ?1",
+                "SELECT m.event_id, m.status, MAX(m.attempts, COALESCE(a.attempt_no, 0)), \
+                 m.lease_owner, COALESCE(m.lease_until > ?2, 0), a.lease_owner, \
+                 COALESCE(a.lease_until > ?2, 0) FROM messages m \
+                 LEFT JOIN delivery_attempts a ON a.event_id = m.event_id AND a.attempt_no = \
+                 (SELECT MAX(attempt_no) FROM delivery_attempts d WHERE d.event_id = m.event_id) \
+                 WHERE m.event_id = ?1",
             )
             .await?;
         let mut rows = Vec::with_capacity(events.len());
@@ -107,6 +111,8 @@ impl DeliverySql for Direct<'_> {
                         attempts: r.get(2)?,
                         lease_owner: r.get(3)?,
                         leased: r.get(4)?,
+                        attempt_lease_owner: r.get(5)?,
+                        attempt_leased: r.get(6)?,
                     })
                 })
                 .optional()
@@ -243,7 +249,9 @@ impl DeliverySql for Direct<'_> {
                  error_detail = COALESCE(?9, error_detail), \
                  lease_owner = CASE WHEN ?10 IS NULL THEN NULL ELSE ?12 END, \
                  lease_until = ?10 \
-                 WHERE event_id = ?11 AND (?13 OR lease_owner = ?12) RETURNING event_id",
+                 WHERE event_id = ?11 AND (?13 OR lease_owner = ?12 \
+                 OR (lease_owner IS NULL AND EXISTS (SELECT 1 FROM delivery_attempts d \
+                 WHERE d.event_id = ?11 AND d.lease_owner = ?12))) RETURNING event_id",
             )
             .await?;
         let mut updated = Vec::with_capacity(updates.len());
@@ -276,28 +284,41 @@ impl DeliverySql for Direct<'_> {
 
     async fn start_attempts(
         &mut self,
-        starts: &[(&EventId, i32, &str, &str)],
-    ) -> Result<(), StoreError> {
+        starts: &[AttemptStart<'_>],
+    ) -> Result<Vec<String>, StoreError> {
         let now = now_text();
         let mut insert = self
             .statement(
                 "INSERT INTO delivery_attempts (event_id, attempt_no, channel, provider, state, \
-                 started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                 started_at, lease_owner, lease_until) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 ON CONFLICT (event_id, attempt_no) DO NOTHING RETURNING event_id",
             )
             .await?;
-        for (event, attempt_no, channel, provider) in starts {
-            insert
-                .execute(params![
-                    event.as_str(),
-                    attempt_no,
-                    channel,
-                    provider,
-                    AttemptState::Started.as_str(),
-                    now,
-                ])
+        let mut inserted = Vec::with_capacity(starts.len());
+        for a in starts {
+            let (owner, until) = match a.lease {
+                Some((owner, lease)) => (Some(owner), Some(deadline(lease)?)),
+                None => (None, None),
+            };
+            let row = insert
+                .query_row(
+                    params![
+                        a.event.as_str(),
+                        a.attempt_no,
+                        a.channel,
+                        a.provider,
+                        AttemptState::Started.as_str(),
+                        now,
+                        owner,
+                        until,
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()
                 .map_err(direct_err)?;
+            inserted.extend(row);
         }
-        Ok(())
+        Ok(inserted)
     }
 
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
@@ -305,8 +326,8 @@ impl DeliverySql for Direct<'_> {
         let mut update = self
             .statement(
                 "UPDATE delivery_attempts SET finished_at = ?1, state = ?2, \
-                 provider_message_id = ?3, cost_micro_usd = ?4, detail = ?5 \
-                 WHERE event_id = ?6 AND attempt_no = ?7",
+                 provider_message_id = ?3, cost_micro_usd = ?4, detail = ?5, \
+                 lease_owner = NULL, lease_until = NULL WHERE event_id = ?6 AND attempt_no = ?7",
             )
             .await?;
         let mut finished = 0;
@@ -324,6 +345,10 @@ impl DeliverySql for Direct<'_> {
                 .map_err(direct_err)? as u64;
         }
         Ok(finished)
+    }
+
+    async fn clear_attempt_leases(&mut self, events: &[&str]) -> Result<(), StoreError> {
+        self.sqlx().clear_attempt_leases(events).await
     }
 }
 
@@ -405,12 +430,28 @@ impl DeliverySql for SqliteConnection {
 
     async fn start_attempts(
         &mut self,
-        starts: &[(&EventId, i32, &str, &str)],
-    ) -> Result<(), StoreError> {
+        starts: &[AttemptStart<'_>],
+    ) -> Result<Vec<String>, StoreError> {
         Direct::new(self).start_attempts(starts).await
     }
 
     async fn finish_attempts(&mut self, finishes: &[AttemptFinish<'_>]) -> Result<u64, StoreError> {
         Direct::new(self).finish_attempts(finishes).await
+    }
+
+    async fn clear_attempt_leases(&mut self, events: &[&str]) -> Result<(), StoreError> {
+        // Rare (a lapsed first try's lease taken over, or a step that moved it): one
+        // statement per event is fine.
+        for event in events {
+            sqlx::query(
+                "UPDATE delivery_attempts SET lease_owner = NULL, lease_until = NULL \
+                 WHERE event_id = ? AND lease_owner IS NOT NULL",
+            )
+            .bind(event)
+            .execute(&mut *self)
+            .await
+            .map_err(map_err)?;
+        }
+        Ok(())
     }
 }

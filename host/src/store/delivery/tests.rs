@@ -125,6 +125,200 @@ pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
         timeline_of(&get(&*store, &ws.id, &m.event_id).await),
         vec![queued_entry(&m)]
     );
+
+    // The same with a first step that starts an attempt (its lease goes on the
+    // attempt's row, the message row is not written): one starts it, no claim fails.
+    let m = message(&ws.id, 5);
+    store
+        .insert_messages(std::slice::from_ref(&m), &[])
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let store = store.clone();
+        let m = m.clone();
+        tasks.push(tokio::spawn(async move {
+            let first = start(1, "prova");
+            store
+                .claim_message(
+                    &m,
+                    &contacts("racer@example.com"),
+                    &format!("w{i}"),
+                    LONG_LEASE,
+                    Some(&first),
+                )
+                .await
+        }));
+    }
+    let mut started = 0;
+    for task in tasks {
+        match task.await.expect("task").expect("claim_message") {
+            Claim::Claimed(snapshot) => {
+                assert!(snapshot.first_step_recorded, "{snapshot:?}");
+                started += 1;
+            }
+            Claim::Busy => {}
+        }
+    }
+    assert_eq!(started, 1, "exactly one worker started the attempt");
+}
+
+/// A fresh message's first try, started by its claim, is leased on the attempt's row
+/// and leaves the message row as it was: other workers find the message busy (and a
+/// give-up leaves it), and only the holder's steps are written; the outcome counts the
+/// attempt on the message row and frees it. A lapsed lease is taken over, and the
+/// holder's steps then conflict; a released one is free at once. A message row holding
+/// a lapsed lease of its own takes the first step on the message row, as steps are.
+pub(crate) async fn a_first_try_leases_its_attempt_row(store: Arc<dyn Store>) {
+    use crate::store::messages::GiveUp;
+    let s = &*store;
+    let ws = s.ensure_workspace("attempt-leases", None).await.unwrap();
+    let messages: Vec<NewMessage> = (0..4).map(|i| message(&ws.id, i)).collect();
+    s.insert_messages(&messages, &[]).await.unwrap();
+    let first = start(1, "prova");
+    let claim_with = |m: &NewMessage, owner: &'static str, lease| {
+        let (m, first) = (m.clone(), first.clone());
+        async move {
+            s.claim_message(&m, &contacts("a@example.com"), owner, lease, Some(&first))
+                .await
+                .unwrap()
+        }
+    };
+    let conflicts = |m: &NewMessage, owner: &'static str, step: Step| {
+        let event = m.event_id.clone();
+        async move {
+            let err = s
+                .record_step(&event, owner, LONG_LEASE, &step)
+                .await
+                .expect_err("the lease is not the owner's");
+            assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+        }
+    };
+    let sent = Step {
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no: 1,
+            state: AttemptState::Sent,
+            provider_message_id: Some("pm-1".into()),
+            cost_micro_usd: 5,
+            detail: None,
+        }),
+        message: MessageUpdate {
+            status: Some(MessageStatus::Sent),
+            attempts: Some(1),
+            channel: Some("sms".into()),
+            provider: Some("prova".into()),
+            provider_message_id: Some("pm-1".into()),
+            ..release()
+        },
+        timeline: vec![],
+    };
+
+    // Started by a's claim: the message row is as ingested.
+    let m = &messages[0];
+    let before = get(s, &ws.id, &m.event_id).await;
+    let Claim::Claimed(snapshot) = claim_with(m, "a", LONG_LEASE).await else {
+        panic!("a fresh message was busy");
+    };
+    assert!(snapshot.first_step_recorded);
+    assert_eq!(get(s, &ws.id, &m.event_id).await, before);
+    assert_eq!(claim_with(m, "b", LONG_LEASE).await, Claim::Busy);
+    let entries = [entry(StepStatus::Failed, now(), None, None)];
+    for holder in [None, Some("b")] {
+        let given_up = s.fail_undispatched(&m.event_id, holder, "X", "x", &entries);
+        assert_eq!(given_up.await.unwrap(), GiveUp::Leased);
+    }
+    conflicts(m, "b", sent.clone()).await;
+    assert_eq!(get(s, &ws.id, &m.event_id).await, before);
+    // a's outcome counts the attempt and frees the message.
+    s.record_step(&m.event_id, "a", LONG_LEASE, &sent)
+        .await
+        .unwrap();
+    let record = get(s, &ws.id, &m.event_id).await;
+    assert_eq!(record.status, MessageStatus::Sent);
+    assert_eq!(
+        (record.attempts, record.provider.as_deref()),
+        (1, Some("prova"))
+    );
+    let snapshot = claim(s, m, "b", LONG_LEASE).await;
+    assert_eq!(snapshot.status, MessageStatus::Sent);
+    assert_eq!(snapshot.attempts[0].state, AttemptState::Sent);
+
+    // A lapsed first try is taken over, to be resumed: a can write no more.
+    let m = &messages[1];
+    claim_with(m, "a", SHORT_LEASE).await;
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    let Claim::Claimed(snapshot) = claim_with(m, "b", LONG_LEASE).await else {
+        panic!("a lapsed lease kept the message busy");
+    };
+    assert!(
+        !snapshot.first_step_recorded,
+        "the attempt is resumed, not started again"
+    );
+    assert_eq!(snapshot.attempts.len(), 1);
+    assert_eq!(snapshot.attempts[0].state, AttemptState::Started);
+    conflicts(m, "a", sent.clone()).await;
+    conflicts(
+        m,
+        "a",
+        Step {
+            message: release(),
+            ..Step::default()
+        },
+    )
+    .await;
+    assert_eq!(claim_with(m, "c", LONG_LEASE).await, Claim::Busy);
+    s.record_step(&m.event_id, "b", LONG_LEASE, &sent)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(s, &ws.id, &m.event_id).await.status,
+        MessageStatus::Sent
+    );
+
+    // Released with the attempt left started (no room at the provider): free at once,
+    // and the next claim resumes the attempt.
+    let m = &messages[2];
+    claim_with(m, "a", LONG_LEASE).await;
+    let released = Step {
+        message: release(),
+        ..Step::default()
+    };
+    s.record_step(&m.event_id, "a", LONG_LEASE, &released)
+        .await
+        .unwrap();
+    conflicts(m, "a", released).await;
+    let snapshot = claim(s, m, "b", LONG_LEASE).await;
+    assert_eq!(snapshot.attempts.len(), 1);
+    assert_eq!(
+        get(s, &ws.id, &m.event_id).await.attempts,
+        0,
+        "nothing was sent yet"
+    );
+    // The holder itself may give up.
+    assert_eq!(
+        s.fail_undispatched(&m.event_id, Some("b"), "X", "x", &entries)
+            .await
+            .unwrap(),
+        GiveUp::Failed
+    );
+
+    // A message row with a lapsed lease of its own: the first step is written on it.
+    let m = &messages[3];
+    claim(s, m, "x", SHORT_LEASE).await;
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    let Claim::Claimed(snapshot) = claim_with(m, "a", LONG_LEASE).await else {
+        panic!("a lapsed lease kept the message busy");
+    };
+    assert!(snapshot.first_step_recorded);
+    let record = get(s, &ws.id, &m.event_id).await;
+    assert_eq!(
+        (record.attempts, record.provider.as_deref()),
+        (1, Some("prova"))
+    );
+    assert_eq!(claim_with(m, "b", LONG_LEASE).await, Claim::Busy);
+    s.record_step(&m.event_id, "a", LONG_LEASE, &sent)
+        .await
+        .unwrap();
 }
 
 /// Claims made together (gathered into one set-based batch) answer as they would one
@@ -244,19 +438,18 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
         }
         Claim::Busy => panic!("the erased subscriber's message was busy"),
     }
-    // The fresh messages' first attempts were written with their claims (the step
-    // names the provider), the others' not at all.
+    // The fresh messages' first attempts were started with their claims, leased on
+    // the attempts' rows (the message rows are left to the outcome), the others' not
+    // at all.
     for (i, (m, _)) in batch.iter().enumerate() {
         let record = get(s, &ws.id, &m.event_id).await;
-        let recorded = matches!(&claims[i], Claim::Claimed(c) if c.first_step_recorded);
-        let twin = i == 0 || i == batch.len() - 1;
-        if recorded || twin {
-            assert_eq!(record.attempts, 1, "claim {i}");
-            assert_eq!(record.provider.as_deref(), Some("prova"), "claim {i}");
-        } else {
-            // The resumed message keeps the attempt it had.
-            assert_eq!(record.attempts, i32::from(i == 4), "claim {i}");
-            assert_eq!(record.provider, None, "claim {i}");
+        // The resumed message keeps the attempt it had.
+        assert_eq!(record.attempts, i32::from(i == 4), "claim {i}");
+        assert_eq!(record.provider, None, "claim {i}");
+        if matches!(&claims[i], Claim::Claimed(c) if c.first_step_recorded) {
+            let other = contacts("o@example.com");
+            let other = s.claim_message(m, &other, "other", LONG_LEASE, None);
+            assert_eq!(other.await.unwrap(), Claim::Busy, "claim {i}");
         }
     }
     // A message dispatched already is not fresh either.

@@ -104,7 +104,8 @@ pub(crate) trait TimelineSql: super::outbound::OutboundSql {
     /// Bumps `updated_at`; false when the message does not exist.
     async fn touch_message(&mut self, event: &EventId) -> Result<bool, StoreError>;
     /// FAILED with `code` and `detail` if QUEUED or TRIGGERED and no unexpired lease
-    /// on it is held by anyone but `holder`; false otherwise.
+    /// on it (on its row, or on an attempt's: a first try's) is held by anyone but
+    /// `holder`; false otherwise.
     async fn fail_if_undispatched(
         &mut self,
         event: &EventId,
@@ -112,8 +113,8 @@ pub(crate) trait TimelineSql: super::outbound::OutboundSql {
         code: &str,
         detail: &str,
     ) -> Result<bool, StoreError>;
-    /// Whether the message is QUEUED or TRIGGERED under an unexpired lease held by
-    /// anyone but `holder`.
+    /// Whether the message is QUEUED or TRIGGERED under an unexpired lease (on its
+    /// row, or on an attempt's) held by anyone but `holder`.
     async fn leased_undispatched(
         &mut self,
         event: &EventId,

@@ -147,7 +147,9 @@ impl TimelineSql for PgConnection {
             "UPDATE messages SET status = 'FAILED', error_code = $2, error_detail = $3, \
              updated_at = now() WHERE event_id = $1 AND status IN ('QUEUED', 'TRIGGERED') \
              AND NOT (COALESCE(lease_until > clock_timestamp(), false) \
-             AND lease_owner IS DISTINCT FROM $4)",
+             AND lease_owner IS DISTINCT FROM $4) \
+             AND NOT EXISTS (SELECT 1 FROM delivery_attempts d WHERE d.event_id = $1 \
+             AND d.lease_until > clock_timestamp() AND d.lease_owner IS DISTINCT FROM $4)",
         )
         .bind(event.as_str())
         .bind(code)
@@ -166,9 +168,11 @@ impl TimelineSql for PgConnection {
         holder: Option<&str>,
     ) -> Result<bool, StoreError> {
         sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM messages WHERE event_id = $1 \
-             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > clock_timestamp() \
-             AND lease_owner IS DISTINCT FROM $2)",
+            "SELECT EXISTS (SELECT 1 FROM messages m WHERE m.event_id = $1 \
+             AND m.status IN ('QUEUED', 'TRIGGERED') \
+             AND ((m.lease_until > clock_timestamp() AND m.lease_owner IS DISTINCT FROM $2) \
+             OR EXISTS (SELECT 1 FROM delivery_attempts d WHERE d.event_id = $1 \
+             AND d.lease_until > clock_timestamp() AND d.lease_owner IS DISTINCT FROM $2)))",
         )
         .bind(event.as_str())
         .bind(holder)

@@ -223,7 +223,9 @@ impl TimelineSql for SqliteConnection {
         let updated = sqlx::query(
             "UPDATE messages SET status = 'FAILED', error_code = ?1, error_detail = ?2, \
              updated_at = ?3 WHERE event_id = ?4 AND status IN ('QUEUED', 'TRIGGERED') \
-             AND NOT (COALESCE(lease_until > ?3, 0) AND lease_owner IS NOT ?5)",
+             AND NOT (COALESCE(lease_until > ?3, 0) AND lease_owner IS NOT ?5) \
+             AND NOT EXISTS (SELECT 1 FROM delivery_attempts d WHERE d.event_id = ?4 \
+             AND d.lease_until > ?3 AND d.lease_owner IS NOT ?5)",
         )
         .bind(code)
         .bind(detail)
@@ -243,9 +245,11 @@ impl TimelineSql for SqliteConnection {
         holder: Option<&str>,
     ) -> Result<bool, StoreError> {
         sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM messages WHERE event_id = ? \
-             AND status IN ('QUEUED', 'TRIGGERED') AND lease_until > ? \
-             AND lease_owner IS NOT ?)",
+            "SELECT EXISTS (SELECT 1 FROM messages m WHERE m.event_id = ?1 \
+             AND m.status IN ('QUEUED', 'TRIGGERED') \
+             AND ((m.lease_until > ?2 AND m.lease_owner IS NOT ?3) \
+             OR EXISTS (SELECT 1 FROM delivery_attempts d WHERE d.event_id = ?1 \
+             AND d.lease_until > ?2 AND d.lease_owner IS NOT ?3)))",
         )
         .bind(event.as_str())
         .bind(now_text())
