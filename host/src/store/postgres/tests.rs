@@ -911,3 +911,60 @@ async fn a_batch_of_tries_is_logged_in_its_statements() {
             .unwrap();
     assert_eq!(since, None);
 }
+
+/// A first try's lease, kept on its attempt's row by the claim that starts it, lasts
+/// as long as asked from when it was taken; a step that keeps the lease moves it to
+/// the message row.
+#[tokio::test]
+async fn a_first_try_lease_is_stored_on_its_attempt_row() {
+    use crate::model::{AttemptWrite, Claim, Step, SubscriberContacts};
+    let db = TestDb::create().await;
+    let store = &db.store;
+    let ws = store.ensure_workspace("attempt-lease", None).await.unwrap();
+    let m = crate::store::tests::message(&ws.id, 1);
+    let first = Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+        }),
+        ..Step::default()
+    };
+    let lease = Duration::from_secs(30);
+    let claim = store
+        .claim_message(&m, &SubscriberContacts::default(), "w", lease, Some(&first))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&claim, Claim::Claimed(s) if s.first_step_recorded),
+        "{claim:?}"
+    );
+    let leases = || async {
+        sqlx::query_as::<_, (Option<String>, Option<f64>, Option<String>, Option<f64>)>(
+            "SELECT a.lease_owner, EXTRACT(EPOCH FROM a.lease_until - clock_timestamp())::float8, \
+             m.lease_owner, EXTRACT(EPOCH FROM m.lease_until - clock_timestamp())::float8 \
+             FROM delivery_attempts a JOIN messages m USING (event_id) WHERE event_id = $1",
+        )
+        .bind(m.event_id.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+    };
+    let (owner, left, row_owner, row_left) = leases().await;
+    assert_eq!(
+        (owner.as_deref(), row_owner, row_left),
+        (Some("w"), None, None)
+    );
+    let left = left.expect("a deadline");
+    assert!(left > 20.0 && left <= 30.0, "{left}");
+    // A step that keeps the lease (here: none of the attempt's own) moves it.
+    store
+        .record_step(&m.event_id, "w", lease, &Step::default())
+        .await
+        .unwrap();
+    let (owner, left, row_owner, row_left) = leases().await;
+    assert_eq!((owner, left), (None, None));
+    assert_eq!(row_owner.as_deref(), Some("w"));
+    let row_left = row_left.expect("a deadline");
+    assert!(row_left > 20.0 && row_left <= 30.0, "{row_left}");
+}

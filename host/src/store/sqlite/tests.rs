@@ -722,3 +722,61 @@ async fn strict_tables_reject_wrong_types() {
     .expect_err("text in an INTEGER column");
     assert!(matches!(map_err(err), StoreError::Other(_)));
 }
+
+/// A first try's lease, kept on its attempt's row by the claim that starts it, is
+/// stored in the fixed-width form and lasts as long as asked; the outcome clears it.
+#[tokio::test]
+async fn a_first_try_lease_is_stored_on_its_attempt_row() {
+    let (_dir, store) = open_temp().await;
+    let ws = store.ensure_workspace("attempt-lease", None).await.unwrap();
+    let m = crate::store::tests::message(&ws.id, 1);
+    let first = Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no: 1,
+            channel: "sms".into(),
+            provider: "prova".into(),
+        }),
+        ..Step::default()
+    };
+    let before = Utc::now();
+    let lease = Duration::from_secs(60);
+    let claim = store
+        .claim_message(&m, &SubscriberContacts::default(), "w", lease, Some(&first))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&claim, Claim::Claimed(s) if s.first_step_recorded),
+        "{claim:?}"
+    );
+    let lease_of = || async {
+        sqlx::query_as::<_, (Option<String>, Option<String>)>(
+            "SELECT lease_owner, lease_until FROM delivery_attempts WHERE event_id = ?",
+        )
+        .bind(m.event_id.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+    };
+    let (owner, until) = lease_of().await;
+    assert_eq!(owner.as_deref(), Some("w"));
+    let until = until.expect("a deadline");
+    let deadline = decode_timestamp(&until).unwrap();
+    assert_eq!(encode_timestamp(&deadline), until);
+    assert!(deadline >= before + chrono::Duration::seconds(59));
+    assert!(deadline <= Utc::now() + chrono::Duration::seconds(61));
+    let failed = Step {
+        attempt: Some(AttemptWrite::Finish {
+            attempt_no: 1,
+            state: AttemptState::Failed,
+            provider_message_id: None,
+            cost_micro_usd: 0,
+            detail: None,
+        }),
+        ..Step::default()
+    };
+    store
+        .record_step(&m.event_id, "w", lease, &failed)
+        .await
+        .unwrap();
+    assert_eq!(lease_of().await, (None, None));
+}
