@@ -352,6 +352,50 @@ pub(crate) fn assert_ingested(record: &MessageRecord, m: &NewMessage) {
     assert_eq!(record.category, m.category);
 }
 
+/// Attempt `attempt_no` of a message, by sms via `provider`, `started` (a claim may
+/// bring the first).
+pub(crate) fn start(attempt_no: i32, provider: &str) -> Step {
+    Step {
+        attempt: Some(AttemptWrite::Start {
+            attempt_no,
+            channel: "sms".into(),
+            provider: provider.into(),
+        }),
+        message: MessageUpdate {
+            attempts: Some(attempt_no),
+            provider: Some(provider.into()),
+            ..MessageUpdate::default()
+        },
+        timeline: vec![],
+    }
+}
+
+/// Claims `m` for `owner` with its first try's start ([`start`] of attempt 1 via
+/// prova), which the claim records: the message's first try is then in flight.
+pub(crate) async fn start_first_try(
+    store: &dyn Store,
+    m: &NewMessage,
+    owner: &str,
+    lease: std::time::Duration,
+) {
+    let first = start(1, "prova");
+    let claim = store
+        .claim_message(
+            m,
+            &SubscriberContacts::default(),
+            owner,
+            lease,
+            Some(&first),
+        )
+        .await
+        .expect("claim_message");
+    assert!(
+        matches!(&claim, Claim::Claimed(s) if s.first_step_recorded),
+        "{owner}'s first try of {} was not started: {claim:?}",
+        m.event_id
+    );
+}
+
 pub(crate) fn release() -> MessageUpdate {
     MessageUpdate {
         release_lease: true,

@@ -16,17 +16,19 @@ use super::StoreError;
 use super::receipts::{self, ReceiptsSql};
 use crate::ids::{EventId, WorkspaceId};
 use crate::model::{
-    AttemptRecord, AttemptState, AttemptWrite, Claim, MessageSnapshot, MessageStatus,
-    MessageUpdate, NewMessage, NewTimelineEntry, Step, StepStatus, SubscriberContacts,
+    AttemptRecord, AttemptWrite, Claim, MessageSnapshot, MessageStatus, MessageUpdate, NewMessage,
+    NewTimelineEntry, Step, StepStatus, SubscriberContacts,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 mod batch;
 pub(super) mod postgres;
+mod rows;
 mod sqlite;
 
 pub(crate) use batch::{Batches, claims, steps};
+pub(crate) use rows::{AttemptFinish, AttemptRow, AttemptStart, LeaseRow};
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -70,47 +72,6 @@ pub trait Delivery: Send + Sync {
         lease: Duration,
         step: &Step,
     ) -> Result<(), StoreError>;
-}
-
-/// A message's status and lease, as a claim reads them.
-#[derive(sqlx::FromRow)]
-pub(crate) struct LeaseRow {
-    event_id: String,
-    status: String,
-    /// Attempts recorded so far: on the message row, or the number of its last attempt
-    /// row if greater (a first try's start is recorded on its own row only).
-    attempts: i32,
-    lease_owner: Option<String>,
-    /// The lease's deadline is still ahead (false with no lease).
-    pub(crate) leased: bool,
-    /// The lease on the last attempt's row (a first try's, taken by its claim).
-    attempt_lease_owner: Option<String>,
-    /// That lease's deadline is still ahead.
-    attempt_leased: bool,
-}
-
-impl LeaseRow {
-    /// Whether `owner`'s claim finds the message busy ([`busy`]), by either lease.
-    fn busy_for(&self, owner: &str) -> bool {
-        busy(self.lease_owner.as_deref(), self.leased, owner)
-            || busy(
-                self.attempt_lease_owner.as_deref(),
-                self.attempt_leased,
-                owner,
-            )
-    }
-}
-
-/// A `delivery_attempts` row.
-#[derive(sqlx::FromRow)]
-pub(crate) struct AttemptRow {
-    attempt_no: i32,
-    channel: String,
-    provider: String,
-    state: String,
-    provider_message_id: Option<String>,
-    cost_micro_usd: i64,
-    detail: Option<String>,
 }
 
 /// Statements on one connection, inside a transaction. "Locked" means the backend
@@ -200,26 +161,6 @@ pub(crate) type SubscriberUpsert<'a> = (&'a WorkspaceId, &'a str, &'a str, &'a S
 /// first step, under the row lock its claim holds).
 pub(crate) type LeasedUpdate<'a> = (&'a EventId, &'a str, Duration, &'a MessageUpdate, bool);
 
-/// An attempt as a step starts it (an [`AttemptWrite::Start`]); a claim's first step
-/// gives it the message's lease, `(owner, lease)`.
-pub(crate) struct AttemptStart<'a> {
-    event: &'a EventId,
-    attempt_no: i32,
-    channel: &'a str,
-    provider: &'a str,
-    lease: Option<(&'a str, Duration)>,
-}
-
-/// An attempt's outcome as a step records it (an [`AttemptWrite::Finish`]).
-pub(crate) struct AttemptFinish<'a> {
-    event: &'a str,
-    attempt_no: i32,
-    state: &'a str,
-    provider_message_id: Option<&'a str>,
-    cost_micro_usd: i64,
-    detail: Option<&'a str>,
-}
-
 /// One step as [`Delivery::record_step`] takes it.
 #[derive(Clone)]
 pub(crate) struct StepRequest {
@@ -268,24 +209,6 @@ pub(crate) fn starts_only(step: &Step) -> Option<(i32, &str, &str)> {
         && m.error_detail.is_none()
         && !m.release_lease;
     only.then_some((*attempt_no, channel.as_str(), provider.as_str()))
-}
-
-impl TryFrom<AttemptRow> for AttemptRecord {
-    type Error = StoreError;
-
-    fn try_from(row: AttemptRow) -> Result<Self, StoreError> {
-        Ok(AttemptRecord {
-            attempt_no: row.attempt_no,
-            channel: row.channel,
-            provider: row.provider,
-            state: AttemptState::parse(&row.state).ok_or_else(|| {
-                StoreError::Other(format!("unknown attempt state {:?}", row.state))
-            })?,
-            provider_message_id: row.provider_message_id,
-            cost_micro_usd: row.cost_micro_usd,
-            detail: row.detail,
-        })
-    }
 }
 
 /// [`Delivery::claim_message`] for several messages at once, on `conn`, inside a
@@ -634,29 +557,17 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
         conn.clear_attempt_leases(&moved).await?;
     }
     if !starts.is_empty() && conn.start_attempts(&starts).await?.len() < starts.len() {
-        // Starting an attempt twice conflicts, as the row's key would. Alone, the
-        // step says which.
-        let [start] = starts.as_slice() else {
-            return Err(StoreError::Conflict(
-                "an attempt started in a batch was started already".into(),
-            ));
-        };
-        return Err(StoreError::Conflict(format!(
-            "attempt {} of {} was started already",
-            start.attempt_no, start.event
+        // Starting an attempt twice conflicts, as the row's key would.
+        let one = single(&starts, |a| (a.attempt_no, a.event.as_str()));
+        return Err(StoreError::Conflict(attempt_refused(
+            one,
+            "was started already",
         )));
     }
     if !finishes.is_empty() && conn.finish_attempts(&finishes).await? < finishes.len() as u64 {
-        // A worker bug: finishing an attempt it never started. Alone, the step says which.
-        let [finish] = finishes.as_slice() else {
-            return Err(StoreError::Other(
-                "an attempt finished in a batch was never started".into(),
-            ));
-        };
-        return Err(StoreError::Other(format!(
-            "attempt {} of {} was never started",
-            finish.attempt_no, finish.event
-        )));
+        // A worker bug: finishing an attempt it never started.
+        let one = single(&finishes, |f| (f.attempt_no, f.event));
+        return Err(StoreError::Other(attempt_refused(one, "was never started")));
     }
     let entries: Vec<(&EventId, &NewTimelineEntry)> = held
         .iter()
@@ -711,9 +622,39 @@ pub(crate) async fn record_steps_all<C: DeliverySql + ?Sized>(
         .collect())
 }
 
+/// The only item of a batch of one, by `(attempt_no, event)`.
+fn single<'a, T>(items: &'a [T], key: impl Fn(&'a T) -> (i32, &'a str)) -> Option<(i32, &'a str)> {
+    match items {
+        [one] => Some(key(one)),
+        _ => None,
+    }
+}
+
+/// Why an attempt write was refused: alone, the step says which attempt.
+fn attempt_refused(one: Option<(i32, &str)>, what: &str) -> String {
+    match one {
+        Some((attempt_no, event)) => format!("attempt {attempt_no} of {event} {what}"),
+        None => format!("an attempt written in a batch {what}"),
+    }
+}
+
 #[cfg(test)]
 mod rules {
     use super::busy;
+
+    #[test]
+    fn a_refused_attempt_write_names_its_attempt_when_alone() {
+        let one = super::single(&[(2, "evt_1")], |&(n, e)| (n, e));
+        assert_eq!(
+            super::attempt_refused(one, "was never started"),
+            "attempt 2 of evt_1 was never started"
+        );
+        let many = super::single(&[(1, "evt_1"), (2, "evt_2")], |&(n, e)| (n, e));
+        assert_eq!(
+            super::attempt_refused(many, "was started already"),
+            "an attempt written in a batch was started already"
+        );
+    }
 
     #[test]
     fn the_lease_rule() {

@@ -93,74 +93,51 @@ pub(crate) async fn claim_inserts_missing_row(store: Arc<dyn Store>) {
 }
 
 /// Ten workers claim the same new message at once: one gets it, the others are told
-/// it is busy, and there is one row with one queued entry.
+/// it is busy, and there is one row with one queued entry. The same with a first step
+/// that starts an attempt (its lease goes on the attempt's row, the message row is not
+/// written): one starts it, and no claim fails.
 pub(crate) async fn concurrent_claims(store: Arc<dyn Store>) {
     let ws = store.ensure_workspace("racing-claims", None).await.unwrap();
-    let m = message(&ws.id, 4);
-    let mut tasks = Vec::new();
-    for i in 0..10 {
+    let race = |m: NewMessage, first: Option<Step>| {
         let store = store.clone();
-        let m = m.clone();
-        tasks.push(tokio::spawn(async move {
-            store
-                .claim_message(
-                    &m,
-                    &contacts("racer@example.com"),
-                    &format!("w{i}"),
-                    LONG_LEASE,
-                    None,
-                )
-                .await
-        }));
-    }
-    let mut claimed = 0;
-    for task in tasks {
-        match task.await.expect("task").expect("claim_message") {
-            Claim::Claimed(_) => claimed += 1,
-            Claim::Busy => {}
+        async move {
+            let tasks: Vec<_> = (0..10)
+                .map(|i| {
+                    let (store, m, first) = (store.clone(), m.clone(), first.clone());
+                    tokio::spawn(async move {
+                        let contacts = contacts("racer@example.com");
+                        let owner = format!("w{i}");
+                        let claim =
+                            store.claim_message(&m, &contacts, &owner, LONG_LEASE, first.as_ref());
+                        claim.await.expect("claim_message")
+                    })
+                })
+                .collect();
+            let mut claimed = Vec::new();
+            for task in tasks {
+                if let Claim::Claimed(snapshot) = task.await.expect("task") {
+                    claimed.push(snapshot);
+                }
+            }
+            claimed
         }
-    }
-    assert_eq!(claimed, 1, "exactly one worker holds the lease");
+    };
+    let m = message(&ws.id, 4);
+    let claimed = race(m.clone(), None).await;
+    assert_eq!(claimed.len(), 1, "exactly one worker holds the lease");
     assert_eq!(
         timeline_of(&get(&*store, &ws.id, &m.event_id).await),
         vec![queued_entry(&m)]
     );
 
-    // The same with a first step that starts an attempt (its lease goes on the
-    // attempt's row, the message row is not written): one starts it, no claim fails.
     let m = message(&ws.id, 5);
     store
         .insert_messages(std::slice::from_ref(&m), &[])
         .await
         .unwrap();
-    let mut tasks = Vec::new();
-    for i in 0..10 {
-        let store = store.clone();
-        let m = m.clone();
-        tasks.push(tokio::spawn(async move {
-            let first = start(1, "prova");
-            store
-                .claim_message(
-                    &m,
-                    &contacts("racer@example.com"),
-                    &format!("w{i}"),
-                    LONG_LEASE,
-                    Some(&first),
-                )
-                .await
-        }));
-    }
-    let mut started = 0;
-    for task in tasks {
-        match task.await.expect("task").expect("claim_message") {
-            Claim::Claimed(snapshot) => {
-                assert!(snapshot.first_step_recorded, "{snapshot:?}");
-                started += 1;
-            }
-            Claim::Busy => {}
-        }
-    }
-    assert_eq!(started, 1, "exactly one worker started the attempt");
+    let claimed = race(m, Some(start(1, "prova"))).await;
+    assert_eq!(claimed.len(), 1, "exactly one worker started the attempt");
+    assert!(claimed[0].first_step_recorded, "{claimed:?}");
 }
 
 /// A fresh message's first try, started by its claim, is leased on the attempt's row
@@ -500,24 +477,6 @@ pub(crate) async fn batched_claims(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(report.known);
-}
-
-/// Attempt `attempt_no` of a message, by sms via `provider`, `started` (a claim may
-/// bring the first).
-fn start(attempt_no: i32, provider: &str) -> Step {
-    Step {
-        attempt: Some(AttemptWrite::Start {
-            attempt_no,
-            channel: "sms".into(),
-            provider: provider.into(),
-        }),
-        message: MessageUpdate {
-            attempts: Some(attempt_no),
-            provider: Some(provider.into()),
-            ..MessageUpdate::default()
-        },
-        timeline: vec![],
-    }
 }
 
 /// Steps written together (one set-based batch) answer as they would one after the

@@ -917,28 +917,13 @@ async fn a_batch_of_tries_is_logged_in_its_statements() {
 /// the message row.
 #[tokio::test]
 async fn a_first_try_lease_is_stored_on_its_attempt_row() {
-    use crate::model::{AttemptWrite, Claim, Step, SubscriberContacts};
+    use crate::model::Step;
     let db = TestDb::create().await;
     let store = &db.store;
     let ws = store.ensure_workspace("attempt-lease", None).await.unwrap();
     let m = crate::store::tests::message(&ws.id, 1);
-    let first = Step {
-        attempt: Some(AttemptWrite::Start {
-            attempt_no: 1,
-            channel: "sms".into(),
-            provider: "prova".into(),
-        }),
-        ..Step::default()
-    };
     let lease = Duration::from_secs(30);
-    let claim = store
-        .claim_message(&m, &SubscriberContacts::default(), "w", lease, Some(&first))
-        .await
-        .unwrap();
-    assert!(
-        matches!(&claim, Claim::Claimed(s) if s.first_step_recorded),
-        "{claim:?}"
-    );
+    crate::store::tests::start_first_try(store, &m, "w", lease).await;
     let leases = || async {
         sqlx::query_as::<_, (Option<String>, Option<f64>, Option<String>, Option<f64>)>(
             "SELECT a.lease_owner, EXTRACT(EPOCH FROM a.lease_until - clock_timestamp())::float8, \

@@ -730,24 +730,9 @@ async fn a_first_try_lease_is_stored_on_its_attempt_row() {
     let (_dir, store) = open_temp().await;
     let ws = store.ensure_workspace("attempt-lease", None).await.unwrap();
     let m = crate::store::tests::message(&ws.id, 1);
-    let first = Step {
-        attempt: Some(AttemptWrite::Start {
-            attempt_no: 1,
-            channel: "sms".into(),
-            provider: "prova".into(),
-        }),
-        ..Step::default()
-    };
     let before = Utc::now();
     let lease = Duration::from_secs(60);
-    let claim = store
-        .claim_message(&m, &SubscriberContacts::default(), "w", lease, Some(&first))
-        .await
-        .unwrap();
-    assert!(
-        matches!(&claim, Claim::Claimed(s) if s.first_step_recorded),
-        "{claim:?}"
-    );
+    crate::store::tests::start_first_try(&store, &m, "w", lease).await;
     let lease_of = || async {
         sqlx::query_as::<_, (Option<String>, Option<String>)>(
             "SELECT lease_owner, lease_until FROM delivery_attempts WHERE event_id = ?",
