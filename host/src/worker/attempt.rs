@@ -322,10 +322,10 @@ pub(super) fn held_step(
     }
 }
 
-/// What an attempt's outcome writes on the message row: the attempt counted, its
-/// channel and provider. Its start may not have (a claim records a fresh message's first
-/// start on the attempt's row alone), so every outcome does.
-fn tried(channel: Channel, slug: &str, attempt_no: i32) -> MessageUpdate {
+/// What an attempt's start and outcome write on the message row: the attempt counted,
+/// its channel and provider. The start may not have (a claim records a fresh message's
+/// first start on the attempt's row alone), so every outcome does too.
+pub(super) fn tried(channel: Channel, slug: &str, attempt_no: i32) -> MessageUpdate {
     MessageUpdate {
         attempts: Some(attempt_no),
         channel: Some(channel.as_str().into()),

@@ -6,7 +6,7 @@
 //! the claim and written in the claim's own transaction (see
 //! [`crate::store::Delivery::claim_message`]).
 
-use super::attempt::{Answer, entry, sent_step};
+use super::attempt::{Answer, entry, sent_step, tried};
 use crate::circuits::Verdict;
 use crate::ingest::Envelope;
 use crate::model::{
@@ -463,12 +463,7 @@ impl Planner<'_, '_> {
                         channel: ch.into(),
                         provider: slug.into(),
                     }),
-                    message: MessageUpdate {
-                        attempts: Some(attempt_no),
-                        channel: Some(ch.into()),
-                        provider: Some(slug.into()),
-                        ..Default::default()
-                    },
+                    message: tried(channel, slug, attempt_no),
                     timeline: Vec::new(),
                 };
                 Some(Action::Start {
