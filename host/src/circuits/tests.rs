@@ -171,11 +171,14 @@ async fn recorded_failures_open_the_circuit_for_routing() {
 }
 
 /// After the cooldown, successful probes close the circuit, and the failures that
-/// opened it do not open it again.
+/// opened it do not open it again. The waits are reckoned from the circuit's own
+/// `until_ms`, not from when the test saw it open (that lags by up to a flush and a
+/// refresh), so a slow machine shifts nothing across a spell's edge.
 #[tokio::test]
 async fn probes_close_a_circuit_for_good() {
+    const COOLDOWN_MS: i64 = 2_000;
     let settings = CircuitsConfig {
-        cooldown_secs: 1,
+        cooldown_secs: (COOLDOWN_MS / 1000) as u64,
         probes: 2,
         ..settings()
     };
@@ -195,17 +198,23 @@ async fn probes_close_a_circuit_for_good() {
             }
         }
     };
+    let sleep_until = |at_ms: i64| {
+        let wait = (at_ms - now_ms()).max(0) as u64;
+        tokio::time::sleep(Duration::from_millis(wait))
+    };
     for _ in 0..10 {
         circuits.record("provc", "sms", Outcome::SendFailed);
     }
     until(true).await;
+    let half_open_at = circuits.snapshot()[&key].until_ms;
     // Cooling down: skipped, no probe taken.
+    assert!(now_ms() < half_open_at, "seen open only after its cooldown");
     assert!(matches!(
         circuits.verdicts(std::slice::from_ref(&key)).await[&key],
         Verdict::Skip(_)
     ));
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
-    // Half-open: two probes in their place, then no more.
+    // Half-open: two probes in their place, then no more (a fifth of the spell in).
+    sleep_until(half_open_at + COOLDOWN_MS / 5).await;
     for _ in 0..2 {
         assert_eq!(
             circuits.verdicts(std::slice::from_ref(&key)).await[&key],
@@ -217,7 +226,7 @@ async fn probes_close_a_circuit_for_good() {
         Verdict::Skip(r) if r.contains("half-open")
     ));
     // Slots taken by messages that went another way come back with the next spell.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    sleep_until(half_open_at + COOLDOWN_MS + COOLDOWN_MS / 5).await;
     assert_eq!(
         circuits.verdicts(std::slice::from_ref(&key)).await[&key],
         Verdict::Allow
