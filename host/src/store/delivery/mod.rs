@@ -86,7 +86,9 @@ pub(crate) trait DeliverySql: ReceiptsSql {
         messages: &[&NewMessage],
     ) -> Result<Vec<String>, StoreError>;
     /// Locks the subscriber rows that exist, in the order given (before the message
-    /// rows: the order erasure locks them in, so the two cannot deadlock).
+    /// rows: the order erasure locks them in, so the two cannot deadlock), and, where
+    /// writers run at once (PostgreSQL), each key whether or not its row exists yet, so
+    /// that two claims of a new subscriber's messages cannot lock in opposite orders.
     async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError>;
     /// The messages' status and lease, locked (in event id order).
     async fn lease_rows(&mut self, events: &[&str]) -> Result<Vec<LeaseRow>, StoreError>;

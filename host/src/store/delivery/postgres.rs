@@ -21,6 +21,18 @@ pub(crate) const LOCK_SUBSCRIBERS: &str = "SELECT 1 FROM subscribers s \
      ON s.workspace_id = k.workspace_id AND s.subscriber_key = k.subscriber_key \
      ORDER BY s.workspace_id, s.subscriber_key FOR UPDATE OF s";
 
+/// Takes a transaction-scoped advisory lock for each subscriber key, `$1`, `$2`
+/// (workspace, subscriber key), in one order, before [`LOCK_SUBSCRIBERS`]. A claim
+/// that finds no row for a new subscriber locks no row there, and inserts it later
+/// (`upsert_subscribers`) while holding its message rows; a claim that began after
+/// that row was committed would hold the row while waiting for those message rows:
+/// a deadlock. The advisory lock exists whether or not the row does, so every claim
+/// of a subscriber's messages takes it first. (Keys whose hashes collide share a lock:
+/// they only wait for each other.)
+pub(crate) const LOCK_SUBSCRIBER_KEYS: &str = "SELECT pg_advisory_xact_lock(h) FROM \
+     (SELECT DISTINCT hashtextextended(w || '/' || k, 0) AS h \
+     FROM UNNEST($1::text[], $2::text[]) AS u(w, k)) x ORDER BY h";
+
 /// Inserts the messages `$1`… (columns as arrays, not a VALUES list: one statement
 /// text whatever the batch's size, so it stays prepared) whose rows do not exist yet.
 /// A claim asks only for the rows it did not find; the look for each row (`NOT
@@ -122,6 +134,12 @@ impl DeliverySql for PgConnection {
     async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
         let workspaces: Vec<&str> = keys.iter().map(|(w, _)| w.as_str()).collect();
         let subscribers: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
+        sqlx::query(LOCK_SUBSCRIBER_KEYS)
+            .bind(&workspaces)
+            .bind(&subscribers)
+            .execute(&mut *self)
+            .await
+            .map_err(map_err)?;
         sqlx::query(LOCK_SUBSCRIBERS)
             .bind(workspaces)
             .bind(subscribers)

@@ -953,3 +953,91 @@ async fn a_first_try_lease_is_stored_on_its_attempt_row() {
     let row_left = row_left.expect("a deadline");
     assert!(row_left > 20.0 && row_left <= 30.0, "{row_left}");
 }
+
+/// Two claims of a new subscriber's message: one began before the subscriber's row
+/// existed (it locked no subscriber row, then its message row, and inserts the
+/// subscriber last), the other after that row was committed (it locks the row first,
+/// then waits for the message row). Without a lock per subscriber key that both take
+/// first, the first waited for the row the second held, and PostgreSQL broke the
+/// cycle by failing one ("deadlock detected"). Now the second waits before locking
+/// anything, and both go through.
+#[tokio::test]
+async fn claims_of_a_new_subscriber_cannot_lock_in_opposite_orders() {
+    use crate::store::delivery::DeliverySql;
+    let db = TestDb::create().await;
+    let store = &db.store;
+    let ws = store
+        .ensure_workspace("new-subscriber", None)
+        .await
+        .unwrap();
+    let m = crate::store::tests::message(&ws.id, 1);
+    store
+        .insert_messages(std::slice::from_ref(&m), &[])
+        .await
+        .unwrap();
+    let key = crate::store::subscriber_key(&ws.id, &m.subscriber_id);
+    let contacts = crate::store::tests::contacts("new@example.com");
+
+    // The first claim: no subscriber row to lock yet, then the message row.
+    let mut first = store.pool().begin().await.unwrap();
+    first
+        .lock_subscribers(&[(&ws.id, key.as_str())])
+        .await
+        .unwrap();
+    first.lease_rows(&[m.event_id.as_str()]).await.unwrap();
+    // Meanwhile the subscriber's row is committed (another message's claim).
+    first_subscriber_row(store, &ws.id, &key, &m.subscriber_id).await;
+
+    // The second claim, from here on: the subscriber row, then the message row.
+    let second = {
+        let (pool, ws, key, event) = (
+            store.pool().clone(),
+            ws.id.clone(),
+            key.clone(),
+            m.event_id.as_str().to_string(),
+        );
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            tx.lock_subscribers(&[(&ws, key.as_str())]).await?;
+            tx.lease_rows(&[event.as_str()]).await?;
+            tx.commit().await.map_err(crate::store::postgres::map_err)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second claim waits for the first"
+    );
+    // The first claim writes the subscriber row last, and commits.
+    let upsert = (&ws.id, key.as_str(), m.subscriber_id.as_str(), &contacts);
+    let written =
+        tokio::time::timeout(Duration::from_secs(10), first.upsert_subscribers(&[upsert]))
+            .await
+            .expect("the first claim's subscriber write waits for nobody");
+    assert_eq!(written.expect("no deadlock").len(), 1);
+    first.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second claim goes on after the first")
+        .unwrap()
+        .expect("no deadlock");
+}
+
+/// Commits `key`'s subscriber row, as a claim of another of its messages would.
+async fn first_subscriber_row(
+    store: &PgStore,
+    ws: &crate::ids::WorkspaceId,
+    key: &str,
+    subscriber: &str,
+) {
+    sqlx::query(
+        "INSERT INTO subscribers (workspace_id, subscriber_key, subscriber_id, created_at, \
+         updated_at) VALUES ($1, $2, $3, now(), now())",
+    )
+    .bind(ws.as_str())
+    .bind(key)
+    .bind(subscriber)
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
