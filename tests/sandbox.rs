@@ -565,11 +565,11 @@ async fn a_callbacks_calls_share_one_instance() {
     );
     let mut one = Calls::new(&plugin);
     assert_eq!(
-        one.verify_signature("wrong", &headers, body, 0).await,
+        one.verify_signature(None, "wrong", &headers, body, 0).await,
         Ok(Err(SignatureError::Mismatch))
     );
     assert_eq!(
-        one.verify_signature("right", &headers, body, 0).await,
+        one.verify_signature(None, "right", &headers, body, 0).await,
         Ok(Ok(()))
     );
     // Instantiating counts as a call of its own.
@@ -581,7 +581,7 @@ async fn a_callbacks_calls_share_one_instance() {
     assert_eq!(stats.instances.load(Ordering::Relaxed), instances + 2);
     // One secret: the parse shares its instance.
     let mut one = Calls::new(&plugin);
-    one.verify_signature("right", &headers, body, 0)
+    one.verify_signature(None, "right", &headers, body, 0)
         .await
         .unwrap()
         .unwrap();
@@ -610,12 +610,12 @@ async fn a_parse_after_several_secrets_sees_none_of_them() {
     let mut calls = Calls::new(&bad);
     assert_eq!(
         calls
-            .verify_signature("mismatch-tenant-a", &[], b"", 0)
+            .verify_signature(None, "mismatch-tenant-a", &[], b"", 0)
             .await,
         Ok(Err(SignatureError::Mismatch))
     );
     assert_eq!(
-        calls.verify_signature("tenant-b", &[], b"", 0).await,
+        calls.verify_signature(None, "tenant-b", &[], b"", 0).await,
         Ok(Ok(()))
     );
     let receipts = calls.parse_receipt(&[], b"").await.unwrap().unwrap();
@@ -623,9 +623,176 @@ async fn a_parse_after_several_secrets_sees_none_of_them() {
     drop(calls);
     let mut calls = Calls::new(&bad);
     assert_eq!(
-        calls.verify_signature("tenant-b", &[], b"", 0).await,
+        calls.verify_signature(None, "tenant-b", &[], b"", 0).await,
         Ok(Ok(()))
     );
     let receipts = calls.parse_receipt(&[], b"").await.unwrap().unwrap();
     assert_eq!(receipts[0].bounce_reason.as_deref(), Some("tenant-b"));
+}
+
+/// What a hostile plugin's instance has been handed so far, read back through a
+/// callback's parse: `secret` checked under `workspace`'s name, then the parse.
+async fn seen_after(plugin: &Plugin, workspace: Option<&str>, secret: &str) -> String {
+    use switchboard::plugins::session::Calls;
+    let mut calls = Calls::new(plugin);
+    assert_eq!(
+        calls.verify_signature(workspace, secret, &[], b"", 0).await,
+        Ok(Ok(()))
+    );
+    let receipts = calls.parse_receipt(&[], b"").await.unwrap().unwrap();
+    receipts[0].bounce_reason.clone().unwrap_or_default()
+}
+
+/// An instance is kept between one workspace's callbacks (its state survives: the
+/// hostile plugin shows every secret it was handed), and never serves another
+/// workspace's, a callback under the provider-wide secret, or one after a check that
+/// handed it two workspaces' secrets.
+#[tokio::test]
+async fn a_kept_instance_serves_its_own_workspace_only() {
+    use switchboard::plugins::session::Calls;
+    let rt = runtime(Duration::from_secs(1));
+    let bad = hostile(&rt, Grants::Declared).await;
+    assert_eq!(seen_after(&bad, Some("ws_a"), "a1").await, "a1");
+    assert_eq!(bad.kept_instances(), 1);
+    assert_eq!(
+        seen_after(&bad, Some("ws_a"), "a2").await,
+        "a1,a2",
+        "kept for the same workspace"
+    );
+    assert_eq!(seen_after(&bad, Some("ws_b"), "b1").await, "b1");
+    assert_eq!(bad.kept_instances(), 2);
+    // The provider-wide secret's receipts may reach any tenant: never kept.
+    assert_eq!(seen_after(&bad, None, "pw1").await, "pw1");
+    assert_eq!(seen_after(&bad, None, "pw2").await, "pw2");
+    assert_eq!(bad.kept_instances(), 2);
+    // Checks under two workspaces' secrets on ws_a's kept instance: it is dropped, and
+    // the parse runs in ws_b's.
+    let mut calls = Calls::new(&bad);
+    assert_eq!(
+        calls
+            .verify_signature(Some("ws_a"), "mismatch-a3", &[], b"", 0)
+            .await,
+        Ok(Err(SignatureError::Mismatch))
+    );
+    assert_eq!(
+        calls
+            .verify_signature(Some("ws_b"), "b2", &[], b"", 0)
+            .await,
+        Ok(Ok(()))
+    );
+    let receipts = calls.parse_receipt(&[], b"").await.unwrap().unwrap();
+    assert_eq!(receipts[0].bounce_reason.as_deref(), Some("b1"));
+    drop(calls);
+    assert_eq!(
+        seen_after(&bad, Some("ws_a"), "a4").await,
+        "a4",
+        "the instance that saw ws_b's secret was not kept for ws_a"
+    );
+    // Another load of the same component (a swap) has instances of its own.
+    let other = hostile(&rt, Grants::Declared).await;
+    assert_eq!(seen_after(&other, Some("ws_a"), "o1").await, "o1");
+    let kept = bad.kept_instances();
+    bad.forget_kept();
+    assert_eq!(bad.kept_instances(), kept - 2, "ws_a's and ws_b's of `bad`");
+    drop(bad);
+    assert_eq!(seen_after(&other, Some("ws_a"), "o2").await, "o1,o2");
+    drop(other);
+    let third = hostile(&rt, Grants::Declared).await;
+    assert_eq!(
+        third.kept_instances(),
+        0,
+        "a dropped load's instances go with it"
+    );
+}
+
+/// A call that trapped, or that was cut off mid-way (its future dropped), leaves its
+/// instance unkept: the next call of the workspace starts afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_is_not_kept_after_a_failed_or_cut_off_call() {
+    use switchboard::plugins::session::Calls;
+    let rt = runtime(Duration::from_secs(1));
+    let bad = hostile(&rt, Grants::Declared).await;
+    let mut calls = Calls::new(&bad);
+    assert!(
+        calls
+            .verify_signature(Some("ws_a"), "trap", &[], b"", 0)
+            .await
+            .is_err()
+    );
+    drop(calls);
+    assert_eq!(bad.kept_instances(), 0);
+    assert_eq!(seen_after(&bad, Some("ws_a"), "a1").await, "a1");
+    let mut calls = Calls::new(&bad);
+    let cut = tokio::time::timeout(
+        Duration::from_millis(200),
+        calls.verify_signature(Some("ws_a"), "sleep", &[], b"", 0),
+    )
+    .await;
+    assert!(cut.is_err(), "the sleep is cut off by the caller");
+    drop(calls);
+    assert_eq!(bad.kept_instances(), 0);
+    assert_eq!(
+        seen_after(&bad, Some("ws_a"), "a2").await,
+        "a2",
+        "neither the trapped nor the cut-off instance was kept"
+    );
+}
+
+/// An instance is replaced after `keep_calls` calls, and one whose memory grew past
+/// `keep_memory_bytes` is not kept at all.
+#[tokio::test]
+async fn an_instance_is_replaced_after_its_share_of_calls_or_past_its_memory() {
+    let rt = PluginRuntime::new(RuntimeConfig {
+        guest_time_budget: Duration::from_secs(1),
+        max_instances: 16,
+        // Instantiating, then a check and a parse: 3 calls; a second callback makes 5.
+        keep_calls: 4,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let bad = hostile(&rt, Grants::Declared).await;
+    assert_eq!(seen_after(&bad, Some("ws_a"), "a1").await, "a1");
+    assert_eq!(seen_after(&bad, Some("ws_a"), "a2").await, "a1,a2");
+    assert_eq!(bad.kept_instances(), 0, "it has served its share");
+    assert_eq!(seen_after(&bad, Some("ws_a"), "a3").await, "a3");
+
+    let rt = PluginRuntime::new(RuntimeConfig {
+        guest_time_budget: Duration::from_secs(1),
+        max_instances: 16,
+        keep_memory_bytes: 64 << 10,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let bad = hostile(&rt, Grants::Declared).await;
+    assert_eq!(seen_after(&bad, Some("ws_a"), "m1").await, "m1");
+    assert_eq!(bad.kept_instances(), 0, "its memory is larger than 64 KiB");
+    assert_eq!(seen_after(&bad, Some("ws_a"), "m2").await, "m2");
+}
+
+/// A workspace's sends share an instance; another workspace's, or a send named for
+/// none, get instances of their own.
+#[tokio::test]
+async fn a_workspaces_sends_run_in_the_instance_its_last_send_left() {
+    let rt = runtime(Duration::from_secs(1));
+    let bad = hostile(&rt, Grants::Declared).await;
+    // Nothing listens there: the send is refused by the provider, a clean call.
+    let config = vec![("target_url".to_string(), "http://127.0.0.1:9/".to_string())];
+    let instances = || bad.stats().instances.load(Ordering::Relaxed);
+    let before = instances();
+    for (workspace, made) in [
+        (Some("ws_a"), 1),
+        (Some("ws_a"), 1),
+        (Some("ws_b"), 2),
+        (Some("ws_a"), 2),
+        (None, 3),
+        (None, 4),
+    ] {
+        let slot = bad.slot().await.unwrap();
+        let outcome = bad
+            .send_in(slot, workspace, &config, &sms("evt_kept"))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, SendOutcome::Rejected(_)), "{outcome:?}");
+        assert_eq!(instances() - before, made, "after a send for {workspace:?}");
+    }
 }

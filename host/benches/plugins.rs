@@ -3,15 +3,18 @@
 //! `cargo bench -p switchboard --bench plugins`. Groups:
 //! - `verify_1k/*`: provC `verify-signature` on a 1 KiB body;
 //! - `normalize/*`: provC `normalize-call-state("No-Answer")`;
-//! - `callback/*`: provC `verify-signature` then `parse-receipt`, on one instance or on
-//!   an instance per call;
-//! - `send/*`: provC `send` of one SMS to a local capture server (HTTP included).
+//! - `callback/*`: provC `verify-signature` then `parse-receipt`, on one instance, on
+//!   one kept from the last callback (a workspace's own secret) or on an instance per
+//!   call;
+//! - `send/*`: provC `send` of one SMS to a local capture server (HTTP included), in a
+//!   fresh instance or in one kept from the last send.
 //!
 //! Cases: `linked` (the plugin crate linked into the bench and called directly, SDK
 //! native shim: the floor), `native_lib` (the same crate built as a trusted native
 //! library, loaded and called through the native ABI as the gateway calls it),
-//! `wasm_call` (a warm sandboxed instance: the call alone) and `wasm_instantiate_call`
-//! (a fresh instance per call, as the gateway runs components).
+//! `wasm_call` (a warm sandboxed instance: the call alone), `wasm_instantiate_call`
+//! (a fresh instance per call) and `wasm_kept_instance` (an instance kept between one
+//! workspace's calls, as the gateway runs sends).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -137,16 +140,23 @@ fn benches(c: &mut Criterion) {
         )),
     )];
     let mut group = c.benchmark_group("callback");
-    group.bench_function("wasm_one_instance", |b| {
-        b.to_async(&rt).iter(|| async {
-            let mut calls = Calls::new(&plugin);
-            let r = calls
-                .verify_signature(secret, &receipt_headers, &receipt_body, 0)
-                .await;
-            assert_eq!(r, Ok(Ok(())));
-            black_box(calls.parse_receipt(&receipt_headers, &receipt_body).await)
-        })
-    });
+    // Under the provider-wide secret (no workspace) the instance is never kept; under
+    // a workspace's own it is kept for that workspace's next callback.
+    for (name, owner) in [
+        ("wasm_one_instance", None),
+        ("wasm_kept_instance", Some("ws_bench")),
+    ] {
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| async {
+                let mut calls = Calls::new(&plugin);
+                let r = calls
+                    .verify_signature(owner, secret, &receipt_headers, &receipt_body, 0)
+                    .await;
+                assert_eq!(r, Ok(Ok(())));
+                black_box(calls.parse_receipt(&receipt_headers, &receipt_body).await)
+            })
+        });
+    }
     group.bench_function("wasm_instance_per_call", |b| {
         b.to_async(&rt).iter(|| async {
             let r = plugin
@@ -186,6 +196,19 @@ fn benches(c: &mut Criterion) {
             })
         });
     }
+    // A workspace's sends, each in the instance its last send left (as the worker runs
+    // them).
+    group.bench_function("wasm_kept_instance", |b| {
+        b.to_async(&rt).iter(|| async {
+            let slot = plugin.slot().await.unwrap();
+            let outcome = plugin
+                .send_in(slot, Some("ws_bench"), &config, &message)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, SendOutcome::Accepted(_)), "{outcome:?}");
+            capture.take_requests();
+        })
+    });
     group.finish();
 }
 

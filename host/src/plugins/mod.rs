@@ -4,9 +4,10 @@
 //! - [`types`]: the plugin-facing types, owned by the host.
 //! - [`wit`]: one module per supported WIT version, the only code that sees generated
 //!   bindings; it converts them to and from [`types`].
-//! - [`runtime`]: one wasmtime engine, a fresh sandboxed store per call with memory and
-//!   guest-time limits; [`session`]: one live instance; `sandbox`: what one instance is
-//!   granted and its host imports.
+//! - [`runtime`]: one wasmtime engine, a sandboxed store per call with memory and
+//!   guest-time limits; [`session`]: one live instance; `kept`: instances kept between
+//!   one workspace's calls; `sandbox`: what one instance is granted and its host
+//!   imports.
 //! - [`egress`]: the operator's outbound-host grants.
 //! - [`announce`]: swaps announced to every running process (NATS in production).
 //! - [`cache`]: compiled components cached on disk by digest.
@@ -24,7 +25,9 @@ pub mod capture;
 pub mod conformance;
 pub mod egress;
 pub mod host_calls;
+mod info;
 pub mod install;
+mod kept;
 pub mod native;
 pub mod registry;
 pub mod runtime;

@@ -185,7 +185,7 @@ const INLINE_MAX_INPUT: usize = 64 << 10;
 /// What the host lends a call: the same egress and logging a sandboxed plugin gets.
 pub(crate) struct HostCtx {
     pub slug: String,
-    /// The `User-Agent` of its requests (see `runtime::user_agent`).
+    /// The `User-Agent` of its requests (see `info::user_agent`).
     pub user_agent: String,
     pub allow: AllowList,
     pub egress: Egress,

@@ -212,14 +212,11 @@ impl Registry {
         for (slug, _, installed) in &loaded {
             if *installed && !active.contains_key(slug) {
                 let mut entries = self.entries.write().unwrap();
-                match self.base.get(slug) {
-                    Some(base) => {
-                        entries.insert(slug.clone(), base.clone());
-                    }
-                    None => {
-                        entries.remove(slug);
-                    }
-                }
+                let old = match self.base.get(slug) {
+                    Some(base) => entries.insert(slug.clone(), base.clone()),
+                    None => entries.remove(slug),
+                };
+                retire(old.map(|e| e.plugin), None);
                 *self.defaults.write().unwrap() = Arc::new(default_routes(&entries));
                 tracing::info!(%slug, "installed version deactivated; back to the base plugin");
                 swapped.push(slug.clone());
@@ -252,20 +249,23 @@ impl Registry {
                     digest = %&trial.digest[..16], percent = trial.percent,
                     "canary serving"
                 );
-                self.canaries
+                let old = self
+                    .canaries
                     .write()
                     .unwrap()
-                    .insert(trial.slug.clone(), (trial.clone(), plugin));
+                    .insert(trial.slug.clone(), (trial.clone(), plugin.clone()));
+                retire(old.map(|(_, p)| p), Some(&plugin));
                 swapped.push(trial.slug.clone());
             }
         }
         // Only the very trials the store runs: a trial that ended (even one whose
         // slug has started another that cannot be loaded here) stops being served.
         let mut canaries = self.canaries.write().unwrap();
-        canaries.retain(|slug, (trial, _)| {
+        canaries.retain(|slug, (trial, plugin)| {
             let keep = trials.contains(trial);
             if !keep {
                 tracing::info!(%slug, "canary ended");
+                retire(Some(plugin.clone()), None);
                 swapped.push(slug.clone());
             }
             keep
@@ -348,9 +348,16 @@ impl Registry {
         let version = plugin.info().version.clone();
         let digest = plugin.digest().to_string();
         let mut entries = self.entries.write().unwrap();
-        entries.insert(slug.to_string(), Entry { plugin, source });
+        let old = entries.insert(
+            slug.to_string(),
+            Entry {
+                plugin: plugin.clone(),
+                source,
+            },
+        );
         *self.defaults.write().unwrap() = Arc::new(default_routes(&entries));
         drop(entries);
+        retire(old.map(|e| e.plugin), Some(&plugin));
         tracing::info!(%slug, %version, digest = %&digest[..16], "plugin swapped in");
     }
 
@@ -478,6 +485,16 @@ impl Registry {
 }
 
 /// [`super::bundled::default_route`] for every channel the `entries` serve.
+/// Drops the instances kept for `old`'s next calls, now that it no longer serves
+/// (unless it is `new` itself, swapped in again).
+fn retire(old: Option<Plugin>, new: Option<&Plugin>) {
+    if let Some(old) = old
+        && new.is_none_or(|new| !old.same_load(new))
+    {
+        old.forget_kept();
+    }
+}
+
 fn default_routes(entries: &BTreeMap<String, Entry>) -> BTreeMap<String, Vec<String>> {
     let mut routes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for bundled in BUNDLED {
@@ -620,5 +637,32 @@ mod tests {
         ]
         .map(|(c, s)| (c.to_string(), s.to_string()));
         assert_eq!(routes(&registry), expected);
+    }
+
+    /// A swap drops the instances kept for the version it replaces; swapping a version
+    /// in again (the same load) keeps its own.
+    #[tokio::test]
+    async fn a_swap_drops_the_instances_kept_for_the_version_it_replaces() {
+        use super::super::session::CallKind;
+        let registry = bundled().await;
+        let (provc, other) = (
+            registry.get("provc").unwrap(),
+            registry.get("provd").unwrap(),
+        );
+        for plugin in [&provc, &other] {
+            plugin
+                .session_for(CallKind::Quick, "ws_a")
+                .await
+                .unwrap()
+                .normalize_call_state("completed")
+                .await
+                .unwrap();
+        }
+        assert_eq!(provc.kept_instances(), 2);
+        registry.swap("provc", provc.clone(), Source::Bundled);
+        assert_eq!(provc.kept_instances(), 2, "the same load swapped in again");
+        registry.swap("provc", other.clone(), Source::Bundled);
+        assert_eq!(provc.kept_instances(), 1, "only provD's is left");
+        assert!(registry.get("provc").unwrap().same_load(&other));
     }
 }

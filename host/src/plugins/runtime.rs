@@ -1,11 +1,16 @@
 //! The plugin runtime: one wasmtime [`Engine`] (pooling allocator, epoch interruption)
 //! and, per plugin, an [`InstancePre`](wasmtime::component::InstancePre). Every call
-//! runs in a fresh [`Store`] with its own memory limit and guest-time budget, and a
-//! WASI context that grants nothing: no files, environment, sockets, and clocks frozen
-//! at the epoch (the `now-millis` import is the only clock a plugin sees).
+//! runs in a [`Store`](wasmtime::Store) with its own memory limit and guest-time
+//! budget, and a WASI context that grants nothing: no files, environment, sockets, and
+//! clocks frozen at the epoch (the `now-millis` import is the only clock a plugin
+//! sees). A store is fresh, or kept from the same workspace's last call
+//! ([`super::kept`]).
 
 use super::egress::{AllowList, Egress};
 pub use super::host_calls::{PluginError, PluginStats};
+pub use super::info::validate_info;
+use super::info::{placeholder_info, user_agent};
+use super::kept::Kept;
 use super::sandbox::HostState;
 pub use super::session::{CallKind, Session};
 use super::slots::{Slot, Slots};
@@ -14,11 +19,14 @@ use super::wit::ProviderPre;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use switchboard_sdk::native::op;
 use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// Numbers each plugin load: kept instances serve the load they were made for only.
+static NEXT_LOAD: AtomicU64 = AtomicU64::new(1);
 
 /// How often the engine's epoch advances; the granularity of guest-time checks.
 const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -46,6 +54,12 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Slugs whose native (unsandboxed) builds may be loaded. Empty: none.
     pub native_trusted: Vec<String>,
+    /// Calls one instance kept between a workspace's calls serves before it is
+    /// replaced ([`super::kept`]); 0 or 1 keeps none. Bounds whatever a guest heap
+    /// gathers over calls.
+    pub keep_calls: u32,
+    /// An instance whose linear memory has grown past this is not kept.
+    pub keep_memory_bytes: usize,
 }
 
 impl RuntimeConfig {
@@ -68,6 +82,7 @@ impl RuntimeConfig {
                     .unwrap_or_else(|| data_dir.join("plugin-cache")),
             ),
             native_trusted: settings.native_trusted.clone(),
+            ..Self::default()
         }
     }
 }
@@ -82,6 +97,8 @@ impl Default for RuntimeConfig {
             max_instances: 128,
             cache_dir: None,
             native_trusted: Vec::new(),
+            keep_calls: 1_000,
+            keep_memory_bytes: 4 << 20,
         }
     }
 }
@@ -92,6 +109,8 @@ pub(super) struct Shared {
     pub(super) config: RuntimeConfig,
     pub(super) egress: Egress,
     pub(super) slots: Slots,
+    /// Idle instances kept for their workspace's next call.
+    pub(super) kept: Kept,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -116,8 +135,10 @@ impl PluginRuntime {
         // tables and stack go back to the pool only when its reset is done, and resets
         // are batched: with totals of exactly n instances' worth, a new instance now and
         // then found the pool short and its call trapped ("maximum concurrent limit
-        // ... reached"). Twice that, and batches no larger than n, leave room for them.
-        let room = 2 * n;
+        // ... reached"). Twice that, and batches no larger than n, leave room for them;
+        // the instances kept idle between calls (at most half as many) come on top.
+        let idle = n / 2;
+        let room = 2 * n + idle;
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(room)
             .total_core_instances(room * 8)
@@ -166,6 +187,7 @@ impl PluginRuntime {
                 engine,
                 linker,
                 slots: Slots::new(n),
+                kept: Kept::new(idle as usize),
                 config,
                 egress,
                 stop_ticker,
@@ -285,6 +307,7 @@ impl PluginRuntime {
     ) -> Result<Plugin, PluginError> {
         let mut plugin = Plugin {
             inner: Arc::new(PluginInner {
+                id: NEXT_LOAD.fetch_add(1, Ordering::Relaxed),
                 shared: self.shared.clone(),
                 backend,
                 info: placeholder_info(),
@@ -330,13 +353,16 @@ impl<'a> Grants<'a> {
     }
 }
 
-/// A loaded plugin. Cheap to clone; every call gets a fresh sandboxed instance.
+/// A loaded plugin. Cheap to clone; every call gets a sandboxed instance of its own,
+/// fresh or kept from its workspace's last call.
 #[derive(Clone)]
 pub struct Plugin {
     pub(super) inner: Arc<PluginInner>,
 }
 
 pub(super) struct PluginInner {
+    /// This load's number ([`NEXT_LOAD`]).
+    pub(super) id: u64,
     pub(super) shared: Arc<Shared>,
     pub(super) backend: Backend,
     pub(super) info: types::ProviderInfo,
@@ -347,17 +373,10 @@ pub(super) struct PluginInner {
     pub(super) user_agent: String,
 }
 
-/// The `User-Agent` of a plugin's outbound requests (unless it sets its own): the
-/// gateway, the plugin's slug and version, and the first 16 hex digits of its digest,
-/// so a provider (or the simulator) can tell which build called.
-fn user_agent(info: &types::ProviderInfo, digest: &str) -> String {
-    format!(
-        "switchboard/{} ({}/{}; {})",
-        env!("CARGO_PKG_VERSION"),
-        info.slug,
-        info.version,
-        &digest[..digest.len().min(16)]
-    )
+impl Drop for PluginInner {
+    fn drop(&mut self) {
+        self.shared.kept.forget(self.id);
+    }
 }
 
 /// How a plugin's code runs.
@@ -499,6 +518,22 @@ impl Plugin {
         &self.inner.stats
     }
 
+    /// Drops the instances kept idle for this load's next calls: it was swapped out.
+    /// Calls still in flight on it may keep theirs until the load itself is dropped.
+    pub fn forget_kept(&self) {
+        self.inner.shared.kept.forget(self.inner.id);
+    }
+
+    /// Whether `other` is this very load (a clone of it).
+    pub fn same_load(&self, other: &Plugin) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Instances kept idle in this plugin's runtime, for any plugin.
+    pub fn kept_instances(&self) -> usize {
+        self.inner.shared.kept.len()
+    }
+
     /// Calls `info()` in a fresh instance (load-time answer: [`Plugin::info`]).
     pub async fn call_info(&self) -> Result<types::ProviderInfo, PluginError> {
         if let Some((lib, ctx)) = self.native() {
@@ -513,19 +548,23 @@ impl Plugin {
         self.inner.shared.slots.take().await
     }
 
-    /// Sends one message through the provider.
+    /// Sends one message through the provider, in a fresh instance.
     pub async fn send(
         &self,
         config: &[(String, String)],
         message: &types::Message,
     ) -> Result<types::SendOutcome, PluginError> {
-        self.send_in(self.slot().await?, config, message).await
+        self.send_in(self.slot().await?, None, config, message)
+            .await
     }
 
-    /// [`Self::send`] in a slot already held: the call starts at once.
+    /// [`Self::send`] in a slot already held: the call starts at once. With
+    /// `workspace` (whose configuration and message these are) it runs in an instance
+    /// kept from that workspace's earlier sends, if one is idle ([`Self::session_for`]).
     pub async fn send_in(
         &self,
         slot: Slot,
+        workspace: Option<&str>,
         config: &[(String, String)],
         message: &types::Message,
     ) -> Result<types::SendOutcome, PluginError> {
@@ -535,7 +574,7 @@ impl Plugin {
                 .call_native(Some(slot), lib, ctx, op::SEND, &(config, message))
                 .await;
         }
-        self.session_in(slot, CallKind::Send)
+        self.session_in(slot, CallKind::Send, workspace)
             .await?
             .send(config, message)
             .await
@@ -613,58 +652,4 @@ impl Plugin {
             .normalize_call_state(state)
             .await
     }
-}
-
-fn placeholder_info() -> types::ProviderInfo {
-    types::ProviderInfo {
-        slug: "(loading)".into(),
-        display_name: String::new(),
-        version: String::new(),
-        channels: vec![],
-        config_keys: vec![],
-        outbound_hosts: vec![],
-        signature_tolerance_seconds: None,
-    }
-}
-
-/// Checks what a plugin says about itself.
-pub fn validate_info(info: &types::ProviderInfo) -> Result<(), String> {
-    let slug_ok = !info.slug.is_empty()
-        && info.slug.len() <= 32
-        && info.slug.starts_with(|c: char| c.is_ascii_lowercase())
-        && info
-            .slug
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if !slug_ok {
-        return Err(format!(
-            "slug {:?} must be 1-32 characters of a-z, 0-9 and '-', starting with a letter",
-            info.slug
-        ));
-    }
-    if info.display_name.trim().is_empty() {
-        return Err("display-name is empty".into());
-    }
-    let parts: Vec<&str> = info
-        .version
-        .split(['-', '+'])
-        .next()
-        .unwrap_or("")
-        .split('.')
-        .collect();
-    if parts.len() != 3
-        || parts
-            .iter()
-            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return Err(format!(
-            "version {:?} is not a semantic version",
-            info.version
-        ));
-    }
-    if info.channels.is_empty() {
-        return Err("serves no channel".into());
-    }
-    AllowList::new(&info.outbound_hosts).map_err(|e| format!("outbound-hosts: {e}"))?;
-    Ok(())
 }

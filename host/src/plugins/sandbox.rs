@@ -15,7 +15,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 /// What one instance may use beyond its own memory.
 pub(super) struct InstanceGrants {
     pub slug: String,
-    /// The `User-Agent` of its requests (see `runtime::user_agent`).
+    /// The `User-Agent` of its requests (see `info::user_agent`).
     pub user_agent: String,
     pub allow: AllowList,
     pub egress: Egress,
@@ -56,12 +56,14 @@ impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
     }
 }
 
-/// Per-call state of one sandboxed instance.
+/// The state of one sandboxed instance, reset at each call where it is per call.
 pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(super) memory_limit: usize,
     pub(super) memory_limit_hit: bool,
+    /// Linear memory the instance holds, over all its memories.
+    pub(super) memory_bytes: usize,
     pub(super) budget: Duration,
     pub(super) started: Instant,
     /// Time spent in host calls that wait (outbound HTTP); not charged to the guest.
@@ -92,7 +94,7 @@ impl WasiView for HostState {
 impl ResourceLimiter for HostState {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -100,6 +102,8 @@ impl ResourceLimiter for HostState {
             self.memory_limit_hit = true;
             wasmtime::bail!("memory limit of {} bytes reached", self.memory_limit);
         }
+        // Called with `current` 0 when a memory is made, so this sums them all.
+        self.memory_bytes += desired.saturating_sub(current);
         Ok(true)
     }
 
@@ -122,6 +126,7 @@ impl HostState {
             table: ResourceTable::new(),
             memory_limit,
             memory_limit_hit: false,
+            memory_bytes: 0,
             budget,
             started: Instant::now(),
             host_time: Duration::ZERO,

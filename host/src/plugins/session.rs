@@ -1,7 +1,10 @@
-//! One live sandboxed instance of a component ([`Session`]): a fresh wasmtime store
-//! with the plugin's grants, its memory limit and a guest-time budget per call
-//! ([`CallKind`]); a call that fails discards the instance.
+//! One live sandboxed instance of a component ([`Session`]): a wasmtime store with the
+//! plugin's grants, its memory limit and a guest-time budget per call ([`CallKind`]); a
+//! call that fails discards the instance. A session made for one workspace's calls
+//! hands its instance back when it ends cleanly, kept for that workspace's next call
+//! ([`super::kept`]).
 
+use super::kept::{Idle, Key};
 use super::runtime::{Backend, Plugin, PluginError, RuntimeConfig};
 use super::sandbox::{HostState, InstanceGrants};
 use super::slots::Slot;
@@ -31,14 +34,28 @@ impl Plugin {
     /// has no sandbox, hence no session.
     pub async fn session(&self, kind: CallKind) -> Result<Session<'_>, PluginError> {
         let slot = self.slot().await?;
-        self.session_in(slot, kind).await
+        self.session_in(slot, kind, None).await
     }
 
-    /// [`Self::session`] in a slot already held.
+    /// [`Self::session`] for calls with one owner's data only (a workspace id): an
+    /// instance kept from that owner's earlier calls of this kind, if one is idle, and
+    /// kept again when this session ends cleanly ([`super::kept`]). Callers name the
+    /// owner whose data every call will carry; one that may carry another's must not.
+    pub async fn session_for(
+        &self,
+        kind: CallKind,
+        owner: &str,
+    ) -> Result<Session<'_>, PluginError> {
+        let slot = self.slot().await?;
+        self.session_in(slot, kind, Some(owner)).await
+    }
+
+    /// [`Self::session`] in a slot already held; `owner` as in [`Self::session_for`].
     pub(super) async fn session_in(
         &self,
         slot: Slot,
         kind: CallKind,
+        owner: Option<&str>,
     ) -> Result<Session<'_>, PluginError> {
         let Backend::Wasm(pre) = &self.inner.backend else {
             return Err(PluginError::Invalid(
@@ -47,6 +64,34 @@ impl Plugin {
         };
         let shared = &self.inner.shared;
         let budget = kind.budget(&shared.config);
+        let wall_limit = match kind {
+            CallKind::Send => budget + shared.config.http_timeout + SEND_WALL_SLACK,
+            CallKind::Quick | CallKind::Load => budget + WALL_SLACK,
+        };
+        // `info` runs once per load: nothing to keep it for.
+        let keep = owner
+            .filter(|_| kind != CallKind::Load && shared.config.keep_calls > 1)
+            .map(|owner| Key {
+                plugin: self.inner.id,
+                kind,
+                workspace: owner.to_string(),
+            });
+        if let Some(key) = &keep
+            && let Some(idle) = shared.kept.take(key)
+        {
+            // Its grants are this load's and kind's, the same for every call; `begin`
+            // gives each call its own budget and counters.
+            return Ok(Session {
+                plugin: self,
+                store: Some(idle.store),
+                guest: Some(idle.guest),
+                poisoned: false,
+                wall_limit,
+                keep,
+                calls: idle.calls,
+                _slot: slot,
+            });
+        }
         let grants = InstanceGrants {
             slug: self.inner.info.slug.clone(),
             user_agent: self.inner.user_agent.clone(),
@@ -64,7 +109,6 @@ impl Plugin {
         // name the same bytes many times would have the host allocate many times the
         // instance's memory (wasmtime's own default is 128 MiB a call).
         store.set_hostcall_fuel(shared.config.memory_limit_bytes);
-        store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut ctx| {
             let state = ctx.data_mut();
             let guest_time = state.started.elapsed().saturating_sub(state.host_time);
@@ -77,22 +121,17 @@ impl Plugin {
         });
         let mut session = Session {
             plugin: self,
-            store,
+            store: Some(store),
             guest: None,
             poisoned: false,
-            wall_limit: match kind {
-                CallKind::Send => budget + shared.config.http_timeout + SEND_WALL_SLACK,
-                CallKind::Quick | CallKind::Load => budget + WALL_SLACK,
-            },
+            wall_limit,
+            keep,
+            calls: 0,
             _slot: slot,
         };
         session.begin()?;
         self.inner.stats.instances.fetch_add(1, Ordering::Relaxed);
-        let instance = within(
-            session.wall_limit,
-            pre.instantiate_async(&mut session.store),
-        )
-        .await;
+        let instance = within(session.wall_limit, pre.instantiate_async(session.store())).await;
         session.guest = Some(session.finish(instance)?);
         Ok(session)
     }
@@ -101,14 +140,23 @@ impl Plugin {
 /// The calls one callback needs (signature checks, then the parse) on one sandboxed
 /// instance instead of one each; a native plugin is called straight through. Made
 /// lazily, at the first call, so a request refused before any call costs none. The
-/// parse gets a fresh instance when more than one secret was checked: the instance
-/// that saw one tenant's (or the provider-wide) secret must not parse a receipt that
-/// another tenant reads back, in a bounce reason or a provider state.
+/// parse gets another instance when more than one secret was checked (a fresh one, or
+/// one kept for the workspace whose secret verified): the instance that saw one
+/// tenant's (or the provider-wide) secret must not parse a receipt that another tenant
+/// reads back, in a bounce reason or a provider state.
+///
+/// Each check names the workspace whose secret it hands over (`None`: the
+/// provider-wide secret, or none). An instance that saw only one workspace's secret,
+/// and parsed a callback verified by it, is kept for that workspace's next callback
+/// ([`Plugin::session_for`]); one that saw the provider-wide secret parses receipts
+/// any tenant may read, and is never kept.
 pub struct Calls<'a> {
     plugin: &'a Plugin,
     session: Option<Session<'a>>,
     /// Signature checks made on `session`.
     checks: usize,
+    /// Whose secret the last check handed over: the one the parse follows.
+    owner: Option<String>,
 }
 
 impl<'a> Calls<'a> {
@@ -118,30 +166,44 @@ impl<'a> Calls<'a> {
             plugin,
             session: None,
             checks: 0,
+            owner: None,
         }
     }
 
-    /// The instance, made at the first call; `None` for a native plugin.
-    async fn session(&mut self) -> Result<Option<&mut Session<'a>>, PluginError> {
+    /// The instance, made (or taken from those kept for `owner`) at the first call;
+    /// `None` for a native plugin. An instance handed the data of any other owner than
+    /// the one it is kept for is not kept.
+    async fn session(
+        &mut self,
+        owner: Option<&str>,
+    ) -> Result<Option<&mut Session<'a>>, PluginError> {
         if matches!(self.plugin.kind(), super::PluginKind::Native) {
             return Ok(None);
         }
-        if self.session.is_none() {
-            self.session = Some(self.plugin.session(CallKind::Quick).await?);
+        match &mut self.session {
+            Some(session) => session.only_for(owner),
+            None => {
+                let slot = self.plugin.slot().await?;
+                let session = self.plugin.session_in(slot, CallKind::Quick, owner).await?;
+                self.session = Some(session);
+            }
         }
         Ok(self.session.as_mut())
     }
 
-    /// `verify-signature(secret, headers, raw-body, now)`.
+    /// `verify-signature(secret, headers, raw-body, now)`, `secret` being `workspace`'s
+    /// (`None`: the provider-wide secret, or none).
     pub async fn verify_signature(
         &mut self,
+        workspace: Option<&str>,
         secret: &str,
         headers: &[(String, String)],
         body: &[u8],
         now: u64,
     ) -> Result<Result<(), types::SignatureError>, PluginError> {
         self.checks += 1;
-        match self.session().await? {
+        self.owner = workspace.map(str::to_string);
+        match self.session(workspace).await? {
             Some(session) => session.verify_signature(secret, headers, body, now).await,
             None => {
                 self.plugin
@@ -151,7 +213,7 @@ impl<'a> Calls<'a> {
         }
     }
 
-    /// `parse-receipt(headers, raw-body)`.
+    /// `parse-receipt(headers, raw-body)` of the callback the last check verified.
     pub async fn parse_receipt(
         &mut self,
         headers: &[(String, String)],
@@ -161,7 +223,8 @@ impl<'a> Calls<'a> {
             self.session = None;
             self.checks = 0;
         }
-        match self.session().await? {
+        let owner = self.owner.take();
+        match self.session(owner.as_deref()).await? {
             Some(session) => session.parse_receipt(headers, body).await,
             None => self.plugin.parse_receipt(headers, body).await,
         }
@@ -190,15 +253,50 @@ impl CallKind {
     }
 }
 
-/// One live sandboxed instance. Dropping it frees the instance and its slot.
+/// One live sandboxed instance. Dropping it frees its slot, and the instance too unless
+/// it is kept ([`Plugin::session_for`]).
 pub struct Session<'a> {
     plugin: &'a Plugin,
-    store: Store<HostState>,
+    /// Always there while the session lives; taken only when it is kept.
+    store: Option<Store<HostState>>,
+    /// The instance, taken out for the length of each call: a call cut off mid-way
+    /// (its future dropped) leaves none, and the instance is not kept.
     guest: Option<Provider>,
     poisoned: bool,
     /// How long a call may take by the clock ([`WALL_SLACK`]).
     wall_limit: Duration,
+    /// Which calls the instance may serve next once this session ends; `None`: it is
+    /// dropped.
+    keep: Option<Key>,
+    /// Calls the instance has served, in earlier sessions too.
+    calls: u32,
     _slot: Slot,
+}
+
+impl Drop for Session<'_> {
+    /// Keeps the instance for its owner's next call when every call ended cleanly,
+    /// it has not served its share of calls and its memory is still small.
+    fn drop(&mut self) {
+        let Some(key) = self.keep.take() else { return };
+        let (Some(store), Some(guest)) = (self.store.take(), self.guest.take()) else {
+            return;
+        };
+        let config = &self.plugin.inner.shared.config;
+        if self.poisoned
+            || self.calls >= config.keep_calls
+            || store.data().memory_bytes > config.keep_memory_bytes
+        {
+            return;
+        }
+        self.plugin.inner.shared.kept.put(
+            key,
+            Idle {
+                store,
+                guest,
+                calls: self.calls,
+            },
+        );
+    }
 }
 
 /// A call cut off by the clock: it waited in a host call past its wall-clock limit.
@@ -215,6 +313,29 @@ async fn within<R>(
 }
 
 impl Session<'_> {
+    fn store(&mut self) -> &mut Store<HostState> {
+        self.store.as_mut().expect("a live session has its store")
+    }
+
+    fn state(&self) -> &HostState {
+        self.store
+            .as_ref()
+            .expect("a live session has its store")
+            .data()
+    }
+
+    /// Keeps the instance only if `owner` is the one it is kept for: it is about to
+    /// be handed `owner`'s data (`None`: data any tenant may read).
+    fn only_for(&mut self, owner: Option<&str>) {
+        if self
+            .keep
+            .as_ref()
+            .is_some_and(|key| owner != Some(key.workspace.as_str()))
+        {
+            self.keep = None;
+        }
+    }
+
     /// Starts a call: a fresh budget, unless an earlier call failed.
     fn begin(&mut self) -> Result<(), PluginError> {
         if self.poisoned {
@@ -227,10 +348,16 @@ impl Session<'_> {
             .stats
             .calls
             .fetch_add(1, Ordering::Relaxed);
-        let state = self.store.data_mut();
+        self.calls = self.calls.saturating_add(1);
+        let store = self.store();
+        // The deadline counts from now: a kept instance's last one passed long ago.
+        store.set_epoch_deadline(1);
+        let state = store.data_mut();
         state.started = Instant::now();
         state.host_time = Duration::ZERO;
         state.log_lines = 0;
+        state.timed_out = false;
+        state.memory_limit_hit = false;
         Ok(())
     }
 
@@ -241,7 +368,7 @@ impl Session<'_> {
 
     /// Adds the call that just ended to the plugin's guest time.
     fn count_guest_time(&self) {
-        let state = self.store.data();
+        let state = self.state();
         let guest = state.started.elapsed().saturating_sub(state.host_time);
         let micros = u64::try_from(guest.as_micros()).unwrap_or(u64::MAX);
         self.plugin
@@ -258,7 +385,7 @@ impl Session<'_> {
         outcome: Result<wasmtime::Result<R>, PastWallLimit>,
     ) -> Result<R, PluginError> {
         let result = outcome.unwrap_or_else(|PastWallLimit| {
-            self.store.data_mut().timed_out = true;
+            self.store().data_mut().timed_out = true;
             Err(wasmtime::Error::msg("past the call's wall-clock limit"))
         });
         self.end(result)
@@ -280,7 +407,7 @@ impl Session<'_> {
             .failures
             .fetch_add(1, Ordering::Relaxed);
         self.count_guest_time();
-        let state = self.store.data();
+        let state = self.state();
         let mapped = if state.timed_out {
             PluginError::Timeout(state.budget)
         } else if state.memory_limit_hit {
@@ -302,7 +429,7 @@ impl Session<'_> {
     pub async fn info(&mut self) -> Result<types::ProviderInfo, PluginError> {
         self.begin()?;
         let guest = self.guest();
-        let result = within(self.wall_limit, guest.call_info(&mut self.store)).await;
+        let result = within(self.wall_limit, guest.call_info(self.store())).await;
         self.guest = Some(guest);
         self.finish(result)
     }
@@ -317,7 +444,7 @@ impl Session<'_> {
         let guest = self.guest();
         let result = within(
             self.wall_limit,
-            guest.call_send(&mut self.store, config, message),
+            guest.call_send(self.store(), config, message),
         )
         .await;
         self.guest = Some(guest);
@@ -336,7 +463,7 @@ impl Session<'_> {
         let guest = self.guest();
         let result = within(
             self.wall_limit,
-            guest.call_verify_signature(&mut self.store, secret, headers, body, now),
+            guest.call_verify_signature(self.store(), secret, headers, body, now),
         )
         .await;
         self.guest = Some(guest);
@@ -354,7 +481,7 @@ impl Session<'_> {
         let guest = self.guest();
         let result = within(
             self.wall_limit,
-            guest.call_sign_webhook(&mut self.store, secret, body, timestamp),
+            guest.call_sign_webhook(self.store(), secret, body, timestamp),
         )
         .await;
         self.guest = Some(guest);
@@ -371,7 +498,7 @@ impl Session<'_> {
         let guest = self.guest();
         let result = within(
             self.wall_limit,
-            guest.call_parse_receipt(&mut self.store, headers, body),
+            guest.call_parse_receipt(self.store(), headers, body),
         )
         .await;
         self.guest = Some(guest);
@@ -387,7 +514,7 @@ impl Session<'_> {
         let guest = self.guest();
         let result = within(
             self.wall_limit,
-            guest.call_normalize_call_state(&mut self.store, state),
+            guest.call_normalize_call_state(self.store(), state),
         )
         .await;
         self.guest = Some(guest);

@@ -6,60 +6,27 @@
 //! are loaded once per process, in a runtime of their own (no outbound hosts: signing
 //! needs none), whichever plugins the gateway beside it has swapped in.
 //!
-//! Unlike the gateway, which gives every call that touches a tenant's data an instance
-//! of its own, the simulator signs its own callbacks with its own secrets: nothing
-//! crosses between them, so an instance is kept for the next signature instead of
-//! being made for each (about a fifth of the simulator's CPU in a live run).
+//! The simulator signs its own callbacks with its own secrets: nothing crosses between
+//! them, so every signature is one owner's and an instance is kept for the next
+//! instead of being made for each (about a fifth of the simulator's CPU in a live
+//! run), as the gateway keeps one for a workspace's next send.
 
 use crate::plugins::bundled::BUNDLED;
-use crate::plugins::session::{CallKind, Session};
+use crate::plugins::session::CallKind;
 use crate::plugins::{Grants, Plugin, PluginRuntime, RuntimeConfig};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
-/// Instances the runtime may hold at once.
+/// Instances the runtime may hold at once (half as many are kept idle between
+/// signatures, across providers).
 const MAX_INSTANCES: u32 = 16;
-/// Idle instances kept, across providers. Fewer than the runtime's slots, so instances
-/// kept idle for one provider never leave another waiting for a slot.
-const MAX_IDLE: usize = 8;
-/// Signatures one instance makes before it is replaced (bounds whatever its guest
-/// heap keeps between calls).
-const CALLS_PER_INSTANCE: u32 = 1_000;
+
+/// Whose data the simulator's instances see: its own secrets only, one owner for all.
+const OWNER: &str = "simulator";
 
 static SIGNERS: OnceCell<Result<HashMap<&'static str, Plugin>, String>> = OnceCell::const_new();
-
-/// Instances kept between signatures, by provider.
-struct Idle<T> {
-    kept: Vec<(&'static str, T, u32)>,
-}
-
-impl<T> Idle<T> {
-    const fn new() -> Self {
-        Self { kept: Vec::new() }
-    }
-
-    /// An idle instance for `slug`, with the signatures it has made.
-    fn take(&mut self, slug: &str) -> Option<(T, u32)> {
-        let at = self.kept.iter().rposition(|(s, ..)| *s == slug)?;
-        let (_, instance, calls) = self.kept.swap_remove(at);
-        Some((instance, calls))
-    }
-
-    /// Keeps `instance` after its `calls`-th signature, unless it has made its share or
-    /// enough are kept already; otherwise hands it back to be dropped (outside the lock).
-    fn keep(&mut self, slug: &'static str, instance: T, calls: u32) -> Option<T> {
-        if calls >= CALLS_PER_INSTANCE || self.kept.len() >= MAX_IDLE {
-            return Some(instance);
-        }
-        self.kept.push((slug, instance, calls));
-        None
-    }
-}
-
-static IDLE: Mutex<Idle<Session<'static>>> = Mutex::new(Idle::new());
 
 async fn load(cache_dir: Option<PathBuf>) -> Result<HashMap<&'static str, Plugin>, String> {
     let runtime = PluginRuntime::new(RuntimeConfig {
@@ -94,25 +61,19 @@ pub(super) async fn sign(
         .await
         .as_ref()
         .map_err(Clone::clone)?;
-    let (&slug, plugin) = signers
-        .get_key_value(slug)
+    let plugin = signers
+        .get(slug)
         .ok_or_else(|| format!("no bundled plugin signs for {slug}"))?;
     let failed = |e| format!("{slug}'s sign-webhook failed: {e}");
-    let idle = IDLE.lock().unwrap_or_else(|e| e.into_inner()).take(slug);
-    let (mut session, calls) = match idle {
-        Some(idle) => idle,
-        None => (plugin.session(CallKind::Quick).await.map_err(failed)?, 0),
-    };
-    // A failed call discards its instance (dropped here, not kept).
-    let headers = session
+    // An instance kept from the last signature, kept again after this one; a failed
+    // call discards it.
+    let headers = plugin
+        .session_for(CallKind::Quick, OWNER)
+        .await
+        .map_err(failed)?
         .sign_webhook(secret, body, timestamp)
         .await
         .map_err(failed)?;
-    let spare = IDLE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .keep(slug, session, calls + 1);
-    drop(spare);
     Ok(headers)
 }
 
@@ -125,40 +86,4 @@ pub(super) async fn warm(cache_dir: Option<PathBuf>) -> Result<(), String> {
         .as_ref()
         .map(|_| ())
         .map_err(Clone::clone)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_instance_is_reused_for_its_provider_until_it_has_made_its_share() {
-        let mut idle = Idle::new();
-        assert_eq!(idle.keep("prova", 1, 1), None);
-        assert_eq!(idle.keep("provb", 2, 1), None);
-        assert_eq!(
-            idle.take("provc"),
-            None,
-            "only the provider's own instances"
-        );
-        assert_eq!(idle.take("prova"), Some((1, 1)));
-        assert_eq!(idle.take("prova"), None, "taken once");
-        assert_eq!(
-            idle.keep("prova", 1, CALLS_PER_INSTANCE),
-            Some(1),
-            "replaced after its share"
-        );
-        assert_eq!(idle.take("prova"), None);
-    }
-
-    #[test]
-    fn fewer_instances_are_kept_idle_than_the_runtime_has_slots() {
-        assert!((MAX_IDLE as u32) < MAX_INSTANCES);
-        let mut idle = Idle::new();
-        for n in 0..MAX_IDLE {
-            assert_eq!(idle.keep("prova", n, 1), None);
-        }
-        assert_eq!(idle.keep("provb", 99, 1), Some(99), "the rest are dropped");
-        assert_eq!(idle.kept.len(), MAX_IDLE);
-    }
 }

@@ -41,7 +41,7 @@ use crate::plugins::session::Calls;
 use crate::plugins::types::{self, SignatureError};
 use crate::plugins::{Plugin, PluginError};
 use crate::receipts::TelemetryReceiptEvent;
-use crate::store::Store;
+use crate::store::{Store, WebhookSecret};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -308,7 +308,7 @@ impl Webhooks {
         let mut worst: Option<SignatureError> = None;
         for secret in &secrets {
             match self
-                .check(slug, calls, &secret.secret, headers, body, now)
+                .check(slug, calls, Some(secret), headers, body, now)
                 .await?
             {
                 Ok(()) => return Ok(Verified::Signed(secret.workspace.clone())),
@@ -329,7 +329,7 @@ impl Webhooks {
             let unsigned = match worst {
                 Some(e) => e == SignatureError::Missing,
                 None => {
-                    self.check(slug, calls, "", headers, body, now).await?
+                    self.check(slug, calls, None, headers, body, now).await?
                         == Err(SignatureError::Missing)
                 }
             };
@@ -366,13 +366,18 @@ impl Webhooks {
         &self,
         slug: &str,
         calls: &mut Calls<'_>,
-        secret: &str,
+        secret: Option<&WebhookSecret>,
         headers: &[(String, String)],
         body: &[u8],
         now: u64,
     ) -> Result<Result<(), SignatureError>, WebhookError> {
+        // No secret: checked under the empty one, to tell an unsigned callback.
+        let (workspace, secret) = match secret {
+            Some(s) => (s.workspace.as_ref().map(|w| w.as_str()), s.secret.as_str()),
+            None => (None, ""),
+        };
         calls
-            .verify_signature(secret, headers, body, now)
+            .verify_signature(workspace, secret, headers, body, now)
             .await
             .map_err(|e| plugin_failure(slug, "verify-signature", e))
     }

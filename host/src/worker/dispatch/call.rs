@@ -110,9 +110,14 @@ impl Run<'_> {
         };
         self.d.stage("slot", started);
         let started = Instant::now();
-        let sent =
-            tokio::time::timeout(self.d.send_timeout, plugin.send_in(slot, &config, &message))
-                .await;
+        // A send carries one workspace's configuration and message only: it may run
+        // in an instance kept from that workspace's earlier sends.
+        let workspace = Some(self.envelope.workspace_id.as_str());
+        let sent = tokio::time::timeout(
+            self.d.send_timeout,
+            plugin.send_in(slot, workspace, &config, &message),
+        )
+        .await;
         self.d.stage("send", started);
         Ok(match sent {
             Err(_) => Err(attempt::Failure::timed_out(self.d.send_timeout)),
