@@ -1,10 +1,12 @@
 //! [`ErasureSql`] on PostgreSQL: rows are locked in the order their other writers
-//! take them (subscriber, preferences by key, receipts, messages), so an erasure does
-//! not deadlock with claims, steps, receipts or preference writes.
+//! take them (the subscriber key's advisory lock, the subscriber, preferences by key,
+//! receipts, messages), so an erasure does not deadlock with claims, steps, receipts
+//! or preference writes.
 
 use super::{Due, ErasureSql};
 use crate::ids::WorkspaceId;
 use crate::model::ErasureReport;
+use crate::store::delivery::postgres::LOCK_SUBSCRIBER_KEYS;
 use crate::store::postgres::{interval, map_err};
 use crate::store::{ERASED_DETAIL, ERASED_DETAIL_KEYS, StoreError};
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -12,6 +14,15 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 #[async_trait::async_trait]
 impl ErasureSql for PgConnection {
     async fn tombstone(&mut self, workspace: &WorkspaceId, key: &str) -> Result<bool, StoreError> {
+        // The claims' lock on the subscriber key first: with no row yet, a claim begun
+        // before this insert would hold the subscriber's message rows and wait for the
+        // row, while this transaction waits for those message rows.
+        sqlx::query(LOCK_SUBSCRIBER_KEYS)
+            .bind(&[workspace.as_str()][..])
+            .bind(&[key][..])
+            .execute(&mut *self)
+            .await
+            .map_err(map_err)?;
         let known = sqlx::query(
             "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
         )

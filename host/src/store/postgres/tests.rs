@@ -1023,6 +1023,62 @@ async fn claims_of_a_new_subscriber_cannot_lock_in_opposite_orders() {
         .expect("no deadlock");
 }
 
+/// An erasure of a subscriber with no row yet, while a claim begun before that row
+/// existed holds one of its messages: the erasure inserts the tombstone row and then
+/// waits for the message row, while the claim writes the subscriber row last. Without
+/// the claims' lock per subscriber key taken by the erasure too, each waited for the
+/// other and PostgreSQL failed one ("deadlock detected"); now the erasure waits before
+/// writing anything, and both go through.
+#[tokio::test]
+async fn an_erasure_and_a_claim_of_a_new_subscriber_cannot_deadlock() {
+    use crate::store::delivery::DeliverySql;
+    let db = TestDb::create().await;
+    let store = &db.store;
+    let ws = store.ensure_workspace("new-erased", None).await.unwrap();
+    let m = crate::store::tests::message(&ws.id, 1);
+    store
+        .insert_messages(std::slice::from_ref(&m), &[])
+        .await
+        .unwrap();
+    let key = crate::store::subscriber_key(&ws.id, &m.subscriber_id);
+    let contacts = crate::store::tests::contacts("erased@example.com");
+
+    // The claim: no subscriber row to lock, then the message row.
+    let mut claim = store.pool().begin().await.unwrap();
+    claim
+        .lock_subscribers(&[(&ws.id, key.as_str())])
+        .await
+        .unwrap();
+    claim.lease_rows(&[m.event_id.as_str()]).await.unwrap();
+
+    let erasure = {
+        let (store, ws, subscriber) = (store.clone(), ws.id.clone(), m.subscriber_id.clone());
+        tokio::spawn(async move {
+            store
+                .erase_subscriber(&ws, &subscriber, Duration::from_secs(3600))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!erasure.is_finished(), "the erasure waits for the claim");
+    let upsert = (&ws.id, key.as_str(), m.subscriber_id.as_str(), &contacts);
+    let written =
+        tokio::time::timeout(Duration::from_secs(10), claim.upsert_subscribers(&[upsert]))
+            .await
+            .expect("the claim's subscriber write waits for nobody");
+    assert_eq!(written.expect("no deadlock").len(), 1);
+    claim.commit().await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(10), erasure)
+        .await
+        .expect("the erasure goes on after the claim")
+        .unwrap()
+        .expect("no deadlock");
+    assert!(
+        report.known,
+        "the claim's subscriber row was there to erase"
+    );
+}
+
 /// Commits `key`'s subscriber row, as a claim of another of its messages would.
 async fn first_subscriber_row(
     store: &PgStore,
