@@ -966,36 +966,18 @@ async fn claims_of_a_new_subscriber_cannot_lock_in_opposite_orders() {
     use crate::store::delivery::DeliverySql;
     let db = TestDb::create().await;
     let store = &db.store;
-    let ws = store
-        .ensure_workspace("new-subscriber", None)
-        .await
-        .unwrap();
-    let m = crate::store::tests::message(&ws.id, 1);
-    store
-        .insert_messages(std::slice::from_ref(&m), &[])
-        .await
-        .unwrap();
-    let key = crate::store::subscriber_key(&ws.id, &m.subscriber_id);
-    let contacts = crate::store::tests::contacts("new@example.com");
-
-    // The first claim: no subscriber row to lock yet, then the message row.
-    let mut first = store.pool().begin().await.unwrap();
-    first
-        .lock_subscribers(&[(&ws.id, key.as_str())])
-        .await
-        .unwrap();
-    first.lease_rows(&[m.event_id.as_str()]).await.unwrap();
+    let first = EarlyClaim::begin(store, "new-subscriber").await;
+    let (ws, key, event) = (
+        first.ws.clone(),
+        first.key.clone(),
+        first.m.event_id.clone(),
+    );
     // Meanwhile the subscriber's row is committed (another message's claim).
-    first_subscriber_row(store, &ws.id, &key, &m.subscriber_id).await;
+    first_subscriber_row(store, &ws, &key, &first.m.subscriber_id).await;
 
     // The second claim, from here on: the subscriber row, then the message row.
     let second = {
-        let (pool, ws, key, event) = (
-            store.pool().clone(),
-            ws.id.clone(),
-            key.clone(),
-            m.event_id.as_str().to_string(),
-        );
+        let pool = store.pool().clone();
         tokio::spawn(async move {
             let mut tx = pool.begin().await.unwrap();
             tx.lock_subscribers(&[(&ws, key.as_str())]).await?;
@@ -1008,14 +990,7 @@ async fn claims_of_a_new_subscriber_cannot_lock_in_opposite_orders() {
         !second.is_finished(),
         "the second claim waits for the first"
     );
-    // The first claim writes the subscriber row last, and commits.
-    let upsert = (&ws.id, key.as_str(), m.subscriber_id.as_str(), &contacts);
-    let written =
-        tokio::time::timeout(Duration::from_secs(10), first.upsert_subscribers(&[upsert]))
-            .await
-            .expect("the first claim's subscriber write waits for nobody");
-    assert_eq!(written.expect("no deadlock").len(), 1);
-    first.commit().await.unwrap();
+    first.finish().await;
     tokio::time::timeout(Duration::from_secs(10), second)
         .await
         .expect("the second claim goes on after the first")
@@ -1031,28 +1006,12 @@ async fn claims_of_a_new_subscriber_cannot_lock_in_opposite_orders() {
 /// writing anything, and both go through.
 #[tokio::test]
 async fn an_erasure_and_a_claim_of_a_new_subscriber_cannot_deadlock() {
-    use crate::store::delivery::DeliverySql;
     let db = TestDb::create().await;
     let store = &db.store;
-    let ws = store.ensure_workspace("new-erased", None).await.unwrap();
-    let m = crate::store::tests::message(&ws.id, 1);
-    store
-        .insert_messages(std::slice::from_ref(&m), &[])
-        .await
-        .unwrap();
-    let key = crate::store::subscriber_key(&ws.id, &m.subscriber_id);
-    let contacts = crate::store::tests::contacts("erased@example.com");
-
-    // The claim: no subscriber row to lock, then the message row.
-    let mut claim = store.pool().begin().await.unwrap();
-    claim
-        .lock_subscribers(&[(&ws.id, key.as_str())])
-        .await
-        .unwrap();
-    claim.lease_rows(&[m.event_id.as_str()]).await.unwrap();
-
+    let claim = EarlyClaim::begin(store, "new-erased").await;
     let erasure = {
-        let (store, ws, subscriber) = (store.clone(), ws.id.clone(), m.subscriber_id.clone());
+        let (store, ws) = (store.clone(), claim.ws.clone());
+        let subscriber = claim.m.subscriber_id.clone();
         tokio::spawn(async move {
             store
                 .erase_subscriber(&ws, &subscriber, Duration::from_secs(3600))
@@ -1061,13 +1020,7 @@ async fn an_erasure_and_a_claim_of_a_new_subscriber_cannot_deadlock() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!erasure.is_finished(), "the erasure waits for the claim");
-    let upsert = (&ws.id, key.as_str(), m.subscriber_id.as_str(), &contacts);
-    let written =
-        tokio::time::timeout(Duration::from_secs(10), claim.upsert_subscribers(&[upsert]))
-            .await
-            .expect("the claim's subscriber write waits for nobody");
-    assert_eq!(written.expect("no deadlock").len(), 1);
-    claim.commit().await.unwrap();
+    claim.finish().await;
     let report = tokio::time::timeout(Duration::from_secs(10), erasure)
         .await
         .expect("the erasure goes on after the claim")
@@ -1077,6 +1030,54 @@ async fn an_erasure_and_a_claim_of_a_new_subscriber_cannot_deadlock() {
         report.known,
         "the claim's subscriber row was there to erase"
     );
+}
+
+/// A claim of a new subscriber's first message, begun before the subscriber has a
+/// row: it has taken the subscriber key's lock (there is no row to lock) and holds the
+/// message row.
+struct EarlyClaim {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    ws: crate::ids::WorkspaceId,
+    m: crate::model::NewMessage,
+    key: String,
+}
+
+impl EarlyClaim {
+    async fn begin(store: &PgStore, workspace: &str) -> Self {
+        use crate::store::delivery::DeliverySql;
+        let ws = store.ensure_workspace(workspace, None).await.unwrap().id;
+        let m = crate::store::tests::message(&ws, 1);
+        store
+            .insert_messages(std::slice::from_ref(&m), &[])
+            .await
+            .unwrap();
+        let key = crate::store::subscriber_key(&ws, &m.subscriber_id);
+        let mut tx = store.pool().begin().await.unwrap();
+        tx.lock_subscribers(&[(&ws, key.as_str())]).await.unwrap();
+        tx.lease_rows(&[m.event_id.as_str()]).await.unwrap();
+        Self { tx, ws, m, key }
+    }
+
+    /// Writes the subscriber row, last as a claim does, and commits: it waits for
+    /// nobody, and no deadlock fails it.
+    async fn finish(mut self) {
+        use crate::store::delivery::DeliverySql;
+        let contacts = crate::store::tests::contacts("new@example.com");
+        let upsert = (
+            &self.ws,
+            self.key.as_str(),
+            self.m.subscriber_id.as_str(),
+            &contacts,
+        );
+        let written = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.tx.upsert_subscribers(&[upsert]),
+        )
+        .await
+        .expect("the claim's subscriber write waits for nobody");
+        assert_eq!(written.expect("no deadlock").len(), 1);
+        self.tx.commit().await.unwrap();
+    }
 }
 
 /// Commits `key`'s subscriber row, as a claim of another of its messages would.
