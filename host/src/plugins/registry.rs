@@ -484,7 +484,6 @@ impl Registry {
     }
 }
 
-/// [`super::bundled::default_route`] for every channel the `entries` serve.
 /// Drops the instances kept for `old`'s next calls, now that it no longer serves
 /// (unless it is `new` itself, swapped in again).
 fn retire(old: Option<Plugin>, new: Option<&Plugin>) {
@@ -495,6 +494,7 @@ fn retire(old: Option<Plugin>, new: Option<&Plugin>) {
     }
 }
 
+/// [`super::bundled::default_route`] for every channel the `entries` serve.
 fn default_routes(entries: &BTreeMap<String, Entry>) -> BTreeMap<String, Vec<String>> {
     let mut routes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for bundled in BUNDLED {
