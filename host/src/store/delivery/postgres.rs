@@ -29,9 +29,25 @@ pub(crate) const LOCK_SUBSCRIBERS: &str = "SELECT 1 FROM subscribers s \
 /// a deadlock. The advisory lock exists whether or not the row does, so every claim
 /// of a subscriber's messages takes it first. (Keys whose hashes collide share a lock:
 /// they only wait for each other.)
-pub(crate) const LOCK_SUBSCRIBER_KEYS: &str = "SELECT pg_advisory_xact_lock(h) FROM \
+const LOCK_SUBSCRIBER_KEYS: &str = "SELECT pg_advisory_xact_lock(h) FROM \
      (SELECT DISTINCT hashtextextended(w || '/' || k, 0) AS h \
      FROM UNNEST($1::text[], $2::text[]) AS u(w, k)) x ORDER BY h";
+
+/// [`LOCK_SUBSCRIBER_KEYS`] for `workspaces[i]`'s `subscribers[i]`, on `conn`'s
+/// transaction: what a claim, and an erasure's tombstone, take first.
+pub(crate) async fn lock_subscriber_keys(
+    conn: &mut PgConnection,
+    workspaces: &[&str],
+    subscribers: &[&str],
+) -> Result<(), StoreError> {
+    sqlx::query(LOCK_SUBSCRIBER_KEYS)
+        .bind(workspaces)
+        .bind(subscribers)
+        .execute(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
 
 /// Inserts the messages `$1`… (columns as arrays, not a VALUES list: one statement
 /// text whatever the batch's size, so it stays prepared) whose rows do not exist yet.
@@ -134,12 +150,7 @@ impl DeliverySql for PgConnection {
     async fn lock_subscribers(&mut self, keys: &[(&WorkspaceId, &str)]) -> Result<(), StoreError> {
         let workspaces: Vec<&str> = keys.iter().map(|(w, _)| w.as_str()).collect();
         let subscribers: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
-        sqlx::query(LOCK_SUBSCRIBER_KEYS)
-            .bind(&workspaces)
-            .bind(&subscribers)
-            .execute(&mut *self)
-            .await
-            .map_err(map_err)?;
+        lock_subscriber_keys(&mut *self, &workspaces, &subscribers).await?;
         sqlx::query(LOCK_SUBSCRIBERS)
             .bind(workspaces)
             .bind(subscribers)

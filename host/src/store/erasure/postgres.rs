@@ -6,7 +6,7 @@
 use super::{Due, ErasureSql};
 use crate::ids::WorkspaceId;
 use crate::model::ErasureReport;
-use crate::store::delivery::postgres::LOCK_SUBSCRIBER_KEYS;
+use crate::store::delivery::postgres::lock_subscriber_keys;
 use crate::store::postgres::{interval, map_err};
 use crate::store::{ERASED_DETAIL, ERASED_DETAIL_KEYS, StoreError};
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -17,12 +17,7 @@ impl ErasureSql for PgConnection {
         // The claims' lock on the subscriber key first: with no row yet, a claim begun
         // before this insert would hold the subscriber's message rows and wait for the
         // row, while this transaction waits for those message rows.
-        sqlx::query(LOCK_SUBSCRIBER_KEYS)
-            .bind(&[workspace.as_str()][..])
-            .bind(&[key][..])
-            .execute(&mut *self)
-            .await
-            .map_err(map_err)?;
+        lock_subscriber_keys(&mut *self, &[workspace.as_str()], &[key]).await?;
         let known = sqlx::query(
             "SELECT 1 FROM subscribers WHERE workspace_id = $1 AND subscriber_key = $2 FOR UPDATE",
         )
